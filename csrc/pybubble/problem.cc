@@ -1,0 +1,183 @@
+#include "pybubble/problem.h"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace pybubble {
+namespace {
+
+[[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
+
+std::string num(double v) {
+  std::ostringstream os;
+  os.precision(17);
+  os << v;
+  return os.str();
+}
+
+void check_finite(double v, const std::string& field) {
+  if (!std::isfinite(v)) fail(field + ": " + num(v) + " is not a finite number");
+}
+
+void check_windows(const WindowSet& w, int64_t num_lanes, double horizon, const char* name) {
+  const std::string n = name;
+  if (w.offset.size() != static_cast<size_t>(num_lanes + 1)) {
+    fail(n + ": offsets hold " + std::to_string(w.offset.size()) + " entries, expected " +
+         std::to_string(num_lanes + 1));
+  }
+  if (w.start.size() != w.end.size()) fail(n + ": starts and ends differ in length");
+  if (w.offset[0] != 0) fail(n + ": offsets must begin at 0");
+  if (w.offset[static_cast<size_t>(num_lanes)] != static_cast<int64_t>(w.start.size())) {
+    fail(n + ": offsets must end at the number of windows");
+  }
+  for (int64_t l = 0; l < num_lanes; ++l) {
+    const int64_t b = w.offset[static_cast<size_t>(l)], e = w.offset[static_cast<size_t>(l + 1)];
+    if (e < b) fail(n + ": offsets must not decrease (lane " + std::to_string(l) + ")");
+    double prev_end = 0.0;
+    for (int64_t i = b; i < e; ++i) {
+      const std::string f =
+          "lanes[" + std::to_string(l) + "]." + n + "[" + std::to_string(i - b) + "]";
+      const double s = w.start[static_cast<size_t>(i)], en = w.end[static_cast<size_t>(i)];
+      check_finite(s, f + "[0]");
+      check_finite(en, f + "[1]");
+      if (!(s < en)) fail(f + ": start " + num(s) + " is not before end " + num(en));
+      if (s < 0.0) fail(f + ": start " + num(s) + " is before 0");
+      if (en > horizon) fail(f + ": end " + num(en) + " is after the horizon " + num(horizon));
+      if (i > b && s < prev_end) {
+        fail(f + ": start " + num(s) + " overlaps or precedes the previous window ending at " +
+             num(prev_end) + " (windows must be sorted and disjoint)");
+      }
+      prev_end = en;
+    }
+  }
+}
+
+}  // namespace
+
+Problem::Problem(ProblemInput in) : in_(std::move(in)) {
+  check_finite(in_.horizon, "horizon");
+  if (in_.horizon < 0.0) fail("horizon: " + num(in_.horizon) + " is negative");
+  if (in_.num_lanes < 0 || in_.num_lanes > std::numeric_limits<int32_t>::max() / 2) {
+    fail("lanes: " + std::to_string(in_.num_lanes) + " is not a valid number of lanes");
+  }
+  check_windows(in_.compute_free, in_.num_lanes, in_.horizon, "compute_free");
+  check_windows(in_.link_free, in_.num_lanes, in_.horizon, "link_free");
+
+  const size_t m = in_.forward_needed.size();
+  if (in_.grad_ready.size() != m) fail("microbatches: forward_needed and grad_ready differ in length");
+  if (m > static_cast<size_t>(std::numeric_limits<int32_t>::max() / 4)) fail("microbatches: too many");
+  for (size_t k = 0; k < m; ++k) {
+    const std::string f = "microbatches[" + std::to_string(k) + "]";
+    const double fn = in_.forward_needed[k], gr = in_.grad_ready[k];
+    check_finite(fn, f + ".forward_needed");
+    check_finite(gr, f + ".grad_ready");
+    if (fn < 0.0 || fn > in_.horizon) {
+      fail(f + ".forward_needed: " + num(fn) + " is outside [0, horizon=" + num(in_.horizon) + "]");
+    }
+    if (gr < 0.0 || gr > in_.horizon) {
+      fail(f + ".grad_ready: " + num(gr) + " is outside [0, horizon=" + num(in_.horizon) + "]");
+    }
+    if (gr < fn) fail(f + ".grad_ready: " + num(gr) + " is before forward_needed " + num(fn));
+  }
+
+  const size_t n = in_.duration.size();
+  if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max() / 2)) fail("tasks: too many");
+  if (in_.lane.size() != n || in_.microbatch.size() != n || in_.resource.size() != n ||
+      in_.phase.size() != n) {
+    fail("tasks: lane, microbatch, duration, resource and phase differ in length");
+  }
+  if (in_.after_offset.size() != n + 1) {
+    fail("tasks: after offsets hold " + std::to_string(in_.after_offset.size()) +
+         " entries, expected " + std::to_string(n + 1));
+  }
+  if (in_.after_offset[0] != 0 ||
+      in_.after_offset[n] != static_cast<int64_t>(in_.after.size())) {
+    fail("tasks: after offsets must run from 0 to the number of predecessors");
+  }
+  lane_.resize(n);
+  microbatch_.resize(n);
+  resource_.resize(n);
+  phase_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const std::string f = "tasks[" + std::to_string(i) + "]";
+    if (in_.lane[i] < 0 || in_.lane[i] >= in_.num_lanes) {
+      fail(f + ".lane: " + std::to_string(in_.lane[i]) + " is not in [0, " +
+           std::to_string(in_.num_lanes) + ")");
+    }
+    if (in_.microbatch[i] < 0 || in_.microbatch[i] >= static_cast<int64_t>(m)) {
+      fail(f + ".microbatch: " + std::to_string(in_.microbatch[i]) + " is not in [0, " +
+           std::to_string(m) + ")");
+    }
+    check_finite(in_.duration[i], f + ".duration");
+    if (in_.duration[i] < 0.0) fail(f + ".duration: " + num(in_.duration[i]) + " is negative");
+    if (in_.resource[i] != kCompute && in_.resource[i] != kComm) {
+      fail(f + ".resource: " + std::to_string(in_.resource[i]) + " is not 0 (compute) or 1 (comm)");
+    }
+    if (in_.phase[i] != kFwd && in_.phase[i] != kBwd) {
+      fail(f + ".phase: " + std::to_string(in_.phase[i]) + " is not 0 (fwd) or 1 (bwd)");
+    }
+    lane_[i] = static_cast<int32_t>(in_.lane[i]);
+    microbatch_[i] = static_cast<int32_t>(in_.microbatch[i]);
+    resource_[i] = static_cast<uint8_t>(in_.resource[i]);
+    phase_[i] = static_cast<uint8_t>(in_.phase[i]);
+  }
+  // Predecessors: checked in order, so every id below i is already known to be a valid task.
+  pred_off_.assign(n + 1, 0);
+  pred_.resize(in_.after.size());
+  std::vector<int64_t> succ_count(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t b = in_.after_offset[i], e = in_.after_offset[i + 1];
+    if (e < b || e > static_cast<int64_t>(in_.after.size())) {
+      fail("tasks[" + std::to_string(i) + "].after: offsets must not decrease");
+    }
+    for (int64_t q = b; q < e; ++q) {
+      const int64_t p = in_.after[static_cast<size_t>(q)];
+      const std::string f = "tasks[" + std::to_string(i) + "].after[" + std::to_string(q - b) + "]";
+      if (p < 0) fail(f + ": " + std::to_string(p) + " is negative");
+      if (p >= static_cast<int64_t>(i)) {
+        fail(f + ": " + std::to_string(p) + " is not < " + std::to_string(i));
+      }
+      if (phase_[static_cast<size_t>(p)] == kBwd && phase_[i] == kFwd) {
+        fail(f + ": " + std::to_string(p) + " is a backward task, a predecessor of forward task " +
+             std::to_string(i));
+      }
+      if (microbatch_[static_cast<size_t>(p)] != microbatch_[i]) {
+        fail(f + ": " + std::to_string(p) + " belongs to microbatch " +
+             std::to_string(microbatch_[static_cast<size_t>(p)]) + ", task " + std::to_string(i) +
+             " to microbatch " + std::to_string(microbatch_[i]));
+      }
+      pred_[static_cast<size_t>(q)] = static_cast<int32_t>(p);
+      if (phase_[static_cast<size_t>(p)] == phase_[i]) ++succ_count[static_cast<size_t>(p)];
+    }
+    pred_off_[i + 1] = e;
+  }
+  // Same-phase successors (CSR), increasing ids.
+  succ_off_.assign(n + 1, 0);
+  for (size_t i = 0; i < n; ++i) succ_off_[i + 1] = succ_off_[i] + succ_count[i];
+  succ_.resize(static_cast<size_t>(succ_off_[n]));
+  std::vector<int64_t> fill(succ_off_.begin(), succ_off_.end() - 1);
+  for (size_t i = 0; i < n; ++i) {
+    for (int64_t q = pred_off_[i]; q < pred_off_[i + 1]; ++q) {
+      const int32_t p = pred_[static_cast<size_t>(q)];
+      if (phase_[static_cast<size_t>(p)] == phase_[i]) {
+        succ_[static_cast<size_t>(fill[static_cast<size_t>(p)]++)] = static_cast<int32_t>(i);
+      }
+    }
+  }
+  // Tasks per (microbatch, phase), increasing ids: a counting sort on the key 2 j + phase.
+  mb_off_.assign(2 * m + 1, 0);
+  for (size_t i = 0; i < n; ++i) ++mb_off_[static_cast<size_t>(2 * microbatch_[i] + phase_[i] + 1)];
+  for (size_t k = 0; k < 2 * m; ++k) mb_off_[k + 1] += mb_off_[k];
+  mb_tasks_.resize(n);
+  std::vector<int64_t> pos(mb_off_.begin(), mb_off_.end() - 1);
+  for (size_t i = 0; i < n; ++i) {
+    mb_tasks_[static_cast<size_t>(pos[static_cast<size_t>(2 * microbatch_[i] + phase_[i])]++)] =
+        static_cast<int32_t>(i);
+  }
+}
+
+}  // namespace pybubble

@@ -1,0 +1,307 @@
+#include "pybubble/scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace pybubble {
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+}  // namespace
+
+Policy parse_policy(const std::string& name) {
+  if (name == "greedy") return Policy::kGreedy;
+  if (name == "coarse") return Policy::kCoarse;
+  throw std::invalid_argument("policy: '" + name + "' is not one of greedy, coarse");
+}
+
+Scheduler::Scheduler(const Problem& problem) : p_(problem) {
+  const size_t n = static_cast<size_t>(p_.num_tasks());
+  const size_t m = static_cast<size_t>(p_.num_microbatches());
+  keys_ = 2 * p_.num_lanes();
+  end_.resize(n);
+  cursor_.resize(static_cast<size_t>(keys_));
+  saved_.resize(static_cast<size_t>(keys_));
+  fwd_in_step_.resize(m);
+  bwd_in_step_.resize(m);
+  finish_.resize(m);
+  order_.resize(m);
+  bw_off_.resize(static_cast<size_t>(keys_) + 1);
+  // Each forward task placed inside a window splits it into at most one more piece.
+  const size_t windows = p_.windows(kCompute).start.size() + p_.windows(kComm).start.size();
+  bw_start_.resize(windows + n);
+  bw_end_.resize(windows + n);
+  busy_off_.resize(static_cast<size_t>(keys_) + 1);
+  busy_.resize(n);
+  out_.start.resize(n);
+  out_.assignment.resize(m);
+}
+
+// Forward of microbatch j inside the step: as early as possible, each task in the first window
+// of its lane and resource (after the lane's previous task) that holds it whole, and every task
+// ending by forward_needed[j]. Returns false, with nothing changed, when that is impossible.
+bool Scheduler::place_forward_in_step(int32_t j) {
+  const double deadline = p_.fields().forward_needed[static_cast<size_t>(j)];
+  std::copy(cursor_.begin(), cursor_.end(), saved_.begin());
+  for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+    const int32_t t = *it;
+    const int r = p_.resource(t);
+    const int32_t l = p_.lane(t);
+    const WindowSet& ws = p_.windows(r);
+    Cursor& c = cursor_[static_cast<size_t>(2 * l + r)];
+    double ready = c.time;
+    for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+      ready = std::max(ready, end_[static_cast<size_t>(*q)]);
+    }
+    const double d = dur_[t];
+    const int64_t last = ws.offset[static_cast<size_t>(l) + 1];
+    int64_t w = c.window;
+    double s = 0.0;
+    for (; w < last; ++w) {
+      s = std::max(ready, ws.start[static_cast<size_t>(w)]);
+      if (s + d > deadline) {
+        w = last;
+        break;
+      }
+      if (s + d <= ws.end[static_cast<size_t>(w)]) break;
+    }
+    if (w == last) {
+      std::copy(saved_.begin(), saved_.end(), cursor_.begin());
+      return false;
+    }
+    out_.start[static_cast<size_t>(t)] = s;
+    end_[static_cast<size_t>(t)] = s + d;
+    c.time = s + d;
+    c.window = w;
+  }
+  return true;
+}
+
+// Forward of microbatch j before the step: as late as possible, below the lane's cursor and
+// before every successor, tasks taken in decreasing id order.
+void Scheduler::place_forward_front(int32_t j) {
+  const int32_t* b = p_.tasks_begin(j, kFwd);
+  for (const int32_t* it = p_.tasks_end(j, kFwd); it != b;) {
+    const int32_t t = *--it;
+    Cursor& c = cursor_[static_cast<size_t>(2 * p_.lane(t) + p_.resource(t))];
+    double latest = c.time;
+    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+      latest = std::min(latest, out_.start[static_cast<size_t>(*q)]);
+    }
+    const double s = latest - dur_[t];
+    out_.start[static_cast<size_t>(t)] = s;
+    end_[static_cast<size_t>(t)] = s + dur_[t];
+    c.time = s;
+  }
+}
+
+// The k-th encoder microbatch to finish its forward feeds LLM microbatch k, when that meets every
+// forward_needed; otherwise microbatch j feeds LLM microbatch j (which the placement guarantees).
+void Scheduler::choose_assignment() {
+  const int32_t m = p_.num_microbatches();
+  const auto& fn = p_.fields().forward_needed;
+  for (int32_t j = 0; j < m; ++j) {
+    double f = -kInf;
+    for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+      f = std::max(f, end_[static_cast<size_t>(*it)]);
+    }
+    finish_[static_cast<size_t>(j)] = f;
+    order_[static_cast<size_t>(j)] = j;
+  }
+  std::stable_sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+    return finish_[static_cast<size_t>(a)] < finish_[static_cast<size_t>(b)];
+  });
+  bool ok = true;
+  for (int32_t k = 0; k < m; ++k) {
+    const int32_t j = order_[static_cast<size_t>(k)];
+    out_.assignment[static_cast<size_t>(j)] = k;
+    if (finish_[static_cast<size_t>(j)] > fn[static_cast<size_t>(k)]) ok = false;
+  }
+  if (!ok) {
+    for (int32_t j = 0; j < m; ++j) out_.assignment[static_cast<size_t>(j)] = j;
+  }
+}
+
+// Backward windows per (lane, resource): the problem's windows minus the intervals taken by
+// forward tasks placed inside the step (which lie inside windows, in increasing time per key).
+void Scheduler::build_backward_windows() {
+  const int32_t m = p_.num_microbatches();
+  std::fill(busy_off_.begin(), busy_off_.end(), 0);
+  for (int32_t j = 0; j < m; ++j) {
+    if (!fwd_in_step_[static_cast<size_t>(j)]) continue;
+    for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+      if (dur_[*it] > 0.0) ++busy_off_[static_cast<size_t>(2 * p_.lane(*it) + p_.resource(*it) + 1)];
+    }
+  }
+  for (int32_t k = 0; k < keys_; ++k) busy_off_[static_cast<size_t>(k) + 1] += busy_off_[static_cast<size_t>(k)];
+  // Fill in placement order (increasing microbatch, increasing id) = increasing time per key.
+  for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].window = busy_off_[static_cast<size_t>(k)];
+  for (int32_t j = 0; j < m; ++j) {
+    if (!fwd_in_step_[static_cast<size_t>(j)]) continue;
+    for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+      if (dur_[*it] > 0.0) {
+        const size_t k = static_cast<size_t>(2 * p_.lane(*it) + p_.resource(*it));
+        busy_[static_cast<size_t>(cursor_[k].window++)] = *it;
+      }
+    }
+  }
+  int64_t out = 0;
+  for (int32_t k = 0; k < keys_; ++k) {
+    bw_off_[static_cast<size_t>(k)] = out;
+    const WindowSet& ws = p_.windows(k % 2);
+    const int32_t l = k / 2;
+    int64_t b = busy_off_[static_cast<size_t>(k)];
+    const int64_t be = busy_off_[static_cast<size_t>(k) + 1];
+    for (int64_t w = ws.offset[static_cast<size_t>(l)]; w < ws.offset[static_cast<size_t>(l) + 1]; ++w) {
+      double cur = ws.start[static_cast<size_t>(w)];
+      const double we = ws.end[static_cast<size_t>(w)];
+      for (; b < be; ++b) {
+        const int32_t t = busy_[static_cast<size_t>(b)];
+        const double s = out_.start[static_cast<size_t>(t)];
+        if (s >= we) break;
+        if (s > cur) {
+          bw_start_[static_cast<size_t>(out)] = cur;
+          bw_end_[static_cast<size_t>(out)] = s;
+          ++out;
+        }
+        cur = std::max(cur, end_[static_cast<size_t>(t)]);
+      }
+      if (cur < we) {
+        bw_start_[static_cast<size_t>(out)] = cur;
+        bw_end_[static_cast<size_t>(out)] = we;
+        ++out;
+      }
+    }
+  }
+  bw_off_[static_cast<size_t>(keys_)] = out;
+}
+
+// Backward of microbatch j inside the step: the mirror of the forward, as late as possible from
+// the horizon down, every task starting at or after grad_ready of the LLM microbatch it feeds.
+bool Scheduler::place_backward_in_step(int32_t j) {
+  const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+  std::copy(cursor_.begin(), cursor_.end(), saved_.begin());
+  const int32_t* b = p_.tasks_begin(j, kBwd);
+  for (const int32_t* it = p_.tasks_end(j, kBwd); it != b;) {
+    const int32_t t = *--it;
+    const int32_t k = 2 * p_.lane(t) + p_.resource(t);
+    Cursor& c = cursor_[static_cast<size_t>(k)];
+    double latest = c.time;
+    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+      latest = std::min(latest, out_.start[static_cast<size_t>(*q)]);
+    }
+    const double d = dur_[t];
+    const int64_t first = bw_off_[static_cast<size_t>(k)];
+    int64_t w = c.window;
+    double s = 0.0;
+    for (; w >= first; --w) {
+      s = std::min(latest, bw_end_[static_cast<size_t>(w)]) - d;
+      if (s < ready) {
+        w = first - 1;
+        break;
+      }
+      if (s >= bw_start_[static_cast<size_t>(w)]) break;
+    }
+    if (w < first) {
+      std::copy(saved_.begin(), saved_.end(), cursor_.begin());
+      return false;
+    }
+    out_.start[static_cast<size_t>(t)] = s;
+    end_[static_cast<size_t>(t)] = s + d;
+    c.time = s;
+    c.window = w;
+  }
+  return true;
+}
+
+// Backward of microbatch j after the step: as early as possible from the horizon.
+void Scheduler::place_backward_back(int32_t j) {
+  for (const int32_t* it = p_.tasks_begin(j, kBwd); it != p_.tasks_end(j, kBwd); ++it) {
+    const int32_t t = *it;
+    Cursor& c = cursor_[static_cast<size_t>(2 * p_.lane(t) + p_.resource(t))];
+    double s = c.time;
+    for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+      s = std::max(s, end_[static_cast<size_t>(*q)]);
+    }
+    out_.start[static_cast<size_t>(t)] = s;
+    end_[static_cast<size_t>(t)] = s + dur_[t];
+    c.time = s + dur_[t];
+  }
+}
+
+void Scheduler::finish() {
+  double first = 0.0, last = p_.horizon();
+  const int32_t n = p_.num_tasks();
+  for (int32_t t = 0; t < n; ++t) {
+    first = std::min(first, out_.start[static_cast<size_t>(t)]);
+    last = std::max(last, end_[static_cast<size_t>(t)]);
+  }
+  out_.shift_front = -first;
+  out_.shift_back = last - p_.horizon();
+  out_.step_time = last - first;
+}
+
+const Schedule& Scheduler::run(Policy policy, const double* durations) {
+  const int32_t n = p_.num_tasks(), m = p_.num_microbatches();
+  if (durations != nullptr) {
+    for (int32_t t = 0; t < n; ++t) {
+      if (!std::isfinite(durations[t]) || durations[t] < 0.0) {
+        throw std::invalid_argument("durations[" + std::to_string(t) + "]: " +
+                                    std::to_string(durations[t]) +
+                                    " is not a finite non-negative number");
+      }
+    }
+    dur_ = durations;
+  } else {
+    dur_ = p_.fields().duration.data();
+  }
+  const bool greedy = policy == Policy::kGreedy;
+  const WindowSet* ws[2] = {&p_.windows(kCompute), &p_.windows(kComm)};
+
+  // Forward: inside the step where it fits (greedy), the rest before 0.
+  for (int32_t k = 0; k < keys_; ++k) {
+    cursor_[static_cast<size_t>(k)] = {0.0, ws[k % 2]->offset[static_cast<size_t>(k / 2)]};
+  }
+  for (int32_t j = 0; j < m; ++j) {
+    fwd_in_step_[static_cast<size_t>(j)] = greedy && place_forward_in_step(j);
+  }
+  for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].time = 0.0;
+  for (int32_t j = m - 1; j >= 0; --j) {
+    if (!fwd_in_step_[static_cast<size_t>(j)]) place_forward_front(j);
+  }
+  choose_assignment();
+
+  // Backward: inside the step where it fits (greedy), latest grad_ready first; the rest after.
+  const auto& gr = p_.fields().grad_ready;
+  std::fill(bwd_in_step_.begin(), bwd_in_step_.end(), 0);
+  if (greedy) {
+    build_backward_windows();
+    for (int32_t k = 0; k < keys_; ++k) {
+      cursor_[static_cast<size_t>(k)] = {p_.horizon(), bw_off_[static_cast<size_t>(k) + 1] - 1};
+    }
+    for (int32_t j = 0; j < m; ++j) order_[static_cast<size_t>(j)] = j;
+    std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+      const double ga = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(a)])];
+      const double gb = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(b)])];
+      return ga > gb || (ga == gb && a > b);
+    });
+    for (int32_t i = 0; i < m; ++i) {
+      const int32_t j = order_[static_cast<size_t>(i)];
+      bwd_in_step_[static_cast<size_t>(j)] = place_backward_in_step(j);
+    }
+  }
+  for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].time = p_.horizon();
+  for (int32_t j = 0; j < m; ++j) {
+    if (!bwd_in_step_[static_cast<size_t>(j)]) place_backward_back(j);
+  }
+  finish();
+  return out_;
+}
+
+Schedule schedule(const Problem& problem, Policy policy) {
+  Scheduler s(problem);
+  return s.run(policy);
+}
+
+}  // namespace pybubble

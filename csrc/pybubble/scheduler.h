@@ -1,0 +1,78 @@
+// The bubble scheduler: packs encoder kernel tasks into the idle windows of an LLM step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pybubble/problem.h"
+
+namespace pybubble {
+
+/// How tasks are placed.
+enum class Policy : uint8_t {
+  /// Every forward task before the LLM starts (packed as late as possible before 0), every
+  /// backward task after it ends (as early as possible from the horizon).
+  kCoarse = 0,
+  /// Coarse, then each encoder microbatch moved into the windows inside the step when it fits
+  /// there (forward in microbatch order, backward in reverse order of grad_ready).
+  kGreedy = 1,
+};
+
+/// Parses "coarse" or "greedy"; throws std::invalid_argument for anything else.
+Policy parse_policy(const std::string& name);
+
+/// A pybubble.schedule/1: task start times in the LLM frame and the microbatch assignment.
+struct Schedule {
+  std::vector<double> start;          ///< start of each task (us)
+  std::vector<int64_t> assignment;    ///< encoder microbatch j -> LLM microbatch it feeds
+  double step_time = 0.0;             ///< max(horizon, last end) - min(0, first start)
+  double shift_front = 0.0;           ///< how far the step grows before 0
+  double shift_back = 0.0;            ///< how far the step grows after the horizon
+};
+
+/// Schedules one problem, many times if needed (online rescheduling with new durations).
+/// All memory is allocated in the constructor; `run` allocates nothing per task.
+class Scheduler {
+ public:
+  /// Keeps a reference to `problem`, which must outlive the scheduler.
+  explicit Scheduler(const Problem& problem);
+
+  /// Schedules with the problem's own durations, or with `durations` (num_tasks values, each
+  /// finite and >= 0, else std::invalid_argument). The result stays valid until the next run.
+  const Schedule& run(Policy policy, const double* durations = nullptr);
+
+ private:
+  struct Cursor {
+    double time;
+    int64_t window;
+  };
+  bool place_forward_in_step(int32_t j);
+  void place_forward_front(int32_t j);
+  void choose_assignment();
+  void build_backward_windows();
+  bool place_backward_in_step(int32_t j);
+  void place_backward_back(int32_t j);
+  void finish();
+
+  const Problem& p_;
+  const double* dur_ = nullptr;
+  int32_t keys_ = 0;  // 2 * num_lanes: one cursor per (lane, resource)
+  std::vector<double> end_;
+  std::vector<Cursor> cursor_, saved_;
+  std::vector<uint8_t> fwd_in_step_, bwd_in_step_;
+  std::vector<double> finish_;
+  std::vector<int32_t> order_;
+  // Windows for backward tasks: the problem's windows less the forward tasks placed in them.
+  // CSR over keys (2 l + r).
+  std::vector<int64_t> bw_off_;
+  std::vector<double> bw_start_, bw_end_;
+  std::vector<int64_t> busy_off_;
+  std::vector<int32_t> busy_;
+  Schedule out_;
+};
+
+/// One-shot convenience: Scheduler(problem).run(policy).
+Schedule schedule(const Problem& problem, Policy policy);
+
+}  // namespace pybubble

@@ -1,0 +1,174 @@
+#include "pybubble/validate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+namespace pybubble {
+namespace {
+
+std::string fmt(double v) {
+  std::ostringstream os;
+  os.precision(12);
+  os << v;
+  return os.str();
+}
+
+const char* resource_name(int r) { return r == kCompute ? "compute" : "comm"; }
+
+// The free intervals of one lane and resource: (-inf, 0), the windows, [horizon, inf), with
+// touching intervals merged.
+std::vector<std::pair<double, double>> free_intervals(const Problem& p, int32_t lane, int r) {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::pair<double, double>> out{{-inf, 0.0}};
+  const WindowSet& ws = p.windows(r);
+  for (int64_t w = ws.offset[static_cast<size_t>(lane)]; w < ws.offset[static_cast<size_t>(lane) + 1]; ++w) {
+    out.emplace_back(ws.start[static_cast<size_t>(w)], ws.end[static_cast<size_t>(w)]);
+  }
+  out.emplace_back(p.horizon(), inf);
+  std::vector<std::pair<double, double>> merged;
+  for (const auto& iv : out) {
+    if (!merged.empty() && iv.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, iv.second);
+    } else {
+      merged.push_back(iv);
+    }
+  }
+  return merged;
+}
+
+}  // namespace
+
+std::vector<std::string> validate(const Problem& p, const Schedule& s) {
+  const int32_t n = p.num_tasks(), m = p.num_microbatches();
+  if (s.start.size() != static_cast<size_t>(n)) {
+    throw std::invalid_argument("start: " + std::to_string(s.start.size()) +
+                                " entries, the problem has " + std::to_string(n) + " tasks");
+  }
+  if (s.assignment.size() != static_cast<size_t>(m)) {
+    throw std::invalid_argument("assignment: " + std::to_string(s.assignment.size()) +
+                                " entries, the problem has " + std::to_string(m) + " microbatches");
+  }
+  std::vector<std::string> v;
+  const double tol = kTimeTolerance;
+  const auto& f = p.fields();
+  auto task_end = [&](int32_t t) { return s.start[static_cast<size_t>(t)] + f.duration[static_cast<size_t>(t)]; };
+
+  bool times_finite = true;
+  for (int32_t t = 0; t < n; ++t) {
+    if (!std::isfinite(s.start[static_cast<size_t>(t)])) {
+      v.push_back("task " + std::to_string(t) + ": start " + fmt(s.start[static_cast<size_t>(t)]) +
+                  " is not finite");
+      times_finite = false;
+    }
+  }
+
+  // Assignment: a permutation of the LLM microbatches.
+  std::vector<int32_t> fed_by(static_cast<size_t>(m), -1);
+  bool perm = true;
+  for (int32_t j = 0; j < m; ++j) {
+    const int64_t k = s.assignment[static_cast<size_t>(j)];
+    if (k < 0 || k >= m) {
+      v.push_back("assignment[" + std::to_string(j) + "]: " + std::to_string(k) +
+                  " is not an LLM microbatch in [0, " + std::to_string(m) + ")");
+      perm = false;
+    } else if (fed_by[static_cast<size_t>(k)] >= 0) {
+      v.push_back("assignment[" + std::to_string(j) + "]: LLM microbatch " + std::to_string(k) +
+                  " is already fed by encoder microbatch " + std::to_string(fed_by[static_cast<size_t>(k)]));
+      perm = false;
+    } else {
+      fed_by[static_cast<size_t>(k)] = j;
+    }
+  }
+  if (!times_finite) return v;
+
+  // Dependencies.
+  for (int32_t t = 0; t < n; ++t) {
+    const auto b = f.after_offset[static_cast<size_t>(t)], e = f.after_offset[static_cast<size_t>(t) + 1];
+    for (auto q = b; q < e; ++q) {
+      const int32_t pr = static_cast<int32_t>(f.after[static_cast<size_t>(q)]);
+      if (task_end(pr) > s.start[static_cast<size_t>(t)] + tol) {
+        v.push_back("task " + std::to_string(t) + " starts at " + fmt(s.start[static_cast<size_t>(t)]) +
+                    " before its predecessor " + std::to_string(pr) + " ends at " + fmt(task_end(pr)));
+      }
+    }
+  }
+
+  // Free intervals and overlaps, per lane and resource.
+  std::vector<std::vector<int32_t>> by_key(static_cast<size_t>(2 * p.num_lanes()));
+  for (int32_t t = 0; t < n; ++t) by_key[static_cast<size_t>(2 * p.lane(t) + p.resource(t))].push_back(t);
+  for (int32_t l = 0; l < p.num_lanes(); ++l) {
+    for (int r = 0; r < 2; ++r) {
+      auto& ts = by_key[static_cast<size_t>(2 * l + r)];
+      if (ts.empty()) continue;
+      const auto iv = free_intervals(p, l, r);
+      for (int32_t t : ts) {
+        const double st = s.start[static_cast<size_t>(t)], en = task_end(t);
+        // The last interval starting at or before st (+tol) must hold the whole task.
+        auto it = std::upper_bound(iv.begin(), iv.end(), st + tol,
+                                   [](double x, const std::pair<double, double>& a) { return x < a.first; });
+        const bool inside = it != iv.begin() && en <= std::prev(it)->second + tol;
+        if (!inside) {
+          v.push_back("task " + std::to_string(t) + " [" + fmt(st) + ", " + fmt(en) + ") on lane " +
+                      std::to_string(l) + " lies outside every free " + resource_name(r) + " interval");
+        }
+      }
+      std::sort(ts.begin(), ts.end(), [&](int32_t a, int32_t b) {
+        return s.start[static_cast<size_t>(a)] < s.start[static_cast<size_t>(b)] ||
+               (s.start[static_cast<size_t>(a)] == s.start[static_cast<size_t>(b)] && a < b);
+      });
+      int32_t open = -1;  // the task reaching furthest so far
+      for (int32_t t : ts) {
+        if (open >= 0 && task_end(open) > s.start[static_cast<size_t>(t)] + tol &&
+            f.duration[static_cast<size_t>(t)] > 0.0) {
+          v.push_back("tasks " + std::to_string(open) + " and " + std::to_string(t) + " overlap on lane " +
+                      std::to_string(l) + " (" + resource_name(r) + ")");
+        }
+        if (open < 0 || task_end(t) > task_end(open)) open = t;
+      }
+    }
+  }
+
+  // Microbatch deadlines.
+  if (perm) {
+    for (int32_t t = 0; t < n; ++t) {
+      const int32_t j = p.microbatch(t);
+      const int64_t k = s.assignment[static_cast<size_t>(j)];
+      if (p.phase(t) == kFwd && task_end(t) > f.forward_needed[static_cast<size_t>(k)] + tol) {
+        v.push_back("forward task " + std::to_string(t) + " of encoder microbatch " + std::to_string(j) +
+                    " ends at " + fmt(task_end(t)) + ", after LLM microbatch " + std::to_string(k) +
+                    " needs it at " + fmt(f.forward_needed[static_cast<size_t>(k)]));
+      }
+      if (p.phase(t) == kBwd && s.start[static_cast<size_t>(t)] < f.grad_ready[static_cast<size_t>(k)] - tol) {
+        v.push_back("backward task " + std::to_string(t) + " of encoder microbatch " + std::to_string(j) +
+                    " starts at " + fmt(s.start[static_cast<size_t>(t)]) + ", before LLM microbatch " +
+                    std::to_string(k) + " has its gradient at " + fmt(f.grad_ready[static_cast<size_t>(k)]));
+      }
+    }
+  }
+
+  // Step time and shifts.
+  double first = 0.0, last = p.horizon();
+  for (int32_t t = 0; t < n; ++t) {
+    first = std::min(first, s.start[static_cast<size_t>(t)]);
+    last = std::max(last, task_end(t));
+  }
+  auto close = [&](double a, double b) { return std::fabs(a - b) <= tol + 1e-12 * std::fabs(b); };
+  if (!close(s.step_time, last - first)) {
+    v.push_back("step_time " + fmt(s.step_time) + " is not max(horizon, last end) - min(0, first start) = " +
+                fmt(last - first));
+  }
+  if (!close(s.shift_front, -first)) {
+    v.push_back("shift_front " + fmt(s.shift_front) + " is not -min(0, first start) = " + fmt(-first));
+  }
+  if (!close(s.shift_back, last - p.horizon())) {
+    v.push_back("shift_back " + fmt(s.shift_back) + " is not max(horizon, last end) - horizon = " +
+                fmt(last - p.horizon()));
+  }
+  return v;
+}
+
+}  // namespace pybubble

@@ -1,0 +1,41 @@
+#include <pybind11/stl.h>
+
+#include <optional>
+
+#include "arrays.h"
+#include "pybubble/scheduler.h"
+#include "register.h"
+
+namespace py = pybind11;
+using pybubble::Problem;
+using pybubble::Scheduler;
+
+namespace {
+py::tuple as_tuple(const pybubble::Schedule& s) {
+  return py::make_tuple(to_array(s.start), to_array(s.assignment), s.step_time, s.shift_front, s.shift_back);
+}
+}  // namespace
+
+void register_scheduler(py::module_& m) {
+  py::class_<Scheduler>(m, "Scheduler", "Schedules one problem, again and again with new durations.")
+      .def(py::init<const Problem&>(), py::arg("problem"), py::keep_alive<1, 2>())
+      .def(
+          "run",
+          [](Scheduler& self, const std::string& policy, std::optional<carray<double>> durations) {
+            const auto pol = pybubble::parse_policy(policy);
+            const double* d = nullptr;
+            if (durations) {
+              if (durations->ndim() != 1) throw py::value_error("durations: expected a one-dimensional array");
+              d = durations->data();
+            }
+            const pybubble::Schedule* out;
+            {
+              // Scheduling touches no Python object: let other threads run meanwhile.
+              py::gil_scoped_release release;
+              out = &self.run(pol, d);
+            }
+            return as_tuple(*out);
+          },
+          py::arg("policy") = "greedy", py::arg("durations") = py::none(),
+          "Returns (start, assignment, step_time, shift_front, shift_back).");
+}

@@ -1,0 +1,15 @@
+"""pybubble: fill the bubbles of a 3D-parallel LLM training step with the modality encoder's work."""
+
+from .problem import Problem, load_problem
+from .scheduler import Schedule, load_schedule, schedule
+from .validator import validate
+
+__all__ = [
+    "Problem",
+    "Schedule",
+    "load_problem",
+    "load_schedule",
+    "schedule",
+    "validate",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,114 @@
+"""The ``pybubble`` command line. Each subcommand is a function ``cmd_<name>(args) -> int``;
+bad input ends with exit code 2 and one line ``error: ...`` on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from .problem import load_problem
+from .scheduler import POLICIES, load_schedule, schedule
+from .validator import validate
+
+console = Console(highlight=False)
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000.0:,.3f} ms"
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    problem = load_problem(args.problem)
+    t0 = time.perf_counter()
+    sched = schedule(problem, args.policy)
+    took = time.perf_counter() - t0
+    if args.output:
+        sched.save(args.output)
+    table = Table(title=f"{args.problem}: {problem.num_tasks} tasks, {problem.num_lanes} lanes, "
+                        f"{problem.num_microbatches} microbatches", show_header=False)
+    table.add_row("policy", args.policy)
+    table.add_row("LLM step (horizon)", _ms(problem.horizon))
+    table.add_row("step with encoder", _ms(sched.step_time))
+    table.add_row("grows before / after", f"{_ms(sched.shift_front)} / {_ms(sched.shift_back)}")
+    table.add_row("encoder compute hidden", f"{100.0 * sched.hidden_fraction(problem):.1f}%")
+    table.add_row("scheduling took", f"{took * 1e3:.3f} ms")
+    if args.output:
+        table.add_row("written to", str(args.output))
+    console.print(table)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    problem = load_problem(args.problem)
+    violations = validate(problem, load_schedule(args.schedule))
+    for v in violations:
+        console.print(v)
+    if violations:
+        console.print(f"{len(violations)} violation(s)")
+        return 1
+    console.print("valid")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .problems import synthetic
+
+    problem = synthetic(stages=args.stages, lanes_per_stage=args.lanes_per_stage,
+                        microbatches=args.microbatches, encoder_layers=args.encoder_layers,
+                        kernels_per_layer=args.kernels_per_layer, encoder_scale=args.encoder_scale,
+                        tp_gaps_per_op=args.tp_gaps_per_op, seed=args.seed)
+    problem.save(args.output)
+    console.print(f"wrote {args.output}: {problem}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pybubble", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("schedule", help="schedule a problem's encoder tasks into its bubbles")
+    p.add_argument("problem", help="pybubble.problem/1 JSON file")
+    p.add_argument("-o", "--output", help="write the pybubble.schedule/1 JSON here")
+    p.add_argument("--policy", choices=POLICIES, default="greedy")
+    p.set_defaults(func=cmd_schedule)
+
+    p = sub.add_parser("validate", help="check a schedule against its problem (exit 1 if invalid)")
+    p.add_argument("problem", help="pybubble.problem/1 JSON file")
+    p.add_argument("schedule", help="pybubble.schedule/1 JSON file")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("generate", help="write a generated 1F1B problem with a ViT-like encoder")
+    p.add_argument("-o", "--output", required=True)
+    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--lanes-per-stage", type=int, default=2)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--encoder-layers", type=int, default=8)
+    p.add_argument("--kernels-per-layer", type=int, default=16)
+    p.add_argument("--tp-gaps-per-op", type=int, default=4)
+    p.add_argument("--encoder-scale", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,178 @@
+"""The bubble-filling problem (pybubble.problem/1): lanes with free windows, LLM microbatch
+dependency points, and the encoder's kernel tasks."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _core
+from .formats import PathOrDict, array, field, integer, number, read_document, write_document
+
+FORMAT = "pybubble.problem/1"
+RESOURCES = ("compute", "comm")
+PHASES = ("fwd", "bwd")
+
+
+class Problem:
+    """A checked problem. Build one with :func:`load_problem` (JSON) or :meth:`from_arrays`."""
+
+    __slots__ = ("core", "lane_names")
+
+    def __init__(self, core: _core.Problem, lane_names: Sequence[str] | None = None):
+        self.core = core
+        names = list(lane_names) if lane_names is not None else [f"lane{i}" for i in range(core.num_lanes)]
+        if len(names) != core.num_lanes:
+            raise ValueError(f"lane_names: {len(names)} names for {core.num_lanes} lanes")
+        self.lane_names = names
+
+    @classmethod
+    def from_arrays(cls, *, lane_names: Sequence[str] | None = None, **arrays: Any) -> "Problem":
+        """Builds a problem from the core's flat arrays (see ``_core.Problem``); checked by the core."""
+        return cls(_core.Problem(**arrays), lane_names)
+
+    @property
+    def horizon(self) -> float:
+        """The LLM-only step time (us)."""
+        return self.core.horizon
+
+    @property
+    def num_lanes(self) -> int:
+        return self.core.num_lanes
+
+    @property
+    def num_tasks(self) -> int:
+        return self.core.num_tasks
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.core.num_microbatches
+
+    def arrays(self) -> dict[str, Any]:
+        """The problem's fields as flat NumPy arrays (the arguments of :meth:`from_arrays`)."""
+        return self.core.fields()
+
+    def with_durations(self, durations: np.ndarray) -> "Problem":
+        """The same problem with new task durations (checked)."""
+        a = self.arrays()
+        a["duration"] = np.asarray(durations, dtype=np.float64)
+        return Problem.from_arrays(lane_names=self.lane_names, **a)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The problem as a pybubble.problem/1 document."""
+        a = self.arrays()
+        lanes = []
+        for i, name in enumerate(self.lane_names):
+            cb, ce = a["compute_offset"][i], a["compute_offset"][i + 1]
+            lb, le = a["link_offset"][i], a["link_offset"][i + 1]
+            lanes.append({
+                "name": name,
+                "compute_free": [[float(s), float(e)] for s, e in zip(a["compute_start"][cb:ce], a["compute_end"][cb:ce])],
+                "link_free": [[float(s), float(e)] for s, e in zip(a["link_start"][lb:le], a["link_end"][lb:le])],
+            })
+        ao, af = a["after_offset"], a["after"]
+        tasks = [
+            {"id": i, "lane": int(a["lane"][i]), "duration": float(a["duration"][i]),
+             "resource": RESOURCES[a["resource"][i]], "phase": PHASES[a["phase"][i]],
+             "microbatch": int(a["microbatch"][i]), "after": [int(x) for x in af[ao[i]:ao[i + 1]]]}
+            for i in range(self.num_tasks)
+        ]
+        return {
+            "format": FORMAT,
+            "horizon": float(a["horizon"]),
+            "lanes": lanes,
+            "microbatches": [{"forward_needed": float(f), "grad_ready": float(g)}
+                             for f, g in zip(a["forward_needed"], a["grad_ready"])],
+            "tasks": tasks,
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the problem as pybubble.problem/1 JSON."""
+        write_document(path, self.to_dict())
+
+    def __repr__(self) -> str:
+        return (f"Problem(horizon={self.horizon}, lanes={self.num_lanes}, "
+                f"microbatches={self.num_microbatches}, tasks={self.num_tasks})")
+
+
+def _windows(lane: Mapping[str, Any], key: str, where: str) -> list[tuple[Any, Any]]:
+    out = []
+    for w, win in enumerate(array(field(lane, key, where), f"{where}.{key}")):
+        f = f"{where}.{key}[{w}]"
+        if not isinstance(win, list) or len(win) != 2:
+            raise ValueError(f"{f}: {win!r} is not a [start, end] pair")
+        out.append((number(win[0], f + "[0]"), number(win[1], f + "[1]")))
+    return out
+
+
+def _choice(value: Any, names: Sequence[str], where: str) -> int:
+    if value not in names:
+        raise ValueError(f"{where}: {value!r} is not one of {', '.join(names)}")
+    return names.index(value)
+
+
+def load_problem(source: PathOrDict | Problem) -> Problem:
+    """Loads and checks a pybubble.problem/1 from a JSON file path or a parsed dict.
+
+    Raises ValueError naming the bad field and its value, e.g. ``tasks[17].after[0]: 23 is not < 17``.
+    """
+    if isinstance(source, Problem):
+        return source
+    doc = read_document(source, FORMAT)
+    horizon = number(field(doc, "horizon", ""), "horizon")
+    names, offsets, starts, ends = [], {"compute_free": [0], "link_free": [0]}, {}, {}
+    for key in offsets:
+        starts[key], ends[key] = [], []
+    for i, lane in enumerate(array(field(doc, "lanes", ""), "lanes")):
+        where = f"lanes[{i}]"
+        name = field(lane, "name", where)
+        if not isinstance(name, str):
+            raise ValueError(f"{where}.name: {name!r} is not a string")
+        names.append(name)
+        for key in offsets:
+            for s, e in _windows(lane, key, where):
+                starts[key].append(s)
+                ends[key].append(e)
+            offsets[key].append(len(starts[key]))
+    fn, gr = [], []
+    for k, mb in enumerate(array(field(doc, "microbatches", ""), "microbatches")):
+        where = f"microbatches[{k}]"
+        fn.append(number(field(mb, "forward_needed", where), where + ".forward_needed"))
+        gr.append(number(field(mb, "grad_ready", where), where + ".grad_ready"))
+    tasks = array(field(doc, "tasks", ""), "tasks")
+    n = len(tasks)
+    lane_ = np.empty(n, np.int64)
+    mb_ = np.empty(n, np.int64)
+    dur = np.empty(n, np.float64)
+    res = np.empty(n, np.int64)
+    ph = np.empty(n, np.int64)
+    after_offset = np.zeros(n + 1, np.int64)
+    after: list[int] = []
+    for i, t in enumerate(tasks):
+        where = f"tasks[{i}]"
+        tid = integer(field(t, "id", where), where + ".id")
+        if tid != i:
+            raise ValueError(f"{where}.id: {tid} is not its index {i}")
+        lane_[i] = integer(field(t, "lane", where), where + ".lane")
+        mb_[i] = integer(field(t, "microbatch", where), where + ".microbatch")
+        dur[i] = number(field(t, "duration", where), where + ".duration")
+        res[i] = _choice(field(t, "resource", where), RESOURCES, where + ".resource")
+        ph[i] = _choice(field(t, "phase", where), PHASES, where + ".phase")
+        for q, p in enumerate(array(field(t, "after", where), where + ".after")):
+            after.append(integer(p, f"{where}.after[{q}]"))
+        after_offset[i + 1] = len(after)
+    return Problem.from_arrays(
+        lane_names=names, horizon=horizon, num_lanes=len(names),
+        compute_offset=np.array(offsets["compute_free"], np.int64),
+        compute_start=np.array(starts["compute_free"], np.float64),
+        compute_end=np.array(ends["compute_free"], np.float64),
+        link_offset=np.array(offsets["link_free"], np.int64),
+        link_start=np.array(starts["link_free"], np.float64),
+        link_end=np.array(ends["link_free"], np.float64),
+        forward_needed=np.array(fn, np.float64), grad_ready=np.array(gr, np.float64),
+        lane=lane_, microbatch=mb_, duration=dur, resource=res, phase=ph,
+        after_offset=after_offset, after=np.array(after, np.int64),
+    )

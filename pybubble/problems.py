@@ -36,3 +36,45 @@ def vit22b_sized(seed: int = 0) -> Problem:
     return synthetic(stages=8, lanes_per_stage=2, microbatches=32, encoder_layers=48,
                      kernels_per_layer=16, llm_fwd=12000.0, llm_bwd=24000.0, tp_gaps_per_op=12,
                      tp_gap=300.0, encoder_scale=4.0, seed=seed)
+
+
+def random_problem(seed: int, *, lanes: int = 2, microbatches: int = 3, max_windows: int = 3,
+                   max_fwd: int = 3, max_bwd: int = 3, horizon: int = 100,
+                   max_duration: int = 15) -> Problem:
+    """A small random problem with integer times, for property tests, fuzzing and exact
+    comparisons: each lane gets up to `max_windows` windows per resource, each encoder microbatch
+    a forward chain of 1..max_fwd tasks and a backward chain of 0..max_bwd tasks on random lanes and
+    resources, and the LLM microbatches increasing forward_needed <= grad_ready."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+
+    def windows() -> list[list[float]]:
+        k = int(rng.integers(0, max_windows + 1))
+        cuts = sorted(set(int(x) for x in rng.integers(0, horizon + 1, size=2 * k)))
+        pairs = [cuts[i:i + 2] for i in range(0, len(cuts) - 1, 2)]
+        return [[float(a), float(b)] for a, b in pairs if a < b]
+
+    lane_docs = [{"name": f"lane{i}", "compute_free": windows(), "link_free": windows()}
+                 for i in range(lanes)]
+    fn = sorted(int(x) for x in rng.integers(0, horizon // 2 + 1, size=microbatches))
+    gr = sorted(max(f, int(x)) for f, x in zip(fn, rng.integers(horizon // 4, horizon + 1, size=microbatches)))
+    gr = [max(g, f) for g, f in zip(gr, fn)]
+    tasks: list[dict] = []
+    for j in range(microbatches):
+        prev = None
+        for phase, count in (("fwd", int(rng.integers(1, max_fwd + 1))),
+                             ("bwd", int(rng.integers(0, max_bwd + 1)))):
+            for _ in range(count):
+                tasks.append({"id": len(tasks), "lane": int(rng.integers(0, lanes)),
+                              "duration": float(rng.integers(0, max_duration + 1)),
+                              "resource": "comm" if rng.random() < 0.25 else "compute",
+                              "phase": phase, "microbatch": j,
+                              "after": [] if prev is None else [prev]})
+                prev = len(tasks) - 1
+    from .problem import load_problem
+
+    return load_problem({"format": "pybubble.problem/1", "horizon": float(horizon), "lanes": lane_docs,
+                         "microbatches": [{"forward_needed": float(f), "grad_ready": float(g)}
+                                          for f, g in zip(fn, gr)],
+                         "tasks": tasks})

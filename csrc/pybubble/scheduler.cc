@@ -23,8 +23,11 @@ Scheduler::Scheduler(const Problem& problem) : p_(problem) {
   end_.resize(n);
   cursor_.resize(static_cast<size_t>(keys_));
   saved_.resize(static_cast<size_t>(keys_));
-  fwd_in_step_.resize(m);
-  bwd_in_step_.resize(m);
+  inside_.resize(n);
+  fwd_first_.resize(m);
+  bwd_last_.resize(m);
+  probe_time_.resize(static_cast<size_t>(keys_));
+  probe_mark_.resize(n);
   finish_.resize(m);
   order_.resize(m);
   bw_off_.resize(static_cast<size_t>(keys_) + 1);
@@ -38,13 +41,15 @@ Scheduler::Scheduler(const Problem& problem) : p_(problem) {
   out_.assignment.resize(m);
 }
 
-// Forward of microbatch j inside the step: as early as possible, each task in the first window
-// of its lane and resource (after the lane's previous task) that holds it whole, and every task
-// ending by forward_needed[j]. Returns false, with nothing changed, when that is impossible.
-bool Scheduler::place_forward_in_step(int32_t j) {
+// Forward tasks of microbatch j from position `first` on, inside the step: as early as possible,
+// each in the first window of its lane and resource (after the lane's previous task) that holds
+// it whole, and every task ending by forward_needed[j]. Returns false, with nothing kept, when
+// that is impossible.
+bool Scheduler::place_forward_in_step(int32_t j, int64_t first) {
   const double deadline = p_.fields().forward_needed[static_cast<size_t>(j)];
   std::copy(cursor_.begin(), cursor_.end(), saved_.begin());
-  for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+  const int32_t* b = p_.tasks_begin(j, kFwd);
+  for (const int32_t* it = b + first; it != p_.tasks_end(j, kFwd); ++it) {
     const int32_t t = *it;
     const int r = p_.resource(t);
     const int32_t l = p_.lane(t);
@@ -52,7 +57,7 @@ bool Scheduler::place_forward_in_step(int32_t j) {
     Cursor& c = cursor_[static_cast<size_t>(2 * l + r)];
     double ready = c.time;
     for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
-      ready = std::max(ready, end_[static_cast<size_t>(*q)]);
+      if (inside_[static_cast<size_t>(*q)]) ready = std::max(ready, end_[static_cast<size_t>(*q)]);
     }
     const double d = dur_[t];
     const int64_t last = ws.offset[static_cast<size_t>(l) + 1];
@@ -68,21 +73,63 @@ bool Scheduler::place_forward_in_step(int32_t j) {
     }
     if (w == last) {
       std::copy(saved_.begin(), saved_.end(), cursor_.begin());
+      for (const int32_t* q = b; q != p_.tasks_end(j, kFwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
       return false;
     }
     out_.start[static_cast<size_t>(t)] = s;
     end_[static_cast<size_t>(t)] = s + d;
+    inside_[static_cast<size_t>(t)] = 1;
     c.time = s + d;
     c.window = w;
   }
   return true;
 }
 
-// Forward of microbatch j before the step: as late as possible, below the lane's cursor and
-// before every successor, tasks taken in decreasing id order.
-void Scheduler::place_forward_front(int32_t j) {
+// The first position of the longest suffix of microbatch j's forward tasks that fits inside the
+// step: a probe takes the tasks backwards, each as late as possible (by forward_needed[j], before
+// its successors and the probe's later task on the lane), after the lane's placed work. Changes
+// no placement.
+int64_t Scheduler::forward_suffix(int32_t j) {
+  const double deadline = p_.fields().forward_needed[static_cast<size_t>(j)];
+  std::fill(probe_time_.begin(), probe_time_.end(), kInf);
   const int32_t* b = p_.tasks_begin(j, kFwd);
   for (const int32_t* it = p_.tasks_end(j, kFwd); it != b;) {
+    --it;
+    const int32_t t = *it;
+    const int r = p_.resource(t);
+    const int32_t l = p_.lane(t);
+    const size_t k = static_cast<size_t>(2 * l + r);
+    const WindowSet& ws = p_.windows(r);
+    double latest = std::min(deadline, probe_time_[k]);
+    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+      latest = std::min(latest, probe_mark_[static_cast<size_t>(*q)]);
+    }
+    const double d = dur_[t];
+    const auto lo = ws.start.begin() + ws.offset[static_cast<size_t>(l)];
+    const auto hi = ws.start.begin() + ws.offset[static_cast<size_t>(l) + 1];
+    int64_t w = (std::lower_bound(lo, hi, latest) - ws.start.begin()) - 1;
+    bool placed = false;
+    double s = 0.0;
+    for (; w >= cursor_[k].window; --w) {
+      s = std::min(latest, ws.end[static_cast<size_t>(w)]) - d;
+      if (s < cursor_[k].time) break;
+      if (s >= ws.start[static_cast<size_t>(w)]) {
+        placed = true;
+        break;
+      }
+    }
+    if (!placed) return (it - b) + 1;
+    probe_mark_[static_cast<size_t>(t)] = s;
+    probe_time_[k] = s;
+  }
+  return 0;
+}
+
+// Forward tasks of microbatch j before its first in-step position, before the step: as late as
+// possible, below the lane's cursor and before every successor, in decreasing id order.
+void Scheduler::place_forward_front(int32_t j) {
+  const int32_t* b = p_.tasks_begin(j, kFwd);
+  for (const int32_t* it = b + fwd_first_[static_cast<size_t>(j)]; it != b;) {
     const int32_t t = *--it;
     Cursor& c = cursor_[static_cast<size_t>(2 * p_.lane(t) + p_.resource(t))];
     double latest = c.time;
@@ -128,9 +175,12 @@ void Scheduler::choose_assignment() {
 void Scheduler::build_backward_windows() {
   const int32_t m = p_.num_microbatches();
   std::fill(busy_off_.begin(), busy_off_.end(), 0);
+  auto in_step = [&](int32_t j) {
+    return std::make_pair(p_.tasks_begin(j, kFwd) + fwd_first_[static_cast<size_t>(j)], p_.tasks_end(j, kFwd));
+  };
   for (int32_t j = 0; j < m; ++j) {
-    if (!fwd_in_step_[static_cast<size_t>(j)]) continue;
-    for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+    const auto [b, e] = in_step(j);
+    for (const int32_t* it = b; it != e; ++it) {
       if (dur_[*it] > 0.0) ++busy_off_[static_cast<size_t>(2 * p_.lane(*it) + p_.resource(*it) + 1)];
     }
   }
@@ -138,8 +188,8 @@ void Scheduler::build_backward_windows() {
   // Fill in placement order (increasing microbatch, increasing id) = increasing time per key.
   for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].window = busy_off_[static_cast<size_t>(k)];
   for (int32_t j = 0; j < m; ++j) {
-    if (!fwd_in_step_[static_cast<size_t>(j)]) continue;
-    for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+    const auto [b, e] = in_step(j);
+    for (const int32_t* it = b; it != e; ++it) {
       if (dur_[*it] > 0.0) {
         const size_t k = static_cast<size_t>(2 * p_.lane(*it) + p_.resource(*it));
         busy_[static_cast<size_t>(cursor_[k].window++)] = *it;
@@ -177,19 +227,20 @@ void Scheduler::build_backward_windows() {
   bw_off_[static_cast<size_t>(keys_)] = out;
 }
 
-// Backward of microbatch j inside the step: the mirror of the forward, as late as possible from
-// the horizon down, every task starting at or after grad_ready of the LLM microbatch it feeds.
-bool Scheduler::place_backward_in_step(int32_t j) {
+// Backward tasks of microbatch j before position `last`, inside the step: the mirror of the
+// forward, as late as possible from the horizon down, every task starting at or after grad_ready
+// of the LLM microbatch it feeds. Returns false, with nothing kept, when that is impossible.
+bool Scheduler::place_backward_in_step(int32_t j, int64_t last) {
   const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
   std::copy(cursor_.begin(), cursor_.end(), saved_.begin());
   const int32_t* b = p_.tasks_begin(j, kBwd);
-  for (const int32_t* it = p_.tasks_end(j, kBwd); it != b;) {
+  for (const int32_t* it = b + last; it != b;) {
     const int32_t t = *--it;
     const int32_t k = 2 * p_.lane(t) + p_.resource(t);
     Cursor& c = cursor_[static_cast<size_t>(k)];
     double latest = c.time;
     for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
-      latest = std::min(latest, out_.start[static_cast<size_t>(*q)]);
+      if (inside_[static_cast<size_t>(*q)]) latest = std::min(latest, out_.start[static_cast<size_t>(*q)]);
     }
     const double d = dur_[t];
     const int64_t first = bw_off_[static_cast<size_t>(k)];
@@ -205,19 +256,58 @@ bool Scheduler::place_backward_in_step(int32_t j) {
     }
     if (w < first) {
       std::copy(saved_.begin(), saved_.end(), cursor_.begin());
+      for (const int32_t* q = b; q != p_.tasks_end(j, kBwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
       return false;
     }
     out_.start[static_cast<size_t>(t)] = s;
     end_[static_cast<size_t>(t)] = s + d;
+    inside_[static_cast<size_t>(t)] = 1;
     c.time = s;
     c.window = w;
   }
   return true;
 }
 
-// Backward of microbatch j after the step: as early as possible from the horizon.
+// The length of the longest prefix of microbatch j's backward tasks that fits inside the step: a
+// probe takes the tasks forwards, each as early as possible (from grad_ready, after its
+// predecessors and the probe's earlier task on the lane), ending before the lane's placed work.
+int64_t Scheduler::backward_prefix(int32_t j) {
+  const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+  std::fill(probe_time_.begin(), probe_time_.end(), -kInf);
+  const int32_t* b = p_.tasks_begin(j, kBwd);
+  for (const int32_t* it = b; it != p_.tasks_end(j, kBwd); ++it) {
+    const int32_t t = *it;
+    const size_t k = static_cast<size_t>(2 * p_.lane(t) + p_.resource(t));
+    double early = std::max(ready, probe_time_[k]);
+    for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+      if (p_.phase(*q) == kBwd) early = std::max(early, probe_mark_[static_cast<size_t>(*q)]);
+    }
+    const double d = dur_[t];
+    const auto lo = bw_end_.begin() + bw_off_[k];
+    const auto hi = bw_end_.begin() + bw_off_[k + 1];
+    int64_t w = std::upper_bound(lo, hi, early) - bw_end_.begin();
+    bool placed = false;
+    double s = 0.0;
+    for (; w <= cursor_[k].window; ++w) {
+      s = std::max(early, bw_start_[static_cast<size_t>(w)]);
+      if (s + d > cursor_[k].time) break;
+      if (s + d <= bw_end_[static_cast<size_t>(w)]) {
+        placed = true;
+        break;
+      }
+    }
+    if (!placed) return it - b;
+    probe_mark_[static_cast<size_t>(t)] = s + d;
+    probe_time_[k] = s + d;
+  }
+  return p_.tasks_end(j, kBwd) - b;
+}
+
+// Backward tasks of microbatch j from its first position after the step on: as early as possible
+// from the horizon.
 void Scheduler::place_backward_back(int32_t j) {
-  for (const int32_t* it = p_.tasks_begin(j, kBwd); it != p_.tasks_end(j, kBwd); ++it) {
+  for (const int32_t* it = p_.tasks_begin(j, kBwd) + bwd_last_[static_cast<size_t>(j)];
+       it != p_.tasks_end(j, kBwd); ++it) {
     const int32_t t = *it;
     Cursor& c = cursor_[static_cast<size_t>(2 * p_.lane(t) + p_.resource(t))];
     double s = c.time;
@@ -258,23 +348,34 @@ const Schedule& Scheduler::run(Policy policy, const double* durations) {
   }
   const bool greedy = policy == Policy::kGreedy;
   const WindowSet* ws[2] = {&p_.windows(kCompute), &p_.windows(kComm)};
+  std::fill(inside_.begin(), inside_.end(), 0);
 
-  // Forward: inside the step where it fits (greedy), the rest before 0.
+  // Forward: inside the step where it fits (greedy), whole or its longest fitting suffix; the rest
+  // before 0.
   for (int32_t k = 0; k < keys_; ++k) {
     cursor_[static_cast<size_t>(k)] = {0.0, ws[k % 2]->offset[static_cast<size_t>(k / 2)]};
   }
   for (int32_t j = 0; j < m; ++j) {
-    fwd_in_step_[static_cast<size_t>(j)] = greedy && place_forward_in_step(j);
+    const int64_t count = p_.tasks_end(j, kFwd) - p_.tasks_begin(j, kFwd);
+    int64_t first = count;
+    if (greedy) {
+      if (place_forward_in_step(j, 0)) {
+        first = 0;
+      } else {
+        const int64_t f = forward_suffix(j);
+        if (f < count && place_forward_in_step(j, f)) first = f;
+      }
+    }
+    fwd_first_[static_cast<size_t>(j)] = first;
   }
   for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].time = 0.0;
-  for (int32_t j = m - 1; j >= 0; --j) {
-    if (!fwd_in_step_[static_cast<size_t>(j)]) place_forward_front(j);
-  }
+  for (int32_t j = m - 1; j >= 0; --j) place_forward_front(j);
   choose_assignment();
 
-  // Backward: inside the step where it fits (greedy), latest grad_ready first; the rest after.
+  // Backward: inside the step where it fits (greedy), latest grad_ready first, whole or its
+  // longest fitting prefix; the rest after the horizon.
   const auto& gr = p_.fields().grad_ready;
-  std::fill(bwd_in_step_.begin(), bwd_in_step_.end(), 0);
+  for (int32_t j = 0; j < m; ++j) bwd_last_[static_cast<size_t>(j)] = 0;
   if (greedy) {
     build_backward_windows();
     for (int32_t k = 0; k < keys_; ++k) {
@@ -288,13 +389,19 @@ const Schedule& Scheduler::run(Policy policy, const double* durations) {
     });
     for (int32_t i = 0; i < m; ++i) {
       const int32_t j = order_[static_cast<size_t>(i)];
-      bwd_in_step_[static_cast<size_t>(j)] = place_backward_in_step(j);
+      const int64_t count = p_.tasks_end(j, kBwd) - p_.tasks_begin(j, kBwd);
+      int64_t last = 0;
+      if (place_backward_in_step(j, count)) {
+        last = count;
+      } else {
+        const int64_t l = backward_prefix(j);
+        if (l > 0 && place_backward_in_step(j, l)) last = l;
+      }
+      bwd_last_[static_cast<size_t>(j)] = last;
     }
   }
   for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].time = p_.horizon();
-  for (int32_t j = 0; j < m; ++j) {
-    if (!bwd_in_step_[static_cast<size_t>(j)]) place_backward_back(j);
-  }
+  for (int32_t j = 0; j < m; ++j) place_backward_back(j);
   finish();
   return out_;
 }

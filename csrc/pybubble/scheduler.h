@@ -14,8 +14,9 @@ enum class Policy : uint8_t {
   /// Every forward task before the LLM starts (packed as late as possible before 0), every
   /// backward task after it ends (as early as possible from the horizon).
   kCoarse = 0,
-  /// Coarse, then each encoder microbatch moved into the windows inside the step when it fits
-  /// there (forward in microbatch order, backward in reverse order of grad_ready).
+  /// Coarse, then each encoder microbatch moved into the windows inside the step, whole when it
+  /// fits there, else the longest run of its kernels that fits (forward: the last kernels, in
+  /// microbatch order; backward: the first kernels, in decreasing order of grad_ready).
   kGreedy = 1,
 };
 
@@ -47,11 +48,13 @@ class Scheduler {
     double time;
     int64_t window;
   };
-  bool place_forward_in_step(int32_t j);
+  bool place_forward_in_step(int32_t j, int64_t first);
+  int64_t forward_suffix(int32_t j);
   void place_forward_front(int32_t j);
   void choose_assignment();
   void build_backward_windows();
-  bool place_backward_in_step(int32_t j);
+  bool place_backward_in_step(int32_t j, int64_t last);
+  int64_t backward_prefix(int32_t j);
   void place_backward_back(int32_t j);
   void finish();
 
@@ -60,7 +63,11 @@ class Scheduler {
   int32_t keys_ = 0;  // 2 * num_lanes: one cursor per (lane, resource)
   std::vector<double> end_;
   std::vector<Cursor> cursor_, saved_;
-  std::vector<uint8_t> fwd_in_step_, bwd_in_step_;
+  std::vector<uint8_t> inside_;           // task placed inside the step
+  std::vector<int64_t> fwd_first_;        // forward positions >= this run inside the step
+  std::vector<int64_t> bwd_last_;         // backward positions < this run inside the step
+  std::vector<double> probe_time_;        // per key, during a probe
+  std::vector<double> probe_mark_;        // per task, during a probe (start or end)
   std::vector<double> finish_;
   std::vector<int32_t> order_;
   // Windows for backward tasks: the problem's windows less the forward tasks placed in them.

@@ -173,7 +173,8 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
   }
   // Encoder: microbatch j runs on lane (j mod lanes_per_stage) of every stage, layers split over
   // the stages; forward chain stage 0 -> p-1, a point-to-point send between stages (comm), then
-  // the backward chain back from p-1 to 0.
+  // the backward chain back from p-1 to 0. Encoder stage e sits on LLM stage p-1-e, whose
+  // warm-up bubble is the longest where the encoder's first layers must run.
   SplitMix64 rng{sp.seed * 0x2545F4914F6CDD1DULL + 1};
   in.after_offset.push_back(0);
   auto add = [&](int32_t lane, int32_t j, double d, uint8_t res, uint8_t ph, int64_t pred) {
@@ -192,7 +193,7 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
     for (int32_t ph = 0; ph < 2; ++ph) {
       for (int32_t si = 0; si < p; ++si) {
         const int32_t s = ph == kFwd ? si : p - 1 - si;
-        const int32_t lane = s * lps + sub;
+        const int32_t lane = (p - 1 - s) * lps + sub;
         const int32_t first = sp.encoder_layers * s / p, last = sp.encoder_layers * (s + 1) / p;
         for (int32_t layer = first; layer < last; ++layer) {
           for (int32_t k = 0; k < sp.kernels_per_layer; ++k) {

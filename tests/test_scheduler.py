@@ -1,0 +1,170 @@
+"""Invariants of every schedule (hypothesis), the differential test against the pure-Python
+reference, and the validator catching broken schedules."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import pybubble
+from pybubble.problems import random_problem, synthetic
+from pybubble.reference import reference_schedule
+
+random_problems = st.builds(
+    random_problem, st.integers(0, 2**32 - 1), lanes=st.integers(1, 3), microbatches=st.integers(1, 4),
+    max_windows=st.integers(0, 4), max_fwd=st.integers(1, 4), max_bwd=st.integers(0, 4),
+    horizon=st.sampled_from([10, 100, 1000]), max_duration=st.integers(0, 30))
+
+generated_problems = st.builds(
+    synthetic, stages=st.integers(1, 4), lanes_per_stage=st.integers(1, 2), microbatches=st.integers(1, 6),
+    encoder_layers=st.just(4), kernels_per_layer=st.integers(1, 6), tp_gaps_per_op=st.integers(0, 3),
+    encoder_scale=st.floats(0.0, 8.0), jitter=st.floats(0.0, 0.5), seed=st.integers(0, 1000))
+
+problems = st.one_of(random_problems, generated_problems)
+settings.register_profile("pybubble", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("pybubble")
+
+
+@given(problems, st.sampled_from(["greedy", "coarse"]))
+@settings(max_examples=150)
+def test_every_schedule_is_valid(problem, policy):
+    sched = pybubble.schedule(problem, policy)
+    assert pybubble.validate(problem, sched) == []
+    assert sched.step_time >= problem.horizon
+    assert sched.shift_front >= 0 and sched.shift_back >= 0
+    assert sorted(sched.assignment.tolist()) == list(range(problem.num_microbatches))
+
+
+@given(problems)
+@settings(max_examples=150)
+def test_greedy_is_never_worse_than_coarse(problem):
+    assert pybubble.schedule(problem).step_time <= pybubble.schedule(problem, "coarse").step_time
+
+
+@given(problems, st.sampled_from(["greedy", "coarse"]))
+@settings(max_examples=100)
+def test_core_equals_reference(problem, policy):
+    core = pybubble.schedule(problem, policy)
+    ref = reference_schedule(problem, policy)
+    np.testing.assert_array_equal(core.start, ref.start)
+    np.testing.assert_array_equal(core.assignment, ref.assignment)
+    assert core.step_time == ref.step_time
+    assert core.shift_front == ref.shift_front and core.shift_back == ref.shift_back
+
+
+@given(problems)
+@settings(max_examples=60)
+def test_coarse_keeps_forward_before_and_backward_after_the_step(problem):
+    sched = pybubble.schedule(problem, "coarse")
+    a = problem.arrays()
+    fwd = a["phase"] == 0
+    assert np.all(sched.start[fwd] + a["duration"][fwd] <= 1e-9)
+    assert np.all(sched.start[~fwd] >= problem.horizon)
+
+
+@given(problems)
+@settings(max_examples=60)
+def test_schedule_round_trips_through_json(problem):
+    sched = pybubble.schedule(problem)
+    again = pybubble.load_schedule(sched.to_dict())
+    np.testing.assert_array_equal(again.start, sched.start)
+    assert pybubble.validate(pybubble.load_problem(problem.to_dict()), again) == []
+
+
+def test_greedy_hides_encoder_work_on_a_pipeline():
+    problem = synthetic(stages=4, microbatches=8, encoder_layers=8, encoder_scale=2.0)
+    greedy, coarse = pybubble.schedule(problem), pybubble.schedule(problem, "coarse")
+    assert coarse.hidden_fraction(problem) == 0.0
+    assert greedy.hidden_fraction(problem) > 0.3
+    assert greedy.step_time < coarse.step_time
+
+
+def test_comm_tasks_never_go_into_compute_only_windows():
+    # One lane whose only window is a compute window: the comm task must stay outside the step.
+    doc = {"format": "pybubble.problem/1", "horizon": 100.0,
+           "lanes": [{"name": "l", "compute_free": [[10.0, 90.0]], "link_free": []}],
+           "microbatches": [{"forward_needed": 100.0, "grad_ready": 100.0}],
+           "tasks": [{"id": 0, "lane": 0, "duration": 5.0, "resource": "compute", "phase": "fwd",
+                      "microbatch": 0, "after": []},
+                     {"id": 1, "lane": 0, "duration": 5.0, "resource": "comm", "phase": "fwd",
+                      "microbatch": 0, "after": [0]}]}
+    problem = pybubble.load_problem(doc)
+    sched = pybubble.schedule(problem)
+    assert pybubble.validate(problem, sched) == []
+    assert sched.start[1] + 5.0 <= 0.0  # the comm task runs before the step...
+    assert sched.start[0] + 5.0 <= sched.start[1]  # ...and so does its predecessor
+    doc["lanes"][0]["link_free"] = [[50.0, 60.0]]
+    sched = pybubble.schedule(pybubble.load_problem(doc))
+    assert sched.step_time == 100.0 and 50.0 <= sched.start[1] <= 55.0
+
+
+def shifted(sched, start=None, **changes):
+    d = sched.to_dict()
+    if start is not None:
+        d["start"] = [float(x) for x in start]
+    d.update(changes)
+    return pybubble.load_schedule(d)
+
+
+def test_validator_reports_each_kind_of_violation():
+    problem = synthetic(stages=2, microbatches=4, encoder_layers=2, kernels_per_layer=3)
+    sched = pybubble.schedule(problem)
+    a = problem.arrays()
+    # A task moved before its predecessor.
+    t = int(np.nonzero(a["after_offset"][1:] - a["after_offset"][:-1])[0][0])
+    start = sched.start.copy()
+    start[t] -= 1e6
+    assert any("before its predecessor" in v for v in pybubble.validate(problem, shifted(sched, start)))
+    # Two tasks of one lane and resource at once, inside a window.
+    start = sched.start.copy()
+    same = np.nonzero((a["lane"] == a["lane"][0]) & (a["resource"] == a["resource"][0]) & (a["duration"] > 0))[0]
+    start[same[1]] = start[same[0]]
+    assert any("overlap" in v for v in pybubble.validate(problem, shifted(sched, start)))
+    # A task in the middle of the step where no window is.
+    start = sched.start.copy()
+    assert a["resource"][0] == 0
+    # Just after the first compute window of task 0's lane, the LLM computes.
+    start[0] = a["compute_end"][a["compute_offset"][a["lane"][0]]] + 1.0
+    assert any("outside every free" in v for v in pybubble.validate(problem, shifted(sched, start)))
+    # A wrong step time, a non-permutation.
+    assert any("step_time" in v for v in pybubble.validate(problem, shifted(sched, step_time=1.0)))
+    bad = sched.assignment.copy()
+    bad[0] = bad[1]
+    assert any("already fed" in v for v in pybubble.validate(problem, shifted(sched, assignment=bad.tolist())))
+
+
+def test_validator_reports_missed_forward_needed():
+    problem = synthetic(stages=2, microbatches=4, encoder_layers=2, kernels_per_layer=3)
+    sched = pybubble.schedule(problem)
+    # Swap the assignment so an encoder microbatch feeds an LLM microbatch too early for it.
+    late = int(np.argmax(sched.assignment))
+    early = int(np.argmin(sched.assignment))
+    a = sched.assignment.copy()
+    a[late], a[early] = a[early], a[late]
+    v = pybubble.validate(problem, shifted(sched, assignment=a.tolist()))
+    assert v == [] or any("needs it at" in x or "gradient at" in x for x in v)
+
+
+def test_validate_rejects_schedules_of_the_wrong_shape():
+    problem = synthetic(stages=2, microbatches=2, encoder_layers=2, kernels_per_layer=2)
+    sched = pybubble.schedule(problem)
+    with pytest.raises(ValueError, match="start: 3 entries"):
+        pybubble.validate(problem, shifted(sched, start=[0.0, 1.0, 2.0]))
+    with pytest.raises(ValueError, match="assignment: 1 entries"):
+        pybubble.validate(problem, shifted(sched, assignment=[0]))
+
+
+def test_scheduler_reruns_with_new_durations():
+    from pybubble import _core
+
+    problem = synthetic(stages=2, microbatches=4, encoder_layers=2)
+    core = _core.Scheduler(problem.core)
+    d = problem.arrays()["duration"] * 1.5
+    start, assignment, step, front, back = core.run("greedy", d)
+    ref = pybubble.schedule(problem.with_durations(d))
+    np.testing.assert_array_equal(start, ref.start)
+    assert step == ref.step_time
+    with pytest.raises(ValueError, match=r"durations\[0\]"):
+        core.run("greedy", np.full(problem.num_tasks, -1.0))
+    with pytest.raises(ValueError, match="policy"):
+        pybubble.schedule(problem, "best")

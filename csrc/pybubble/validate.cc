@@ -53,8 +53,15 @@ std::vector<std::string> validate(const Problem& p, const Schedule& s) {
                                 " entries, the problem has " + std::to_string(m) + " microbatches");
   }
   std::vector<std::string> v;
-  const double tol = kTimeTolerance;
   const auto& f = p.fields();
+  // a <= b up to kTimeTolerance, plus the rounding of the largest time in the schedule.
+  double scale = p.horizon();
+  for (int32_t t = 0; t < n; ++t) {
+    const double st = s.start[static_cast<size_t>(t)];
+    if (std::isfinite(st)) scale = std::max(scale, std::max(std::fabs(st), f.duration[static_cast<size_t>(t)]));
+  }
+  const double tol = kTimeTolerance + kRelativeTolerance * scale;
+  auto leq = [tol](double a, double b) { return a <= b + tol; };
   auto task_end = [&](int32_t t) { return s.start[static_cast<size_t>(t)] + f.duration[static_cast<size_t>(t)]; };
 
   bool times_finite = true;
@@ -90,7 +97,7 @@ std::vector<std::string> validate(const Problem& p, const Schedule& s) {
     const auto b = f.after_offset[static_cast<size_t>(t)], e = f.after_offset[static_cast<size_t>(t) + 1];
     for (auto q = b; q < e; ++q) {
       const int32_t pr = static_cast<int32_t>(f.after[static_cast<size_t>(q)]);
-      if (task_end(pr) > s.start[static_cast<size_t>(t)] + tol) {
+      if (!leq(task_end(pr), s.start[static_cast<size_t>(t)])) {
         v.push_back("task " + std::to_string(t) + " starts at " + fmt(s.start[static_cast<size_t>(t)]) +
                     " before its predecessor " + std::to_string(pr) + " ends at " + fmt(task_end(pr)));
       }
@@ -107,10 +114,10 @@ std::vector<std::string> validate(const Problem& p, const Schedule& s) {
       const auto iv = free_intervals(p, l, r);
       for (int32_t t : ts) {
         const double st = s.start[static_cast<size_t>(t)], en = task_end(t);
-        // The last interval starting at or before st (+tol) must hold the whole task.
-        auto it = std::upper_bound(iv.begin(), iv.end(), st + tol,
-                                   [](double x, const std::pair<double, double>& a) { return x < a.first; });
-        const bool inside = it != iv.begin() && en <= std::prev(it)->second + tol;
+        // The last interval starting at or before st (within tol) must hold the whole task.
+        auto it = std::upper_bound(iv.begin(), iv.end(), st,
+                                   [&](double x, const std::pair<double, double>& a) { return !leq(a.first, x); });
+        const bool inside = it != iv.begin() && leq(en, std::prev(it)->second);
         if (!inside) {
           v.push_back("task " + std::to_string(t) + " [" + fmt(st) + ", " + fmt(en) + ") on lane " +
                       std::to_string(l) + " lies outside every free " + resource_name(r) + " interval");
@@ -122,7 +129,7 @@ std::vector<std::string> validate(const Problem& p, const Schedule& s) {
       });
       int32_t open = -1;  // the task reaching furthest so far
       for (int32_t t : ts) {
-        if (open >= 0 && task_end(open) > s.start[static_cast<size_t>(t)] + tol &&
+        if (open >= 0 && !leq(task_end(open), s.start[static_cast<size_t>(t)]) &&
             f.duration[static_cast<size_t>(t)] > 0.0) {
           v.push_back("tasks " + std::to_string(open) + " and " + std::to_string(t) + " overlap on lane " +
                       std::to_string(l) + " (" + resource_name(r) + ")");
@@ -137,12 +144,12 @@ std::vector<std::string> validate(const Problem& p, const Schedule& s) {
     for (int32_t t = 0; t < n; ++t) {
       const int32_t j = p.microbatch(t);
       const int64_t k = s.assignment[static_cast<size_t>(j)];
-      if (p.phase(t) == kFwd && task_end(t) > f.forward_needed[static_cast<size_t>(k)] + tol) {
+      if (p.phase(t) == kFwd && !leq(task_end(t), f.forward_needed[static_cast<size_t>(k)])) {
         v.push_back("forward task " + std::to_string(t) + " of encoder microbatch " + std::to_string(j) +
                     " ends at " + fmt(task_end(t)) + ", after LLM microbatch " + std::to_string(k) +
                     " needs it at " + fmt(f.forward_needed[static_cast<size_t>(k)]));
       }
-      if (p.phase(t) == kBwd && s.start[static_cast<size_t>(t)] < f.grad_ready[static_cast<size_t>(k)] - tol) {
+      if (p.phase(t) == kBwd && !leq(f.grad_ready[static_cast<size_t>(k)], s.start[static_cast<size_t>(t)])) {
         v.push_back("backward task " + std::to_string(t) + " of encoder microbatch " + std::to_string(j) +
                     " starts at " + fmt(s.start[static_cast<size_t>(t)]) + ", before LLM microbatch " +
                     std::to_string(k) + " has its gradient at " + fmt(f.grad_ready[static_cast<size_t>(k)]));
@@ -156,7 +163,7 @@ std::vector<std::string> validate(const Problem& p, const Schedule& s) {
     first = std::min(first, s.start[static_cast<size_t>(t)]);
     last = std::max(last, task_end(t));
   }
-  auto close = [&](double a, double b) { return std::fabs(a - b) <= tol + 1e-12 * std::fabs(b); };
+  auto close = [&](double a, double b) { return leq(a, b) && leq(b, a); };
   if (!close(s.step_time, last - first)) {
     v.push_back("step_time " + fmt(s.step_time) + " is not max(horizon, last end) - min(0, first start) = " +
                 fmt(last - first));

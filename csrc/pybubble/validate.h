@@ -10,8 +10,10 @@
 namespace pybubble {
 
 /// Slack allowed in every time comparison (us): one picosecond, far below any kernel and far
-/// above the rounding of times up to 1e9 us.
+/// above the rounding of times up to 1e9 us...
 constexpr double kTimeTolerance = 1e-6;
+/// ...plus this share of the largest time or duration in the schedule, for its rounding.
+constexpr double kRelativeTolerance = 1e-12;
 
 /// Checks `s` against `p` by the rules of pybubble.schedule/1 and returns every violation as a
 /// readable sentence; an empty list means the schedule is valid. Throws std::invalid_argument when

@@ -1,0 +1,54 @@
+"""Core vs pure-Python reference on the ViT-22B-sized problem, measured in one run.
+
+Prints the median time of each (repeated runs, single thread) and their ratio, and checks that both
+return the same schedule. Usage: python bench/scheduler_speed.py [--repeat N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from pybubble import _core, validate
+from pybubble.problems import vit22b_sized
+from pybubble.reference import reference_schedule
+from pybubble.scheduler import schedule
+
+
+def median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5, help="runs of the reference (the core runs 50x more)")
+    args = parser.parse_args()
+    problem = vit22b_sized()
+    windows = problem.arrays()["compute_start"].size + problem.arrays()["link_start"].size
+    core = _core.Scheduler(problem.core)
+    fast = schedule(problem)
+    slow = reference_schedule(problem)
+    assert np.array_equal(fast.start, slow.start) and validate(problem, fast) == []
+    t_core = median_time(lambda: core.run("greedy"), 50 * args.repeat)
+    t_api = median_time(lambda: schedule(problem), 10 * args.repeat)
+    t_ref = median_time(lambda: reference_schedule(problem), args.repeat)
+    print(f"problem: {problem.num_tasks} tasks, {windows} windows, {problem.num_lanes} lanes, "
+          f"{problem.num_microbatches} microbatches")
+    print(f"core (Scheduler.run, reused)   median {t_core * 1e3:8.3f} ms")
+    print(f"core (pybubble.schedule)       median {t_api * 1e3:8.3f} ms")
+    print(f"reference (pure Python)        median {t_ref * 1e3:8.3f} ms")
+    print(f"speed-up core vs reference: {t_ref / t_core:.0f}x (run), {t_ref / t_api:.0f}x (API call)")
+    print(f"step: {fast.step_time / 1e3:.1f} ms greedy vs horizon {problem.horizon / 1e3:.1f} ms, "
+          f"hidden {fast.hidden_fraction(problem):.1%}")
+
+
+if __name__ == "__main__":
+    main()

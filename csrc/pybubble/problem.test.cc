@@ -1,0 +1,128 @@
+#include "pybubble/problem.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <stdexcept>
+#include <string>
+
+#include "pybubble/scheduler.h"
+#include "pybubble/synthetic.h"
+#include "pybubble/validate.h"
+
+namespace pybubble {
+namespace {
+
+ProblemInput two_tasks() {
+  ProblemInput in;
+  in.horizon = 100.0;
+  in.num_lanes = 1;
+  in.compute_free = {{0, 1}, {10.0}, {20.0}};
+  in.link_free = {{0, 0}, {}, {}};
+  in.forward_needed = {50.0};
+  in.grad_ready = {60.0};
+  in.lane = {0, 0};
+  in.microbatch = {0, 0};
+  in.duration = {5.0, 5.0};
+  in.resource = {kCompute, kCompute};
+  in.phase = {kFwd, kBwd};
+  in.after_offset = {0, 0, 1};
+  in.after = {0};
+  return in;
+}
+
+std::string error_of(const ProblemInput& in) {
+  try {
+    Problem p(in);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Problem, AcceptsAValidProblemAndIndexesIt) {
+  Problem p(two_tasks());
+  EXPECT_EQ(p.num_tasks(), 2);
+  EXPECT_EQ(p.succ_end(0) - p.succ_begin(0), 0);  // successors of another phase are not listed
+  EXPECT_EQ(p.tasks_end(0, kFwd) - p.tasks_begin(0, kFwd), 1);
+  EXPECT_EQ(*p.tasks_begin(0, kBwd), 1);
+}
+
+TEST(Problem, NamesTheBadField) {
+  auto in = two_tasks();
+  in.after = {1};
+  EXPECT_EQ(error_of(in), "tasks[1].after[0]: 1 is not < 1");
+  in = two_tasks();
+  in.compute_free.end = {200.0};
+  EXPECT_EQ(error_of(in), "lanes[0].compute_free[0]: end 200 is after the horizon 100");
+  in = two_tasks();
+  in.lane = {0, 3};
+  EXPECT_EQ(error_of(in), "tasks[1].lane: 3 is not in [0, 1)");
+  in = two_tasks();
+  in.phase = {kBwd, kFwd};
+  EXPECT_EQ(error_of(in), "tasks[1].after[0]: 0 is a backward task, a predecessor of forward task 1");
+  in = two_tasks();
+  in.grad_ready = {40.0};
+  EXPECT_EQ(error_of(in), "microbatches[0].grad_ready: 40 is before forward_needed 50");
+  in = two_tasks();
+  in.after_offset = {0, 0};
+  EXPECT_EQ(error_of(in), "tasks: after offsets hold 2 entries, expected 3");
+}
+
+// Random corruption of valid inputs: the core either rejects the input with invalid_argument or
+// accepts it and then schedules it validly. Run under ASan/UBSan in CI.
+TEST(Problem, FuzzedInputsNeverCrash) {
+  std::mt19937_64 rng(7);
+  SyntheticSpec spec;
+  spec.stages = 2;
+  spec.microbatches = 3;
+  spec.encoder_layers = 2;
+  spec.kernels_per_layer = 3;
+  const ProblemInput good = synthetic_problem(spec);
+  const double specials[] = {-1.0, 0.0, 1e300, -1e300, std::numeric_limits<double>::quiet_NaN(),
+                             std::numeric_limits<double>::infinity(), 5.0};
+  const int64_t ints[] = {-1, 0, 1, 2, 3, 1000000, std::numeric_limits<int64_t>::max(),
+                          std::numeric_limits<int64_t>::min()};
+  int accepted = 0;
+  for (int round = 0; round < 20000; ++round) {
+    ProblemInput in = good;
+    std::vector<std::vector<int64_t>*> iv = {&in.compute_free.offset, &in.link_free.offset, &in.lane,
+                                             &in.microbatch, &in.resource, &in.phase, &in.after_offset,
+                                             &in.after};
+    std::vector<std::vector<double>*> dv = {&in.compute_free.start, &in.compute_free.end, &in.link_free.start,
+                                            &in.link_free.end, &in.forward_needed, &in.grad_ready,
+                                            &in.duration};
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits; ++e) {
+      if (rng() % 2) {
+        auto* v = iv[rng() % iv.size()];
+        if (rng() % 8 == 0) {
+          v->pop_back();
+        } else if (!v->empty()) {
+          (*v)[rng() % v->size()] = ints[rng() % 8];
+        }
+      } else {
+        auto* v = dv[rng() % dv.size()];
+        if (rng() % 8 == 0 && !v->empty()) {
+          v->pop_back();
+        } else if (!v->empty()) {
+          (*v)[rng() % v->size()] = specials[rng() % 7];
+        }
+      }
+    }
+    if (rng() % 16 == 0) in.num_lanes = ints[rng() % 8];
+    try {
+      Problem p(std::move(in));
+      ++accepted;
+      for (Policy pol : {Policy::kGreedy, Policy::kCoarse}) {
+        const auto v = validate(p, schedule(p, pol));
+        EXPECT_TRUE(v.empty()) << "round " << round << ": " << v.front();
+      }
+    } catch (const std::invalid_argument&) {
+    }
+  }
+  EXPECT_GT(accepted, 100);
+}
+
+}  // namespace
+}  // namespace pybubble

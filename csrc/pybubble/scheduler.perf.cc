@@ -1,0 +1,54 @@
+// Scheduler speed over generated problems of about 1k to 1M tasks; reports tasks per second.
+#include <benchmark/benchmark.h>
+
+#include "pybubble/scheduler.h"
+#include "pybubble/synthetic.h"
+#include "pybubble/validate.h"
+
+namespace pybubble {
+namespace {
+
+// 8 stages x 2 lanes, 12 TP gaps per LLM op; `microbatches` and `layers` set the size. With 32
+// microbatches and 48 layers this is the ViT-22B-sized problem (~50k tasks, ~25k windows).
+SyntheticSpec spec_for(int32_t microbatches, int32_t layers) {
+  SyntheticSpec s;
+  s.stages = 8;
+  s.lanes_per_stage = 2;
+  s.microbatches = microbatches;
+  s.encoder_layers = layers;
+  s.kernels_per_layer = 16;
+  s.llm_fwd = 12000.0;
+  s.llm_bwd = 24000.0;
+  s.tp_gaps_per_op = 12;
+  s.tp_gap = 300.0;
+  s.encoder_scale = 4.0;
+  return s;
+}
+
+void BM_Schedule(benchmark::State& state) {
+  const Policy policy = state.range(2) ? Policy::kGreedy : Policy::kCoarse;
+  Problem p(synthetic_problem(spec_for(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)))));
+  Scheduler sched(p);
+  // Benchmarks also check their result.
+  if (!validate(p, sched.run(policy)).empty()) state.SkipWithError("invalid schedule");
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(sched.run(policy).step_time);
+  }
+  state.counters["tasks"] = p.num_tasks();
+  // Tasks scheduled per second; ns per task = 1e9 / tasks_per_s.
+  state.counters["tasks_per_s"] =
+      benchmark::Counter(p.num_tasks(), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// {microbatches, layers, greedy}: ~1k, ~6k, ~50k (ViT-22B-sized), ~200k, ~1M tasks.
+BENCHMARK(BM_Schedule)
+    ->Args({4, 8, 1})
+    ->Args({8, 24, 1})
+    ->Args({32, 48, 1})
+    ->Args({32, 48, 0})
+    ->Args({64, 96, 1})
+    ->Args({128, 240, 1})
+    ->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace pybubble

@@ -1,0 +1,66 @@
+#include "pybubble/validate.h"
+
+#include <gtest/gtest.h>
+
+#include "pybubble/synthetic.h"
+
+namespace pybubble {
+namespace {
+
+bool mentions(const std::vector<std::string>& v, const std::string& what) {
+  for (const auto& s : v) {
+    if (s.find(what) != std::string::npos) return true;
+  }
+  return false;
+}
+
+class ValidateTest : public ::testing::Test {
+ protected:
+  ValidateTest() : p_(make()), s_(schedule(p_, Policy::kGreedy)) {}
+  static ProblemInput make() {
+    SyntheticSpec spec;
+    spec.stages = 2;
+    spec.microbatches = 3;
+    spec.encoder_layers = 2;
+    spec.kernels_per_layer = 4;
+    return synthetic_problem(spec);
+  }
+  Problem p_;
+  Schedule s_;
+};
+
+TEST_F(ValidateTest, AcceptsTheSchedulersOutput) { EXPECT_TRUE(validate(p_, s_).empty()); }
+
+TEST_F(ValidateTest, CatchesADependencyBroken) {
+  s_.start[1] = s_.start[0] - 1000.0;
+  EXPECT_TRUE(mentions(validate(p_, s_), "before its predecessor 0"));
+}
+
+TEST_F(ValidateTest, CatchesATaskWhereTheLlmComputes) {
+  // Just after lane's first compute window the LLM runs: no compute task may sit there.
+  const int32_t lane = p_.lane(0);
+  const auto& w = p_.windows(kCompute);
+  s_.start[0] = w.end[static_cast<size_t>(w.offset[static_cast<size_t>(lane)])] + 0.5;
+  EXPECT_TRUE(mentions(validate(p_, s_), "lies outside every free compute interval"));
+}
+
+TEST_F(ValidateTest, CatchesWrongStepTimeAndAssignment) {
+  s_.step_time += 1.0;
+  s_.assignment[0] = s_.assignment[1];
+  const auto v = validate(p_, s_);
+  EXPECT_TRUE(mentions(v, "step_time"));
+  EXPECT_TRUE(mentions(v, "is already fed by"));
+}
+
+TEST_F(ValidateTest, CatchesNonFiniteStarts) {
+  s_.start[2] = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_TRUE(mentions(validate(p_, s_), "is not finite"));
+}
+
+TEST_F(ValidateTest, RejectsSchedulesOfTheWrongShape) {
+  s_.start.pop_back();
+  EXPECT_THROW(validate(p_, s_), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace pybubble

@@ -1,0 +1,328 @@
+#include "pybubble/pipeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pybubble {
+namespace {
+
+constexpr char kKindLetter[4] = {'F', 'B', 'I', 'W'};
+constexpr int32_t kNoRank = -1;
+
+std::string num(double x) {
+  std::string s = std::to_string(x);
+  return s;
+}
+
+void check_time(double x, const char* field, bool positive) {
+  if (!std::isfinite(x) || (positive ? !(x > 0) : !(x >= 0))) {
+    throw std::invalid_argument(std::string(field) + ": " + num(x) + (positive ? " is not > 0" : " is not >= 0"));
+  }
+}
+
+void check_costs(const std::vector<double>& v, size_t n, const char* field, bool positive) {
+  if (v.size() != n) {
+    throw std::invalid_argument(std::string(field) + ": " + std::to_string(v.size()) + " values for " +
+                                std::to_string(n) + " (rank, chunk) pairs");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const std::string f = std::string(field) + "[" + std::to_string(i) + "]";
+    check_time(v[i], f.c_str(), positive);
+  }
+}
+
+}  // namespace
+
+std::string action_name(int32_t stage, uint8_t kind, int32_t microbatch) {
+  return std::to_string(stage) + (kind < 4 ? kKindLetter[kind] : '?') + std::to_string(microbatch);
+}
+
+void fill_one_f_one_b(PipelineSpec& sp) {
+  if (sp.chunks != 1) throw std::invalid_argument("chunks: " + std::to_string(sp.chunks) + " is not 1 for 1F1B");
+  const int32_t p = sp.ranks, m = sp.microbatches;
+  sp.row_offset.assign(1, 0);
+  sp.stage.clear();
+  sp.kind.clear();
+  sp.microbatch.clear();
+  auto add = [&](int32_t r, uint8_t kind, int32_t k) {
+    sp.stage.push_back(r);
+    sp.kind.push_back(kind);
+    sp.microbatch.push_back(k);
+  };
+  for (int32_t r = 0; r < p; ++r) {
+    const int32_t warm = std::max(0, std::min(p - r - 1, m));
+    int32_t nf = 0, nb = 0;
+    for (; nf < warm; ++nf) add(r, kForward, nf);
+    while (nf < m) {
+      add(r, kForward, nf++);
+      add(r, kBackward, nb++);
+    }
+    while (nb < m) add(r, kBackward, nb++);
+    sp.row_offset.push_back(static_cast<int64_t>(sp.stage.size()));
+  }
+}
+
+PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
+  const int32_t p = sp.ranks, v = sp.chunks, m = sp.microbatches;
+  if (p < 1) throw std::invalid_argument("stages: " + std::to_string(p) + " is < 1");
+  if (v < 1) throw std::invalid_argument("chunks: " + std::to_string(v) + " is < 1");
+  if (m < 1) throw std::invalid_argument("microbatches: " + std::to_string(m) + " is < 1");
+  const int32_t S = p * v;
+  const size_t n = sp.stage.size();
+  if (sp.kind.size() != n || sp.microbatch.size() != n) {
+    throw std::invalid_argument("table: stage, kind and microbatch arrays differ in length");
+  }
+  if (sp.row_offset.size() != static_cast<size_t>(p) + 1 || sp.row_offset.front() != 0 ||
+      sp.row_offset.back() != static_cast<int64_t>(n)) {
+    throw std::invalid_argument("table: row_offset does not describe " + std::to_string(p) + " rows of " +
+                                std::to_string(n) + " actions");
+  }
+  for (int32_t r = 0; r < p; ++r) {
+    if (sp.row_offset[r] > sp.row_offset[r + 1]) throw std::invalid_argument("table: row_offset is not sorted");
+  }
+  // Which rank holds each stage; each rank must hold v stages.
+  std::vector<int32_t> stage_rank(static_cast<size_t>(S), kNoRank);
+  for (int32_t r = 0; r < p; ++r) {
+    for (int64_t i = sp.row_offset[r]; i < sp.row_offset[r + 1]; ++i) {
+      const int32_t g = sp.stage[i];
+      auto where = [r] { return "table[" + std::to_string(r) + "]"; };
+      if (g < 0 || g >= S) {
+        throw std::invalid_argument(where() + ": stage " + std::to_string(g) + " is outside 0.." + std::to_string(S - 1) +
+                                    " (stages * chunks = " + std::to_string(S) + ")");
+      }
+      if (sp.kind[i] > kWeightGrad) {
+        throw std::invalid_argument(where() + ": kind " + std::to_string(sp.kind[i]) + " is not F, B, I or W");
+      }
+      if (sp.microbatch[i] < 0 || sp.microbatch[i] >= m) {
+        throw std::invalid_argument(where() + ": " + action_name(g, sp.kind[i], sp.microbatch[i]) +
+                                    " has a microbatch outside 0.." + std::to_string(m - 1));
+      }
+      if (stage_rank[g] != kNoRank && stage_rank[g] != r) {
+        throw std::invalid_argument(where() + ": stage " + std::to_string(g) + " also runs on rank " +
+                                    std::to_string(stage_rank[g]));
+      }
+      stage_rank[g] = r;
+    }
+  }
+  std::vector<int32_t> stage_chunk(static_cast<size_t>(S), 0), rank_stages(static_cast<size_t>(p), 0);
+  for (int32_t g = 0; g < S; ++g) {
+    if (stage_rank[g] == kNoRank) throw std::invalid_argument("table: stage " + std::to_string(g) + " has no actions");
+    stage_chunk[g] = rank_stages[stage_rank[g]]++;
+  }
+  for (int32_t r = 0; r < p; ++r) {
+    if (rank_stages[r] != v) {
+      throw std::invalid_argument("table[" + std::to_string(r) + "]: holds " + std::to_string(rank_stages[r]) +
+                                  " stages, not chunks = " + std::to_string(v));
+    }
+  }
+  // Each action at most once; every forward present; each backward either B or I + W.
+  auto slot = [m](int32_t g, uint8_t kind, int32_t k) { return (static_cast<size_t>(g) * 4 + kind) * m + k; };
+  std::vector<int64_t> action_of(static_cast<size_t>(S) * 4 * m, -1);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t& a = action_of[slot(sp.stage[i], sp.kind[i], sp.microbatch[i])];
+    if (a >= 0) {
+      throw std::invalid_argument("table: " + action_name(sp.stage[i], sp.kind[i], sp.microbatch[i]) +
+                                  " appears twice");
+    }
+    a = static_cast<int64_t>(i);
+  }
+  for (int32_t g = 0; g < S; ++g) {
+    for (int32_t k = 0; k < m; ++k) {
+      const bool f = action_of[slot(g, kForward, k)] >= 0, b = action_of[slot(g, kBackward, k)] >= 0;
+      const bool in = action_of[slot(g, kInputGrad, k)] >= 0, w = action_of[slot(g, kWeightGrad, k)] >= 0;
+      if (!f) throw std::invalid_argument("table: " + action_name(g, kForward, k) + " is missing");
+      if (b ? (in || w) : !(in && w)) {
+        throw std::invalid_argument("table: stage " + std::to_string(g) + " microbatch " + std::to_string(k) +
+                                    " needs either one B or one I and one W");
+      }
+    }
+  }
+  const size_t pairs = static_cast<size_t>(p) * v;
+  check_costs(sp.fwd, pairs, "fwd", true);
+  check_costs(sp.bwd, pairs, "bwd", true);
+  check_costs(sp.wgrad, pairs, "wgrad", false);
+  for (size_t i = 0; i < pairs; ++i) {
+    if (!(sp.wgrad[i] < sp.bwd[i])) {
+      throw std::invalid_argument("wgrad[" + std::to_string(i) + "]: " + num(sp.wgrad[i]) + " is not < bwd " +
+                                  num(sp.bwd[i]));
+    }
+  }
+  check_time(sp.p2p, "p2p", false);
+  check_time(sp.tp_duration, "tp_comm.duration", false);
+  check_time(sp.dp_allgather, "dp_allgather", false);
+  check_time(sp.dp_reducescatter, "dp_reducescatter", false);
+  if (sp.tp_count < 0) throw std::invalid_argument("tp_comm.count: " + std::to_string(sp.tp_count) + " is < 0");
+  const bool has_tp = sp.tp_count > 0 && sp.tp_duration > 0;
+  auto duration = [&](int32_t g, uint8_t kind) {
+    const size_t c = static_cast<size_t>(stage_rank[g]) * v + stage_chunk[g];
+    switch (kind) {
+      case kForward: return sp.fwd[c];
+      case kBackward: return sp.bwd[c];
+      case kInputGrad: return sp.bwd[c] - sp.wgrad[c];
+      default: return sp.wgrad[c];
+    }
+  };
+  if (has_tp) {
+    for (size_t c = 0; c < pairs; ++c) {
+      const double shortest = std::min({sp.fwd[c], sp.bwd[c] - sp.wgrad[c]});
+      if (!(sp.tp_duration * (sp.tp_count + 1) < shortest)) {
+        throw std::invalid_argument("tp_comm: " + std::to_string(sp.tp_count) + " collectives of " +
+                                    num(sp.tp_duration) + " leave no compute in an op of " + num(shortest) +
+                                    " (rank, chunk index " + std::to_string(c) + ")");
+      }
+    }
+  }
+
+  // The dependency of an action (-1 if none besides the rank's order), and its readiness.
+  auto dependency = [&](size_t i, int64_t& first, int64_t& second) {
+    const int32_t g = sp.stage[i], k = sp.microbatch[i];
+    first = second = -1;
+    switch (sp.kind[i]) {
+      case kForward:
+        if (g > 0) first = action_of[slot(g - 1, kForward, k)];
+        break;
+      case kBackward:
+      case kInputGrad:
+        first = action_of[slot(g, kForward, k)];
+        if (g + 1 < S) {
+          second = action_of[slot(g + 1, kBackward, k)];
+          if (second < 0) second = action_of[slot(g + 1, kInputGrad, k)];
+        }
+        break;
+      default:
+        first = action_of[slot(g, kInputGrad, k)];
+    }
+  };
+  std::vector<int32_t> action_rank(n);
+  for (int32_t r = 0; r < p; ++r) {
+    for (int64_t i = sp.row_offset[r]; i < sp.row_offset[r + 1]; ++i) action_rank[i] = r;
+  }
+  PipelineTimeline tl;
+  tl.op_start.assign(n, -1.0);
+  tl.op_end.assign(n, -1.0);
+  std::vector<int64_t> next(sp.row_offset.begin(), sp.row_offset.end() - 1);
+  std::vector<double> free_at(static_cast<size_t>(p), sp.dp_allgather);
+  size_t done = 0;
+  while (done < n) {
+    bool progressed = false;
+    for (int32_t r = 0; r < p; ++r) {
+      while (next[r] < sp.row_offset[r + 1]) {
+        const size_t i = static_cast<size_t>(next[r]);
+        int64_t deps[2];
+        dependency(i, deps[0], deps[1]);
+        double ready = free_at[r];
+        bool blocked = false;
+        for (int64_t d : deps) {
+          if (d < 0) continue;
+          if (tl.op_end[d] < 0) {
+            blocked = true;
+            break;
+          }
+          ready = std::max(ready, tl.op_end[d] + (action_rank[d] != r ? sp.p2p : 0.0));
+        }
+        if (blocked) break;
+        tl.op_start[i] = ready;
+        tl.op_end[i] = ready + duration(sp.stage[i], sp.kind[i]);
+        free_at[r] = tl.op_end[i];
+        ++next[r];
+        ++done;
+        progressed = true;
+      }
+    }
+    if (!progressed) {
+      std::string msg = "table deadlocks:";
+      for (int32_t r = 0; r < p; ++r) {
+        if (next[r] >= sp.row_offset[r + 1]) continue;
+        const size_t i = static_cast<size_t>(next[r]);
+        int64_t deps[2];
+        dependency(i, deps[0], deps[1]);
+        for (int64_t d : deps) {
+          if (d < 0 || tl.op_end[d] >= 0) continue;
+          msg += " rank " + std::to_string(r) + "'s " + action_name(sp.stage[i], sp.kind[i], sp.microbatch[i]) +
+                 " waits on " + action_name(sp.stage[d], sp.kind[d], sp.microbatch[d]) + " (rank " +
+                 std::to_string(action_rank[d]) + ");";
+          break;
+        }
+      }
+      msg.pop_back();
+      throw std::invalid_argument(msg);
+    }
+  }
+
+  double llm_end = sp.dp_allgather;
+  for (size_t i = 0; i < n; ++i) llm_end = std::max(llm_end, tl.op_end[i]);
+  tl.step_time = llm_end + sp.dp_reducescatter;
+  tl.op_rank = action_rank;
+  tl.op_stage = sp.stage;
+  tl.op_kind = sp.kind;
+  tl.op_microbatch = sp.microbatch;
+  tl.op_chunk.resize(n);
+  for (size_t i = 0; i < n; ++i) tl.op_chunk[i] = stage_chunk[sp.stage[i]];
+  const size_t gaps = has_tp ? n * static_cast<size_t>(sp.tp_count) : 0;
+  tl.bubble_rank.reserve(gaps + n + 3 * p);
+  tl.bubble_kind.reserve(gaps + n + 3 * p);
+  tl.bubble_start.reserve(gaps + n + 3 * p);
+  tl.bubble_end.reserve(gaps + n + 3 * p);
+  tl.link_busy_rank.reserve(gaps + 2 * p);
+  tl.link_busy_start.reserve(gaps + 2 * p);
+  tl.link_busy_end.reserve(gaps + 2 * p);
+  auto bubble = [&](int32_t r, uint8_t kind, double a, double b) {
+    if (!(b > a)) return;
+    tl.bubble_rank.push_back(r);
+    tl.bubble_kind.push_back(kind);
+    tl.bubble_start.push_back(a);
+    tl.bubble_end.push_back(b);
+  };
+  auto link_busy = [&](int32_t r, double a, double b) {
+    if (!(b > a)) return;
+    tl.link_busy_rank.push_back(r);
+    tl.link_busy_start.push_back(a);
+    tl.link_busy_end.push_back(b);
+  };
+  for (int32_t r = 0; r < p; ++r) {
+    const int64_t b0 = sp.row_offset[r], b1 = sp.row_offset[r + 1];
+    double first_bwd = llm_end, last_fwd = sp.dp_allgather;
+    for (int64_t i = b0; i < b1; ++i) {
+      if ((sp.kind[i] == kBackward || sp.kind[i] == kInputGrad) && tl.op_start[i] < first_bwd) {
+        first_bwd = tl.op_start[i];
+      }
+      if (sp.kind[i] == kForward) last_fwd = std::max(last_fwd, tl.op_end[i]);
+    }
+    auto gap = [&](double a, double b) {
+      const uint8_t kind = b <= first_bwd ? kPpWarmup : a >= last_fwd ? kPpCooldown : kPpSteady;
+      bubble(r, kind, a, b);
+    };
+    bubble(r, kDpAllgather, 0.0, sp.dp_allgather);
+    link_busy(r, 0.0, sp.dp_allgather);
+    double t = sp.dp_allgather;
+    for (int64_t i = b0; i < b1; ++i) {
+      gap(t, tl.op_start[i]);
+      if (has_tp && sp.kind[i] != kWeightGrad) {
+        const double len = tl.op_end[i] - tl.op_start[i];
+        for (int32_t c = 1; c <= sp.tp_count; ++c) {
+          const double gs = tl.op_start[i] + len * c / (sp.tp_count + 1) - sp.tp_duration / 2;
+          bubble(r, kTp, gs, gs + sp.tp_duration);
+          link_busy(r, gs, gs + sp.tp_duration);
+        }
+      }
+      t = tl.op_end[i];
+    }
+    gap(t, llm_end);
+    bubble(r, kDpReducescatter, llm_end, tl.step_time);
+    link_busy(r, llm_end, tl.step_time);
+  }
+  tl.forward_needed.resize(static_cast<size_t>(m));
+  tl.grad_ready.resize(static_cast<size_t>(m));
+  for (int32_t k = 0; k < m; ++k) {
+    tl.forward_needed[k] = tl.op_start[action_of[slot(0, kForward, k)]];
+    int64_t b = action_of[slot(0, kBackward, k)];
+    if (b < 0) b = action_of[slot(0, kInputGrad, k)];
+    tl.grad_ready[k] = tl.op_end[b];
+  }
+  return tl;
+}
+
+}  // namespace pybubble

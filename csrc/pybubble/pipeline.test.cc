@@ -1,0 +1,95 @@
+#include "pybubble/pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace pybubble {
+namespace {
+
+PipelineSpec one_f_one_b(int32_t p, int32_t m, double f, double b) {
+  PipelineSpec sp;
+  sp.ranks = p;
+  sp.microbatches = m;
+  fill_one_f_one_b(sp);
+  sp.fwd.assign(p, f);
+  sp.bwd.assign(p, b);
+  sp.wgrad.assign(p, 0.0);
+  return sp;
+}
+
+double idle(const PipelineTimeline& tl, int32_t rank) {
+  double s = 0;
+  for (size_t i = 0; i < tl.bubble_rank.size(); ++i) {
+    if (tl.bubble_rank[i] == rank) s += tl.bubble_end[i] - tl.bubble_start[i];
+  }
+  return s;
+}
+
+TEST(Pipeline, OneFOneBClosedForm) {
+  for (int32_t p : {1, 2, 4, 7}) {
+    for (int32_t m : {p, 2 * p + 1}) {
+      const PipelineTimeline tl = simulate_pipeline(one_f_one_b(p, m, 1.0, 2.0));
+      EXPECT_EQ(tl.step_time, (m + p - 1) * 3.0) << p << " " << m;
+      for (int32_t r = 0; r < p; ++r) EXPECT_EQ(idle(tl, r), (p - 1) * 3.0);
+      EXPECT_EQ(tl.forward_needed[0], 0.0);
+      EXPECT_EQ(tl.grad_ready[0], p * 3.0);
+    }
+  }
+}
+
+TEST(Pipeline, DataParallelCollectivesAddToTheStep) {
+  PipelineSpec sp = one_f_one_b(4, 8, 1.0, 2.0);
+  sp.dp_allgather = 5.0;
+  sp.dp_reducescatter = 7.0;
+  const PipelineTimeline tl = simulate_pipeline(sp);
+  EXPECT_EQ(tl.step_time, 11 * 3.0 + 12.0);
+  EXPECT_EQ(tl.forward_needed[0], 5.0);
+  EXPECT_EQ(tl.grad_ready[0], 5.0 + 4 * 3.0);
+}
+
+TEST(Pipeline, TpCollectivesAreBubblesInsideOps) {
+  PipelineSpec sp = one_f_one_b(2, 2, 10.0, 20.0);
+  sp.tp_count = 2;
+  sp.tp_duration = 1.0;
+  const PipelineTimeline tl = simulate_pipeline(sp);
+  size_t tp = 0;
+  for (uint8_t k : tl.bubble_kind) tp += k == kTp;
+  EXPECT_EQ(tp, 2u * 2u * 2u * 2u);  // ranks * (F + B) * microbatches * collectives
+  EXPECT_EQ(tl.link_busy_start.size(), tp);
+  EXPECT_EQ(tl.step_time, 3 * 30.0);
+}
+
+TEST(Pipeline, DeadlockNamesTheWaitingAction) {
+  PipelineSpec sp = one_f_one_b(2, 2, 1.0, 2.0);
+  // Rank 0 runs its backward of microbatch 0 first: it waits on its own 0F0, and rank 1 on 0F0.
+  std::swap(sp.kind[0], sp.kind[2]);
+  std::swap(sp.microbatch[0], sp.microbatch[2]);
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "no deadlock reported";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0's 0B0 waits on 0F0 (rank 0); rank 1's 1F0 waits on 0F0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Pipeline, BadInputNamesTheField) {
+  PipelineSpec sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.fwd[1] = -1.0;
+  EXPECT_THROW(simulate_pipeline(sp), std::invalid_argument);
+  sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.microbatch[0] = 5;
+  EXPECT_THROW(simulate_pipeline(sp), std::invalid_argument);
+  sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.p2p = -1;
+  try {
+    simulate_pipeline(sp);
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("p2p:", 0), 0u) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pybubble

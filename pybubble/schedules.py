@@ -1,0 +1,233 @@
+"""Pipeline schedules as action tables in torch.distributed.pipelining's format.
+
+A table maps each pipeline rank to its list of actions in order: ``"0F1"`` is stage 0's forward of
+microbatch 1; ``B`` a full backward, ``I`` the input-gradient backward, ``W`` the weight-gradient
+backward; ``None`` is an idle step. Stages are global (``rank + chunk * ranks`` for the
+interleaved schedule, ``rank`` and ``2 * ranks - 1 - rank`` for zbv).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Union
+
+Table = dict[int, list[Union[str, None]]]
+TableLike = Union[Mapping[int, Sequence[Union[str, None]]], Sequence[Sequence[Union[str, None]]]]
+
+KINDS = ("F", "B", "I", "W")
+NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
+_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
+
+
+def parse_action(text: str, where: str = "action") -> tuple[int, int, int]:
+    """``"3F12"`` -> (stage 3, kind index of F, microbatch 12); ValueError naming ``where``."""
+    found = _ACTION.match(text.strip()) if isinstance(text, str) else None
+    if found is None:
+        raise ValueError(f"{where}: {text!r} is not an action like '0F1' (stage, F/B/I/W, microbatch)")
+    return int(found.group(1)), KINDS.index(found.group(2)), int(found.group(3))
+
+
+def _positive(value: int, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{field}: {value!r} is not an integer >= 1")
+    return value
+
+
+def gpipe(stages: int, microbatches: int) -> Table:
+    """All forwards, then all backwards."""
+    p, m = _positive(stages, "stages"), _positive(microbatches, "microbatches")
+    return {r: [f"{r}F{k}" for k in range(m)] + [f"{r}B{k}" for k in range(m)] for r in range(p)}
+
+
+def one_f_one_b(stages: int, microbatches: int) -> Table:
+    """1F1B: rank r runs min(p - r - 1, m) warm-up forwards, alternates F and B, drains its Bs."""
+    p, m = _positive(stages, "stages"), _positive(microbatches, "microbatches")
+    table: Table = {}
+    for r in range(p):
+        warm = min(p - r - 1, m)
+        row: list[str | None] = [f"{r}F{k}" for k in range(warm)]
+        for k in range(m - warm):
+            row += [f"{r}F{warm + k}", f"{r}B{k}"]
+        row += [f"{r}B{k}" for k in range(m - warm, m)]
+        table[r] = row
+    return table
+
+
+def interleaved_warmup(stages: int, microbatches: int, chunks: int) -> list[int]:
+    """Megatron's warm-up forwards per rank: (v - 1) * round + 2 * (p - 1 - r), at most m * v."""
+    p, m, v = stages, microbatches, chunks
+    per_round = m // max(1, m // p)
+    return [min((v - 1) * per_round + 2 * (p - 1 - r), m * v) for r in range(p)]
+
+
+def interleaved_1f1b(stages: int, microbatches: int, chunks: int,
+                     warmup: int | Sequence[int] | None = None) -> Table:
+    """Interleaved 1F1B with ``chunks`` model chunks per rank (stage = rank + chunk * stages).
+
+    ``warmup`` overrides the warm-up forwards: one count for every rank or one per rank
+    (Optimus' warm-up adjustment); the default is Megatron's count (:func:`interleaved_warmup`).
+    """
+    p, m, v = _positive(stages, "stages"), _positive(microbatches, "microbatches"), _positive(chunks, "chunks")
+    total = m * v
+    if warmup is None:
+        warm = interleaved_warmup(p, m, v)
+    else:
+        warm = [warmup] * p if isinstance(warmup, int) else list(warmup)
+        if len(warm) != p:
+            raise ValueError(f"warmup: {len(warm)} counts for {p} stages")
+        for r, w in enumerate(warm):
+            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= total:
+                raise ValueError(f"warmup[{r}]: {w!r} is not an integer in 0..{total} (microbatches * chunks)")
+    per_round = m // max(1, m // p)
+    table: Table = {}
+    for r in range(p):
+        w = warm[r]
+        fcount, bcount = [0] * v, [0] * v
+        row: list[str | None] = []
+
+        def forward(step: int) -> None:
+            local = (step // per_round) % v
+            row.append(f"{local * p + r}F{fcount[local]}")
+            fcount[local] += 1
+
+        def backward(step: int) -> None:
+            local = v - 1 - ((step - w) // per_round) % v
+            row.append(f"{local * p + r}B{bcount[local]}")
+            bcount[local] += 1
+
+        for step in range(total):
+            forward(step)
+            if step >= w:
+                backward(step)
+        for step in range(total, total + w):
+            backward(step)
+        table[r] = row
+    return table
+
+
+def zb_h1(stages: int, microbatches: int) -> Table:
+    """Zero-bubble H1: 1F1B with each backward split in I and W; rank r defers r of its Ws
+    into the cool-down, where 1F1B idles."""
+    p, m = _positive(stages, "stages"), _positive(microbatches, "microbatches")
+    table: Table = {}
+    for r in range(p):
+        warm = min(p - r - 1, m)
+        row: list[str | None] = [f"{r}F{k}" for k in range(warm)]
+        w_next = 0
+        for k in range(m - warm):
+            row += [f"{r}F{warm + k}", f"{r}I{k}"]
+            if k >= r:
+                row.append(f"{r}W{w_next}")
+                w_next += 1
+        for k in range(m - warm, m):
+            row.append(f"{r}I{k}")
+            if w_next < m:
+                row.append(f"{r}W{w_next}")
+                w_next += 1
+        row += [f"{r}W{k}" for k in range(w_next, m)]
+        table[r] = row
+    return table
+
+
+def zbv(stages: int, microbatches: int) -> Table:
+    """A ZBV-style V-shape table: rank r holds stages r and 2p - 1 - r, backwards split in I and W.
+
+    Built by a unit-time list schedule: each step, each rank runs the first ready action among its
+    input-gradient backwards (I), its forwards while fewer than 2p microbatches are in flight on
+    the rank (later chunk first), and its deferred weight-gradient backwards (W).
+    """
+    p, m = _positive(stages, "stages"), _positive(microbatches, "microbatches")
+    last = 2 * p - 1
+    done: set[tuple[int, str, int]] = set()
+    nf = {g: 0 for g in range(2 * p)}
+    ni = {g: 0 for g in range(2 * p)}
+    pending_w: dict[int, list[tuple[int, int]]] = {r: [] for r in range(p)}
+    table: Table = {r: [] for r in range(p)}
+    total = 2 * p * m * 3
+    while len(done) < total:
+        chosen: dict[int, tuple[int, str, int]] = {}
+        for r in range(p):
+            mine = (last - r, r)  # later chunk first
+            pick = None
+            for g in mine:
+                k = ni[g]
+                if k < m and (g, "F", k) in done and (g == last or (g + 1, "I", k) in done):
+                    pick = (g, "I", k)
+                    break
+            in_flight = sum(nf[g] - ni[g] for g in mine)
+            if pick is None and in_flight < 2 * p:
+                for g in mine:
+                    k = nf[g]
+                    if k < m and (g == 0 or (g - 1, "F", k) in done):
+                        pick = (g, "F", k)
+                        break
+            if pick is None and pending_w[r]:
+                g, k = pending_w[r][0]
+                pick = (g, "W", k)
+            if pick is not None:
+                chosen[r] = pick
+        if not chosen:
+            raise RuntimeError("zbv table construction made no progress")
+        for r in range(p):
+            pick = chosen.get(r)
+            if pick is None:
+                table[r].append(None)
+                continue
+            g, kind, k = pick
+            table[r].append(f"{g}{kind}{k}")
+            if kind == "F":
+                nf[g] += 1
+            elif kind == "I":
+                ni[g] += 1
+                pending_w[r].append((g, k))
+            else:
+                pending_w[r].pop(0)
+        done.update(chosen.values())
+    return table
+
+
+def build_table(name: str, stages: int, microbatches: int, chunks: int = 1,
+                warmup: int | Sequence[int] | None = None) -> Table:
+    """The table of a named schedule (one of :data:`NAMES`)."""
+    if name not in NAMES:
+        raise ValueError(f"schedule: {name!r} is not one of {', '.join(NAMES)}")
+    if warmup is not None and name != "interleaved_1f1b":
+        raise ValueError(f"warmup: {warmup!r} applies only to interleaved_1f1b, not {name}")
+    if name == "interleaved_1f1b":
+        return interleaved_1f1b(stages, microbatches, chunks, warmup)
+    expected = 2 if name == "zbv" else 1
+    if chunks not in (1, expected):
+        raise ValueError(f"chunks: {chunks!r} is not {expected} for {name}")
+    return {"gpipe": gpipe, "1f1b": one_f_one_b, "zb_h1": zb_h1, "zbv": zbv}[name](stages, microbatches)
+
+
+def load_csv(path: str | os.PathLike[str]) -> Table:
+    """Reads a table in the CSV form of torch's ``_load_csv``: one row per rank, one action per
+    cell, an empty cell for an idle step."""
+    with open(path, newline="") as f:
+        return {r: [cell.strip() or None for cell in row] for r, row in enumerate(csv.reader(f))}
+
+
+def check_table(table: TableLike) -> Table:
+    """A user's table as ``{rank: [action or None]}`` with ranks 0..p-1; ValueError naming the cell."""
+    if isinstance(table, Mapping):
+        rows = dict(table)
+    elif isinstance(table, Sequence) and not isinstance(table, str):
+        rows = dict(enumerate(table))
+    else:
+        raise ValueError(f"schedule: {table!r} is not a schedule name, a table or a CSV path")
+    if sorted(rows) != list(range(len(rows))) or not rows:
+        raise ValueError(f"schedule: ranks {sorted(rows)!r} are not 0..p-1")
+    out: Table = {}
+    for r in range(len(rows)):
+        row = rows[r]
+        if isinstance(row, str) or not isinstance(row, Sequence):
+            raise ValueError(f"schedule[{r}]: {row!r} is not a list of actions")
+        for i, a in enumerate(row):
+            if a is not None:
+                parse_action(a, f"schedule[{r}][{i}]")
+        out[r] = list(row)
+    return out

@@ -1,0 +1,262 @@
+"""The LLM's 3D-parallel step simulated from an action table: ops, bubbles with their kinds, and
+the encoder's dependency points (forward_needed F_k, grad_ready B_k). The simulation runs in the
+C++ core; this module prepares its arrays and turns timelines into problems."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple, Union
+
+import numpy as np
+
+from . import _core
+from .problem import PHASES, RESOURCES, Problem
+from .schedules import KINDS, NAMES, TableLike, build_table, check_table, load_csv, parse_action
+
+BUBBLE_KINDS = ("dp_allgather", "pp_warmup", "pp_steady", "pp_cooldown", "tp", "dp_reducescatter")
+Costs = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
+
+
+class Op(NamedTuple):
+    """One LLM action: on pipeline rank ``stage``, model chunk ``chunk``."""
+    stage: int
+    chunk: int
+    kind: str
+    microbatch: int
+    start: float
+    end: float
+
+
+class Bubble(NamedTuple):
+    """One compute-idle interval of pipeline rank ``stage``."""
+    stage: int
+    start: float
+    end: float
+    kind: str
+
+
+class Timeline:
+    """A simulated LLM step (see :func:`simulate_pipeline`). Times are microseconds."""
+
+    __slots__ = ("_arrays", "stages", "chunks", "microbatches")
+
+    def __init__(self, arrays: dict[str, Any], stages: int, chunks: int, microbatches: int):
+        self._arrays = arrays
+        self.stages = stages
+        self.chunks = chunks
+        self.microbatches = microbatches
+
+    @property
+    def step_time(self) -> float:
+        """From 0 to the end of the DP reduce-scatter."""
+        return float(self._arrays["step_time"])
+
+    @property
+    def ops(self) -> list[Op]:
+        a = self._arrays
+        return [Op(int(r), int(c), KINDS[k], int(mb), float(s), float(e)) for r, c, k, mb, s, e in zip(
+            a["op_rank"], a["op_chunk"], a["op_kind"], a["op_microbatch"], a["op_start"], a["op_end"])]
+
+    @property
+    def bubbles(self) -> list[Bubble]:
+        a = self._arrays
+        return [Bubble(int(r), float(s), float(e), BUBBLE_KINDS[k]) for r, s, e, k in zip(
+            a["bubble_rank"], a["bubble_start"], a["bubble_end"], a["bubble_kind"])]
+
+    @property
+    def forward_needed(self) -> np.ndarray:
+        """F_k: when stage 0 starts the forward of its first chunk for microbatch k."""
+        return self._arrays["forward_needed"].copy()
+
+    @property
+    def grad_ready(self) -> np.ndarray:
+        """B_k: when stage 0 ends the backward (B or I) of its first chunk for microbatch k."""
+        return self._arrays["grad_ready"].copy()
+
+    def bubble_time(self) -> dict[int, dict[str, float]]:
+        """Bubble time per stage (rank) and kind."""
+        a = self._arrays
+        out = {r: dict.fromkeys(BUBBLE_KINDS, 0.0) for r in range(self.stages)}
+        for r, s, e, k in zip(a["bubble_rank"], a["bubble_start"], a["bubble_end"], a["bubble_kind"]):
+            out[int(r)][BUBBLE_KINDS[k]] += float(e - s)
+        return out
+
+    def bubble_fraction(self) -> dict[int, dict[str, float]]:
+        """Bubble time per stage and kind as a fraction of the step time."""
+        return {r: {k: t / self.step_time for k, t in kinds.items()} for r, kinds in self.bubble_time().items()}
+
+    def save_trace(self, path: str | os.PathLike[str]) -> None:
+        """Writes a Chrome trace (JSON) that opens in the Perfetto UI."""
+        from .trace import write_trace
+        write_trace(self, path)
+
+    def compute_free(self, stage: int) -> list[tuple[float, float]]:
+        """Windows where stage ``stage`` leaves compute idle: its bubbles, merged, zero-length ones dropped."""
+        a = self._arrays
+        sel = a["bubble_rank"] == stage
+        return _merge(sorted(zip(a["bubble_start"][sel].tolist(), a["bubble_end"][sel].tolist())))
+
+    def link_free(self, stage: int) -> list[tuple[float, float]]:
+        """Windows where stage ``stage`` leaves the network idle: all but TP and DP collectives."""
+        a = self._arrays
+        sel = a["link_busy_rank"] == stage
+        busy = _merge(sorted(zip(a["link_busy_start"][sel].tolist(), a["link_busy_end"][sel].tolist())))
+        out, t = [], 0.0
+        for s, e in busy:
+            if s > t:
+                out.append((t, s))
+            t = max(t, e)
+        if self.step_time > t:
+            out.append((t, self.step_time))
+        return out
+
+    def to_problem(self, tasks: Sequence[Mapping[str, Any]], lanes_per_stage: int = 1) -> Problem:
+        """A pybubble.problem/1 with this step as the LLM frame and ``tasks`` as the encoder work.
+
+        Each task is a dict in problem/1 task form without "id" (its index is its id): "lane"
+        (stage * lanes_per_stage + k), "duration", "resource" ("compute" or "comm"), "phase" ("fwd"
+        or "bwd"), "microbatch" and "after". Every lane of a stage sees the stage's compute_free
+        and link_free windows; microbatch k carries (F_k, B_k). Checked by the core.
+        """
+        if isinstance(lanes_per_stage, bool) or not isinstance(lanes_per_stage, int) or lanes_per_stage < 1:
+            raise ValueError(f"lanes_per_stage: {lanes_per_stage!r} is not an integer >= 1")
+        windows: dict[str, tuple[list[int], list[float], list[float]]] = {
+            "compute": ([0], [], []), "link": ([0], [], [])}
+        for stage in range(self.stages):
+            for key, free in (("compute", self.compute_free(stage)), ("link", self.link_free(stage))):
+                offset, start, end = windows[key]
+                for _ in range(lanes_per_stage):
+                    start.extend(s for s, _ in free)
+                    end.extend(e for _, e in free)
+                    offset.append(len(start))
+        n = len(tasks)
+        lane, mb, res, ph = (np.empty(n, np.int64) for _ in range(4))
+        dur = np.empty(n, np.float64)
+        after_offset, after = [0], []
+        for i, task in enumerate(tasks):
+            where = f"tasks[{i}]"
+            if not isinstance(task, Mapping):
+                raise ValueError(f"{where}: {task!r} is not a dict")
+            for key in ("lane", "duration", "resource", "phase", "microbatch", "after"):
+                if key not in task:
+                    raise ValueError(f"{where}.{key}: missing")
+            if task["resource"] not in RESOURCES:
+                raise ValueError(f"{where}.resource: {task['resource']!r} is not one of {', '.join(RESOURCES)}")
+            if task["phase"] not in PHASES:
+                raise ValueError(f"{where}.phase: {task['phase']!r} is not one of {', '.join(PHASES)}")
+            lane[i], mb[i], dur[i] = task["lane"], task["microbatch"], task["duration"]
+            res[i], ph[i] = RESOURCES.index(task["resource"]), PHASES.index(task["phase"])
+            after.extend(task["after"])
+            after_offset.append(len(after))
+        names = [f"pp{s}.lane{k}" for s in range(self.stages) for k in range(lanes_per_stage)]
+        return Problem.from_arrays(
+            lane_names=names, horizon=self.step_time, num_lanes=self.stages * lanes_per_stage,
+            compute_offset=np.array(windows["compute"][0], np.int64),
+            compute_start=np.array(windows["compute"][1], np.float64),
+            compute_end=np.array(windows["compute"][2], np.float64),
+            link_offset=np.array(windows["link"][0], np.int64),
+            link_start=np.array(windows["link"][1], np.float64),
+            link_end=np.array(windows["link"][2], np.float64),
+            forward_needed=self.forward_needed, grad_ready=self.grad_ready,
+            lane=lane, microbatch=mb, duration=dur, resource=res, phase=ph,
+            after_offset=np.array(after_offset, np.int64), after=np.array(after, np.int64))
+
+    def __repr__(self) -> str:
+        return (f"Timeline(step_time={self.step_time}, stages={self.stages}, chunks={self.chunks}, "
+                f"microbatches={self.microbatches})")
+
+
+def _merge(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for s, e in windows:
+        if e <= s:
+            continue
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return out
+
+
+def _costs(value: Costs, field: str, stages: int, chunks: int) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.ndim == 0:
+        arr = np.full((stages, chunks), float(arr))
+    elif arr.ndim == 1 and chunks == 1 and arr.shape[0] == stages:
+        arr = arr.reshape(stages, 1)
+    if arr.shape != (stages, chunks):
+        raise ValueError(f"{field}: shape {arr.shape} is not a scalar or (stages, chunks) = ({stages}, {chunks})")
+    return arr.reshape(-1)
+
+
+def simulate_pipeline(schedule: str | TableLike | os.PathLike[str] = "1f1b", stages: int = 4,
+                      microbatches: int = 8, chunks: int = 1, fwd: Costs = 1.0, bwd: Costs = 2.0,
+                      wgrad: Costs | None = None, p2p: float = 0.0,
+                      tp_comm: tuple[int, float] | None = None, dp_allgather: float = 0.0,
+                      dp_reducescatter: float = 0.0,
+                      warmup: int | Sequence[int] | None = None) -> Timeline:
+    """Simulates one LLM step under pipeline, tensor and data parallelism.
+
+    ``schedule``: a name (gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv), a table ``{rank: [action or
+    None]}`` or the path of a CSV table. ``fwd``, ``bwd``: one action's time (one microbatch through
+    one chunk of one stage), a scalar or per (stage, chunk); ``bwd`` is a full backward B.
+    ``wgrad``: the weight-gradient part W of ``bwd`` (I takes ``bwd - wgrad``); default ``bwd / 2``.
+    ``p2p``: latency of each cross-stage dependency. ``tp_comm``: ``(count, duration)`` of the TP
+    collectives inside each F, B and I (compute idle, link busy). ``dp_allgather``,
+    ``dp_reducescatter``: exposed DP collectives at the step's start and end. ``warmup``: warm-up
+    forwards of interleaved_1f1b, one count or one per stage.
+    """
+    if isinstance(schedule, str) and schedule in NAMES:
+        table = build_table(schedule, stages, microbatches, chunks, warmup)
+        if schedule == "zbv":
+            chunks = 2
+    else:
+        if warmup is not None:
+            raise ValueError(f"warmup: {warmup!r} applies only to a named interleaved_1f1b schedule")
+        if isinstance(schedule, (str, os.PathLike)):
+            if not os.path.isfile(schedule):
+                raise ValueError(f"schedule: {str(schedule)!r} is neither one of {', '.join(NAMES)} nor a CSV file")
+            schedule = load_csv(schedule)
+        table = check_table(schedule)
+        stages = len(table)
+        actions = [parse_action(a) for row in table.values() for a in row if a is not None]
+        if not actions:
+            raise ValueError("schedule: the table has no actions")
+        top = max(a[0] for a in actions) + 1
+        if top % stages:
+            raise ValueError(f"schedule: {top} stages do not split evenly over {stages} ranks")
+        chunks = top // stages
+        microbatches = max(a[2] for a in actions) + 1
+    offset, stage, kind, mb = [0], [], [], []
+    for r in range(stages):
+        for a in table[r]:
+            if a is None:
+                continue
+            g, k, m = parse_action(a)
+            stage.append(g)
+            kind.append(k)
+            mb.append(m)
+        offset.append(len(stage))
+    f = _costs(fwd, "fwd", stages, chunks)
+    b = _costs(bwd, "bwd", stages, chunks)
+    w = b / 2 if wgrad is None else _costs(wgrad, "wgrad", stages, chunks)
+    count, duration = 0, 0.0
+    if tp_comm is not None:
+        if not isinstance(tp_comm, Sequence) or len(tp_comm) != 2:
+            raise ValueError(f"tp_comm: {tp_comm!r} is not a (count, duration) pair")
+        count, duration = tp_comm
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ValueError(f"tp_comm.count: {count!r} is not an integer")
+    for name, value in (("p2p", p2p), ("dp_allgather", dp_allgather), ("dp_reducescatter", dp_reducescatter),
+                        ("tp_comm.duration", duration)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError(f"{name}: {value!r} is not a finite number")
+    arrays = _core.simulate_pipeline(
+        ranks=stages, chunks=chunks, microbatches=microbatches,
+        row_offset=np.array(offset, np.int64), stage=np.array(stage, np.int32),
+        kind=np.array(kind, np.uint8), microbatch=np.array(mb, np.int32), fwd=f, bwd=b, wgrad=w,
+        p2p=float(p2p), tp_count=count, tp_duration=float(duration), dp_allgather=float(dp_allgather),
+        dp_reducescatter=float(dp_reducescatter))
+    return Timeline(arrays, stages, chunks, microbatches)

@@ -2,14 +2,17 @@
 
 from .problem import Problem, load_problem
 from .scheduler import Schedule, load_schedule, schedule
+from .timeline import Timeline, simulate_pipeline
 from .validator import validate
 
 __all__ = [
     "Problem",
     "Schedule",
+    "Timeline",
     "load_problem",
     "load_schedule",
     "schedule",
+    "simulate_pipeline",
     "validate",
 ]
 __version__ = "0.1.0"

@@ -64,3 +64,21 @@ def synthetic_problem(
     jitter: float,
     seed: int,
 ) -> Problem: ...
+
+def simulate_pipeline(
+    ranks: int,
+    chunks: int,
+    microbatches: int,
+    row_offset: npt.ArrayLike,
+    stage: npt.ArrayLike,
+    kind: npt.ArrayLike,
+    microbatch: npt.ArrayLike,
+    fwd: npt.ArrayLike,
+    bwd: npt.ArrayLike,
+    wgrad: npt.ArrayLike,
+    p2p: float,
+    tp_count: int,
+    tp_duration: float,
+    dp_allgather: float,
+    dp_reducescatter: float,
+) -> dict[str, object]: ...

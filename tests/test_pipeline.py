@@ -1,0 +1,280 @@
+"""The bubble predictor: schedule tables, the C++ pipeline simulator, closed forms, to_problem."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import pybubble
+from pybubble import schedules
+from pybubble.timeline import BUBBLE_KINDS, simulate_pipeline
+
+
+def compact(table):
+    return {r: [a for a in row if a is not None] for r, row in table.items()}
+
+
+def idle(timeline, stage):
+    return sum(timeline.bubble_time()[stage].values())
+
+
+# ---- tables -------------------------------------------------------------------------------------
+
+def test_golden_1f1b():
+    assert schedules.one_f_one_b(3, 4) == {
+        0: ["0F0", "0F1", "0F2", "0B0", "0F3", "0B1", "0B2", "0B3"],
+        1: ["1F0", "1F1", "1B0", "1F2", "1B1", "1F3", "1B2", "1B3"],
+        2: ["2F0", "2B0", "2F1", "2B1", "2F2", "2B2", "2F3", "2B3"],
+    }
+
+
+def test_golden_interleaved():
+    assert schedules.interleaved_1f1b(2, 4, 2) == {
+        0: ["0F0", "0F1", "2F0", "2F1", "0F2", "2B0", "0F3", "2B1", "2F2", "0B0", "2F3", "0B1",
+            "2B2", "2B3", "0B2", "0B3"],
+        1: ["1F0", "1F1", "3F0", "3B0", "3F1", "3B1", "1F2", "1B0", "1F3", "1B1", "3F2", "3B2",
+            "3F3", "3B3", "1B2", "1B3"],
+    }
+
+
+def test_golden_zb_h1():
+    assert schedules.zb_h1(2, 3) == {
+        0: ["0F0", "0F1", "0I0", "0W0", "0F2", "0I1", "0W1", "0I2", "0W2"],
+        1: ["1F0", "1I0", "1F1", "1I1", "1W0", "1F2", "1I2", "1W1", "1W2"],
+    }
+
+
+def test_zbv_is_a_v_shape_with_every_action_once():
+    p, m = 3, 5
+    table = compact(schedules.zbv(p, m))
+    for r, row in table.items():
+        assert {schedules.parse_action(a)[0] for a in row} == {r, 2 * p - 1 - r}
+        assert len(row) == len(set(row)) == 2 * 3 * m
+
+
+def _torch_rows(name, p, m, v=None):
+    vis = pytest.importorskip("torch.distributed.pipelining._schedule_visualizer")
+    rows = vis.get_schedule_ops(name, p, m, num_stages_per_rank=v)
+    out = {}
+    for r, row in enumerate(rows):
+        names = [str(a) for a in row if a is not None]
+        out[r] = [a for a in names if schedules._ACTION.match(a)]  # drop REDUCE_GRAD and comms
+    return out
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (3, 7), (4, 6)])
+def test_gpipe_and_1f1b_equal_torch(p, m):
+    assert compact(schedules.gpipe(p, m)) == _torch_rows("GPipe", p, m)
+    ours, theirs = compact(schedules.one_f_one_b(p, m)), _torch_rows("1F1B", p, m)
+    for r in range(p - 1):
+        assert ours[r] == theirs[r]
+    # torch 2.13's Schedule1F1B._get_pipeline_order numbers the last rank's forwards 1..m (it
+    # increments the counter before the first forward when there is no warm-up); same order.
+    shifted = []
+    for a in theirs[p - 1]:
+        g, k, mb = schedules.parse_action(a)
+        shifted.append(f"{g}{schedules.KINDS[k]}{mb - 1 if k == 0 else mb}")
+    assert ours[p - 1] == shifted
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 3), (3, 6, 4), (4, 12, 2)])
+def test_interleaved_equals_torch(p, m, v):
+    assert compact(schedules.interleaved_1f1b(p, m, v)) == _torch_rows("Interleaved1F1B", p, m, v)
+
+
+def test_table_errors_name_the_field():
+    with pytest.raises(ValueError, match="schedule: 'nope'"):
+        simulate_pipeline("nope")
+    with pytest.raises(ValueError, match=r"schedule\[0\]\[1\]: '0X1'"):
+        simulate_pipeline({0: ["0F0", "0X1"]})
+    with pytest.raises(ValueError, match=r"warmup\[1\]: -1"):
+        simulate_pipeline("interleaved_1f1b", stages=2, microbatches=4, chunks=2, warmup=[1, -1])
+    with pytest.raises(ValueError, match="chunks: 3 is not 1 for 1f1b"):
+        simulate_pipeline("1f1b", chunks=3)
+    with pytest.raises(ValueError, match="fwd: shape"):
+        simulate_pipeline("1f1b", stages=2, fwd=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="p2p: -1"):
+        simulate_pipeline("1f1b", p2p=-1.0)
+    with pytest.raises(ValueError, match="table: 0F1 is missing"):
+        simulate_pipeline({0: ["0F0", "0B0", "0B1"]})
+
+
+def test_deadlocked_table_says_who_waits_on_what():
+    table = {0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F1", "1B1", "1F0", "1B0"]}
+    table[0] = ["0B0", "0F0", "0F1", "0B1"]
+    with pytest.raises(ValueError, match=r"deadlocks: rank 0's 0B0 waits on 0F0"):
+        simulate_pipeline(table)
+
+
+def test_user_table_from_csv(tmp_path):
+    path = tmp_path / "t.csv"
+    rows = schedules.one_f_one_b(2, 3)
+    path.write_text("\n".join(",".join(a or "" for a in rows[r]) for r in range(2)) + "\n")
+    assert schedules.load_csv(path) == rows
+    assert simulate_pipeline(str(path)).step_time == simulate_pipeline("1f1b", stages=2, microbatches=3).step_time
+
+
+# ---- closed forms (uniform costs) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 2), (4, 8), (8, 32), (5, 3)])
+def test_gpipe_1f1b_closed_form(name, p, m):
+    F, B = 1.25, 2.5  # binary fractions: every sum is exact
+    tl = simulate_pipeline(name, stages=p, microbatches=m, fwd=F, bwd=B)
+    assert tl.step_time == (m + p - 1) * (F + B)
+    for s in range(p):
+        assert idle(tl, s) == (p - 1) * (F + B)
+
+
+@pytest.mark.parametrize("F,B", [(0.1, 0.3), (3.7, 7.1)])
+def test_closed_form_to_rounding(F, B):
+    p, m, a, r = 4, 12, 0.7, 1.3
+    tl = simulate_pipeline("1f1b", stages=p, microbatches=m, fwd=F, bwd=B, dp_allgather=a, dp_reducescatter=r)
+    assert math.isclose(tl.step_time, (m + p - 1) * (F + B) + a + r, rel_tol=1e-13)
+    assert tl.forward_needed[0] == a
+    assert math.isclose(tl.grad_ready[0], a + p * (F + B), rel_tol=1e-13)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 4), (8, 32, 12), (3, 9, 3)])
+def test_interleaved_closed_form(p, m, v):
+    F, B = 0.5, 1.0
+    tl = simulate_pipeline("interleaved_1f1b", stages=p, microbatches=m, chunks=v, fwd=F, bwd=B)
+    assert tl.step_time == (m * v + p - 1) * (F + B)
+
+
+def test_dp_collectives_add_their_time_and_dependency_points():
+    p, m, F, B, a, r = 4, 8, 1.0, 2.0, 5.0, 7.0
+    tl = simulate_pipeline("1f1b", stages=p, microbatches=m, fwd=F, bwd=B, dp_allgather=a, dp_reducescatter=r)
+    assert tl.step_time == (m + p - 1) * (F + B) + a + r
+    assert tl.forward_needed[0] == a
+    assert tl.grad_ready[0] == a + p * (F + B)
+    frac = tl.bubble_fraction()
+    for s in range(p):
+        assert frac[s]["dp_allgather"] * tl.step_time == a
+        assert frac[s]["dp_reducescatter"] * tl.step_time == r
+
+
+def test_zb_h1_has_a_third_of_1f1b_bubble():
+    p, m = 4, 8
+    one = simulate_pipeline("1f1b", stages=p, microbatches=m, fwd=1.0, bwd=2.0)
+    zb = simulate_pipeline("zb_h1", stages=p, microbatches=m, fwd=1.0, bwd=2.0, wgrad=1.0)
+    for s in range(p):
+        assert idle(zb, s) == idle(one, s) / 3
+    assert zb.step_time < one.step_time
+
+
+def test_zbv_beats_1f1b_with_the_same_work():
+    p, m = 4, 8
+    one = simulate_pipeline("1f1b", stages=p, microbatches=m, fwd=2.0, bwd=4.0)
+    v = simulate_pipeline("zbv", stages=p, microbatches=m, fwd=1.0, bwd=2.0)
+    assert v.chunks == 2
+    assert v.step_time < one.step_time
+
+
+def test_bubble_kinds_and_tp():
+    p, m = 4, 8
+    tl = simulate_pipeline("1f1b", stages=p, microbatches=m, fwd=100.0, bwd=200.0, tp_comm=(4, 5.0),
+                           dp_allgather=10.0, dp_reducescatter=20.0)
+    assert tl.step_time == (m + p - 1) * 300.0 + 30.0
+    kinds = {b.kind for b in tl.bubbles}
+    assert kinds == set(BUBBLE_KINDS) - {"pp_steady"}  # uniform 1F1B idles only in warm-up and cool-down
+    with_p2p = simulate_pipeline("1f1b", stages=p, microbatches=m, fwd=100.0, bwd=200.0, p2p=3.0)
+    assert with_p2p.bubble_time()[0]["pp_steady"] > 0  # p2p latency opens steady-state bubbles
+    bt = tl.bubble_time()
+    for s in range(p):
+        assert bt[s]["tp"] == pytest.approx(2 * m * 4 * 5.0)
+        assert bt[s]["pp_warmup"] + bt[s]["pp_steady"] + bt[s]["pp_cooldown"] == pytest.approx((p - 1) * 300.0)
+    assert bt[p - 1]["pp_warmup"] == pytest.approx((p - 1) * 100.0)
+    # Link: busy only during TP and DP collectives.
+    busy = tl.step_time - sum(e - s for s, e in tl.link_free(0))
+    assert busy == pytest.approx(30.0 + 2 * m * 4 * 5.0)
+    for op in tl.ops:
+        assert op.end > op.start
+
+
+# ---- warm-up adjustment (Optimus 4.3) -----------------------------------------------------------
+
+def test_warmup_adjustment_defers_forward_points_without_lengthening_the_step():
+    p, m, v = 4, 8, 2
+    base = simulate_pipeline("interleaved_1f1b", stages=p, microbatches=m, chunks=v)
+    warm = schedules.interleaved_warmup(p, m, v)
+    assert warm == [10, 8, 6, 4]
+    warm[0] -= 1  # stage 0 runs one warm-up forward fewer
+    adjusted = simulate_pipeline("interleaved_1f1b", stages=p, microbatches=m, chunks=v, warmup=warm)
+    assert adjusted.step_time == base.step_time
+    assert np.all(adjusted.forward_needed >= base.forward_needed)
+    # The last microbatches' forward dependency points move later: room for encoder forwards.
+    assert adjusted.forward_needed[6] - base.forward_needed[6] == 6.0
+    assert adjusted.forward_needed[7] - base.forward_needed[7] == 3.0
+    # Stage 0 is idle in (11, 14) by default and in (10, 14) adjusted: an encoder forward of 4
+    # fits before a forward dependency point only after the adjustment (F_6 = 16 > 14).
+    assert base.compute_free(0)[0] == (11.0, 14.0) and adjusted.compute_free(0)[0] == (10.0, 14.0)
+    task = [{"lane": 0, "duration": 4.0, "resource": "compute", "phase": "fwd", "microbatch": 6, "after": []}]
+    for tl, fits in ((base, False), (adjusted, True)):
+        problem = tl.to_problem(task)
+        sched = pybubble.schedule(problem)
+        assert pybubble.validate(problem, sched) == []
+        assert (sched.step_time == tl.step_time) == fits
+    # Too few warm-up forwards deadlock the table, and the error says where.
+    warm[0] = 7
+    with pytest.raises(ValueError, match="waits on"):
+        simulate_pipeline("interleaved_1f1b", stages=p, microbatches=m, chunks=v, warmup=warm)
+
+
+# ---- to_problem, trace ---------------------------------------------------------------------------
+
+def _encoder_tasks(p, m, lanes_per_stage, fwd_len, bwd_len):
+    tasks = []
+    for j in range(m):
+        prev = None
+        for phase, order, length in (("fwd", range(p), fwd_len), ("bwd", reversed(range(p)), bwd_len)):
+            for s in order:
+                for res in ("compute", "comm"):
+                    tasks.append({"lane": s * lanes_per_stage + j % lanes_per_stage,
+                                  "duration": length if res == "compute" else length / 4,
+                                  "resource": res, "phase": phase, "microbatch": j,
+                                  "after": [] if prev is None else [prev]})
+                    prev = len(tasks) - 1
+    return tasks
+
+
+def test_to_problem_schedules_and_validates():
+    p, m = 4, 8
+    tl = simulate_pipeline("interleaved_1f1b", stages=p, microbatches=m, chunks=2, fwd=500.0, bwd=1000.0,
+                           p2p=5.0, tp_comm=(3, 20.0), dp_allgather=300.0, dp_reducescatter=600.0)
+    problem = tl.to_problem(_encoder_tasks(p, m, 2, 60.0, 120.0), lanes_per_stage=2)
+    assert problem.num_lanes == p * 2 and problem.num_microbatches == m
+    assert problem.horizon == tl.step_time
+    doc = problem.to_dict()
+    assert [mb["forward_needed"] for mb in doc["microbatches"]] == tl.forward_needed.tolist()
+    assert doc["lanes"][2]["compute_free"] == doc["lanes"][3]["compute_free"]
+    for lane in doc["lanes"]:
+        for key in ("compute_free", "link_free"):
+            w = lane[key]
+            assert all(0 <= s < e <= tl.step_time for s, e in w)
+            assert all(w[i][1] < w[i + 1][0] for i in range(len(w) - 1))
+    sched = pybubble.schedule(problem)
+    assert pybubble.validate(problem, sched) == []
+
+
+def test_to_problem_errors():
+    tl = simulate_pipeline("1f1b", stages=2, microbatches=2)
+    with pytest.raises(ValueError, match=r"tasks\[0\].after: missing"):
+        tl.to_problem([{"lane": 0, "duration": 1.0, "resource": "compute", "phase": "fwd", "microbatch": 0}])
+    with pytest.raises(ValueError, match=r"tasks\[0\].resource: 'gpu'"):
+        tl.to_problem([{"lane": 0, "duration": 1.0, "resource": "gpu", "phase": "fwd", "microbatch": 0,
+                        "after": []}])
+    with pytest.raises(ValueError, match="lanes_per_stage: 0"):
+        tl.to_problem([], lanes_per_stage=0)
+
+
+def test_trace_is_chrome_json(tmp_path):
+    tl = simulate_pipeline("1f1b", stages=2, microbatches=3, tp_comm=(2, 0.1))
+    path = tmp_path / "trace.json"
+    tl.save_trace(path)
+    doc = json.loads(path.read_text())
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len([e for e in slices if e["cat"] == "op"]) == len(tl.ops) == 12
+    assert len([e for e in slices if e["cat"] == "bubble"]) == len(tl.bubbles)
+    assert all(e["dur"] > 0 and {"ts", "pid", "tid", "name"} <= e.keys() for e in slices)

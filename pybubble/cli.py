@@ -67,6 +67,38 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bubbles(args: argparse.Namespace) -> int:
+    from .timeline import BUBBLE_KINDS, simulate_pipeline
+
+    tp = (args.tp_count, args.tp_duration) if args.tp_count else None
+    warmup = args.warmup[0] if args.warmup is not None and len(args.warmup) == 1 else args.warmup
+    tl = simulate_pipeline(args.schedule, stages=args.stages, microbatches=args.microbatches,
+                           chunks=args.chunks, fwd=args.fwd, bwd=args.bwd, wgrad=args.wgrad, p2p=args.p2p,
+                           tp_comm=tp, dp_allgather=args.dp_allgather,
+                           dp_reducescatter=args.dp_reducescatter, warmup=warmup)
+    times = tl.bubble_time()
+    table = Table(title=f"bubble time (ms) per stage; step {_ms(tl.step_time)}")
+    table.add_column("kind", no_wrap=True)
+    for s in times:
+        table.add_column(str(s), justify="right")
+    for kind in BUBBLE_KINDS:
+        table.add_row(kind, *(f"{times[s][kind] / 1000.0:.3f}" for s in times))
+    totals = [sum(kinds.values()) for kinds in times.values()]
+    table.add_row("total", *(f"{t / 1000.0:.3f}" for t in totals), style="bold")
+    table.add_row("share", *(f"{t / tl.step_time:.1%}" for t in totals))
+    width = max(console.width, 22 + 10 * len(times))  # no squeezed cells when piped (80 columns)
+    Console(highlight=False, width=width).print(table)
+    if args.trace:
+        tl.save_trace(args.trace)
+        console.print(f"wrote {args.trace} (Chrome trace: open in ui.perfetto.dev)")
+    if args.plot:
+        from .plot import save_gantt
+
+        save_gantt(tl, args.plot)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pybubble", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -93,6 +125,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("bubbles", help="simulate the LLM step and print its bubbles per stage and kind")
+    p.add_argument("--schedule", default="1f1b",
+                   help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv, or a CSV action table")
+    p.add_argument("--stages", type=int, default=4)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--chunks", type=int, default=1, help="model chunks per stage (interleaved_1f1b)")
+    p.add_argument("--fwd", type=float, default=1000.0, help="one forward action (us)")
+    p.add_argument("--bwd", type=float, default=2000.0, help="one full backward action (us)")
+    p.add_argument("--wgrad", type=float, default=None, help="weight-gradient part of --bwd (us)")
+    p.add_argument("--p2p", type=float, default=0.0, help="point-to-point latency (us)")
+    p.add_argument("--tp-count", type=int, default=0, help="TP collectives inside each F/B/I op")
+    p.add_argument("--tp-duration", type=float, default=0.0, help="one TP collective (us)")
+    p.add_argument("--dp-allgather", type=float, default=0.0, help="exposed DP all-gather (us)")
+    p.add_argument("--dp-reducescatter", type=float, default=0.0, help="exposed DP reduce-scatter (us)")
+    p.add_argument("--warmup", type=int, nargs="+", default=None,
+                   help="warm-up forwards of interleaved_1f1b: one count or one per stage")
+    p.add_argument("--trace", help="write a Chrome trace JSON (Perfetto) here")
+    p.add_argument("--plot", help="write a Gantt chart here (.png, .svg)")
+    p.set_defaults(func=cmd_bubbles)
     return parser
 
 

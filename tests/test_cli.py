@@ -62,3 +62,22 @@ def test_generate_writes_a_loadable_problem(tmp_path):
     assert r.returncode == 0
     r = run("generate", "-o", out, "--stages", "0", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.startswith("error: stages: 0")
+
+
+def test_bubbles_prints_the_table_and_writes_trace_and_plot(tmp_path):
+    trace, plot = tmp_path / "t.json", tmp_path / "g.png"
+    r = run("bubbles", "--schedule", "interleaved_1f1b", "--stages", 8, "--microbatches", 32, "--chunks", 12,
+            "--tp-count", 2, "--tp-duration", 20, "--dp-allgather", 3000, "--trace", trace, "--plot", plot,
+            cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "pp_warmup" in r.stdout and "dp_allgather" in r.stdout
+    doc = json.loads(trace.read_text())
+    assert any(e.get("cat") == "bubble" and e["name"] == "tp" for e in doc["traceEvents"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bubbles_bad_input_is_one_line(tmp_path):
+    r = run("bubbles", "--schedule", "interleaved_1f1b", "--stages", 4, "--microbatches", 8, "--chunks", 2,
+            "--warmup", 7, 8, 6, 4, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: table deadlocks:") and r.stderr.count("\n") == 1

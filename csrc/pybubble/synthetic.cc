@@ -1,5 +1,7 @@
 #include "pybubble/synthetic.h"
 
+#include "pybubble/pipeline.h"
+
 #include <algorithm>
 #include <stdexcept>
 #include <string>
@@ -46,61 +48,6 @@ struct SplitMix64 {
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
 };
 
-struct Op {
-  double start, end;
-};
-
-// Uniform-cost 1F1B: stage s runs min(p - s - 1, m) warm-up forwards, then alternates one
-// forward and one backward, then drains its backwards. Returns per stage the ops in order, and
-// fills the per-stage forward/backward op of each microbatch.
-void one_f_one_b(const SyntheticSpec& sp, std::vector<std::vector<Op>>& ops,
-                 std::vector<std::vector<Op>>& fwd, std::vector<std::vector<Op>>& bwd) {
-  const int32_t p = sp.stages, m = sp.microbatches;
-  // Per stage: the sequence of (is_backward, microbatch).
-  std::vector<std::vector<std::pair<bool, int32_t>>> order(static_cast<size_t>(p));
-  for (int32_t s = 0; s < p; ++s) {
-    const int32_t warm = std::min(p - s - 1, m);
-    int32_t nf = 0, nb = 0;
-    for (; nf < warm; ++nf) order[s].push_back({false, nf});
-    while (nf < m) {
-      order[s].push_back({false, nf++});
-      order[s].push_back({true, nb++});
-    }
-    while (nb < m) order[s].push_back({true, nb++});
-  }
-  fwd.assign(static_cast<size_t>(p), std::vector<Op>(static_cast<size_t>(m), Op{-1, -1}));
-  bwd = fwd;
-  ops.assign(static_cast<size_t>(p), {});
-  std::vector<size_t> next(static_cast<size_t>(p), 0);
-  std::vector<double> free_at(static_cast<size_t>(p), 0.0);
-  size_t done = 0, total = static_cast<size_t>(2 * p * m);
-  while (done < total) {
-    bool progressed = false;
-    for (int32_t s = 0; s < p; ++s) {
-      while (next[s] < order[s].size()) {
-        const auto [is_bwd, mb] = order[s][next[s]];
-        double ready;
-        if (!is_bwd) {
-          if (s > 0 && fwd[s - 1][mb].end < 0) break;
-          ready = s > 0 ? fwd[s - 1][mb].end : 0.0;
-        } else {
-          if (s + 1 < p && bwd[s + 1][mb].end < 0) break;
-          ready = s + 1 < p ? bwd[s + 1][mb].end : fwd[s][mb].end;
-        }
-        const double st = std::max(ready, free_at[s]);
-        const Op op{st, st + (is_bwd ? sp.llm_bwd : sp.llm_fwd)};
-        (is_bwd ? bwd : fwd)[s][mb] = op;
-        ops[s].push_back(op);
-        free_at[s] = op.end;
-        ++next[s];
-        ++done;
-        progressed = true;
-      }
-    }
-    if (!progressed) throw std::logic_error("1F1B table deadlocked");
-  }
-}
-
 }  // namespace
 
 ProblemInput synthetic_problem(const SyntheticSpec& sp) {
@@ -129,48 +76,49 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
     throw std::invalid_argument("encoder_scale must be >= 0 and jitter in [0, 1)");
   }
   const int32_t p = sp.stages, m = sp.microbatches, lps = sp.lanes_per_stage;
-  std::vector<std::vector<Op>> ops, fwd, bwd;
-  one_f_one_b(sp, ops, fwd, bwd);
-  double horizon = 0.0;
-  for (const auto& st : ops) horizon = std::max(horizon, st.back().end);
+  // The LLM step: 1F1B simulated by the pipeline simulator, TP collectives inside every op.
+  PipelineSpec llm;
+  llm.ranks = p;
+  llm.microbatches = m;
+  fill_one_f_one_b(llm);
+  llm.fwd.assign(static_cast<size_t>(p), sp.llm_fwd);
+  llm.bwd.assign(static_cast<size_t>(p), sp.llm_bwd);
+  llm.wgrad.assign(static_cast<size_t>(p), 0.0);
+  llm.tp_count = sp.tp_gaps_per_op;
+  llm.tp_duration = sp.tp_gap;
+  const PipelineTimeline tl = simulate_pipeline(llm);
+  const double horizon = tl.step_time;
 
   ProblemInput in;
   in.horizon = horizon;
   in.num_lanes = static_cast<int64_t>(p) * lps;
   for (WindowSet* w : {&in.compute_free, &in.link_free}) w->offset.push_back(0);
   for (int32_t s = 0; s < p; ++s) {
-    // Compute windows: the gaps between ops and the TP gaps inside them. Link windows: all but
-    // the TP gaps. Each of the stage's lanes sees the same windows.
-    std::vector<Op> cw, lw;
-    double t = 0.0, link_from = 0.0;
-    for (const Op& op : ops[s]) {
-      if (op.start > t) cw.push_back({t, op.start});
-      const int32_t g = sp.tp_gaps_per_op;
-      const double len = op.end - op.start;
-      for (int32_t i = 1; i <= g && sp.tp_gap > 0; ++i) {
-        const double gs = op.start + len * i / (g + 1) - sp.tp_gap / 2;
-        cw.push_back({gs, gs + sp.tp_gap});
-        if (gs > link_from) lw.push_back({link_from, gs});
-        link_from = gs + sp.tp_gap;
-      }
-      t = op.end;
+    // Compute windows: the stage's bubbles (gaps between ops, TP collectives inside them). Link
+    // windows: all but the TP collectives. Each of the stage's lanes sees the same windows.
+    std::vector<std::pair<double, double>> cw, lw;
+    for (size_t b = 0; b < tl.bubble_rank.size(); ++b) {
+      if (tl.bubble_rank[b] == s) cw.push_back({tl.bubble_start[b], tl.bubble_end[b]});
     }
-    if (horizon > t) cw.push_back({t, horizon});
+    double link_from = 0.0;
+    for (size_t b = 0; b < tl.link_busy_rank.size(); ++b) {
+      if (tl.link_busy_rank[b] != s) continue;
+      if (tl.link_busy_start[b] > link_from) lw.push_back({link_from, tl.link_busy_start[b]});
+      link_from = tl.link_busy_end[b];
+    }
     if (horizon > link_from) lw.push_back({link_from, horizon});
     for (int32_t k = 0; k < lps; ++k) {
       for (auto [w, src] : {std::pair{&in.compute_free, &cw}, std::pair{&in.link_free, &lw}}) {
-        for (const Op& o : *src) {
-          w->start.push_back(o.start);
-          w->end.push_back(o.end);
+        for (const auto& [a, b] : *src) {
+          w->start.push_back(a);
+          w->end.push_back(b);
         }
         w->offset.push_back(static_cast<int64_t>(w->start.size()));
       }
     }
   }
-  for (int32_t k = 0; k < m; ++k) {
-    in.forward_needed.push_back(fwd[0][k].start);
-    in.grad_ready.push_back(bwd[0][k].end);
-  }
+  in.forward_needed = tl.forward_needed;  // stage 0's forward start of each microbatch
+  in.grad_ready = tl.grad_ready;          // stage 0's backward end of each microbatch
   // Encoder: microbatch j runs on lane (j mod lanes_per_stage) of every stage, layers split over
   // the stages; forward chain stage 0 -> p-1, a point-to-point send between stages (comm), then
   // the backward chain back from p-1 to 0. Encoder stage e sits on LLM stage p-1-e, whose

@@ -226,8 +226,21 @@ def check_table(table: TableLike) -> Table:
         row = rows[r]
         if isinstance(row, str) or not isinstance(row, Sequence):
             raise ValueError(f"schedule[{r}]: {row!r} is not a list of actions")
-        for i, a in enumerate(row):
-            if a is not None:
-                parse_action(a, f"schedule[{r}][{i}]")
         out[r] = list(row)
     return out
+
+
+def flatten(table: Table) -> tuple[list[int], list[int], list[int], list[int]]:
+    """The table as flat arrays: row offsets, and per action its stage, kind index and microbatch
+    (idle steps dropped). ValueError naming the cell of a malformed action."""
+    offset, stage, kind, mb = [0], [], [], []
+    for r in range(len(table)):
+        for i, a in enumerate(table[r]):
+            if a is None:
+                continue
+            g, k, m = parse_action(a, f"schedule[{r}][{i}]")
+            stage.append(g)
+            kind.append(k)
+            mb.append(m)
+        offset.append(len(stage))
+    return offset, stage, kind, mb

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _core
 from .problem import PHASES, RESOURCES, Problem
-from .schedules import KINDS, NAMES, TableLike, build_table, check_table, load_csv, parse_action
+from .schedules import KINDS, NAMES, TableLike, build_table, check_table, flatten, load_csv
 
 BUBBLE_KINDS = ("dp_allgather", "pp_warmup", "pp_steady", "pp_cooldown", "tp", "dp_reducescatter")
 Costs = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
@@ -208,7 +208,8 @@ def simulate_pipeline(schedule: str | TableLike | os.PathLike[str] = "1f1b", sta
     ``dp_reducescatter``: exposed DP collectives at the step's start and end. ``warmup``: warm-up
     forwards of interleaved_1f1b, one count or one per stage.
     """
-    if isinstance(schedule, str) and schedule in NAMES:
+    named = isinstance(schedule, str) and schedule in NAMES
+    if named:
         table = build_table(schedule, stages, microbatches, chunks, warmup)
         if schedule == "zbv":
             chunks = 2
@@ -220,25 +221,16 @@ def simulate_pipeline(schedule: str | TableLike | os.PathLike[str] = "1f1b", sta
                 raise ValueError(f"schedule: {str(schedule)!r} is neither one of {', '.join(NAMES)} nor a CSV file")
             schedule = load_csv(schedule)
         table = check_table(schedule)
+    offset, stage, kind, mb = flatten(table)
+    if not named:
         stages = len(table)
-        actions = [parse_action(a) for row in table.values() for a in row if a is not None]
-        if not actions:
+        if not stage:
             raise ValueError("schedule: the table has no actions")
-        top = max(a[0] for a in actions) + 1
+        top = max(stage) + 1
         if top % stages:
             raise ValueError(f"schedule: {top} stages do not split evenly over {stages} ranks")
         chunks = top // stages
-        microbatches = max(a[2] for a in actions) + 1
-    offset, stage, kind, mb = [0], [], [], []
-    for r in range(stages):
-        for a in table[r]:
-            if a is None:
-                continue
-            g, k, m = parse_action(a)
-            stage.append(g)
-            kind.append(k)
-            mb.append(m)
-        offset.append(len(stage))
+        microbatches = max(mb) + 1
     f = _costs(fwd, "fwd", stages, chunks)
     b = _costs(bwd, "bwd", stages, chunks)
     w = b / 2 if wgrad is None else _costs(wgrad, "wgrad", stages, chunks)

@@ -14,12 +14,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Union
 
+import numpy as np
+
 Table = dict[int, list[Union[str, None]]]
 TableLike = Union[Mapping[int, Sequence[Union[str, None]]], Sequence[Sequence[Union[str, None]]]]
 
 KINDS = ("F", "B", "I", "W")
 NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
+_ROW = re.compile(r"(?:\d+[FBIW]\d+)(?:,\d+[FBIW]\d+)*")
+_CELL = re.compile(r"(\d+)([FBIW])(\d+)")
 
 
 def parse_action(text: str, where: str = "action") -> tuple[int, int, int]:
@@ -230,17 +234,21 @@ def check_table(table: TableLike) -> Table:
     return out
 
 
-def flatten(table: Table) -> tuple[list[int], list[int], list[int], list[int]]:
+def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The table as flat arrays: row offsets, and per action its stage, kind index and microbatch
     (idle steps dropped). ValueError naming the cell of a malformed action."""
-    offset, stage, kind, mb = [0], [], [], []
+    offset, found = [0], []
     for r in range(len(table)):
-        for i, a in enumerate(table[r]):
-            if a is None:
-                continue
-            g, k, m = parse_action(a, f"schedule[{r}][{i}]")
-            stage.append(g)
-            kind.append(k)
-            mb.append(m)
-        offset.append(len(stage))
-    return offset, stage, kind, mb
+        cells = [a for a in table[r] if a is not None]
+        joined = ",".join(cells) if all(isinstance(a, str) for a in cells) else None
+        if joined is None or (cells and _ROW.fullmatch(joined) is None):
+            for i, a in enumerate(table[r]):  # find and name the malformed cell
+                if a is not None:
+                    parse_action(a, f"schedule[{r}][{i}]")
+        found += _CELL.findall(joined or "")
+        offset.append(len(found))
+    letter = {k: i for i, k in enumerate(KINDS)}
+    stage = np.array([int(g) for g, _, _ in found], np.int32)
+    kind = np.array([letter[k] for _, k, _ in found], np.uint8)
+    mb = np.array([int(m) for _, _, m in found], np.int32)
+    return np.array(offset, np.int64), stage, kind, mb

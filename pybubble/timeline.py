@@ -224,13 +224,13 @@ def simulate_pipeline(schedule: str | TableLike | os.PathLike[str] = "1f1b", sta
     offset, stage, kind, mb = flatten(table)
     if not named:
         stages = len(table)
-        if not stage:
+        if len(stage) == 0:
             raise ValueError("schedule: the table has no actions")
-        top = max(stage) + 1
+        top = int(stage.max()) + 1
         if top % stages:
             raise ValueError(f"schedule: {top} stages do not split evenly over {stages} ranks")
         chunks = top // stages
-        microbatches = max(mb) + 1
+        microbatches = int(mb.max()) + 1
     f = _costs(fwd, "fwd", stages, chunks)
     b = _costs(bwd, "bwd", stages, chunks)
     w = b / 2 if wgrad is None else _costs(wgrad, "wgrad", stages, chunks)
@@ -247,8 +247,7 @@ def simulate_pipeline(schedule: str | TableLike | os.PathLike[str] = "1f1b", sta
             raise ValueError(f"{name}: {value!r} is not a finite number")
     arrays = _core.simulate_pipeline(
         ranks=stages, chunks=chunks, microbatches=microbatches,
-        row_offset=np.array(offset, np.int64), stage=np.array(stage, np.int32),
-        kind=np.array(kind, np.uint8), microbatch=np.array(mb, np.int32), fwd=f, bwd=b, wgrad=w,
+        row_offset=offset, stage=stage, kind=kind, microbatch=mb, fwd=f, bwd=b, wgrad=w,
         p2p=float(p2p), tp_count=count, tp_duration=float(duration), dp_allgather=float(dp_allgather),
         dp_reducescatter=float(dp_reducescatter))
     return Timeline(arrays, stages, chunks, microbatches)

@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pybubble
 from pybubble import schedules
@@ -278,3 +280,36 @@ def test_trace_is_chrome_json(tmp_path):
     assert len([e for e in slices if e["cat"] == "op"]) == len(tl.ops) == 12
     assert len([e for e in slices if e["cat"] == "bubble"]) == len(tl.bubbles)
     assert all(e["dur"] > 0 and {"ts", "pid", "tid", "name"} <= e.keys() for e in slices)
+
+
+# ---- invariants over random costs (hypothesis) ---------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(name=st.sampled_from(["gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv"]), p=st.integers(1, 5),
+       rounds=st.integers(1, 3), seed=st.integers(0, 2**32 - 1), p2p=st.sampled_from([0.0, 0.25]),
+       tp=st.sampled_from([None, (2, 0.05)]), a=st.sampled_from([0.0, 1.5]), r=st.sampled_from([0.0, 2.5]))
+def test_timeline_invariants(name, p, rounds, seed, p2p, tp, a, r):
+    rng = np.random.default_rng(seed)
+    v = {"interleaved_1f1b": 2, "zbv": 2}.get(name, 1)
+    m = p * rounds
+    fwd = rng.uniform(1.0, 3.0, (p, v))
+    bwd = rng.uniform(2.0, 6.0, (p, v))
+    tl = simulate_pipeline(name, stages=p, microbatches=m, chunks=v if name == "interleaved_1f1b" else 1,
+                           fwd=fwd, bwd=bwd, p2p=p2p, tp_comm=tp, dp_allgather=a, dp_reducescatter=r)
+    ops = tl.ops
+    assert len(ops) == p * v * m * (3 if name in ("zb_h1", "zbv") else 2)
+    end = {}
+    for o in ops:
+        assert a <= o.start < o.end <= tl.step_time - r + 1e-9
+        end[(o.stage, o.chunk, o.kind, o.microbatch)] = o.end
+    for s in range(p):
+        mine = [o for o in ops if o.stage == s]
+        for x, y in zip(mine, mine[1:]):
+            assert y.start >= x.end  # one op at a time, in table order
+        # Ops (less their TP collectives) and bubbles tile [0, step_time] exactly.
+        busy = sum(o.end - o.start for o in mine)
+        bt = tl.bubble_time()[s]
+        assert busy - bt["tp"] + sum(bt.values()) == pytest.approx(tl.step_time, rel=1e-12)
+        windows = tl.compute_free(s)
+        assert all(x[1] < y[0] for x, y in zip(windows, windows[1:]))
+    assert np.all(np.diff(tl.forward_needed) > 0) and np.all(tl.grad_ready > tl.forward_needed)

@@ -313,3 +313,10 @@ def test_timeline_invariants(name, p, rounds, seed, p2p, tp, a, r):
         windows = tl.compute_free(s)
         assert all(x[1] < y[0] for x, y in zip(windows, windows[1:]))
     assert np.all(np.diff(tl.forward_needed) > 0) and np.all(tl.grad_ready > tl.forward_needed)
+
+
+def test_tp_collectives_must_leave_compute():
+    with pytest.raises(ValueError, match=r"tp_comm: 4 collectives of 2.0+ leave no compute in an op of 10"):
+        simulate_pipeline("1f1b", stages=2, microbatches=2, fwd=10.0, bwd=20.0, tp_comm=(4, 2.0))
+    with pytest.raises(ValueError, match=r"tp_comm.count: 1.5"):
+        simulate_pipeline("1f1b", tp_comm=(1.5, 0.1))

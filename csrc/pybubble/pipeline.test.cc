@@ -61,6 +61,15 @@ TEST(Pipeline, TpCollectivesAreBubblesInsideOps) {
   EXPECT_EQ(tl.step_time, 3 * 30.0);
 }
 
+TEST(Pipeline, TpCollectivesMustLeaveCompute) {
+  PipelineSpec sp = one_f_one_b(2, 2, 10.0, 20.0);
+  sp.tp_count = 4;
+  sp.tp_duration = 2.0;  // 5 * 2 = 10: no compute left in a forward
+  EXPECT_THROW(simulate_pipeline(sp), std::invalid_argument);
+  sp.tp_duration = 1.9;
+  EXPECT_NO_THROW(simulate_pipeline(sp));
+}
+
 TEST(Pipeline, DeadlockNamesTheWaitingAction) {
   PipelineSpec sp = one_f_one_b(2, 2, 1.0, 2.0);
   // Rank 0 runs its backward of microbatch 0 first: it waits on its own 0F0, and rank 1 on 0F0.

@@ -1,10 +1,12 @@
 """pybubble: fill the bubbles of a 3D-parallel LLM training step with the modality encoder's work."""
 
+from .online import OnlineScheduler
 from .problem import Problem, load_problem
 from .scheduler import Schedule, load_schedule, schedule
 from .validator import validate
 
 __all__ = [
+    "OnlineScheduler",
     "Problem",
     "Schedule",
     "load_problem",

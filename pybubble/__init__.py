@@ -1,5 +1,6 @@
 """pybubble: fill the bubbles of a 3D-parallel LLM training step with the modality encoder's work."""
 
+from .balance import balance_microbatches
 from .online import OnlineScheduler
 from .problem import Problem, load_problem
 from .scheduler import Schedule, load_schedule, schedule
@@ -7,6 +8,7 @@ from .validator import validate
 
 __all__ = [
     "OnlineScheduler",
+    "balance_microbatches",
     "Problem",
     "Schedule",
     "load_problem",

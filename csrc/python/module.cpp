@@ -6,4 +6,5 @@ PYBIND11_MODULE(_core, m) {
   register_scheduler(m);
   register_validate(m);
   register_synthetic(m);
+  register_balance(m);
 }

@@ -7,3 +7,4 @@ void register_problem(pybind11::module_& m);
 void register_scheduler(pybind11::module_& m);
 void register_validate(pybind11::module_& m);
 void register_synthetic(pybind11::module_& m);
+void register_balance(pybind11::module_& m);

@@ -62,21 +62,23 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
     const double lb = std::max(sum / static_cast<double>(m), largest);
     scale[d] = lb > 0.0 ? 1.0 / lb : 0.0;
   }
-  auto c = [&](int64_t i, int d) { return costs[2 * i + d] * scale[d]; };
+  auto nc = [&](int64_t i, int d) { return costs[2 * i + d] * scale[d]; };  // normalised
+  auto c = [&](int64_t i, int d) { return costs[2 * i + d]; };               // raw
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return std::max(c(a, 0), c(a, 1)) > std::max(c(b, 0), c(b, 1));
+    return std::max(nc(a, 0), nc(a, 1)) > std::max(nc(b, 0), nc(b, 1));
   });
   std::vector<double> load(static_cast<size_t>(2 * m), 0.0);
   std::vector<int64_t> count(static_cast<size_t>(m), 0), out(static_cast<size_t>(n), 0);
-  // Largest first: each sample to the microbatch where it raises the larger part least (empty
-  // microbatches first, so none stays empty).
+  // Largest first: each sample to the microbatch where it raises the larger normalised part least
+  // (empty microbatches first, so none stays empty). Loads are kept raw.
   for (int64_t i : order) {
     int64_t best = 0;
     double best_key = INFINITY, best_sum = INFINITY;
     for (int64_t k = 0; k < m; ++k) {
-      const double e = load[static_cast<size_t>(2 * k)] + c(i, 0), l = load[static_cast<size_t>(2 * k + 1)] + c(i, 1);
+      const double e = (load[static_cast<size_t>(2 * k)] + c(i, 0)) * scale[0];
+      const double l = (load[static_cast<size_t>(2 * k + 1)] + c(i, 1)) * scale[1];
       const double key = count[static_cast<size_t>(k)] == 0 ? -1.0 : std::max(e, l);
       if (key < best_key || (key == best_key && e + l < best_sum)) {
         best = k;
@@ -89,8 +91,8 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
     load[static_cast<size_t>(2 * best + 1)] += c(i, 1);
     ++count[static_cast<size_t>(best)];
   }
-  // Improve: move a sample out of the bottleneck microbatch, or swap it with one elsewhere, while
-  // that lowers the larger of the two microbatches' loads. Bounded number of rounds.
+  // Improve the raw objective: move a sample out of the bottleneck microbatch, or swap it with one
+  // elsewhere, while that lowers the larger of the two microbatches' loads. Bounded rounds.
   auto peak = [&](int64_t k) { return std::max(load[static_cast<size_t>(2 * k)], load[static_cast<size_t>(2 * k + 1)]); };
   for (int round = 0; round < 4 * m; ++round) {
     int64_t top = 0;

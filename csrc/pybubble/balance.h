@@ -9,8 +9,9 @@ namespace pybubble {
 
 /// Assigns each of the n samples (costs[2 i] = encoder cost, costs[2 i + 1] = LLM cost; finite,
 /// >= 0) to one of `num_microbatches` microbatches (1 <= num_microbatches <= n), every microbatch
-/// non-empty. Greedy largest-first placement in costs normalised by each part's lower bound, then
-/// moves and swaps out of the bottleneck microbatch while they lower it. O(n log n + n m).
+/// non-empty. Greedy largest-first placement in costs normalised by each part's lower bound (so
+/// both parts are balanced), then moves and swaps out of the bottleneck microbatch while they
+/// lower the largest raw cost. O(n log n + n m).
 /// Throws std::invalid_argument for bad input.
 std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_t num_microbatches);
 

@@ -7,4 +7,5 @@ PYBIND11_MODULE(_core, m) {
   register_validate(m);
   register_synthetic(m);
   register_pipeline(m);
+  register_balance(m);
 }

@@ -78,6 +78,7 @@ def _gpu_efficiency(gemm: float, attention: float, attention_bwd: float) -> dict
         "gemm": Efficiency(compute_efficiency=gemm, memory_efficiency=0.8, overhead_us=4.0),
         "attention": Efficiency(compute_efficiency=attention, memory_efficiency=0.8, overhead_us=4.0),
         "attention_bwd": Efficiency(compute_efficiency=attention_bwd, memory_efficiency=0.8, overhead_us=4.0),
+        "activation": Efficiency(compute_efficiency=0.5, memory_efficiency=0.8, overhead_us=3.0),
         "elementwise": Efficiency(compute_efficiency=0.5, memory_efficiency=0.8, overhead_us=3.0),
         "collective": Efficiency(compute_efficiency=1.0, memory_efficiency=1.0, overhead_us=0.0),
     }
@@ -119,6 +120,7 @@ HARDWARE: dict[str, Hardware] = {
                         "gemm": Efficiency(compute_efficiency=0.6, memory_efficiency=0.5, overhead_us=10.0),
                         "attention": Efficiency(compute_efficiency=0.3, memory_efficiency=0.5, overhead_us=20.0),
                         "attention_bwd": Efficiency(compute_efficiency=0.2, memory_efficiency=0.5, overhead_us=20.0),
+                        "activation": Efficiency(compute_efficiency=0.05, memory_efficiency=0.5, overhead_us=5.0),
                         "elementwise": Efficiency(compute_efficiency=0.2, memory_efficiency=0.5, overhead_us=5.0),
                         "collective": Efficiency(compute_efficiency=1.0, memory_efficiency=1.0, overhead_us=0.0),
                     }),
@@ -146,8 +148,15 @@ class CostModel:
             self.load_calibration(calibration)
 
     def load_calibration(self, source: str | os.PathLike[str] | Mapping[str, Any]) -> None:
-        """Replaces the efficiencies of the kinds that a ``pybubble.calibration/1`` file fitted."""
+        """Replaces the efficiencies of the kinds that a ``pybubble.calibration/1`` file fitted, and the
+        peak FLOP/s and memory bandwidth where the file measured higher ones."""
         doc = read_document(source, CALIBRATION_FORMAT)
+        for name in ("peak_flops", "memory_bandwidth"):
+            if name in doc:
+                value = doc[name]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                    raise ValueError(f"{name}: {value!r} is not a positive number")
+                setattr(self.hardware, name, float(value))
         kinds = doc.get("kinds")
         if not isinstance(kinds, Mapping):
             raise ValueError(f"kinds: {kinds!r} is not an object")

@@ -21,7 +21,7 @@ from .models import EncoderConfig, LLMConfig, TransformerShape
 
 PHASES = ("fwd", "bwd")
 RESOURCES = ("compute", "comm")
-KINDS = ("gemm", "attention", "attention_bwd", "elementwise", "collective")
+KINDS = ("gemm", "attention", "attention_bwd", "activation", "elementwise", "collective")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
@@ -36,7 +36,8 @@ class Kernel:
     resource: str
     """``compute`` (SMs) or ``comm`` (the network link)."""
     kind: str
-    """Cost-model class: ``gemm``, ``attention``, ``attention_bwd``, ``elementwise`` or ``collective``."""
+    """Cost-model class: ``gemm``, ``attention``, ``attention_bwd``, ``activation`` (GELU/SwiGLU),
+    ``elementwise`` (norms, residuals) or ``collective``."""
     flops: float
     """Floating-point operations on this rank."""
     bytes: float
@@ -131,7 +132,7 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
     if tp > 1 and gathered:
         add(comm("mlp_all_gather", "fwd", "all_gather", ()))
     add(_gemm("fc1_gemm", "fwd", tokens, h, fc1_out, d, ()))
-    add(Kernel(name=model.activation, phase="fwd", resource="compute", kind="elementwise",
+    add(Kernel(name=model.activation, phase="fwd", resource="compute", kind="activation",
                flops=act_flops_per * tokens * f, bytes=d * tokens * (fc1_out + f), after=()))
     add(_gemm("fc2_gemm", "fwd", tokens, f, h, d, ()))
     if tp > 1:
@@ -178,7 +179,7 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
             push(Kernel(name=k.name.replace(k.collective, op) + "_bwd", phase="bwd", resource="comm",
                         kind="collective", flops=0.0, bytes=k.bytes, after=(), collective=op, group=tp))
         else:
-            push(Kernel(name=f"{k.name}_bwd", phase="bwd", resource="compute", kind="elementwise",
+            push(Kernel(name=f"{k.name}_bwd", phase="bwd", resource="compute", kind=k.kind,
                         flops=2.0 * k.flops, bytes=1.5 * k.bytes, after=()))
     return bwd
 

@@ -214,22 +214,20 @@ def error_table(doc: dict[str, Any]) -> str:
         lines.append(f"| {tuple(s['shape'])} | {s['kernel']} | {s['phase']} | {s['kind']} | "
                      f"{'fit' if s['fit'] else 'held out'} | {s['measured_us']:.1f} | {s['predicted_us']:.1f} | "
                      f"{100 * err:+.0f}% |")
-    lines += ["", "Mean absolute error per kind:", "", "| kind | fit | held out | per layer (held out) |",
-              "|---|---:|---:|---:|"]
+    lines += ["", "Mean absolute error per kind:", "", "| kind | fit shapes | held-out shape |", "|---|---:|---:|"]
     for kind in FIT_X:
         row = [kind]
         for fit in (True, False):
             errs = [abs(s["predicted_us"] - s["measured_us"]) / s["measured_us"]
                     for s in doc["samples"] if s["kind"] == kind and s["fit"] == fit]
             row.append(f"{100 * sum(errs) / len(errs):.0f}%" if errs else "-")
-        held = [s for s in doc["samples"] if not s["fit"]]
-        row.append("")
         lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "Whole layer (sum of its compute kernels), held-out shape:", "",
+              "| phase | measured us | predicted us | error |", "|---|---:|---:|---:|"]
     for phase in ("fwd", "bwd"):
         held = [s for s in doc["samples"] if not s["fit"] and s["phase"] == phase]
         if held:
             meas = sum(s["measured_us"] for s in held)
             pred = sum(s["predicted_us"] for s in held)
-            lines.append(f"| whole layer {phase} | | | {100 * (pred - meas) / meas:+.0f}% "
-                         f"({pred:.0f} vs {meas:.0f} us) |")
+            lines.append(f"| {phase} | {meas:.0f} | {pred:.0f} | {100 * (pred - meas) / meas:+.0f}% |")
     return "\n".join(lines) + "\n"

@@ -103,22 +103,22 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
-    from .calibrate import calibrate, error_table
+    from .calibrate import FIT_X, calibrate, error_table
+    from .formats import write_document
 
     t0 = time.perf_counter()
     doc = calibrate(args.device, repeats=args.repeats)
     took = time.perf_counter() - t0
-    Path(args.output).write_text(json.dumps(doc, indent=1) + "\n")
+    write_document(args.output, doc)
     if args.errors:
         Path(args.errors).write_text(error_table(doc))
     table = Table(title=f"calibration on {doc['device_name']} ({doc['hardware']}, {took:.1f} s)")
-    for col in ("kind", "efficiency", "overhead"):
+    for col in ("kind", "efficiency (of peak FLOP/s or bandwidth)", "overhead"):
         table.add_column(col)
     for kind, fit in doc["kinds"].items():
-        eff = fit["compute_efficiency"] if fit["memory_efficiency"] == 1.0 and kind != "elementwise" else fit["memory_efficiency"]
+        eff = fit["compute_efficiency"] if FIT_X[kind] == "flops" else fit["memory_efficiency"]
         table.add_row(kind, f"{eff:.3f}", f"{fit['overhead_us']:.1f} us")
     console.print(table)
     console.print(f"wrote {args.output}" + (f" and {args.errors}" if args.errors else ""))

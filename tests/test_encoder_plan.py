@@ -77,12 +77,16 @@ def windows(horizon, period, busy):
     return out
 
 
-def test_full_problem_loads_schedules_and_validates():
-    plan = EncoderPlan(pp_enc=1, tp_enc=2, pp_llm=2, tp_llm=4)  # 4 encoder pipelines, 2 lanes a stage
+@pytest.mark.parametrize(("pp_enc", "tp_enc", "frozen"), [(1, 2, False), (2, 1, False), (2, 2, [False, True])])
+def test_full_problem_loads_schedules_and_validates(pp_enc, tp_enc, frozen):
+    plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=2, tp_llm=4)
     costs = CostModel("h100")
-    enc = presets.encoder("vit-l-14")
-    tasks = encoder_tasks(enc, plan=plan, partition=[1, 1, 1, 1], micro_batch=2, costs=costs)
+    encoders = presets.encoder("vit-l-14") if isinstance(frozen, bool) else [presets.encoder("vit-l-14"), SMALL]
+    partition = [1] * plan.pipelines
+    partition[0] += 4 - sum(partition)  # four encoder microbatches for the four LLM microbatches
+    tasks = encoder_tasks(encoders, plan=plan, partition=partition, micro_batch=2, costs=costs, frozen=frozen)
     check_structure(tasks)
+    assert {t["lane"] for t in tasks} == set(range(plan.pp_llm * plan.lanes_per_stage))
     horizon = 200_000.0
     lanes = [{"name": f"pp{s}.tp{k}", "compute_free": windows(horizon, 2000.0, 1200.0),
               "link_free": [[w[0] - 1200.0, w[0]] for w in windows(horizon, 2000.0, 1200.0)]}
@@ -92,7 +96,7 @@ def test_full_problem_loads_schedules_and_validates():
     doc = {"format": "pybubble.problem/1", "horizon": horizon, "lanes": lanes, "microbatches": microbatches,
            "tasks": [dict(t, id=i) for i, t in enumerate(tasks)]}
     problem = pybubble.load_problem(doc)
-    assert problem.num_tasks == len(tasks) and problem.num_lanes == 4
+    assert problem.num_tasks == len(tasks) and problem.num_lanes == plan.pp_llm * plan.lanes_per_stage
     sched = pybubble.schedule(problem)
     assert pybubble.validate(problem, sched) == []
     assert sched.step_time >= horizon

@@ -125,23 +125,19 @@ def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: En
         """Emits `count` layers; returns the task that ends the last layer's dependency chain."""
         for _ in range(count):
             first = len(tasks)
-            chain_end = prev
-            for idx, (k, t) in enumerate(per_layer):
+            for k, t in per_layer:
                 after = [first + a for a in k.after] if k.after else ([] if prev is None else [prev])
                 emit(lane, t, k.resource, phase, j, after)
             # the chain continues from the last kernel that is not a dangling weight-gradient GEMM
-            for idx in range(len(per_layer) - 1, -1, -1):
-                if not per_layer[idx][0].name.endswith("_wgrad"):
-                    chain_end = first + idx
-                    break
-            prev = chain_end
+            last = max(i for i, (k, _) in enumerate(per_layer) if not k.name.endswith("_wgrad"))
+            prev = first + last
         return prev
 
     j = 0
     for pipeline, count in enumerate(partition):
         for _ in range(count):
             ends = []
-            for (per_phase, send, layers), mdl in zip(layer_cost, models):
+            for per_phase, send, layers in layer_cost:
                 prev: int | None = None
                 for e, n in enumerate(layers):
                     lane = plan.lane(pipeline, e)

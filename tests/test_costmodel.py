@@ -83,3 +83,12 @@ def test_calibration_replaces_efficiencies(tmp_path):
         CostModel("cpu", calibration={"format": "x"})
     with pytest.raises(ValueError, match="unknown kind 'conv'"):
         CostModel("cpu", calibration=dict(doc, kinds={"conv": {}}))
+
+
+def test_planning_imports_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, pybubble, pybubble.costmodel, pybubble.encoder_plan, pybubble.cli; "
+            "pybubble.cli.main(['kernels', 'vit-l-14']); assert 'torch' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd="/")

@@ -3,8 +3,8 @@
 For a few small layer shapes, each compute kernel of :func:`decompose_layer` (forward GEMMs,
 input- and weight-gradient GEMMs, attention forward and backward, norms, activation, residuals) is
 run with torch and timed (``time.perf_counter`` around synchronised runs; on CUDA, events). Per
-kernel kind a line ``time = overhead + x / rate`` is fitted (x = FLOPs for GEMMs and attention,
-bytes for element-wise kernels), giving the kind's overhead and efficiency (rate / peak) for
+kernel kind a line ``time = overhead + x / rate`` is fitted by least squares on the relative error
+(x = FLOPs for GEMMs, attention and activations, bytes for norms and residual adds), giving the kind's overhead and efficiency (rate / peak) for
 :class:`pybubble.costmodel.CostModel`. The largest shape is held out of the fit, so the error table
 shows how the model extrapolates. torch is imported here only, and lazily.
 """
@@ -25,7 +25,7 @@ from .models import EncoderConfig
 CPU_SHAPES = ((1, 64, 128, 2), (1, 128, 256, 4), (2, 128, 384, 6), (2, 256, 512, 8))
 CUDA_SHAPES = ((2, 256, 1024, 8), (2, 256, 2048, 16), (4, 256, 3072, 24), (2, 256, 6144, 48))
 FIT_X = {"gemm": "flops", "attention": "flops", "attention_bwd": "flops", "activation": "flops",
-         "elementwise": "bytes"}
+         "norm": "bytes", "elementwise": "bytes"}
 
 
 def _runner(torch: Any, kernel: Kernel, model: EncoderConfig, b: int, s: int, device: str,
@@ -103,15 +103,18 @@ def _time(torch: Any, run: Callable[[], Any], device: str, repeats: int) -> floa
 
 
 def _fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
-    """Least-squares ``y = a + c·x`` with a >= 0 and c > 0 (a refit through 0 when a < 0)."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    c = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else 0.0
+    """``y = a + c·x`` minimising the squared relative error (weights 1/y²), with a >= 0 and
+    c > 0 (refit through 0 when the intercept comes out negative)."""
+    ws = [1.0 / (y * y) for y in ys]
+    sw = sum(ws)
+    mx = sum(w * x for w, x in zip(ws, xs)) / sw
+    my = sum(w * y for w, y in zip(ws, ys)) / sw
+    sxx = sum(w * (x - mx) ** 2 for w, x in zip(ws, xs))
+    c = sum(w * (x - mx) * (y - my) for w, x, y in zip(ws, xs, ys)) / sxx if sxx > 0 else 0.0
     a = my - c * mx
     if a < 0 or c <= 0:
         a = 0.0
-        c = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+        c = sum(w * x * y for w, x, y in zip(ws, xs, ys)) / sum(w * x * x for w, x in zip(ws, xs))
     return a, max(c, 1e-30)
 
 

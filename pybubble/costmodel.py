@@ -79,6 +79,7 @@ def _gpu_efficiency(gemm: float, attention: float, attention_bwd: float) -> dict
         "attention": Efficiency(compute_efficiency=attention, memory_efficiency=0.8, overhead_us=4.0),
         "attention_bwd": Efficiency(compute_efficiency=attention_bwd, memory_efficiency=0.8, overhead_us=4.0),
         "activation": Efficiency(compute_efficiency=0.5, memory_efficiency=0.8, overhead_us=3.0),
+        "norm": Efficiency(compute_efficiency=0.5, memory_efficiency=0.7, overhead_us=3.0),
         "elementwise": Efficiency(compute_efficiency=0.5, memory_efficiency=0.8, overhead_us=3.0),
         "collective": Efficiency(compute_efficiency=1.0, memory_efficiency=1.0, overhead_us=0.0),
     }
@@ -121,6 +122,7 @@ HARDWARE: dict[str, Hardware] = {
                         "attention": Efficiency(compute_efficiency=0.3, memory_efficiency=0.5, overhead_us=20.0),
                         "attention_bwd": Efficiency(compute_efficiency=0.2, memory_efficiency=0.5, overhead_us=20.0),
                         "activation": Efficiency(compute_efficiency=0.05, memory_efficiency=0.5, overhead_us=5.0),
+                        "norm": Efficiency(compute_efficiency=0.2, memory_efficiency=0.3, overhead_us=5.0),
                         "elementwise": Efficiency(compute_efficiency=0.2, memory_efficiency=0.5, overhead_us=5.0),
                         "collective": Efficiency(compute_efficiency=1.0, memory_efficiency=1.0, overhead_us=0.0),
                     }),

@@ -21,7 +21,7 @@ from .models import EncoderConfig, LLMConfig, TransformerShape
 
 PHASES = ("fwd", "bwd")
 RESOURCES = ("compute", "comm")
-KINDS = ("gemm", "attention", "attention_bwd", "activation", "elementwise", "collective")
+KINDS = ("gemm", "attention", "attention_bwd", "activation", "norm", "elementwise", "collective")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
@@ -37,7 +37,7 @@ class Kernel:
     """``compute`` (SMs) or ``comm`` (the network link)."""
     kind: str
     """Cost-model class: ``gemm``, ``attention``, ``attention_bwd``, ``activation`` (GELU/SwiGLU),
-    ``elementwise`` (norms, residuals) or ``collective``."""
+    ``norm`` (layer norms), ``elementwise`` (residual adds) or ``collective``."""
     flops: float
     """Floating-point operations on this rank."""
     bytes: float
@@ -100,7 +100,7 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
     def norm(name: str, ph: str, after: tuple[int, ...]) -> Kernel:
         # mean/var, normalise, scale, shift: ~8 FLOPs per element; read x (+ grad), write y
         traffic = (2 if ph == "fwd" else 4) * d * local_tokens * h
-        return Kernel(name=name, phase=ph, resource="compute", kind="elementwise",
+        return Kernel(name=name, phase=ph, resource="compute", kind="norm",
                       flops=8.0 * local_tokens * h, bytes=traffic, after=after)
 
     def residual(name: str, ph: str, after: tuple[int, ...]) -> Kernel:
@@ -178,6 +178,9 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
             op = mirror[k.collective]
             push(Kernel(name=k.name.replace(k.collective, op) + "_bwd", phase="bwd", resource="comm",
                         kind="collective", flops=0.0, bytes=k.bytes, after=(), collective=op, group=tp))
+        elif k.kind == "norm":  # the norm's backward was already sized for backward traffic
+            push(Kernel(name=f"{k.name}_bwd", phase="bwd", resource="compute", kind="norm",
+                        flops=2.0 * k.flops, bytes=2.0 * k.bytes, after=()))
         else:
             push(Kernel(name=f"{k.name}_bwd", phase="bwd", resource="compute", kind=k.kind,
                         flops=2.0 * k.flops, bytes=1.5 * k.bytes, after=()))

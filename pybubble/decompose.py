@@ -97,11 +97,10 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
     gathered = "all_gather" if sequence_parallel else ""
     block_end = "reduce_scatter" if sequence_parallel else "all_reduce"
 
-    def norm(name: str, ph: str, after: tuple[int, ...]) -> Kernel:
-        # mean/var, normalise, scale, shift: ~8 FLOPs per element; read x (+ grad), write y
-        traffic = (2 if ph == "fwd" else 4) * d * local_tokens * h
-        return Kernel(name=name, phase=ph, resource="compute", kind="norm",
-                      flops=8.0 * local_tokens * h, bytes=traffic, after=after)
+    def norm(name: str) -> Kernel:
+        # mean/var, normalise, scale, shift: ~8 FLOPs per element; reads x, writes y
+        return Kernel(name=name, phase="fwd", resource="compute", kind="norm",
+                      flops=8.0 * local_tokens * h, bytes=2.0 * d * local_tokens * h, after=())
 
     def residual(name: str, ph: str, after: tuple[int, ...]) -> Kernel:
         return Kernel(name=name, phase=ph, resource="compute", kind="elementwise",
@@ -111,14 +110,14 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
         return Kernel(name=name, phase=ph, resource="comm", kind="collective", flops=0.0,
                       bytes=comm_bytes, after=after, collective=op, group=tp)
 
-    # Forward: (name, builder) in execution order; each kernel depends on the one before.
+    # Forward, in execution order: each kernel depends on the one before.
     fwd: list[Kernel] = []
 
     def add(k: Kernel) -> None:
         k.after = (len(fwd) - 1,) if fwd else ()
         fwd.append(k)
 
-    add(norm("ln1", "fwd", ()))
+    add(norm("ln1"))
     if tp > 1 and gathered:
         add(comm("attn_all_gather", "fwd", "all_gather", ()))
     add(_gemm("qkv_gemm", "fwd", tokens, h, q + 2 * kv, d, ()))
@@ -128,7 +127,7 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
     if tp > 1:
         add(comm(f"attn_{block_end}", "fwd", block_end, ()))
     add(residual("residual1", "fwd", ()))
-    add(norm("ln2", "fwd", ()))
+    add(norm("ln2"))
     if tp > 1 and gathered:
         add(comm("mlp_all_gather", "fwd", "all_gather", ()))
     add(_gemm("fc1_gemm", "fwd", tokens, h, fc1_out, d, ()))
@@ -178,7 +177,7 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
             op = mirror[k.collective]
             push(Kernel(name=k.name.replace(k.collective, op) + "_bwd", phase="bwd", resource="comm",
                         kind="collective", flops=0.0, bytes=k.bytes, after=(), collective=op, group=tp))
-        elif k.kind == "norm":  # the norm's backward was already sized for backward traffic
+        elif k.kind == "norm":  # reads x and dy, writes dx: twice the forward's traffic
             push(Kernel(name=f"{k.name}_bwd", phase="bwd", resource="compute", kind="norm",
                         flops=2.0 * k.flops, bytes=2.0 * k.bytes, after=()))
         else:

@@ -1,6 +1,8 @@
 """pybubble: fill the bubbles of a 3D-parallel LLM training step with the modality encoder's work."""
 
+from . import presets
 from .balance import balance_microbatches
+from .decompose import Kernel, decompose_layer
 from .online import OnlineScheduler
 from .problem import Problem, load_problem
 from .scheduler import Schedule, load_schedule, schedule
@@ -8,13 +10,16 @@ from .timeline import Timeline, simulate_pipeline
 from .validator import validate
 
 __all__ = [
+    "Kernel",
     "OnlineScheduler",
-    "balance_microbatches",
     "Problem",
     "Schedule",
     "Timeline",
+    "balance_microbatches",
+    "decompose_layer",
     "load_problem",
     "load_schedule",
+    "presets",
     "schedule",
     "simulate_pipeline",
     "validate",

@@ -96,6 +96,61 @@ def cmd_bubbles(args: argparse.Namespace) -> int:
 
         save_gantt(tl, args.plot)
         console.print(f"wrote {args.plot}")
+def _si(value: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:,.2f} {prefix}{unit}"
+    return f"{value:,.0f} {unit}"
+
+
+def cmd_kernels(args: argparse.Namespace) -> int:
+    from .costmodel import CostModel
+    from .presets import model
+
+    cfg = model(args.model)
+    seq_len = args.seq_len or getattr(cfg, "tokens", None) or getattr(cfg, "seq_len")
+    costs = CostModel(args.gpu, calibration=args.calibration)
+    wide = Console(highlight=False, width=max(console.width, 110))  # the table needs 110 columns
+    total = 0.0
+    for phase in ("fwd", "bwd"):
+        rows = costs.layer_kernels(cfg, args.micro_batch, seq_len, tp=args.tp,
+                                   sequence_parallel=args.sequence_parallel, phase=phase)
+        table = Table(title=f"{cfg.name} layer {phase}: micro batch {args.micro_batch}, {seq_len} tokens, "
+                            f"tp {args.tp}, {costs.hardware.name}")
+        for col in ("kernel", "resource", "FLOPs", "bytes", "time", "bound", "after"):
+            table.add_column(col, justify="left" if col in ("kernel", "resource", "bound", "after") else "right")
+        phase_total = 0.0
+        for k, t in rows:
+            phase_total += t
+            table.add_row(k.name, k.resource, _si(k.flops, "FLOP") if k.flops else "-", _si(k.bytes, "B"),
+                          f"{t:,.1f} us", costs.bound(k), ",".join(map(str, k.after)))
+        table.add_row("layer", "", _si(sum(k.flops for k, _ in rows), "FLOP"), "", f"{phase_total:,.1f} us", "", "")
+        wide.print(table)
+        total += phase_total
+    console.print(f"{cfg.name}: one layer fwd+bwd {_ms(total)}; {cfg.layers} layers {_ms(total * cfg.layers)}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .calibrate import FIT_X, calibrate, error_table
+    from .formats import write_document
+
+    t0 = time.perf_counter()
+    doc = calibrate(args.device, repeats=args.repeats)
+    took = time.perf_counter() - t0
+    write_document(args.output, doc)
+    if args.errors:
+        Path(args.errors).write_text(error_table(doc))
+    table = Table(title=f"calibration on {doc['device_name']} ({doc['hardware']}, {took:.1f} s)")
+    for col in ("kind", "efficiency (of peak FLOP/s or bandwidth)", "overhead"):
+        table.add_column(col)
+    for kind, fit in doc["kinds"].items():
+        eff = fit["compute_efficiency"] if FIT_X[kind] == "flops" else fit["memory_efficiency"]
+        table.add_row(kind, f"{eff:.3f}", f"{fit['overhead_us']:.1f} us")
+    console.print(table)
+    console.print(f"wrote {args.output}" + (f" and {args.errors}" if args.errors else ""))
     return 0
 
 
@@ -145,6 +200,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", help="write a Chrome trace JSON (Perfetto) here")
     p.add_argument("--plot", help="write a Gantt chart here (.png, .svg)")
     p.set_defaults(func=cmd_bubbles)
+
+    p = sub.add_parser("kernels", help="print one layer's kernels with FLOPs, bytes and predicted time")
+    p.add_argument("model", help="an encoder or LLM preset, e.g. vit-22b")
+    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the preset's)")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--sequence-parallel", action="store_true")
+    p.add_argument("--gpu", default="h100", help="h100, h200, a100-80gb or cpu")
+    p.add_argument("--calibration", help="a pybubble.calibration/1 file to use")
+    p.set_defaults(func=cmd_kernels)
+
+    p = sub.add_parser("calibrate", help="time real layer kernels with torch and fit the cost model")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("-o", "--output", required=True, help="write the pybubble.calibration/1 JSON here")
+    p.add_argument("--errors", help="write the predicted-versus-measured Markdown table here")
+    p.add_argument("--repeats", type=int, default=7)
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 

@@ -3,7 +3,7 @@
 from . import presets
 from .balance import balance_microbatches
 from .decompose import Kernel, decompose_layer
-from .online import OnlineScheduler
+from .online import OnlineScheduler, replay
 from .problem import Problem, load_problem
 from .scheduler import Schedule, load_schedule, schedule
 from .timeline import Timeline, simulate_pipeline
@@ -20,6 +20,7 @@ __all__ = [
     "load_problem",
     "load_schedule",
     "presets",
+    "replay",
     "schedule",
     "simulate_pipeline",
     "validate",

@@ -54,3 +54,64 @@ class OnlineScheduler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def replay(problem: Problem, planned: Schedule) -> float:
+    """The step time when a schedule planned for other durations is followed on `problem`.
+
+    Replaying keeps what a static plan fixes: each task's region (before the step, inside it, after
+    it), its order on its lane and resource, and the assignment. With the new durations, tasks
+    before the step are packed as late as possible before 0 and tasks after it as early as
+    possible from the horizon; a task inside the step starts at its planned time or when its
+    predecessors and the lane let it. Whatever then runs outside the lane's free windows takes the
+    LLM's own time on that lane, and a forward that ends after its LLM microbatch needs it holds
+    that microbatch up: the LLM step grows by the larger of the two (the worst lane's overrun, the
+    worst lateness). A stall model, not a simulation of the LLM's reaction.
+    """
+    a = problem.arrays()
+    n, horizon = problem.num_tasks, problem.horizon
+    if planned.start.shape != (n,):
+        raise ValueError(f"start: {planned.start.shape[0]} entries, the problem has {n} tasks")
+    dur = a["duration"]
+    key = 2 * a["lane"] + a["resource"]
+    preds = [a["after"][a["after_offset"][t]:a["after_offset"][t + 1]] for t in range(n)]
+    region = np.where(planned.start < 0.0, 0, np.where(planned.start >= horizon, 2, 1))
+    order = np.lexsort((np.arange(n), planned.start))
+    start = np.zeros(n)
+    end = np.zeros(n)
+    # Before the step: latest first, as late as possible below the lane and the successors.
+    succ_start: dict[int, float] = {}
+    lane_front: dict[int, float] = {}
+    for t in order[::-1]:
+        if region[t] != 0:
+            continue
+        latest = min(lane_front.get(key[t], 0.0), succ_start.get(t, 0.0))
+        start[t] = latest - dur[t]
+        end[t] = latest
+        lane_front[key[t]] = start[t]
+        for p in preds[t]:
+            succ_start[p] = min(succ_start.get(p, 0.0), start[t])
+    # Inside and after the step, in planned order.
+    lane_end: dict[int, float] = {}
+    for t in order:
+        if region[t] == 0:
+            continue
+        ready = max([planned.start[t] if region[t] == 1 else horizon, lane_end.get(key[t], -np.inf)]
+                    + [end[p] for p in preds[t]])
+        start[t], end[t] = ready, ready + dur[t]
+        lane_end[key[t]] = end[t]
+    overrun: dict[int, float] = {}
+    for t in np.nonzero(region == 1)[0]:
+        lane, res = int(a["lane"][t]), int(a["resource"][t])
+        prefix = "compute" if res == 0 else "link"
+        b, e = a[f"{prefix}_offset"][lane], a[f"{prefix}_offset"][lane + 1]
+        ws, we = a[f"{prefix}_start"][b:e], a[f"{prefix}_end"][b:e]
+        inside = np.clip(np.minimum(we, end[t]) - np.maximum(ws, start[t]), 0.0, None).sum()
+        overrun[key[t]] = overrun.get(key[t], 0.0) + (dur[t] - inside) * (res == 0)
+    fwd = a["phase"] == 0
+    need = a["forward_needed"][planned.assignment[a["microbatch"]]]
+    late = np.maximum(0.0, end - need)[fwd & (region == 1)]
+    delay = max([0.0, *overrun.values(), float(late.max(initial=0.0))])
+    front = -min(0.0, float(start.min(initial=0.0)))
+    back = max(0.0, float(end.max(initial=horizon)) - horizon)
+    return horizon + delay + front + back

@@ -1,0 +1,52 @@
+"""Dynamic workloads and replaying a static schedule on them."""
+
+import numpy as np
+import pytest
+
+import pybubble
+from pybubble.costmodel import CostModel
+from pybubble.problems import synthetic
+from pybubble.workloads import WorkloadSpec, batches, sample_costs
+
+
+def test_batches_are_reproducible_and_vary():
+    a = [b.encoder_tokens for b in batches(WorkloadSpec(), samples=32, steps=3, seed=5)]
+    b = [b.encoder_tokens for b in batches(WorkloadSpec(), samples=32, steps=3, seed=5)]
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not np.array_equal(a[0], a[1])
+    assert all((x >= 16).all() for x in a)
+
+
+def test_sample_costs_follow_the_cost_model():
+    enc, llm = pybubble.presets.encoder("vit-l-14"), pybubble.presets.llm("llama-3-8b")
+    batch = next(batches(WorkloadSpec(video_share=0.0), samples=16, steps=1, seed=0))
+    c = sample_costs(batch, encoder=enc, llm=llm, costs=CostModel("h100"))
+    assert c.shape == (16, 2) and (c > 0).all()
+    # More encoder tokens never cost less.
+    tokens = batch.encoder_tokens
+    i, j = int(np.argmin(tokens)), int(np.argmax(tokens))
+    assert c[j, 0] >= c[i, 0]
+    frozen = sample_costs(batch, encoder=enc, llm=llm, costs=CostModel("h100"), frozen=True)
+    assert (frozen[:, 0] < c[:, 0]).all() and np.array_equal(frozen[:, 1], c[:, 1])
+
+
+@pytest.mark.parametrize("field,value", [("images_mean", 0.5), ("video_share", 1.5), ("tokens_per_image", 8),
+                                         ("max_frames", 2)])
+def test_bad_specs_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        WorkloadSpec(**{field: value})
+
+
+def test_replay_of_the_plan_itself_is_its_step_time():
+    problem = synthetic(stages=4, microbatches=8, encoder_layers=8, encoder_scale=2.0)
+    for policy in ("greedy", "coarse"):
+        sched = pybubble.schedule(problem, policy)
+        assert pybubble.replay(problem, sched) == pytest.approx(sched.step_time, rel=1e-12)
+
+
+def test_replay_grows_with_the_work():
+    problem = synthetic(stages=4, microbatches=8, encoder_layers=8, encoder_scale=2.0)
+    sched = pybubble.schedule(problem)
+    d = problem.arrays()["duration"]
+    steps = [pybubble.replay(problem.with_durations(d * f), sched) for f in (0.5, 1.0, 1.5, 2.0)]
+    assert steps == sorted(steps) and steps[0] < steps[-1]

@@ -40,19 +40,6 @@ def test_explicit_models_need_their_shape():
     assert load_config(doc).llm.name == "custom"
 
 
-def edited(path, value):
-    doc = copy.deepcopy(BASE)
-    *head, last = path
-    target = doc
-    for k in head:
-        target = target[k]
-    if value is KeyError:
-        del target[last]
-    else:
-        target[last] = value
-    return doc
-
-
 @pytest.mark.parametrize("path,value,message", [
     (("cluster", "gpus"), 3000, r"llm_plan: dp x pp x tp = 48 x 8 x 8 = 3072, not cluster.gpus \(3000\)"),
     (("cluster", "gpus"), 0, r"cluster.gpus: 0 is not a positive integer"),
@@ -69,9 +56,9 @@ def edited(path, value):
     (("memory_gb",), "lots", r"memory_gb: 'lots' is not a number"),
     (("llm_plan",), KeyError, r"llm_plan: missing"),
 ])
-def test_bad_configs_name_the_key(path, value, message):
+def test_bad_configs_name_the_key(path, value, message, replaced):
     with pytest.raises(ValueError, match=message):
-        load_config(edited(path, value))
+        load_config(replaced(BASE, path, value))
 
 
 def test_unreadable_files(tmp_path):

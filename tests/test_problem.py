@@ -39,19 +39,6 @@ def test_valid_problem_loads_and_round_trips(tmp_path):
     assert pybubble.load_problem(path).to_dict() == base()
 
 
-def edit(path, value):
-    doc = base()
-    *head, last = path
-    target = doc
-    for k in head:
-        target = target[k]
-    if value is KeyError:
-        del target[last]
-    else:
-        target[last] = value
-    return doc
-
-
 BAD = [
     (("format",), "pybubble.problem/2", r"format: 'pybubble.problem/2' is not 'pybubble.problem/1'"),
     (("horizon",), KeyError, r"horizon: missing"),
@@ -87,9 +74,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("path,value,message", BAD, ids=[m for _, _, m in BAD])
-def test_malformed_problem_names_the_field(path, value, message):
+def test_malformed_problem_names_the_field(path, value, message, replaced):
     with pytest.raises(ValueError, match=message):
-        pybubble.load_problem(edit(path, value))
+        pybubble.load_problem(replaced(base(), path, value))
 
 
 def test_unreadable_files_are_value_errors(tmp_path):

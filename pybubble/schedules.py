@@ -24,6 +24,8 @@ NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 _ROW = re.compile(r"(?:\d+[FBIW]\d+)(?:,\d+[FBIW]\d+)*")
 _CELL = re.compile(r"(\d+)([FBIW])(\d+)")
+_LONG_NUMBER = re.compile(r"\d{10}")
+_INT32_MAX = 2**31 - 1
 
 
 def parse_action(text: str, where: str = "action") -> tuple[int, int, int]:
@@ -245,6 +247,10 @@ def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
             for i, a in enumerate(table[r]):  # find and name the malformed cell
                 if a is not None:
                     parse_action(a, f"schedule[{r}][{i}]")
+        if joined and _LONG_NUMBER.search(joined):  # a number of 10+ digits: may not fit in int32
+            for g, k, mb in _CELL.findall(joined):
+                if max(int(g), int(mb)) >= _INT32_MAX:
+                    raise ValueError(f"schedule[{r}]: '{g}{k}{mb}' has a stage or microbatch of 2**31 - 1 or more")
         found += _CELL.findall(joined or "")
         offset.append(len(found))
     letter = {k: i for i, k in enumerate(KINDS)}

@@ -100,5 +100,41 @@ TEST(Pipeline, BadInputNamesTheField) {
   }
 }
 
+TEST(Pipeline, HugeCountsAreRejectedBeforeAllocating) {
+  // A microbatch number of 2^31 - 2 would need a table of 8 * 2^31 entries: rejected by count,
+  // naming the first missing action.
+  PipelineSpec sp = one_f_one_b(1, 2, 1.0, 2.0);
+  sp.microbatch[2] = 2147483646;
+  sp.microbatches = 2147483647;
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("table: 0F1 is missing", 0), 0u) << e.what();
+  }
+  sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.chunks = 1 << 30;  // ranks * chunks overflows int32
+  EXPECT_THROW(simulate_pipeline(sp), std::invalid_argument);
+}
+
+TEST(Pipeline, ErrorsWriteNumbersShortest) {
+  PipelineSpec sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.wgrad[0] = 2.5;
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "wgrad[0]: 2.5 is not < bwd 2");
+  }
+  sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.p2p = -0.1;
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "p2p: -0.1 is not >= 0");
+  }
+}
+
 }  // namespace
 }  // namespace pybubble

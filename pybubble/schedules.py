@@ -139,59 +139,46 @@ def zb_h1(stages: int, microbatches: int) -> Table:
 
 
 def zbv(stages: int, microbatches: int) -> Table:
-    """A ZBV-style V-shape table: rank r holds stages r and 2p - 1 - r, backwards split in I and W.
+    """ZBV zero bubble (torch's ``ScheduleZBVZeroBubble`` order): rank r holds stages r and
+    2p - 1 - r in a V, backwards split in I and W.
 
-    Built by a unit-time list schedule: each step, each rank runs the first ready action among its
-    input-gradient backwards (I), its forwards while fewer than 2p microbatches are in flight on
-    the rank (later chunk first), and its deferred weight-gradient backwards (W).
+    Rank r idles r steps, runs 2(p - r) - 1 forwards of its first stage, r pairs of forwards (second
+    stage, first stage), p - r triples F, I, W of its second stage, then alternates (F, I, W) of
+    the first and second stages and drains with I and W. The order is built for max(2p - 1, m)
+    microbatches; actions of microbatches >= m become idle steps (``None``), as in torch.
     """
     p, m = _positive(stages, "stages"), _positive(microbatches, "microbatches")
-    last = 2 * p - 1
-    done: set[tuple[int, str, int]] = set()
-    nf = {g: 0 for g in range(2 * p)}
-    ni = {g: 0 for g in range(2 * p)}
-    pending_w: dict[int, list[tuple[int, int]]] = {r: [] for r in range(p)}
-    table: Table = {r: [] for r in range(p)}
-    total = 2 * p * m * 3
-    while len(done) < total:
-        chosen: dict[int, tuple[int, str, int]] = {}
-        for r in range(p):
-            mine = (last - r, r)  # later chunk first
-            pick = None
-            for g in mine:
-                k = ni[g]
-                if k < m and (g, "F", k) in done and (g == last or (g + 1, "I", k) in done):
-                    pick = (g, "I", k)
-                    break
-            in_flight = sum(nf[g] - ni[g] for g in mine)
-            if pick is None and in_flight < 2 * p:
-                for g in mine:
-                    k = nf[g]
-                    if k < m and (g == 0 or (g - 1, "F", k) in done):
-                        pick = (g, "F", k)
-                        break
-            if pick is None and pending_w[r]:
-                g, k = pending_w[r][0]
-                pick = (g, "W", k)
-            if pick is not None:
-                chosen[r] = pick
-        if not chosen:
-            raise RuntimeError("zbv table construction made no progress")
-        for r in range(p):
-            pick = chosen.get(r)
-            if pick is None:
-                table[r].append(None)
-                continue
-            g, kind, k = pick
-            table[r].append(f"{g}{kind}{k}")
-            if kind == "F":
-                nf[g] += 1
-            elif kind == "I":
-                ni[g] += 1
-                pending_w[r].append((g, k))
-            else:
-                pending_w[r].pop(0)
-        done.update(chosen.values())
+    n = max(2 * p - 1, m)
+    table: Table = {}
+    for r in range(p):
+        first, second = r, 2 * p - 1 - r
+        ops: list[tuple[int, str, int] | None] = [None] * r
+        f0 = f1 = b0 = b1 = 0
+        for _ in range(2 * (p - r) - 1):
+            ops.append((first, "F", f0))
+            f0 += 1
+        for _ in range(r):
+            ops += [(second, "F", f1), (first, "F", f0)]
+            f0, f1 = f0 + 1, f1 + 1
+        for _ in range(p - r):
+            ops += [(second, "F", f1), (second, "I", b1), (second, "W", b1)]
+            f1, b1 = f1 + 1, b1 + 1
+        while f1 < f0 or f0 < n:
+            if f0 < n:
+                ops.append((first, "F", f0))
+                f0 += 1
+            ops += [(first, "I", b0), (first, "W", b0), (second, "F", f1), (second, "I", b1), (second, "W", b1)]
+            b0, f1, b1 = b0 + 1, f1 + 1, b1 + 1
+        w0, w1 = b0, b1
+        for _ in range(r):
+            ops += [(first, "I", b0), (second, "I", b1)]
+            b0, b1 = b0 + 1, b1 + 1
+        for _ in range(p - r):
+            ops += [(first, "I", b0), (first, "W", w0)]
+            b0, w0 = b0 + 1, w0 + 1
+        ops += [(second, "W", k) for k in range(w1, b1)]
+        ops += [(first, "W", k) for k in range(w0, b0)]
+        table[r] = [None if op is None or op[2] >= m else f"{op[0]}{op[1]}{op[2]}" for op in ops]
     return table
 
 

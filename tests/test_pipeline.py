@@ -47,6 +47,15 @@ def test_golden_zb_h1():
     }
 
 
+def test_golden_zbv():
+    assert schedules.zbv(2, 3) == {
+        0: ["0F0", "0F1", "0F2", "3F0", "3I0", "3W0", "3F1", "3I1", "3W1", "0I0", "0W0", "3F2", "3I2", "3W2",
+            "0I1", "0W1", "0I2", "0W2"],
+        1: [None, "1F0", "2F0", "1F1", "2F1", "2I0", "2W0", "1F2", "1I0", "1W0", "2F2", "2I1", "2W1", "1I1",
+            "2I2", "1I2", "1W1", "2W2", "1W2"],
+    }
+
+
 def test_zbv_is_a_v_shape_with_every_action_once():
     p, m = 3, 5
     table = compact(schedules.zbv(p, m))
@@ -83,6 +92,11 @@ def test_gpipe_and_1f1b_equal_torch(p, m):
 @pytest.mark.parametrize("p,m,v", [(2, 4, 2), (4, 8, 2), (4, 8, 3), (3, 6, 4), (4, 12, 2)])
 def test_interleaved_equals_torch(p, m, v):
     assert compact(schedules.interleaved_1f1b(p, m, v)) == _torch_rows("Interleaved1F1B", p, m, v)
+
+
+@pytest.mark.parametrize("p,m", [(1, 1), (2, 4), (3, 4), (4, 8), (4, 3), (5, 12)])
+def test_zbv_equals_torch(p, m):
+    assert compact(schedules.zbv(p, m)) == _torch_rows("ZBVZeroBubble", p, m, 2)
 
 
 def test_table_errors_name_the_field():

@@ -22,11 +22,19 @@ Costs = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
 class Op(NamedTuple):
     """One LLM action: on pipeline rank ``stage``, model chunk ``chunk``."""
     stage: int
+    """Pipeline rank that runs the action."""
     chunk: int
+    """Position of the action's stage among the rank's stages (0 .. chunks - 1)."""
     kind: str
+    """"F", "B", "I" or "W"."""
     microbatch: int
+    """LLM microbatch."""
     start: float
+    """Start (us)."""
     end: float
+    """End (us)."""
+    stage_index: int
+    """The table's (global) stage of the action, as in "3F1"."""
 
 
 class Bubble(NamedTuple):
@@ -56,14 +64,18 @@ class Timeline:
     @property
     def ops(self) -> list[Op]:
         a = self._arrays
-        return [Op(int(r), int(c), KINDS[k], int(mb), float(s), float(e)) for r, c, k, mb, s, e in zip(
-            a["op_rank"], a["op_chunk"], a["op_kind"], a["op_microbatch"], a["op_start"], a["op_end"])]
+        """Every action in each rank's table order."""
+        return [Op(r, c, KINDS[k], mb, s, e, g) for r, c, k, mb, s, e, g in zip(
+            a["op_rank"].tolist(), a["op_chunk"].tolist(), a["op_kind"].tolist(), a["op_microbatch"].tolist(),
+            a["op_start"].tolist(), a["op_end"].tolist(), a["op_stage"].tolist())]
 
     @property
     def bubbles(self) -> list[Bubble]:
         a = self._arrays
-        return [Bubble(int(r), float(s), float(e), BUBBLE_KINDS[k]) for r, s, e, k in zip(
-            a["bubble_rank"], a["bubble_start"], a["bubble_end"], a["bubble_kind"])]
+        """Every compute-idle interval, sorted by start within each stage."""
+        return [Bubble(r, s, e, BUBBLE_KINDS[k]) for r, s, e, k in zip(
+            a["bubble_rank"].tolist(), a["bubble_start"].tolist(), a["bubble_end"].tolist(),
+            a["bubble_kind"].tolist())]
 
     @property
     def forward_needed(self) -> np.ndarray:

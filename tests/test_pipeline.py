@@ -370,6 +370,18 @@ def test_trace_is_chrome_json(tmp_path):
     assert all(e["dur"] > 0 and {"ts", "pid", "tid", "name"} <= e.keys() for e in slices)
 
 
+
+def test_trace_names_ops_by_their_table_action(tmp_path):
+    p, m = 3, 4
+    tl = simulate_pipeline("zbv", stages=p, microbatches=m)
+    path = tmp_path / "trace.json"
+    tl.save_trace(path)
+    ops = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "op"]
+    table = compact(schedules.zbv(p, m))
+    for r in range(p):  # each rank's track lists its table row in order (V shape: stages r, 2p-1-r)
+        assert [e["name"] for e in ops if e["tid"] == 2 * r] == table[r]
+
+
 # ---- invariants over random costs (hypothesis) ---------------------------------------------------
 
 @settings(max_examples=60, deadline=None)

@@ -26,6 +26,8 @@ _ROW = re.compile(r"(?:\d+[FBIW]\d+)(?:,\d+[FBIW]\d+)*")
 _CELL = re.compile(r"(\d+)([FBIW])(\d+)")
 _LONG_NUMBER = re.compile(r"\d{10}")
 _INT32_MAX = 2**31 - 1
+_KIND_CODE = np.zeros(256, np.uint8)  # ASCII letter -> index in KINDS
+_KIND_CODE[[ord(k) for k in KINDS]] = np.arange(4, dtype=np.uint8)
 
 
 def parse_action(text: str, where: str = "action") -> tuple[int, int, int]:
@@ -228,20 +230,29 @@ def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     (idle steps dropped). ValueError naming the cell of a malformed action."""
     offset, found = [0], []
     for r in range(len(table)):
-        cells = [a for a in table[r] if a is not None]
-        joined = ",".join(cells) if all(isinstance(a, str) for a in cells) else None
-        if joined is None or (cells and _ROW.fullmatch(joined) is None):
-            for i, a in enumerate(table[r]):  # find and name the malformed cell
+        row = table[r]
+        cells = [a for a in row if a is not None]
+        try:
+            joined = ",".join(cells)
+        except TypeError:
+            joined = None
+        # Fast path: one regex pass per row; a cell holding a comma would split, so count them.
+        new = _CELL.findall(joined) if joined is not None and (not cells or _ROW.fullmatch(joined)) else None
+        if new is None or len(new) != len(cells):
+            new = []  # cell by cell: names a malformed cell, tolerates spaces around an action
+            for i, a in enumerate(row):
                 if a is not None:
-                    parse_action(a, f"schedule[{r}][{i}]")
+                    g, k, mb = parse_action(a, f"schedule[{r}][{i}]")
+                    new.append((str(g), KINDS[k], str(mb)))
         if joined and _LONG_NUMBER.search(joined):  # a number of 10+ digits: may not fit in int32
-            for g, k, mb in _CELL.findall(joined):
+            for g, k, mb in new:
                 if max(int(g), int(mb)) >= _INT32_MAX:
                     raise ValueError(f"schedule[{r}]: '{g}{k}{mb}' has a stage or microbatch of 2**31 - 1 or more")
-        found += _CELL.findall(joined or "")
+        found += new
         offset.append(len(found))
-    letter = {k: i for i, k in enumerate(KINDS)}
-    stage = np.array([int(g) for g, _, _ in found], np.int32)
-    kind = np.array([letter[k] for _, k, _ in found], np.uint8)
-    mb = np.array([int(m) for _, _, m in found], np.int32)
+    n = len(found)
+    stages, kinds, mbs = zip(*found) if found else ((), (), ())
+    stage = np.fromiter(map(int, stages), np.int32, n)
+    kind = _KIND_CODE[np.frombuffer("".join(kinds).encode(), np.uint8)]
+    mb = np.fromiter(map(int, mbs), np.int32, n)
     return np.array(offset, np.int64), stage, kind, mb

@@ -116,6 +116,14 @@ def test_table_errors_name_the_field():
         simulate_pipeline({0: ["0F0", "0B0", "0B1"]})
 
 
+def test_flatten_names_a_cell_with_two_actions_and_tolerates_spaces():
+    with pytest.raises(ValueError, match=r"schedule\[0\]\[0\]: '0F0,0B0'"):
+        schedules.flatten({0: ["0F0,0B0"]})
+    offset, stage, kind, mb = schedules.flatten({0: [" 0F0", None, "0B0 "], 1: ["1F0", "1I0", "1W0"]})
+    assert offset.tolist() == [0, 2, 5] and stage.tolist() == [0, 0, 1, 1, 1]
+    assert kind.tolist() == [0, 1, 0, 2, 3] and mb.tolist() == [0] * 5
+
+
 def test_deadlocked_table_says_who_waits_on_what():
     table = {0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F1", "1B1", "1F0", "1B0"]}
     table[0] = ["0B0", "0F0", "0F1", "0B1"]

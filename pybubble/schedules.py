@@ -24,7 +24,6 @@ NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
 _ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
 _ROW = re.compile(r"(?:\d+[FBIW]\d+)(?:,\d+[FBIW]\d+)*")
 _CELL = re.compile(r"(\d+)([FBIW])(\d+)")
-_LONG_NUMBER = re.compile(r"\d{10}")
 _INT32_MAX = 2**31 - 1
 _KIND_CODE = np.zeros(256, np.uint8)  # ASCII letter -> index in KINDS
 _KIND_CODE[[ord(k) for k in KINDS]] = np.arange(4, dtype=np.uint8)
@@ -244,15 +243,19 @@ def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
                 if a is not None:
                     g, k, mb = parse_action(a, f"schedule[{r}][{i}]")
                     new.append((str(g), KINDS[k], str(mb)))
-        if joined and _LONG_NUMBER.search(joined):  # a number of 10+ digits: may not fit in int32
-            for g, k, mb in new:
-                if max(int(g), int(mb)) >= _INT32_MAX:
-                    raise ValueError(f"schedule[{r}]: '{g}{k}{mb}' has a stage or microbatch of 2**31 - 1 or more")
         found += new
         offset.append(len(found))
     n = len(found)
     stages, kinds, mbs = zip(*found) if found else ((), (), ())
-    stage = np.fromiter(map(int, stages), np.int32, n)
+    try:
+        stage = np.fromiter(map(int, stages), np.int64, n)
+        mb = np.fromiter(map(int, mbs), np.int64, n)
+        too_large = n > 0 and max(int(stage.max()), int(mb.max())) >= _INT32_MAX
+    except OverflowError:
+        too_large = True
+    if too_large:  # name the first action whose stage or microbatch does not fit in int32
+        i = next(i for i, (g, _, k) in enumerate(found) if max(int(g), int(k)) >= _INT32_MAX)
+        r = next(r for r in range(len(offset) - 1) if offset[r] <= i < offset[r + 1])
+        raise ValueError(f"schedule[{r}]: '{''.join(found[i])}' has a stage or microbatch of 2**31 - 1 or more")
     kind = _KIND_CODE[np.frombuffer("".join(kinds).encode(), np.uint8)]
-    mb = np.fromiter(map(int, mbs), np.int32, n)
-    return np.array(offset, np.int64), stage, kind, mb
+    return np.array(offset, np.int64), stage.astype(np.int32), kind, mb.astype(np.int32)

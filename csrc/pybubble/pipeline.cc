@@ -14,6 +14,8 @@ namespace {
 
 constexpr char kKindLetter[4] = {'F', 'B', 'I', 'W'};
 constexpr int32_t kNoRank = -1;
+// At most this many TP gaps (about 5 GB of timeline): more is a mistake, not a training step.
+constexpr double kMaxTpGaps = 134217728.0;
 
 // The shortest decimal that reads back as x (e.g. "0.1", not "0.100000").
 std::string num(double x) {
@@ -214,12 +216,16 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
       double shortest = sp.fwd[c];
       if (uses[kBackward]) shortest = std::min(shortest, sp.bwd[c]);
       if (uses[kInputGrad]) shortest = std::min(shortest, sp.bwd[c] - sp.wgrad[c]);
-      if (!(sp.tp_duration * (sp.tp_count + 1) < shortest)) {
+      if (!(sp.tp_duration * (static_cast<double>(sp.tp_count) + 1.0) < shortest)) {
         throw std::invalid_argument("tp_comm: " + std::to_string(sp.tp_count) + " collectives of " +
                                     num(sp.tp_duration) + " leave no compute in an op of " + num(shortest) +
                                     " (rank, chunk index " + std::to_string(c) + ")");
       }
     }
+  }
+  if (has_tp && static_cast<double>(sp.tp_count) * static_cast<double>(n) > kMaxTpGaps) {
+    throw std::invalid_argument("tp_comm.count: " + std::to_string(sp.tp_count) + " collectives in each of " +
+                                std::to_string(n) + " ops exceed " + num(kMaxTpGaps) + " TP gaps");
   }
   // The dependency of an action (-1 if none besides the rank's order), and its readiness.
   auto dependency = [&](size_t i, int64_t& first, int64_t& second) {
@@ -352,7 +358,7 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
       if (has_tp && sp.kind[i] != kWeightGrad) {
         const double len = tl.op_end[i] - tl.op_start[i];
         for (int32_t c = 1; c <= sp.tp_count; ++c) {
-          const double gs = tl.op_start[i] + len * c / (sp.tp_count + 1) - sp.tp_duration / 2;
+          const double gs = tl.op_start[i] + len * c / (static_cast<double>(sp.tp_count) + 1.0) - sp.tp_duration / 2;
           bubble(r, kTp, gs, gs + sp.tp_duration);
           link_busy(r, gs, gs + sp.tp_duration);
         }

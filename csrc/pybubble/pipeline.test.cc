@@ -115,6 +115,22 @@ TEST(Pipeline, HugeCountsAreRejectedBeforeAllocating) {
   sp = one_f_one_b(2, 2, 1.0, 2.0);
   sp.chunks = 1 << 30;  // ranks * chunks overflows int32
   EXPECT_THROW(simulate_pipeline(sp), std::invalid_argument);
+  sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.tp_duration = 1e-300;
+  sp.tp_count = 2147483647;  // count + 1 overflows int32; 8 ops x 2^31 gaps
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("tp_comm.count: 2147483647", 0), 0u) << e.what();
+  }
+  sp.tp_duration = 0.1;  // 0.1 * 2^31 leaves no compute: checked in floating point, no overflow
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("tp_comm: 2147483647 collectives", 0), 0u) << e.what();
+  }
 }
 
 TEST(Pipeline, ErrorsWriteNumbersShortest) {

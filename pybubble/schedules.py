@@ -21,9 +21,10 @@ TableLike = Union[Mapping[int, Sequence[Union[str, None]]], Sequence[Sequence[Un
 
 KINDS = ("F", "B", "I", "W")
 NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
-_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
-_ROW = re.compile(r"(?:\d+[FBIW]\d+)(?:,\d+[FBIW]\d+)*")
-_CELL = re.compile(r"(\d+)([FBIW])(\d+)")
+_ACTION = re.compile(r"^([0-9]+)([FBIW])([0-9]+)$")
+_ROW = re.compile(r"(?:[0-9]+[FBIW][0-9]+)(?:,[0-9]+[FBIW][0-9]+)*")
+_LETTERS_ONLY = str.maketrans("", "", "0123456789,")
+_LETTER_TO_COMMA = str.maketrans("FBIW", ",,,,")
 _INT32_MAX = 2**31 - 1
 _KIND_CODE = np.zeros(256, np.uint8)  # ASCII letter -> index in KINDS
 _KIND_CODE[[ord(k) for k in KINDS]] = np.arange(4, dtype=np.uint8)
@@ -226,8 +227,12 @@ def check_table(table: TableLike) -> Table:
 
 def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The table as flat arrays: row offsets, and per action its stage, kind index and microbatch
-    (idle steps dropped). ValueError naming the cell of a malformed action."""
-    offset, found = [0], []
+    (idle steps dropped). ValueError naming the cell of a malformed action.
+
+    Each row is checked with one regex pass over its joined actions; the numbers and letters are
+    then split out of the whole table's text by NumPy, with no Python object per action.
+    """
+    offset, parts = [0], []
     for r in range(len(table)):
         row = table[r]
         cells = [a for a in row if a is not None]
@@ -235,27 +240,24 @@ def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
             joined = ",".join(cells)
         except TypeError:
             joined = None
-        # Fast path: one regex pass per row; a cell holding a comma would split, so count them.
-        new = _CELL.findall(joined) if joined is not None and (not cells or _ROW.fullmatch(joined)) else None
-        if new is None or len(new) != len(cells):
-            new = []  # cell by cell: names a malformed cell, tolerates spaces around an action
-            for i, a in enumerate(row):
-                if a is not None:
-                    g, k, mb = parse_action(a, f"schedule[{r}][{i}]")
-                    new.append((str(g), KINDS[k], str(mb)))
-        found += new
-        offset.append(len(found))
-    n = len(found)
-    stages, kinds, mbs = zip(*found) if found else ((), (), ())
+        # A cell holding a comma would pass the row pattern as two actions: count the commas too.
+        if cells and (joined is None or _ROW.fullmatch(joined) is None or joined.count(",") != len(cells) - 1):
+            actions = [parse_action(a, f"schedule[{r}][{i}]") for i, a in enumerate(row) if a is not None]
+            joined = ",".join(f"{g}{KINDS[k]}{mb}" for g, k, mb in actions)  # tolerated spaces dropped
+        if cells:
+            parts.append(joined)
+        offset.append(offset[-1] + len(cells))
+    text = ",".join(parts)
+    kind = _KIND_CODE[np.frombuffer(text.translate(_LETTERS_ONLY).encode("ascii"), np.uint8)]
+    numbers = text.translate(_LETTER_TO_COMMA).split(",") if text else []
     try:
-        stage = np.fromiter(map(int, stages), np.int64, n)
-        mb = np.fromiter(map(int, mbs), np.int64, n)
-        too_large = n > 0 and max(int(stage.max()), int(mb.max())) >= _INT32_MAX
+        pairs = np.array(numbers, dtype=np.int64).reshape(-1, 2)
+        too_large = bool(numbers) and int(pairs.max()) >= _INT32_MAX
     except OverflowError:
         too_large = True
     if too_large:  # name the first action whose stage or microbatch does not fit in int32
-        i = next(i for i, (g, _, k) in enumerate(found) if max(int(g), int(k)) >= _INT32_MAX)
+        i = next(i for i in range(len(numbers) // 2) if max(int(numbers[2 * i]), int(numbers[2 * i + 1])) >= _INT32_MAX)
         r = next(r for r in range(len(offset) - 1) if offset[r] <= i < offset[r + 1])
-        raise ValueError(f"schedule[{r}]: '{''.join(found[i])}' has a stage or microbatch of 2**31 - 1 or more")
-    kind = _KIND_CODE[np.frombuffer("".join(kinds).encode(), np.uint8)]
-    return np.array(offset, np.int64), stage.astype(np.int32), kind, mb.astype(np.int32)
+        raise ValueError(f"schedule[{r}]: '{numbers[2 * i]}{KINDS[kind[i]]}{numbers[2 * i + 1]}' has a stage or "
+                         "microbatch of 2**31 - 1 or more")
+    return (np.array(offset, np.int64), pairs[:, 0].astype(np.int32), kind, pairs[:, 1].astype(np.int32))

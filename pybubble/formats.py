@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 PathOrDict = str | os.PathLike[str] | Mapping[str, Any]
 
@@ -52,8 +55,9 @@ def field(doc: Mapping[str, Any], key: str, where: str) -> Any:
 
 
 def number(value: Any, where: str) -> float:
-    """`value` as a float; a ValueError naming `where` for anything but an int or a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """`value` as a float; a ValueError naming `where` for anything but a real number (NumPy
+    scalars included, bools excluded)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{where}: {value!r} is not a number")
     return float(value)
 
@@ -67,10 +71,11 @@ def finite(value: Any, where: str) -> float:
 
 
 def integer(value: Any, where: str) -> int:
-    """`value` as an int; a ValueError naming `where` for anything else (bools included)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """`value` as an int (NumPy integers included); a ValueError naming `where` for anything else
+    (bools included)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{where}: {value!r} is not an integer")
-    return value
+    return int(value)
 
 
 def array(value: Any, where: str) -> list[Any]:

@@ -4,6 +4,7 @@ shaded by kind (matplotlib, Agg backend: no display needed)."""
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -24,16 +25,17 @@ def save_gantt(timeline: "Timeline", path: str | os.PathLike[str]) -> None:
 
     p = timeline.stages
     fig, ax = plt.subplots(figsize=(12, 0.6 * p + 1.5))
-    for kind, colour in OP_COLOURS.items():
-        for s in range(p):
-            bars = [(o.start, o.end - o.start) for o in timeline.ops if o.stage == s and o.kind == kind]
-            if bars:
-                ax.broken_barh(bars, (s - 0.4, 0.8), facecolors=colour, edgecolor="white", linewidth=0.2)
-    for kind, colour in BUBBLE_COLOURS.items():
-        for s in range(p):
-            bars = [(b.start, b.end - b.start) for b in timeline.bubbles if b.stage == s and b.kind == kind]
-            if bars:
-                ax.broken_barh(bars, (s - 0.4, 0.8), facecolors=colour, alpha=0.35)
+    # One pass over ops and bubbles: bars grouped by (stage, kind), then one call per group.
+    op_bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    for o in timeline.ops:
+        op_bars[(o.stage, o.kind)].append((o.start, o.end - o.start))
+    bubble_bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
+    for b in timeline.bubbles:
+        bubble_bars[(b.stage, b.kind)].append((b.start, b.end - b.start))
+    for (s, kind), bars in op_bars.items():
+        ax.broken_barh(bars, (s - 0.4, 0.8), facecolors=OP_COLOURS[kind], edgecolor="white", linewidth=0.2)
+    for (s, kind), bars in bubble_bars.items():
+        ax.broken_barh(bars, (s - 0.4, 0.8), facecolors=BUBBLE_COLOURS[kind], alpha=0.35)
     ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
     ax.invert_yaxis()
     ax.set_xlabel("time (us)")

@@ -142,28 +142,7 @@ def load_problem(source: PathOrDict | Problem) -> Problem:
         where = f"microbatches[{k}]"
         fn.append(number(field(mb, "forward_needed", where), where + ".forward_needed"))
         gr.append(number(field(mb, "grad_ready", where), where + ".grad_ready"))
-    tasks = array(field(doc, "tasks", ""), "tasks")
-    n = len(tasks)
-    lane_ = np.empty(n, np.int64)
-    mb_ = np.empty(n, np.int64)
-    dur = np.empty(n, np.float64)
-    res = np.empty(n, np.int64)
-    ph = np.empty(n, np.int64)
-    after_offset = np.zeros(n + 1, np.int64)
-    after: list[int] = []
-    for i, t in enumerate(tasks):
-        where = f"tasks[{i}]"
-        tid = integer(field(t, "id", where), where + ".id")
-        if tid != i:
-            raise ValueError(f"{where}.id: {tid} is not its index {i}")
-        lane_[i] = integer(field(t, "lane", where), where + ".lane")
-        mb_[i] = integer(field(t, "microbatch", where), where + ".microbatch")
-        dur[i] = number(field(t, "duration", where), where + ".duration")
-        res[i] = _choice(field(t, "resource", where), RESOURCES, where + ".resource")
-        ph[i] = _choice(field(t, "phase", where), PHASES, where + ".phase")
-        for q, p in enumerate(array(field(t, "after", where), where + ".after")):
-            after.append(integer(p, f"{where}.after[{q}]"))
-        after_offset[i + 1] = len(after)
+    tasks = task_arrays(array(field(doc, "tasks", ""), "tasks"))
     return Problem.from_arrays(
         lane_names=names, horizon=horizon, num_lanes=len(names),
         compute_offset=np.array(offsets["compute_free"], np.int64),
@@ -173,6 +152,49 @@ def load_problem(source: PathOrDict | Problem) -> Problem:
         link_start=np.array(starts["link_free"], np.float64),
         link_end=np.array(ends["link_free"], np.float64),
         forward_needed=np.array(fn, np.float64), grad_ready=np.array(gr, np.float64),
-        lane=lane_, microbatch=mb_, duration=dur, resource=res, phase=ph,
-        after_offset=after_offset, after=np.array(after, np.int64),
+        **tasks,
     )
+
+
+def task_arrays(tasks: Sequence[Any], *, id_required: bool = True) -> dict[str, np.ndarray]:
+    """The arrays of pybubble.problem/1 tasks (lane, microbatch, duration, resource, phase,
+    after_offset, after) that :meth:`Problem.from_arrays` takes, checked field by field.
+
+    Each task is a dict in problem/1 task form; with ``id_required=False`` the "id" may be left out
+    (the index is the id). ValueError naming the field, e.g. ``tasks[3].after[0]: 'x' is not an
+    integer``; ranges and order are checked by the core.
+    """
+    n = len(tasks)
+    lane = np.empty(n, np.int64)
+    mb = np.empty(n, np.int64)
+    dur = np.empty(n, np.float64)
+    res = np.empty(n, np.int64)
+    ph = np.empty(n, np.int64)
+    after_offset = np.zeros(n + 1, np.int64)
+    after: list[int] = []
+    for i, t in enumerate(tasks):
+        where = f"tasks[{i}]"
+        if id_required or (isinstance(t, Mapping) and "id" in t):
+            tid = integer(field(t, "id", where), where + ".id")
+            if tid != i:
+                raise ValueError(f"{where}.id: {tid} is not its index {i}")
+        lane[i] = _int64(field(t, "lane", where), where + ".lane")
+        mb[i] = _int64(field(t, "microbatch", where), where + ".microbatch")
+        dur[i] = number(field(t, "duration", where), where + ".duration")
+        res[i] = _choice(field(t, "resource", where), RESOURCES, where + ".resource")
+        ph[i] = _choice(field(t, "phase", where), PHASES, where + ".phase")
+        preds = field(t, "after", where)
+        if isinstance(preds, (str, bytes, Mapping)) or not isinstance(preds, (Sequence, np.ndarray)):
+            raise ValueError(f"{where}.after: expected a list, got {type(preds).__name__}")
+        for q, p in enumerate(preds):
+            after.append(_int64(p, f"{where}.after[{q}]"))
+        after_offset[i + 1] = len(after)
+    return {"lane": lane, "microbatch": mb, "duration": dur, "resource": res, "phase": ph,
+            "after_offset": after_offset, "after": np.array(after, np.int64)}
+
+
+def _int64(value: Any, where: str) -> int:
+    v = integer(value, where)
+    if not -(2**63) <= v < 2**63:
+        raise ValueError(f"{where}: {v} is out of range")
+    return v

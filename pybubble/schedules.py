@@ -21,9 +21,13 @@ TableLike = Union[Mapping[int, Sequence[Union[str, None]]], Sequence[Sequence[Un
 
 KINDS = ("F", "B", "I", "W")
 NAMES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
-_ACTION = re.compile(r"^(\d+)([FBIW])(\d+)$")
-_ROW = re.compile(r"(?:\d+[FBIW]\d+)(?:,\d+[FBIW]\d+)*")
-_CELL = re.compile(r"(\d+)([FBIW])(\d+)")
+_ACTION = re.compile(r"^([0-9]+)([FBIW])([0-9]+)$")
+_ROW = re.compile(r"(?:[0-9]+[FBIW][0-9]+)(?:,[0-9]+[FBIW][0-9]+)*")
+_LETTERS_ONLY = str.maketrans("", "", "0123456789,")
+_LETTER_TO_COMMA = str.maketrans("FBIW", ",,,,")
+_INT32_MAX = 2**31 - 1
+_KIND_CODE = np.zeros(256, np.uint8)  # ASCII letter -> index in KINDS
+_KIND_CODE[[ord(k) for k in KINDS]] = np.arange(4, dtype=np.uint8)
 
 
 def parse_action(text: str, where: str = "action") -> tuple[int, int, int]:
@@ -137,59 +141,46 @@ def zb_h1(stages: int, microbatches: int) -> Table:
 
 
 def zbv(stages: int, microbatches: int) -> Table:
-    """A ZBV-style V-shape table: rank r holds stages r and 2p - 1 - r, backwards split in I and W.
+    """ZBV zero bubble (torch's ``ScheduleZBVZeroBubble`` order): rank r holds stages r and
+    2p - 1 - r in a V, backwards split in I and W.
 
-    Built by a unit-time list schedule: each step, each rank runs the first ready action among its
-    input-gradient backwards (I), its forwards while fewer than 2p microbatches are in flight on
-    the rank (later chunk first), and its deferred weight-gradient backwards (W).
+    Rank r idles r steps, runs 2(p - r) - 1 forwards of its first stage, r pairs of forwards (second
+    stage, first stage), p - r triples F, I, W of its second stage, then alternates (F, I, W) of
+    the first and second stages and drains with I and W. The order is built for max(2p - 1, m)
+    microbatches; actions of microbatches >= m become idle steps (``None``), as in torch.
     """
     p, m = _positive(stages, "stages"), _positive(microbatches, "microbatches")
-    last = 2 * p - 1
-    done: set[tuple[int, str, int]] = set()
-    nf = {g: 0 for g in range(2 * p)}
-    ni = {g: 0 for g in range(2 * p)}
-    pending_w: dict[int, list[tuple[int, int]]] = {r: [] for r in range(p)}
-    table: Table = {r: [] for r in range(p)}
-    total = 2 * p * m * 3
-    while len(done) < total:
-        chosen: dict[int, tuple[int, str, int]] = {}
-        for r in range(p):
-            mine = (last - r, r)  # later chunk first
-            pick = None
-            for g in mine:
-                k = ni[g]
-                if k < m and (g, "F", k) in done and (g == last or (g + 1, "I", k) in done):
-                    pick = (g, "I", k)
-                    break
-            in_flight = sum(nf[g] - ni[g] for g in mine)
-            if pick is None and in_flight < 2 * p:
-                for g in mine:
-                    k = nf[g]
-                    if k < m and (g == 0 or (g - 1, "F", k) in done):
-                        pick = (g, "F", k)
-                        break
-            if pick is None and pending_w[r]:
-                g, k = pending_w[r][0]
-                pick = (g, "W", k)
-            if pick is not None:
-                chosen[r] = pick
-        if not chosen:
-            raise RuntimeError("zbv table construction made no progress")
-        for r in range(p):
-            pick = chosen.get(r)
-            if pick is None:
-                table[r].append(None)
-                continue
-            g, kind, k = pick
-            table[r].append(f"{g}{kind}{k}")
-            if kind == "F":
-                nf[g] += 1
-            elif kind == "I":
-                ni[g] += 1
-                pending_w[r].append((g, k))
-            else:
-                pending_w[r].pop(0)
-        done.update(chosen.values())
+    n = max(2 * p - 1, m)
+    table: Table = {}
+    for r in range(p):
+        first, second = r, 2 * p - 1 - r
+        ops: list[tuple[int, str, int] | None] = [None] * r
+        f0 = f1 = b0 = b1 = 0
+        for _ in range(2 * (p - r) - 1):
+            ops.append((first, "F", f0))
+            f0 += 1
+        for _ in range(r):
+            ops += [(second, "F", f1), (first, "F", f0)]
+            f0, f1 = f0 + 1, f1 + 1
+        for _ in range(p - r):
+            ops += [(second, "F", f1), (second, "I", b1), (second, "W", b1)]
+            f1, b1 = f1 + 1, b1 + 1
+        while f1 < f0 or f0 < n:
+            if f0 < n:
+                ops.append((first, "F", f0))
+                f0 += 1
+            ops += [(first, "I", b0), (first, "W", b0), (second, "F", f1), (second, "I", b1), (second, "W", b1)]
+            b0, f1, b1 = b0 + 1, f1 + 1, b1 + 1
+        w0, w1 = b0, b1
+        for _ in range(r):
+            ops += [(first, "I", b0), (second, "I", b1)]
+            b0, b1 = b0 + 1, b1 + 1
+        for _ in range(p - r):
+            ops += [(first, "I", b0), (first, "W", w0)]
+            b0, w0 = b0 + 1, w0 + 1
+        ops += [(second, "W", k) for k in range(w1, b1)]
+        ops += [(first, "W", k) for k in range(w0, b0)]
+        table[r] = [None if op is None or op[2] >= m else f"{op[0]}{op[1]}{op[2]}" for op in ops]
     return table
 
 
@@ -236,19 +227,37 @@ def check_table(table: TableLike) -> Table:
 
 def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The table as flat arrays: row offsets, and per action its stage, kind index and microbatch
-    (idle steps dropped). ValueError naming the cell of a malformed action."""
-    offset, found = [0], []
+    (idle steps dropped). ValueError naming the cell of a malformed action.
+
+    Each row is checked with one regex pass over its joined actions; the numbers and letters are
+    then split out of the whole table's text by NumPy, with no Python object per action.
+    """
+    offset, parts = [0], []
     for r in range(len(table)):
-        cells = [a for a in table[r] if a is not None]
-        joined = ",".join(cells) if all(isinstance(a, str) for a in cells) else None
-        if joined is None or (cells and _ROW.fullmatch(joined) is None):
-            for i, a in enumerate(table[r]):  # find and name the malformed cell
-                if a is not None:
-                    parse_action(a, f"schedule[{r}][{i}]")
-        found += _CELL.findall(joined or "")
-        offset.append(len(found))
-    letter = {k: i for i, k in enumerate(KINDS)}
-    stage = np.array([int(g) for g, _, _ in found], np.int32)
-    kind = np.array([letter[k] for _, k, _ in found], np.uint8)
-    mb = np.array([int(m) for _, _, m in found], np.int32)
-    return np.array(offset, np.int64), stage, kind, mb
+        row = table[r]
+        cells = [a for a in row if a is not None]
+        try:
+            joined = ",".join(cells)
+        except TypeError:
+            joined = None
+        # A cell holding a comma would pass the row pattern as two actions: count the commas too.
+        if cells and (joined is None or _ROW.fullmatch(joined) is None or joined.count(",") != len(cells) - 1):
+            actions = [parse_action(a, f"schedule[{r}][{i}]") for i, a in enumerate(row) if a is not None]
+            joined = ",".join(f"{g}{KINDS[k]}{mb}" for g, k, mb in actions)  # tolerated spaces dropped
+        if cells:
+            parts.append(joined)
+        offset.append(offset[-1] + len(cells))
+    text = ",".join(parts)
+    kind = _KIND_CODE[np.frombuffer(text.translate(_LETTERS_ONLY).encode("ascii"), np.uint8)]
+    numbers = text.translate(_LETTER_TO_COMMA).split(",") if text else []
+    try:
+        pairs = np.array(numbers, dtype=np.int64).reshape(-1, 2)
+        too_large = bool(numbers) and int(pairs.max()) >= _INT32_MAX
+    except OverflowError:
+        too_large = True
+    if too_large:  # name the first action whose stage or microbatch does not fit in int32
+        i = next(i for i in range(len(numbers) // 2) if max(int(numbers[2 * i]), int(numbers[2 * i + 1])) >= _INT32_MAX)
+        r = next(r for r in range(len(offset) - 1) if offset[r] <= i < offset[r + 1])
+        raise ValueError(f"schedule[{r}]: '{numbers[2 * i]}{KINDS[kind[i]]}{numbers[2 * i + 1]}' has a stage or "
+                         "microbatch of 2**31 - 1 or more")
+    return (np.array(offset, np.int64), pairs[:, 0].astype(np.int32), kind, pairs[:, 1].astype(np.int32))

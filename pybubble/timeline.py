@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 
 from . import _core
-from .problem import PHASES, RESOURCES, Problem
+from .problem import Problem, task_arrays
 from .schedules import KINDS, NAMES, TableLike, build_table, check_table, flatten, load_csv
 
 BUBBLE_KINDS = ("dp_allgather", "pp_warmup", "pp_steady", "pp_cooldown", "tp", "dp_reducescatter")
@@ -22,11 +22,19 @@ Costs = Union[float, Sequence[float], Sequence[Sequence[float]], np.ndarray]
 class Op(NamedTuple):
     """One LLM action: on pipeline rank ``stage``, model chunk ``chunk``."""
     stage: int
+    """Pipeline rank that runs the action."""
     chunk: int
+    """Position of the action's stage among the rank's stages (0 .. chunks - 1)."""
     kind: str
+    """"F", "B", "I" or "W"."""
     microbatch: int
+    """LLM microbatch."""
     start: float
+    """Start (us)."""
     end: float
+    """End (us)."""
+    stage_index: int
+    """The table's (global) stage of the action, as in "3F1"."""
 
 
 class Bubble(NamedTuple):
@@ -56,14 +64,18 @@ class Timeline:
     @property
     def ops(self) -> list[Op]:
         a = self._arrays
-        return [Op(int(r), int(c), KINDS[k], int(mb), float(s), float(e)) for r, c, k, mb, s, e in zip(
-            a["op_rank"], a["op_chunk"], a["op_kind"], a["op_microbatch"], a["op_start"], a["op_end"])]
+        """Every action in each rank's table order."""
+        return [Op(r, c, KINDS[k], mb, s, e, g) for r, c, k, mb, s, e, g in zip(
+            a["op_rank"].tolist(), a["op_chunk"].tolist(), a["op_kind"].tolist(), a["op_microbatch"].tolist(),
+            a["op_start"].tolist(), a["op_end"].tolist(), a["op_stage"].tolist())]
 
     @property
     def bubbles(self) -> list[Bubble]:
         a = self._arrays
-        return [Bubble(int(r), float(s), float(e), BUBBLE_KINDS[k]) for r, s, e, k in zip(
-            a["bubble_rank"], a["bubble_start"], a["bubble_end"], a["bubble_kind"])]
+        """Every compute-idle interval, sorted by start within each stage."""
+        return [Bubble(r, s, e, BUBBLE_KINDS[k]) for r, s, e, k in zip(
+            a["bubble_rank"].tolist(), a["bubble_start"].tolist(), a["bubble_end"].tolist(),
+            a["bubble_kind"].tolist())]
 
     @property
     def forward_needed(self) -> np.ndarray:
@@ -115,10 +127,11 @@ class Timeline:
     def to_problem(self, tasks: Sequence[Mapping[str, Any]], lanes_per_stage: int = 1) -> Problem:
         """A pybubble.problem/1 with this step as the LLM frame and ``tasks`` as the encoder work.
 
-        Each task is a dict in problem/1 task form without "id" (its index is its id): "lane"
-        (stage * lanes_per_stage + k), "duration", "resource" ("compute" or "comm"), "phase" ("fwd"
-        or "bwd"), "microbatch" and "after". Every lane of a stage sees the stage's compute_free
-        and link_free windows; microbatch k carries (F_k, B_k). Checked by the core.
+        Each task is a dict in problem/1 task form without "id" (its index is its id; an "id", if
+        given, must equal it): "lane" (stage * lanes_per_stage + k), "duration", "resource"
+        ("compute" or "comm"), "phase" ("fwd" or "bwd"), "microbatch" and "after". Every lane of a
+        stage sees the stage's compute_free and link_free windows; microbatch k carries (F_k, B_k).
+        Checked field by field here and by the core; ValueError naming the field and value.
         """
         if isinstance(lanes_per_stage, bool) or not isinstance(lanes_per_stage, int) or lanes_per_stage < 1:
             raise ValueError(f"lanes_per_stage: {lanes_per_stage!r} is not an integer >= 1")
@@ -131,25 +144,9 @@ class Timeline:
                     start.extend(s for s, _ in free)
                     end.extend(e for _, e in free)
                     offset.append(len(start))
-        n = len(tasks)
-        lane, mb, res, ph = (np.empty(n, np.int64) for _ in range(4))
-        dur = np.empty(n, np.float64)
-        after_offset, after = [0], []
-        for i, task in enumerate(tasks):
-            where = f"tasks[{i}]"
-            if not isinstance(task, Mapping):
-                raise ValueError(f"{where}: {task!r} is not a dict")
-            for key in ("lane", "duration", "resource", "phase", "microbatch", "after"):
-                if key not in task:
-                    raise ValueError(f"{where}.{key}: missing")
-            if task["resource"] not in RESOURCES:
-                raise ValueError(f"{where}.resource: {task['resource']!r} is not one of {', '.join(RESOURCES)}")
-            if task["phase"] not in PHASES:
-                raise ValueError(f"{where}.phase: {task['phase']!r} is not one of {', '.join(PHASES)}")
-            lane[i], mb[i], dur[i] = task["lane"], task["microbatch"], task["duration"]
-            res[i], ph[i] = RESOURCES.index(task["resource"]), PHASES.index(task["phase"])
-            after.extend(task["after"])
-            after_offset.append(len(after))
+        if isinstance(tasks, (str, bytes, Mapping)) or not isinstance(tasks, Sequence):
+            raise ValueError(f"tasks: expected a list of task dicts, got {type(tasks).__name__}")
+        arrays = task_arrays(tasks, id_required=False)
         names = [f"pp{s}.lane{k}" for s in range(self.stages) for k in range(lanes_per_stage)]
         return Problem.from_arrays(
             lane_names=names, horizon=self.step_time, num_lanes=self.stages * lanes_per_stage,
@@ -159,9 +156,7 @@ class Timeline:
             link_offset=np.array(windows["link"][0], np.int64),
             link_start=np.array(windows["link"][1], np.float64),
             link_end=np.array(windows["link"][2], np.float64),
-            forward_needed=self.forward_needed, grad_ready=self.grad_ready,
-            lane=lane, microbatch=mb, duration=dur, resource=res, phase=ph,
-            after_offset=np.array(after_offset, np.int64), after=np.array(after, np.int64))
+            forward_needed=self.forward_needed, grad_ready=self.grad_ready, **arrays)
 
     def __repr__(self) -> str:
         return (f"Timeline(step_time={self.step_time}, stages={self.stages}, chunks={self.chunks}, "
@@ -181,7 +176,10 @@ def _merge(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def _costs(value: Costs, field: str, stages: int, chunks: int) -> np.ndarray:
-    arr = np.asarray(value, dtype=np.float64)
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{field}: {value!r} is not a number or an array of numbers") from None
     if arr.ndim == 0:
         arr = np.full((stages, chunks), float(arr))
     elif arr.ndim == 1 and chunks == 1 and arr.shape[0] == stages:

@@ -1,7 +1,10 @@
 #include "pybubble/pipeline.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -11,10 +14,38 @@ namespace {
 
 constexpr char kKindLetter[4] = {'F', 'B', 'I', 'W'};
 constexpr int32_t kNoRank = -1;
+// At most this many TP gaps (about 5 GB of timeline): more is a mistake, not a training step.
+constexpr double kMaxTpGaps = 134217728.0;
 
+// The shortest decimal that reads back as x (e.g. "0.1", not "0.100000").
 std::string num(double x) {
-  std::string s = std::to_string(x);
-  return s;
+  char buf[32];
+  for (int precision = 6; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  return buf;
+}
+
+// Names an action that a table too small for stages x microbatches lacks, without allocating
+// per (stage, microbatch): per stage, the first microbatch with no forward or no backward (B or I).
+std::string first_missing(const PipelineSpec& sp, int32_t stages) {
+  std::vector<std::vector<int32_t>> fwd(static_cast<size_t>(stages)), bwd(static_cast<size_t>(stages));
+  for (size_t i = 0; i < sp.stage.size(); ++i) {
+    if (sp.kind[i] == kForward) fwd[sp.stage[i]].push_back(sp.microbatch[i]);
+    if (sp.kind[i] == kBackward || sp.kind[i] == kInputGrad) bwd[sp.stage[i]].push_back(sp.microbatch[i]);
+  }
+  for (uint8_t kind : {kForward, kBackward}) {
+    for (int32_t g = 0; g < stages; ++g) {
+      std::vector<int32_t>& have = kind == kForward ? fwd[g] : bwd[g];
+      std::sort(have.begin(), have.end());
+      have.erase(std::unique(have.begin(), have.end()), have.end());
+      int32_t k = 0;
+      while (k < static_cast<int32_t>(have.size()) && have[k] == k) ++k;
+      if (k < sp.microbatches) return action_name(g, kind, k) + (kind == kForward ? "" : " (or its I)");
+    }
+  }
+  return "an action";
 }
 
 void check_time(double x, const char* field, bool positive) {
@@ -70,7 +101,6 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
   if (p < 1) throw std::invalid_argument("stages: " + std::to_string(p) + " is < 1");
   if (v < 1) throw std::invalid_argument("chunks: " + std::to_string(v) + " is < 1");
   if (m < 1) throw std::invalid_argument("microbatches: " + std::to_string(m) + " is < 1");
-  const int32_t S = p * v;
   const size_t n = sp.stage.size();
   if (sp.kind.size() != n || sp.microbatch.size() != n) {
     throw std::invalid_argument("table: stage, kind and microbatch arrays differ in length");
@@ -83,6 +113,14 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
   for (int32_t r = 0; r < p; ++r) {
     if (sp.row_offset[r] > sp.row_offset[r + 1]) throw std::invalid_argument("table: row_offset is not sorted");
   }
+  // Every stage needs a forward and a backward per microbatch: a table with fewer actions is
+  // rejected before anything is allocated per stage or per (stage, microbatch).
+  const int64_t stages64 = static_cast<int64_t>(p) * v;
+  if (2 * stages64 > static_cast<int64_t>(n) || stages64 > INT32_MAX) {
+    throw std::invalid_argument("table: " + std::to_string(n) + " actions cannot hold a forward and a backward for " +
+                                "stages * chunks = " + std::to_string(stages64) + " stages");
+  }
+  const int32_t S = static_cast<int32_t>(stages64);
   // Which rank holds each stage; each rank must hold v stages.
   std::vector<int32_t> stage_rank(static_cast<size_t>(S), kNoRank);
   for (int32_t r = 0; r < p; ++r) {
@@ -106,6 +144,11 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
       }
       stage_rank[g] = r;
     }
+  }
+  if (2 * static_cast<int64_t>(S) * m > static_cast<int64_t>(n)) {
+    throw std::invalid_argument("table: " + first_missing(sp, S) + " is missing (" + std::to_string(n) +
+                                " actions for " + std::to_string(S) + " stages and " + std::to_string(m) +
+                                " microbatches)");
   }
   std::vector<int32_t> stage_chunk(static_cast<size_t>(S), 0), rank_stages(static_cast<size_t>(p), 0);
   for (int32_t g = 0; g < S; ++g) {
@@ -173,12 +216,16 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
       double shortest = sp.fwd[c];
       if (uses[kBackward]) shortest = std::min(shortest, sp.bwd[c]);
       if (uses[kInputGrad]) shortest = std::min(shortest, sp.bwd[c] - sp.wgrad[c]);
-      if (!(sp.tp_duration * (sp.tp_count + 1) < shortest)) {
+      if (!(sp.tp_duration * (static_cast<double>(sp.tp_count) + 1.0) < shortest)) {
         throw std::invalid_argument("tp_comm: " + std::to_string(sp.tp_count) + " collectives of " +
                                     num(sp.tp_duration) + " leave no compute in an op of " + num(shortest) +
                                     " (rank, chunk index " + std::to_string(c) + ")");
       }
     }
+  }
+  if (has_tp && static_cast<double>(sp.tp_count) * static_cast<double>(n) > kMaxTpGaps) {
+    throw std::invalid_argument("tp_comm.count: " + std::to_string(sp.tp_count) + " collectives in each of " +
+                                std::to_string(n) + " ops exceed " + num(kMaxTpGaps) + " TP gaps");
   }
   // The dependency of an action (-1 if none besides the rank's order), and its readiness.
   auto dependency = [&](size_t i, int64_t& first, int64_t& second) {
@@ -259,6 +306,10 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
   double llm_end = sp.dp_allgather;
   for (size_t i = 0; i < n; ++i) llm_end = std::max(llm_end, tl.op_end[i]);
   tl.step_time = llm_end + sp.dp_reducescatter;
+  if (!std::isfinite(tl.step_time)) {
+    throw std::invalid_argument("costs: the step time overflows to " + num(tl.step_time) +
+                                " (fwd, bwd, p2p, tp_comm and dp times are too large)");
+  }
   tl.op_rank = action_rank;
   tl.op_stage = sp.stage;
   tl.op_kind = sp.kind;
@@ -307,7 +358,7 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
       if (has_tp && sp.kind[i] != kWeightGrad) {
         const double len = tl.op_end[i] - tl.op_start[i];
         for (int32_t c = 1; c <= sp.tp_count; ++c) {
-          const double gs = tl.op_start[i] + len * c / (sp.tp_count + 1) - sp.tp_duration / 2;
+          const double gs = tl.op_start[i] + len * c / (static_cast<double>(sp.tp_count) + 1.0) - sp.tp_duration / 2;
           bubble(r, kTp, gs, gs + sp.tp_duration);
           link_busy(r, gs, gs + sp.tp_duration);
         }

@@ -100,5 +100,57 @@ TEST(Pipeline, BadInputNamesTheField) {
   }
 }
 
+TEST(Pipeline, HugeCountsAreRejectedBeforeAllocating) {
+  // A microbatch number of 2^31 - 2 would need a table of 8 * 2^31 entries: rejected by count,
+  // naming the first missing action.
+  PipelineSpec sp = one_f_one_b(1, 2, 1.0, 2.0);
+  sp.microbatch[2] = 2147483646;
+  sp.microbatches = 2147483647;
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("table: 0F1 is missing", 0), 0u) << e.what();
+  }
+  sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.chunks = 1 << 30;  // ranks * chunks overflows int32
+  EXPECT_THROW(simulate_pipeline(sp), std::invalid_argument);
+  sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.tp_duration = 1e-300;
+  sp.tp_count = 2147483647;  // count + 1 overflows int32; 8 ops x 2^31 gaps
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("tp_comm.count: 2147483647", 0), 0u) << e.what();
+  }
+  sp.tp_duration = 0.1;  // 0.1 * 2^31 leaves no compute: checked in floating point, no overflow
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("tp_comm: 2147483647 collectives", 0), 0u) << e.what();
+  }
+}
+
+TEST(Pipeline, ErrorsWriteNumbersShortest) {
+  PipelineSpec sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.wgrad[0] = 2.5;
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "wgrad[0]: 2.5 is not < bwd 2");
+  }
+  sp = one_f_one_b(2, 2, 1.0, 2.0);
+  sp.p2p = -0.1;
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "p2p: -0.1 is not >= 0");
+  }
+}
+
 }  // namespace
 }  // namespace pybubble

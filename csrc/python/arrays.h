@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <utility>
 #include <vector>
 
 template <typename T>
@@ -20,4 +21,12 @@ pybind11::array_t<T> to_array(const std::vector<T>& v) {
   pybind11::array_t<T> out(static_cast<pybind11::ssize_t>(v.size()));
   std::copy(v.begin(), v.end(), out.mutable_data());
   return out;
+}
+
+/// Moves `v` into a NumPy array without copying: the array owns the vector's buffer.
+template <typename T>
+pybind11::array_t<T> to_array(std::vector<T>&& v) {
+  auto* owned = new std::vector<T>(std::move(v));
+  pybind11::capsule free_when_done(owned, [](void* p) { delete static_cast<std::vector<T>*>(p); });
+  return pybind11::array_t<T>(static_cast<pybind11::ssize_t>(owned->size()), owned->data(), free_when_done);
 }

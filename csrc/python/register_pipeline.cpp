@@ -2,6 +2,8 @@
 #include "pybubble/pipeline.h"
 #include "register.h"
 
+#include <utility>
+
 namespace py = pybind11;
 
 void register_pipeline(py::module_& m) {
@@ -35,22 +37,22 @@ void register_pipeline(py::module_& m) {
         }
         py::dict d;
         d["step_time"] = tl.step_time;
-        d["op_rank"] = to_array(tl.op_rank);
-        d["op_chunk"] = to_array(tl.op_chunk);
-        d["op_stage"] = to_array(tl.op_stage);
-        d["op_kind"] = to_array(tl.op_kind);
-        d["op_microbatch"] = to_array(tl.op_microbatch);
-        d["op_start"] = to_array(tl.op_start);
-        d["op_end"] = to_array(tl.op_end);
-        d["bubble_rank"] = to_array(tl.bubble_rank);
-        d["bubble_kind"] = to_array(tl.bubble_kind);
-        d["bubble_start"] = to_array(tl.bubble_start);
-        d["bubble_end"] = to_array(tl.bubble_end);
-        d["link_busy_rank"] = to_array(tl.link_busy_rank);
-        d["link_busy_start"] = to_array(tl.link_busy_start);
-        d["link_busy_end"] = to_array(tl.link_busy_end);
-        d["forward_needed"] = to_array(tl.forward_needed);
-        d["grad_ready"] = to_array(tl.grad_ready);
+        d["op_rank"] = to_array(std::move(tl.op_rank));
+        d["op_chunk"] = to_array(std::move(tl.op_chunk));
+        d["op_stage"] = to_array(std::move(tl.op_stage));
+        d["op_kind"] = to_array(std::move(tl.op_kind));
+        d["op_microbatch"] = to_array(std::move(tl.op_microbatch));
+        d["op_start"] = to_array(std::move(tl.op_start));
+        d["op_end"] = to_array(std::move(tl.op_end));
+        d["bubble_rank"] = to_array(std::move(tl.bubble_rank));
+        d["bubble_kind"] = to_array(std::move(tl.bubble_kind));
+        d["bubble_start"] = to_array(std::move(tl.bubble_start));
+        d["bubble_end"] = to_array(std::move(tl.bubble_end));
+        d["link_busy_rank"] = to_array(std::move(tl.link_busy_rank));
+        d["link_busy_start"] = to_array(std::move(tl.link_busy_start));
+        d["link_busy_end"] = to_array(std::move(tl.link_busy_end));
+        d["forward_needed"] = to_array(std::move(tl.forward_needed));
+        d["grad_ready"] = to_array(std::move(tl.grad_ready));
         return d;
       },
       py::arg("ranks"), py::arg("chunks"), py::arg("microbatches"), py::arg("row_offset"), py::arg("stage"),

@@ -12,6 +12,11 @@ encoder pipelines thus tile the LLM stages: every lane holds exactly one stage o
 Tasks. Encoder microbatch ``j`` runs on the pipeline that the partition gives it: its forward
 through the encoder stages (one ``comm`` task for each stage boundary: the activation send), then
 its backward in reverse (a ``comm`` task for each gradient send); a frozen encoder has no backward.
+The LLM consumes the encoder's output on LLM stage 0: when the pipeline's last stage sits on another
+LLM stage, one more ``comm`` task (on that last stage's lane) sends the output there, and the
+backward starts with a ``comm`` task on lane ``i % lanes_per_stage`` of LLM stage 0 that sends its
+gradient back. All sends are pipeline point-to-point transfers of ``micro_batch · tokens · hidden``
+elements split over the ``tp_enc`` ranks, priced by ``CostModel.p2p_time`` (across nodes).
 Several encoders give parallel chains in the same microbatch (all forwards of ``j`` first, then
 all backwards). Tasks come out in ``pybubble.problem/1`` form without ``id`` (list index = id).
 """
@@ -60,11 +65,17 @@ class EncoderPlan:
         """m: encoder pipelines per LLM data-parallel replica (dp_enc = m · dp_llm)."""
         return (self.pp_llm // self.pp_enc) * self.lanes_per_stage
 
+    def llm_stage(self, pipeline: int, stage: int) -> int:
+        """The LLM stage that holds encoder pipeline `pipeline`'s stage `stage`."""
+        return stage * (self.pp_llm // self.pp_enc) + pipeline // self.lanes_per_stage
+
     def lane(self, pipeline: int, stage: int) -> int:
         """The lane of encoder pipeline `pipeline`'s stage `stage` (see the module docstring)."""
-        r = self.pp_llm // self.pp_enc
-        llm_stage = stage * r + pipeline // self.lanes_per_stage
-        return llm_stage * self.lanes_per_stage + pipeline % self.lanes_per_stage
+        return self.llm_stage(pipeline, stage) * self.lanes_per_stage + pipeline % self.lanes_per_stage
+
+    def llm_input_lane(self, pipeline: int) -> int:
+        """The lane on LLM stage 0 that exchanges pipeline `pipeline`'s output and its gradient."""
+        return pipeline % self.lanes_per_stage
 
     def stage_layers(self, layers: int) -> list[int]:
         """Layers per encoder stage: as even as possible, the first stages taking the remainder."""
@@ -135,6 +146,8 @@ def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: En
 
     j = 0
     for pipeline, count in enumerate(partition):
+        last_lane = plan.lane(pipeline, plan.pp_enc - 1)
+        to_llm = plan.llm_stage(pipeline, plan.pp_enc - 1) != 0
         for _ in range(count):
             ends = []
             for per_phase, send, layers in layer_cost:
@@ -144,11 +157,16 @@ def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: En
                     prev = run_layers(per_phase["fwd"], n, lane, "fwd", j, prev)
                     if e + 1 < plan.pp_enc:
                         prev = emit(lane, send, "comm", "fwd", j, [] if prev is None else [prev])
+                if to_llm:  # the encoder's output goes to LLM stage 0
+                    prev = emit(last_lane, send, "comm", "fwd", j, [] if prev is None else [prev])
                 ends.append(prev)
             for (per_phase, send, layers), flag, end in zip(layer_cost, flags, ends):
                 if flag:
                     continue
                 prev = end
+                if to_llm:  # its gradient comes back from LLM stage 0
+                    prev = emit(plan.llm_input_lane(pipeline), send, "comm", "bwd", j,
+                                [] if prev is None else [prev])
                 for e in range(plan.pp_enc - 1, -1, -1):
                     lane = plan.lane(pipeline, e)
                     prev = run_layers(per_phase["bwd"], layers[e], lane, "bwd", j, prev)

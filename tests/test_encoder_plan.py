@@ -46,11 +46,27 @@ def test_tasks_follow_the_pipeline_forward_then_backward():
     j0 = [t for t in tasks if t["microbatch"] == 0]
     fwd_kernels = len(pybubble.decompose_layer(SMALL, 2, 64))
     bwd_kernels = len(pybubble.decompose_layer(SMALL, 2, 64, phase="bwd"))
-    assert len(j0) == 4 * (fwd_kernels + bwd_kernels) + 2  # one send forward, one gradient send back
-    assert [t["lane"] for t in j0 if t["resource"] == "comm"] == [0, 1]
+    # forward: stage 0 -> 1 send, then the output back to LLM stage 0 (the last encoder stage sits on
+    # LLM stage 1); backward: the gradient from LLM stage 0, then the stage 1 -> 0 gradient send
+    assert len(j0) == 4 * (fwd_kernels + bwd_kernels) + 4
+    assert [(t["lane"], t["phase"]) for t in j0 if t["resource"] == "comm"] == [
+        (0, "fwd"), (1, "fwd"), (0, "bwd"), (1, "bwd")]
     frozen = encoder_tasks(SMALL, plan=plan, partition=[3], micro_batch=2, costs=CostModel("h100"), frozen=True)
     check_structure(frozen, frozen=True)
-    assert len(frozen) == 3 * (4 * fwd_kernels + 1)
+    assert len(frozen) == 3 * (4 * fwd_kernels + 2)
+
+
+def test_output_goes_to_llm_stage_0_only_from_other_stages():
+    plan = EncoderPlan(pp_enc=1, tp_enc=1, pp_llm=2, tp_llm=2)  # 4 pipelines: two on each LLM stage
+    assert [plan.llm_stage(i, 0) for i in range(4)] == [0, 0, 1, 1]
+    tasks = encoder_tasks(SMALL, plan=plan, partition=[1, 1, 1, 1], micro_batch=1, costs=CostModel("h100"))
+    check_structure(tasks)
+    comm = {j: [(t["lane"], t["phase"]) for t in tasks if t["microbatch"] == j and t["resource"] == "comm"]
+            for j in range(4)}
+    assert comm[0] == [] and comm[1] == []  # already on LLM stage 0, TP 1: no sends at all
+    assert comm[2] == [(2, "fwd"), (0, "bwd")] and comm[3] == [(3, "fwd"), (1, "bwd")]
+    send = [t for t in tasks if t["resource"] == "comm"][0]
+    assert send["duration"] == pytest.approx(CostModel("h100").p2p_time(2.0 * 64 * 256))
 
 
 def test_several_encoders_give_parallel_chains():

@@ -35,14 +35,14 @@ class ModelConfig:
 
     microbatches: int = 4
     """LLM (and encoder) microbatches per step."""
-    microbatch_size: int = 4
+    microbatch_size: int = 2
     """Samples per microbatch."""
-    patches: int = 64
+    patches: int = 128
     """Image patches per sample (the encoder's sequence length and the image tokens of the LLM)."""
     patch_dim: int = 192
     """Values per patch."""
-    enc_dim: int = 256
-    enc_layers: int = 4
+    enc_dim: int = 128
+    enc_layers: int = 12
     enc_heads: int = 4
     llm_dim: int = 256
     llm_layers_per_stage: int = 2
@@ -234,15 +234,26 @@ def measure_costs(cfg: ModelConfig, rank: int, ranks: int, encoder, stage, piece
         leaf = act.clone().requires_grad_(True)
         run_fwd = lambda: stage(leaf)  # noqa: E731
     stage_fwd = _timed(lambda: run_fwd(), repeats)
-
-    def fwd_bwd():
+    bwd_times = []
+    for _ in range(repeats + 1):
         out = run_fwd()
-        out.backward(torch.ones_like(out))
-    stage_bwd = max(_timed(fwd_bwd, repeats) - stage_fwd, 0.0)
+        grad = torch.ones_like(out)
+        t = time.perf_counter()
+        out.backward(grad)
+        bwd_times.append(time.perf_counter() - t)
+    stage_bwd = statistics.median(bwd_times[1:])
     # Pipeline p2p latency: ping-pong of one activation between neighbours.
     p2p = 0.0
+    dist.barrier(group=side_group)
     if ranks > 1 and rank < 2:
         buf = act.clone()
+        for _ in range(2):  # warm-up
+            if rank == 0:
+                dist.send(buf, 1, group=pipe_group)
+                dist.recv(buf, 1, group=pipe_group)
+            else:
+                dist.recv(buf, 0, group=pipe_group)
+                dist.send(buf, 0, group=pipe_group)
         t = time.perf_counter()
         for _ in range(repeats):
             if rank == 0:
@@ -253,8 +264,8 @@ def measure_costs(cfg: ModelConfig, rank: int, ranks: int, encoder, stage, piece
                 dist.send(buf, 0, group=pipe_group)
         p2p = (time.perf_counter() - t) / (2 * repeats)
     # Gradient sync of the encoder and the optimizer step.
-    grads = [torch.zeros_like(p) for p in encoder.parameters()]
-    sync = _timed(lambda: [dist.all_reduce(g, group=side_group) for g in grads], repeats) if ranks > 1 else 0.0
+    dist.barrier(group=side_group)
+    sync = _timed(lambda: sync_grads(encoder, side_group, zero=True), repeats) if ranks > 1 else 0.0
     params = [p for m in (encoder, stage) for p in m.parameters()]
     for p in params:
         p.grad = torch.zeros_like(p)
@@ -272,6 +283,19 @@ def measure_costs(cfg: ModelConfig, rank: int, ranks: int, encoder, stage, piece
         piece_fwd_s=[statistics.mean(e["piece_fwd"][i] for e in every) for i in range(n)],
         piece_bwd_s=[statistics.mean(e["piece_bwd"][i] for e in every) for i in range(n)],
         grad_sync_s=max(e["sync"] for e in every), optimizer_s=max(e["optimizer"] for e in every))
+
+
+def sync_grads(module: nn.Module, group, zero: bool = False) -> None:
+    """Sums ``module``'s gradients over the ranks of ``group`` (one flat all-reduce)."""
+    params = list(module.parameters())
+    flat = torch.cat([torch.zeros(p.numel()) if zero or p.grad is None else p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, group=group)
+    if zero:
+        return
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
 
 
 def run_rank(rank: int, args: argparse.Namespace, cfg: ModelConfig, port: int, result_path: str) -> None:
@@ -332,10 +356,7 @@ def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: s
         filler.drain()
         boundary.end_step()
         if args.mode != "megatron":
-            for p in encoder.parameters():
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=side_group)
+            sync_grads(encoder, side_group)
         opt.step()
         opt.zero_grad()
         ends.append(time.perf_counter())

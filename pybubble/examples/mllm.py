@@ -26,7 +26,7 @@ from torch import nn
 from ..runtime import (BoundaryCommunicator, EncoderStep, MeasuredCosts, MicrobatchRun, ViTBlock,
                        check_torch_version, fill_pipeline_waits, make_plan, predict_step_s,
                        split_into_pieces)
-from ..runtime.plan import MODES
+from ..runtime.plan import MODES  # noqa: F401  (re-used by bench/runtime_modes.py)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -313,6 +313,7 @@ def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: s
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     check_torch_version()
+    trace_path = os.environ.get("PYBUBBLE_TRACE")  # last step's tasks, ops and waits per rank
     ranks, m, mb = args.ranks, cfg.microbatches, cfg.microbatch_size
     pipe_group = dist.group.WORLD
     side_group = dist.new_group(list(range(ranks)), backend="gloo", timeout=datetime.timedelta(seconds=args.timeout))
@@ -342,6 +343,8 @@ def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: s
         work = EncoderStep(plan=plan, rank=rank, pieces=pieces, costs=costs, boundary=boundary,
                            inputs=lambda k: (patches[k * mb:(k + 1) * mb],))
         filler = work.filler
+        if trace_path:
+            filler.trace = []
         if rank == 0:
             stage_module.encoder_output = work.output
         filler.run_front()
@@ -361,6 +364,9 @@ def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: s
         opt.zero_grad()
         ends.append(time.perf_counter())
         stats.append(asdict(filler.stats))
+        if trace_path and step == args.steps - 1:
+            with open(f"{trace_path}.rank{rank}.json", "w") as f:
+                json.dump({"start": starts[-1], "events": filler.trace}, f)
     mine = checksum([stage_module] + ([encoder] if rank == 0 else []))
     every: list = [None] * ranks
     dist.all_gather_object(every, {"starts": starts, "ends": ends, "checksum": mine, "stats": stats}, group=side_group)
@@ -371,7 +377,7 @@ def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: s
             "format": "pybubble.runtime_report/1", "mode": args.mode, "ranks": ranks, "steps": args.steps,
             "size": args.size, "step_times_s": step_times, "median_step_s": statistics.median(step_times),
             "predicted_step_s": predicted, "param_checksum": sum(e["checksum"] for e in every),
-            "costs": asdict(costs), "planned_step_s": predicted,
+            "costs": asdict(costs),
             "filler": [e["stats"][-1] for e in every],
         }
         with open(result_path, "w") as f:

@@ -37,14 +37,14 @@ class EncoderStep:
             base = 2 * n * j  # task ids of j in plan.problem (see plan.encoder_tasks)
             for i in range(n):
                 start = 0.0 if plan.start_s is None else float(plan.start_s[base + i])
-                tasks.append(FillTask(name=f"F{j}.{pieces[i].name}", duration_s=costs.piece_fwd_s[i],
+                tasks.append(FillTask(name=f"e{j}f.{pieces[i].name}", duration_s=costs.piece_fwd_s[i],
                                       planned_start_s=start, run=self._forward(run, j, i), needed_by=k))
             bwd = []
             for step, i in enumerate(range(n - 1, -1, -1)):
                 start = plan.timeline.step_time if plan.start_s is None else float(plan.start_s[base + n + step])
                 first = step == 0
                 bwd.append(FillTask(
-                    name=f"B{j}.{pieces[i].name}", duration_s=costs.piece_bwd_s[i], planned_start_s=start,
+                    name=f"e{j}b.{pieces[i].name}", duration_s=costs.piece_bwd_s[i], planned_start_s=start,
                     run=self._backward(run, j, i, first),
                     ready=(lambda j=j: boundary.grad_ready(j)) if first else (lambda: True),
                     wait_ready=(lambda j=j: boundary.grad(j)) if first else (lambda: None)))

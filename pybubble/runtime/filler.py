@@ -101,6 +101,9 @@ class BubbleFiller:
         self._in_op = False
         self._gap_start = 0.0
         self._cursor = 0
+        self.trace: list[tuple[str, float, float]] | None = None
+        """When a list: (what, start, end) of every task, op and wait, perf_counter seconds."""
+        self._op_start = 0.0
 
     # -- step structure -------------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -109,16 +112,23 @@ class BubbleFiller:
 
     def op_begin(self) -> None:
         self._in_op = True
+        self._op_start = time.perf_counter()
 
     def op_end(self) -> None:
         self._in_op = False
+        if self.trace is not None and self._op < len(self.next_ops):
+            kind, mb = self.next_ops[self._op]
+            self.trace.append((f"{kind}{mb}", self._op_start, time.perf_counter()))
         self._op += 1
         self._gap_start = time.perf_counter()
 
     # -- running tasks --------------------------------------------------------------------------
     def _run(self, task: FillTask) -> None:
+        t = time.perf_counter()
         task.run()
         task.done = True
+        if self.trace is not None:
+            self.trace.append((task.name, t, time.perf_counter()))
 
     def _next(self) -> FillTask | None:
         while self._cursor < len(self.tasks) and self.tasks[self._cursor].done:
@@ -150,6 +160,14 @@ class BubbleFiller:
         if not works:
             return
         self.stats.waits += 1
+        t = time.perf_counter()
+        try:
+            self._wait(works)
+        finally:
+            if self.trace is not None:
+                self.trace.append(("wait", t, time.perf_counter()))
+
+    def _wait(self, works: list[dist.Work]) -> None:
         if not self._in_op and self._op < len(self.next_ops):
             kind, mb = self.next_ops[self._op]
             # The op after this wait may depend (through other ranks) on stage 0's forward of

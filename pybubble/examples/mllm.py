@@ -348,6 +348,9 @@ def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: s
         if rank == 0:
             stage_module.encoder_output = work.output
         filler.run_front()
+        if args.mode != "megatron":
+            # Frame 0 of the plan is the same on every rank: the end of the longest front part.
+            dist.barrier(group=side_group)
         filler.begin_step()
         with fill_pipeline_waits(filler, stage):
             if rank == 0:

@@ -1,0 +1,15 @@
+"""pybubble's runtime: runs the encoder's kernel-level tasks inside the bubbles of a real
+torch.distributed pipeline (the only part of pybubble that imports torch)."""
+
+from .boundary import BoundaryCommunicator
+from .encoder_step import EncoderStep
+from .filler import BubbleFiller, FillTask, WorkProbe
+from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits
+from .plan import MODES, MeasuredCosts, Plan, make_plan, predict_step_s
+from .segments import MicrobatchRun, Piece, ViTBlock, split_into_pieces
+
+__all__ = [
+    "BoundaryCommunicator", "BubbleFiller", "EncoderStep", "FillTask", "MODES", "MeasuredCosts",
+    "MicrobatchRun", "Piece", "Plan", "SUPPORTED_TORCH", "ViTBlock", "WorkProbe", "check_torch_version",
+    "fill_pipeline_waits", "make_plan", "predict_step_s", "split_into_pieces",
+]

@@ -1,0 +1,117 @@
+"""The boundary communicator: encoder outputs to the LLM's first stage, gradients back.
+
+Encoder microbatch j runs on rank ``producer[j]`` and feeds LLM microbatch ``assignment[j]`` on
+the first pipeline stage's rank. Outputs and gradients travel on their own process group (never
+the pipeline's: a receive posted early there could stall the pipeline's own traffic), with tag j
+for outputs and microbatches + j for gradients. Receives are posted when a step begins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from .filler import WorkProbe
+
+
+class BoundaryCommunicator:
+    """Moves encoder microbatches' outputs and gradients between their producer and the LLM's
+    first stage (``first_stage_rank``)."""
+
+    def __init__(self, *, group: dist.ProcessGroup | None, rank: int, first_stage_rank: int,
+                 producer: Sequence[int], assignment: Sequence[int], output_shape: Sequence[int],
+                 dtype: torch.dtype = torch.float32):
+        m = len(assignment)
+        if sorted(int(k) for k in assignment) != list(range(m)):
+            raise ValueError(f"assignment: {list(assignment)!r} is not a permutation of 0..{m - 1}")
+        if len(producer) != m:
+            raise ValueError(f"producer: {len(producer)} ranks for {m} encoder microbatches")
+        if group is None and any(p != first_stage_rank for p in producer):
+            raise ValueError("group: a process group is needed when encoder microbatches run on other ranks")
+        self.group = group
+        self.rank = rank
+        self.first_stage_rank = first_stage_rank
+        self.producer = [int(p) for p in producer]
+        self.assignment = [int(k) for k in assignment]
+        self.encoder_microbatch = {k: j for j, k in enumerate(self.assignment)}
+        self.output_shape = tuple(output_shape)
+        self.dtype = dtype
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._grads: dict[int, torch.Tensor] = {}
+        self._pending: dict[tuple[str, int], tuple[torch.Tensor, WorkProbe]] = {}
+        self._sends: list[dist.Work] = []
+
+    def _remote(self, j: int) -> bool:
+        return self.producer[j] != self.first_stage_rank
+
+    def begin_step(self) -> None:
+        """Posts this step's receives (outputs on the first stage, gradients on producers)."""
+        self._outputs.clear(), self._grads.clear(), self._pending.clear(), self._sends.clear()
+        m = len(self.assignment)
+        for j, p in enumerate(self.producer):
+            if not self._remote(j):
+                continue
+            if self.rank == self.first_stage_rank:
+                buf = torch.empty(self.output_shape, dtype=self.dtype)
+                work = dist.irecv(buf, src=p, group=self.group, tag=j)
+                self._pending["out", j] = (buf, WorkProbe(work))
+            elif self.rank == p:
+                buf = torch.empty(self.output_shape, dtype=self.dtype)
+                work = dist.irecv(buf, src=self.first_stage_rank, group=self.group, tag=m + j)
+                self._pending["grad", j] = (buf, WorkProbe(work))
+
+    # -- forward: producer -> first stage ------------------------------------------------------
+    def send_output(self, j: int, output: torch.Tensor) -> None:
+        """Called on ``producer[j]`` when encoder microbatch j's forward is complete."""
+        if not self._remote(j):
+            self._outputs[j] = output
+        else:
+            self._sends.append(dist.isend(output.contiguous(), dst=self.first_stage_rank,
+                                          group=self.group, tag=j))
+
+    def has_output(self, llm_microbatch: int) -> bool:
+        j = self.encoder_microbatch[llm_microbatch]
+        return j in self._outputs or (("out", j) in self._pending and self._pending["out", j][1].done())
+
+    def output(self, llm_microbatch: int) -> torch.Tensor:
+        """On the first stage: the encoder output that feeds ``llm_microbatch`` (waits for it)."""
+        j = self.encoder_microbatch[llm_microbatch]
+        if j not in self._outputs:
+            if ("out", j) not in self._pending:
+                raise RuntimeError(f"encoder microbatch {j} (LLM microbatch {llm_microbatch}) was never produced")
+            buf, probe = self._pending.pop(("out", j))
+            probe.result()
+            self._outputs[j] = buf
+        return self._outputs[j]
+
+    # -- backward: first stage -> producer -----------------------------------------------------
+    def send_grad(self, llm_microbatch: int, grad: torch.Tensor) -> int:
+        """On the first stage: the gradient of LLM microbatch's encoder output; returns j."""
+        j = self.encoder_microbatch[llm_microbatch]
+        if not self._remote(j):
+            self._grads[j] = grad
+        else:
+            self._sends.append(dist.isend(grad.contiguous(), dst=self.producer[j], group=self.group,
+                                          tag=len(self.assignment) + j))
+        return j
+
+    def grad_ready(self, j: int) -> bool:
+        return j in self._grads or (("grad", j) in self._pending and self._pending["grad", j][1].done())
+
+    def grad(self, j: int) -> torch.Tensor:
+        """On ``producer[j]``: the gradient of encoder microbatch j's output (waits for it)."""
+        if j not in self._grads:
+            if ("grad", j) not in self._pending:
+                raise RuntimeError(f"the gradient of encoder microbatch {j} was never sent")
+            buf, probe = self._pending.pop(("grad", j))
+            probe.result()
+            self._grads[j] = buf
+        return self._grads[j]
+
+    def end_step(self) -> None:
+        """Waits for this step's sends."""
+        for w in self._sends:
+            w.wait()
+        self._sends.clear()

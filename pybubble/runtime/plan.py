@@ -1,0 +1,149 @@
+"""From measured costs to this rank's plan: the LLM step's predicted timeline, the encoder's
+tasks as a pybubble.problem/1, the core's schedule, and the predicted step time of each mode.
+
+The prediction lives in one function, :func:`predict_step_s`, fed by :class:`MeasuredCosts`
+(timed on this machine in a short profiling step); a calibrated cost model can replace the
+measured costs without touching the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import Problem, Schedule, Timeline, schedule, simulate_pipeline
+from .filler import BubbleFiller, FillTask
+
+MODES = ("megatron", "coarse", "pybubble")
+US = 1e6
+
+
+@dataclass(kw_only=True, slots=True)
+class MeasuredCosts:
+    """Seconds, one microbatch each."""
+
+    stage_fwd_s: list[float]
+    """Forward of each LLM pipeline stage."""
+    stage_bwd_s: list[float]
+    """Backward of each LLM pipeline stage."""
+    p2p_s: float
+    """Latency of one pipeline send/receive (activation or gradient)."""
+    piece_fwd_s: list[float]
+    """Forward of each encoder piece (kernel-level task)."""
+    piece_bwd_s: list[float]
+    """Backward of each encoder piece."""
+    optimizer_s: float = 0.0
+    """Optimizer step and what else each step does after the pipeline, per rank (max)."""
+    grad_sync_s: float = 0.0
+    """All-reduce of the encoder's gradients (modes that spread the encoder over ranks)."""
+
+    def __post_init__(self) -> None:
+        if len(self.stage_fwd_s) != len(self.stage_bwd_s) or not self.stage_fwd_s:
+            raise ValueError(f"stage_bwd_s: {len(self.stage_bwd_s)} stages, stage_fwd_s has {len(self.stage_fwd_s)}")
+        if len(self.piece_fwd_s) != len(self.piece_bwd_s) or not self.piece_fwd_s:
+            raise ValueError(f"piece_bwd_s: {len(self.piece_bwd_s)} pieces, piece_fwd_s has {len(self.piece_fwd_s)}")
+        for name in ("stage_fwd_s", "stage_bwd_s", "piece_fwd_s", "piece_bwd_s"):
+            for i, v in enumerate(getattr(self, name)):
+                if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                    raise ValueError(f"{name}[{i}]: {v!r} is not a finite number >= 0")
+        for name in ("p2p_s", "optimizer_s", "grad_sync_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"{name}: {v!r} is not a finite number >= 0")
+
+    @property
+    def stages(self) -> int:
+        return len(self.stage_fwd_s)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    return mode
+
+
+def producers(mode: str, microbatches: int, ranks: int) -> list[int]:
+    """The rank that runs encoder microbatch j: rank 0 in megatron mode, round robin otherwise."""
+    check_mode(mode)
+    return [0 if mode == "megatron" else j % ranks for j in range(microbatches)]
+
+
+def llm_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage: bool = False) -> Timeline:
+    """The 1F1B step of the LLM (with the whole encoder inside stage 0's ops when asked)."""
+    fwd = [t * US for t in costs.stage_fwd_s]
+    bwd = [t * US for t in costs.stage_bwd_s]
+    if encoder_on_first_stage:
+        fwd[0] += sum(costs.piece_fwd_s) * US
+        bwd[0] += sum(costs.piece_bwd_s) * US
+    return simulate_pipeline("1f1b", stages=costs.stages, microbatches=microbatches, fwd=fwd, bwd=bwd,
+                             p2p=costs.p2p_s * US)
+
+
+def encoder_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> list[dict]:
+    """problem/1 task dicts (index = id): per encoder microbatch, its pieces' forwards in order,
+    then their backwards in reverse, on the lane (rank) of its producer."""
+    tasks: list[dict] = []
+    n = len(costs.piece_fwd_s)
+    for j, lane in enumerate(producer):
+        for phase, order, dur in (("fwd", range(n), costs.piece_fwd_s), ("bwd", range(n - 1, -1, -1), costs.piece_bwd_s)):
+            for i in order:
+                after = [len(tasks) - 1] if (phase == "bwd" or i > 0) else []
+                tasks.append({"lane": int(lane), "duration": dur[i] * US, "resource": "compute",
+                              "phase": phase, "microbatch": j, "after": after})
+    return tasks
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What every rank needs to run one mode's step."""
+
+    mode: str
+    timeline: Timeline
+    """The LLM step as predicted (with the encoder inside stage 0 in megatron mode)."""
+    producer: list[int]
+    assignment: list[int]
+    start_s: np.ndarray | None
+    """Planned start of each encoder task (None in megatron mode: it runs inside stage 0's ops)."""
+    problem: Problem | None
+    schedule: Schedule | None
+
+
+def make_plan(mode: str, costs: MeasuredCosts, microbatches: int) -> Plan:
+    """Megatron: the encoder inside stage 0. coarse / pybubble: the core's ``coarse`` / ``greedy``
+    schedule of the encoder's tasks over all ranks."""
+    ranks = costs.stages
+    producer = producers(mode, microbatches, ranks)
+    if mode == "megatron":
+        return Plan(mode=mode, timeline=llm_timeline(costs, microbatches, True), producer=producer,
+                    assignment=list(range(microbatches)), start_s=None, problem=None, schedule=None)
+    timeline = llm_timeline(costs, microbatches)
+    problem = timeline.to_problem(encoder_tasks(costs, producer))
+    sched = schedule(problem, "coarse" if mode == "coarse" else "greedy")
+    return Plan(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
+                start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched)
+
+
+def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int) -> float:
+    """Predicted step time (s) of ``mode``: the simulated LLM step with the encoder where the mode
+    puts it, plus what follows the pipeline (gradient sync of a spread encoder, optimizer)."""
+    plan = make_plan(check_mode(mode), costs, microbatches)
+    step_us = plan.timeline.step_time if plan.schedule is None else plan.schedule.step_time
+    sync = 0.0 if mode == "megatron" else costs.grad_sync_s
+    return step_us / US + sync + costs.optimizer_s
+
+
+def rank_filler(plan: Plan, rank: int, tasks: list[FillTask]) -> BubbleFiller:
+    """The filler of ``rank``: its ops' predicted gaps from the LLM timeline and its tasks."""
+    ops = sorted((op for op in plan.timeline.ops if op.stage == rank), key=lambda op: op.start)
+    gaps, t = [], 0.0
+    for op in ops:
+        gaps.append((op.start - t) / US)
+        t = op.end
+    gaps.append((plan.timeline.step_time - t) / US)
+    return BubbleFiller(tasks, gaps, [(op.kind, op.microbatch) for op in ops], plan.timeline.step_time / US,
+                        fill=plan.mode == "pybubble")
+
+

@@ -1,0 +1,64 @@
+"""From measured costs to plans and predicted step times (no processes)."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+import pybubble  # noqa: E402
+from pybubble.runtime import MeasuredCosts, make_plan, predict_step_s  # noqa: E402
+from pybubble.runtime.plan import encoder_tasks, rank_filler  # noqa: E402
+
+
+def costs(**kw):
+    base = dict(stage_fwd_s=[0.02, 0.02], stage_bwd_s=[0.04, 0.04], p2p_s=0.001,
+                piece_fwd_s=[0.002] * 10, piece_bwd_s=[0.004] * 10, optimizer_s=0.003, grad_sync_s=0.01)
+    base.update(kw)
+    return MeasuredCosts(**base)
+
+
+def test_megatron_puts_the_encoder_inside_stage_0():
+    c = costs()
+    plan = make_plan("megatron", c, 4)
+    assert plan.producer == [0, 0, 0, 0] and plan.schedule is None
+    # Stage 0 does (0.02 + 0.02) + (0.04 + 0.04) per microbatch: the straggler.
+    assert predict_step_s("megatron", c, 4) == pytest.approx(plan.timeline.step_time / 1e6 + 0.003)
+    assert plan.timeline.step_time / 1e6 > 4 * 0.12
+
+
+@pytest.mark.parametrize("mode", ["coarse", "pybubble"])
+def test_spread_modes_schedule_valid_plans(mode):
+    c = costs()
+    plan = make_plan(mode, c, 4)
+    assert plan.producer == [0, 1, 0, 1]
+    assert pybubble.validate(plan.problem, plan.schedule) == []
+    assert predict_step_s(mode, c, 4) == pytest.approx(plan.schedule.step_time / 1e6 + 0.013)
+
+
+def test_pybubble_predicts_a_shorter_step_than_coarse_and_megatron():
+    c = costs()
+    p = {m: predict_step_s(m, c, 4) for m in ("megatron", "coarse", "pybubble")}
+    assert p["pybubble"] <= p["coarse"] < p["megatron"]
+
+
+def test_encoder_tasks_chain_forward_then_backward():
+    tasks = encoder_tasks(costs(piece_fwd_s=[1.0, 2.0], piece_bwd_s=[3.0, 4.0]), [1])
+    assert [(t["phase"], t["duration"], t["after"]) for t in tasks] == [
+        ("fwd", 1e6, []), ("fwd", 2e6, [0]), ("bwd", 4e6, [1]), ("bwd", 3e6, [2])]
+    assert all(t["lane"] == 1 and t["microbatch"] == 0 for t in tasks)
+
+
+def test_rank_filler_gaps_follow_the_timeline():
+    plan = make_plan("pybubble", costs(), 4)
+    f1 = rank_filler(plan, 1, [])
+    assert len(f1.gaps_s) == 9 and f1.next_ops[0] == ("F", 0)
+    assert f1.gaps_s[0] == pytest.approx(0.021)  # stage 0's first forward and one p2p
+    assert f1.gaps_s[-1] > 0.0  # cool-down
+
+
+def test_bad_costs_name_the_field():
+    with pytest.raises(ValueError, match=r"piece_bwd_s\[1\]: -1.0 is not a finite number >= 0"):
+        costs(piece_bwd_s=[0.1, -1.0] + [0.1] * 8)
+    with pytest.raises(ValueError, match="p2p_s: nan"):
+        costs(p2p_s=float("nan"))
+    with pytest.raises(ValueError, match="mode: 'fast' is not one of megatron, coarse, pybubble"):
+        make_plan("fast", costs(), 4)

@@ -247,21 +247,20 @@ def measure_costs(cfg: ModelConfig, rank: int, ranks: int, encoder, stage, piece
     dist.barrier(group=side_group)
     if ranks > 1 and rank < 2:
         buf = act.clone()
-        for _ in range(2):  # warm-up
+
+        def ping() -> None:
             if rank == 0:
                 dist.send(buf, 1, group=pipe_group)
                 dist.recv(buf, 1, group=pipe_group)
             else:
                 dist.recv(buf, 0, group=pipe_group)
                 dist.send(buf, 0, group=pipe_group)
+
+        for _ in range(2):  # warm-up
+            ping()
         t = time.perf_counter()
         for _ in range(repeats):
-            if rank == 0:
-                dist.send(buf, 1, group=pipe_group)
-                dist.recv(buf, 1, group=pipe_group)
-            else:
-                dist.recv(buf, 0, group=pipe_group)
-                dist.send(buf, 0, group=pipe_group)
+            ping()
         p2p = (time.perf_counter() - t) / (2 * repeats)
     # Gradient sync of the encoder and the optimizer step.
     dist.barrier(group=side_group)

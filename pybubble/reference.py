@@ -35,6 +35,32 @@ from .problem import Problem
 from .scheduler import POLICIES, Schedule
 
 
+def _earliest_fit(wins, w, last, ready, d, limit):
+    """The first window from index w to `last` that holds a task of length d starting at or after
+    `ready` and ending by `limit`: (start, window index), or None."""
+    while w <= last:
+        s = max(ready, wins[w][0])
+        if s + d > limit:
+            return None
+        if s + d <= wins[w][1]:
+            return s, w
+        w += 1
+    return None
+
+
+def _latest_fit(wins, w, first, latest, d, floor):
+    """The last window from index w down to `first` that holds a task of length d ending by
+    `latest` and starting at or after `floor`: (start, window index), or None."""
+    while w >= first:
+        s = min(latest, wins[w][1]) - d
+        if s < floor:
+            return None
+        if s >= wins[w][0]:
+            return s, w
+        w -= 1
+    return None
+
+
 def reference_schedule(problem: Problem, policy: str = "greedy") -> Schedule:
     """The same schedule as :func:`pybubble.schedule`, computed in plain Python."""
     if policy not in POLICIES:
@@ -76,20 +102,13 @@ def reference_schedule(problem: Problem, policy: str = "greedy") -> Schedule:
         trial = dict(cursor)
         for t in tasks[(j, 0)][first:]:
             ready = max([trial[key[t]][0]] + [end[p] for p in preds[t] if inside[p]])
-            wins, w = windows[key[t]], trial[key[t]][1]
-            placed = None
-            while w < len(wins):
-                s = max(ready, wins[w][0])
-                if s + dur[t] > fn[j]:
-                    break
-                if s + dur[t] <= wins[w][1]:
-                    placed = s
-                    break
-                w += 1
-            if placed is None:
+            wins = windows[key[t]]
+            fit = _earliest_fit(wins, trial[key[t]][1], len(wins) - 1, ready, dur[t], fn[j])
+            if fit is None:
                 for q in tasks[(j, 0)]:
                     inside[q] = False
                 return None
+            placed, w = fit
             start[t], end[t], inside[t] = placed, placed + dur[t], True
             trial[key[t]] = (placed + dur[t], w)
         return trial
@@ -106,18 +125,10 @@ def reference_schedule(problem: Problem, policy: str = "greedy") -> Schedule:
             floor_time, floor_w = cursor[key[t]]
             wins = windows[key[t]]
             w = bisect.bisect_left([ws for ws, _ in wins], latest) - 1
-            placed = None
-            while w >= floor_w:
-                s = min(latest, wins[w][1]) - dur[t]
-                if s < floor_time:
-                    break
-                if s >= wins[w][0]:
-                    placed = s
-                    break
-                w -= 1
-            if placed is None:
+            fit = _latest_fit(wins, w, floor_w, latest, dur[t], floor_time)
+            if fit is None:
                 return i + 1
-            pstart[t] = probe[key[t]] = placed
+            pstart[t] = probe[key[t]] = fit[0]
         return 0
 
     fwd_first = [len(tasks[(j, 0)]) for j in range(m)]  # positions >= this run inside the step
@@ -176,20 +187,12 @@ def reference_schedule(problem: Problem, policy: str = "greedy") -> Schedule:
         trial = dict(cursor)
         for t in reversed(tasks[(j, 1)][:last]):
             latest = min([trial[key[t]][0]] + [start[s] for s in succs[t] if inside[s]])
-            wins, w = bwins[key[t]], trial[key[t]][1]
-            placed = None
-            while w >= 0:
-                s = min(latest, wins[w][1]) - dur[t]
-                if s < ready:
-                    break
-                if s >= wins[w][0]:
-                    placed = s
-                    break
-                w -= 1
-            if placed is None:
+            fit = _latest_fit(bwins[key[t]], trial[key[t]][1], 0, latest, dur[t], ready)
+            if fit is None:
                 for q in tasks[(j, 1)]:
                     inside[q] = False
                 return None
+            placed, w = fit
             start[t], end[t], inside[t] = placed, placed + dur[t], True
             trial[key[t]] = (placed, w)
         return trial
@@ -206,18 +209,10 @@ def reference_schedule(problem: Problem, policy: str = "greedy") -> Schedule:
             ceil_time, ceil_w = cursor[key[t]]
             wins = bwins[key[t]]
             w = bisect.bisect_right([we for _, we in wins], early)
-            placed = None
-            while w <= ceil_w:
-                s = max(early, wins[w][0])
-                if s + dur[t] > ceil_time:
-                    break
-                if s + dur[t] <= wins[w][1]:
-                    placed = s
-                    break
-                w += 1
-            if placed is None:
+            fit = _earliest_fit(wins, w, ceil_w, early, dur[t], ceil_time)
+            if fit is None:
                 return i
-            pend[t] = probe[key[t]] = placed + dur[t]
+            pend[t] = probe[key[t]] = fit[0] + dur[t]
         return len(ts)
 
     bwd_last = [0] * m  # positions < this run inside the step

@@ -74,7 +74,7 @@ def replay(problem: Problem, planned: Schedule) -> float:
         raise ValueError(f"start: {planned.start.shape[0]} entries, the problem has {n} tasks")
     dur = a["duration"]
     key = 2 * a["lane"] + a["resource"]
-    preds = [a["after"][a["after_offset"][t]:a["after_offset"][t + 1]] for t in range(n)]
+    preds = problem.predecessors()
     region = np.where(planned.start < 0.0, 0, np.where(planned.start >= horizon, 2, 1))
     order = np.lexsort((np.arange(n), planned.start))
     start = np.zeros(n)
@@ -100,14 +100,13 @@ def replay(problem: Problem, planned: Schedule) -> float:
                     + [end[p] for p in preds[t]])
         start[t], end[t] = ready, ready + dur[t]
         lane_end[key[t]] = end[t]
+    # Compute that runs outside the lane's compute windows displaces the LLM's own compute.
+    compute = [np.array(w["compute"], np.float64).reshape(-1, 2) for w in problem.free_windows()]
     overrun: dict[int, float] = {}
-    for t in np.nonzero(region == 1)[0]:
-        lane, res = int(a["lane"][t]), int(a["resource"][t])
-        prefix = "compute" if res == 0 else "link"
-        b, e = a[f"{prefix}_offset"][lane], a[f"{prefix}_offset"][lane + 1]
-        ws, we = a[f"{prefix}_start"][b:e], a[f"{prefix}_end"][b:e]
+    for t in np.nonzero((region == 1) & (a["resource"] == 0))[0]:
+        ws, we = compute[int(a["lane"][t])].T
         inside = np.clip(np.minimum(we, end[t]) - np.maximum(ws, start[t]), 0.0, None).sum()
-        overrun[key[t]] = overrun.get(key[t], 0.0) + (dur[t] - inside) * (res == 0)
+        overrun[key[t]] = overrun.get(key[t], 0.0) + (dur[t] - inside)
     fwd = a["phase"] == 0
     need = a["forward_needed"][planned.assignment[a["microbatch"]]]
     late = np.maximum(0.0, end - need)[fwd & (region == 1)]

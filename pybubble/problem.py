@@ -61,23 +61,37 @@ class Problem:
         a["duration"] = np.asarray(durations, dtype=np.float64)
         return Problem.from_arrays(lane_names=self.lane_names, **a)
 
+    def free_windows(self) -> list[dict[str, list[tuple[float, float]]]]:
+        """Per lane, its free windows by resource: ``[{"compute": [(start, end), ...], "comm":
+        [...]}, ...]`` (``comm`` tasks use the ``link_free`` windows)."""
+        a = self.arrays()
+        out = []
+        for lane in range(self.num_lanes):
+            wins = {}
+            for resource, prefix in zip(RESOURCES, ("compute", "link")):
+                b, e = a[f"{prefix}_offset"][lane], a[f"{prefix}_offset"][lane + 1]
+                wins[resource] = list(zip(a[f"{prefix}_start"][b:e].tolist(), a[f"{prefix}_end"][b:e].tolist()))
+            out.append(wins)
+        return out
+
+    def predecessors(self) -> list[list[int]]:
+        """The ``after`` list of every task."""
+        a = self.arrays()
+        ao, af = a["after_offset"].tolist(), a["after"].tolist()
+        return [af[ao[t]:ao[t + 1]] for t in range(self.num_tasks)]
+
     def to_dict(self) -> dict[str, Any]:
         """The problem as a pybubble.problem/1 document."""
         a = self.arrays()
-        lanes = []
-        for i, name in enumerate(self.lane_names):
-            cb, ce = a["compute_offset"][i], a["compute_offset"][i + 1]
-            lb, le = a["link_offset"][i], a["link_offset"][i + 1]
-            lanes.append({
-                "name": name,
-                "compute_free": [[float(s), float(e)] for s, e in zip(a["compute_start"][cb:ce], a["compute_end"][cb:ce])],
-                "link_free": [[float(s), float(e)] for s, e in zip(a["link_start"][lb:le], a["link_end"][lb:le])],
-            })
-        ao, af = a["after_offset"], a["after"]
+        lanes = [{"name": name,
+                  "compute_free": [[s, e] for s, e in wins["compute"]],
+                  "link_free": [[s, e] for s, e in wins["comm"]]}
+                 for name, wins in zip(self.lane_names, self.free_windows())]
+        preds = self.predecessors()
         tasks = [
             {"id": i, "lane": int(a["lane"][i]), "duration": float(a["duration"][i]),
              "resource": RESOURCES[a["resource"][i]], "phase": PHASES[a["phase"][i]],
-             "microbatch": int(a["microbatch"][i]), "after": [int(x) for x in af[ao[i]:ao[i + 1]]]}
+             "microbatch": int(a["microbatch"][i]), "after": preds[i]}
             for i in range(self.num_tasks)
         ]
         return {

@@ -31,7 +31,7 @@ import math
 
 import numpy as np
 
-from .problem import Problem
+from .problem import RESOURCES, Problem
 from .scheduler import POLICIES, Schedule
 
 
@@ -74,7 +74,7 @@ def reference_schedule(problem: Problem, policy: str = "greedy") -> Schedule:
     dur = [float(x) for x in a["duration"]]
     key = [2 * int(a["lane"][t]) + int(a["resource"][t]) for t in range(n)]
     phase = [int(x) for x in a["phase"]]
-    preds = [[int(p) for p in a["after"][a["after_offset"][t]:a["after_offset"][t + 1]]] for t in range(n)]
+    preds = problem.predecessors()
     succs: list[list[int]] = [[] for _ in range(n)]
     for t in range(n):
         for p in preds[t]:
@@ -83,12 +83,8 @@ def reference_schedule(problem: Problem, policy: str = "greedy") -> Schedule:
     tasks = {(j, ph): [] for j in range(m) for ph in (0, 1)}
     for t in range(n):
         tasks[(int(a["microbatch"][t]), phase[t])].append(t)
-    windows = {}
-    for k in range(2 * num_lanes):
-        lane, res = divmod(k, 2)
-        prefix = "compute" if res == 0 else "link"
-        b, e = a[f"{prefix}_offset"][lane], a[f"{prefix}_offset"][lane + 1]
-        windows[k] = [(float(s), float(w)) for s, w in zip(a[f"{prefix}_start"][b:e], a[f"{prefix}_end"][b:e])]
+    free = problem.free_windows()
+    windows = {2 * lane + res: free[lane][RESOURCES[res]] for lane in range(num_lanes) for res in (0, 1)}
     fn = [float(x) for x in a["forward_needed"]]
     gr = [float(x) for x in a["grad_ready"]]
     start = [0.0] * n

@@ -96,6 +96,60 @@ def cmd_bubbles(args: argparse.Namespace) -> int:
 
         save_gantt(tl, args.plot)
         console.print(f"wrote {args.plot}")
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .config import load_config
+    from .report import plan
+
+    config = load_config(args.config)
+    workers = args.workers or min(2, os.cpu_count() or 1)
+    with Progress(TextColumn("searching encoder plans"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("plans", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        report = plan(config, workers=workers, progress=progress)
+    c, p = config, config.llm_plan
+    encoders = " + ".join(e.model.name + (" (frozen)" if e.frozen else "") for e in c.encoders)
+    title = (f"{args.config}: {encoders} -> {c.llm.name}; {c.cluster.gpus} x {c.cluster.gpu}; "
+             f"DP {p.dp} x PP {p.pp} x TP {p.tp}, {p.schedule}" + (f" (vpp {p.vpp})" if p.vpp > 1 else "")
+             + f", {c.microbatches} microbatches")
+    table = Table(title=title)
+    for col, just in (("layout", "left"), ("step", "right"), ("vs megatron", "right"), ("MFU", "right"),
+                      ("encoder hidden", "right"), ("memory/GPU", "right"), ("GPUs", "right"), ("plan", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    megatron = report.baselines["megatron"].step_time
+    for row in report.rows():
+        table.add_row(row.name, _ms(row.step_time), f"{megatron / row.step_time:.3f}x",
+                      f"{report.mfu(row.step_time, row.gpus):.1%}",
+                      "-" if row.hidden_fraction is None else f"{row.hidden_fraction:.1%}",
+                      f"{row.memory_bytes / 1e9:.1f} GB", f"{row.gpus:,}", row.layout,
+                      style="bold" if row.name == "pybubble" else None)
+    Console(highlight=False, width=max(console.width, 160)).print(table)
+    s = report.search.stats
+    console.print(f"LLM alone: {_ms(report.search.timeline.step_time)}; planner {report.planner_seconds:.3f} s "
+                  f"({s.plans} plans, {s.plans_pruned} pruned by bound, {s.plans_out_of_memory} out of memory; "
+                  f"{s.scheduled} partitions scheduled, {s.bound_pruned} pruned by bound, "
+                  f"{s.memory_pruned} by memory)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_json(), f, indent=2)
+        console.print(f"wrote {args.json}")
+    if args.trace:
+        report.save_trace(args.trace)
+        console.print(f"wrote {args.trace} (Chrome trace: open in ui.perfetto.dev)")
+    if args.plot:
+        report.save_plot(args.plot)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
 def _si(value: float, unit: str) -> str:
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
@@ -180,6 +234,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoder-scale", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("plan", help="plan an MLLM from a YAML config: encoder plan, schedule, baselines")
+    p.add_argument("config", help="the YAML config (see examples/quickstart.yaml)")
+    p.add_argument("--json", help="write the machine-readable report here")
+    p.add_argument("--trace", help="write pybubble's step as a Chrome trace JSON (Perfetto) here")
+    p.add_argument("--plot", help="write a Gantt chart of pybubble's step here (.png, .svg)")
+    p.add_argument("--workers", type=int, default=0, help="search threads (default: up to 2 cores)")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("bubbles", help="simulate the LLM step and print its bubbles per stage and kind")
     p.add_argument("--schedule", default="1f1b",

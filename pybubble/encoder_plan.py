@@ -27,9 +27,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .costmodel import CostModel
 from .decompose import decompose_layer
 from .models import EncoderConfig
+from .problem import PHASES, RESOURCES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -83,94 +86,171 @@ class EncoderPlan:
         return [base + (1 if e < extra else 0) for e in range(self.pp_enc)]
 
 
+class EncoderWork:
+    """The encoder(s)' kernel tasks under one plan, built once and laid out for any partition.
+
+    Every microbatch of a pipeline has the same tasks; only its lanes depend on the pipeline, and
+    only its sends on whether the pipeline's last stage sits on LLM stage 0. So the work keeps one
+    microbatch's tasks (at most two variants) with each task's lane as a tag (encoder stage, or
+    ``pp_enc`` for the LLM stage 0 lane that returns the gradient), and :meth:`arrays` lays out a
+    partition with NumPy: a partition costs microseconds, not a Python loop over tasks.
+
+    Arguments as :func:`encoder_tasks` (without the partition). ``separate=True`` places the
+    encoder on GPUs of its own (non-colocated): the plan's "LLM stages" are then the encoder's own
+    GPU groups, every pipeline sends its output to the LLM and receives the gradient on its last
+    stage's lane.
+    """
+
+    def __init__(self, encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
+                 micro_batch: int, costs: CostModel, tokens: int | None = None,
+                 frozen: bool | Sequence[bool] = False, sequence_parallel: bool = False,
+                 separate: bool = False):
+        models = [encoders] if isinstance(encoders, EncoderConfig) else list(encoders)
+        if not models:
+            raise ValueError("encoders: empty")
+        for mdl in models:
+            if not isinstance(mdl, EncoderConfig):
+                raise ValueError(f"encoders: {mdl!r} is not an EncoderConfig")
+        flags = [frozen] * len(models) if isinstance(frozen, bool) else list(frozen)
+        if len(flags) != len(models):
+            raise ValueError(f"frozen: {len(flags)} flags for {len(models)} encoders")
+        if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch <= 0:
+            raise ValueError(f"micro_batch: {micro_batch!r} is not a positive integer")
+        self.plan = plan
+        self.separate = separate
+        # Per encoder: one layer's kernels with durations, forward and backward, computed once.
+        self._layer_cost = []
+        for mdl in models:
+            s = tokens if tokens is not None else mdl.tokens
+            per_phase = {}
+            for phase in ("fwd", "bwd"):
+                kernels = decompose_layer(mdl, micro_batch, s, tp=plan.tp_enc,
+                                          sequence_parallel=sequence_parallel, phase=phase)
+                per_phase[phase] = [(k, costs.kernel_time(k)) for k in kernels]
+            send = costs.p2p_time(float(mdl.dtype_bytes * micro_batch * s * mdl.hidden) / plan.tp_enc)
+            self._layer_cost.append((per_phase, send, plan.stage_layers(mdl.layers)))
+        self._flags = flags
+        self._templates: dict[bool, dict[str, np.ndarray]] = {}
+
+    def _template(self, to_llm: bool) -> dict[str, np.ndarray]:
+        """One microbatch's tasks: lane tags, durations, resources, phases and relative `after`."""
+        if to_llm in self._templates:
+            return self._templates[to_llm]
+        plan = self.plan
+        tag, dur, res, ph, after_offset, after = [], [], [], [], [0], []
+
+        def emit(lane_tag: int, duration: float, resource: str, phase: str, preds: list[int]) -> int:
+            tag.append(lane_tag)
+            dur.append(duration)
+            res.append(RESOURCES.index(resource))
+            ph.append(PHASES.index(phase))
+            after.extend(preds)
+            after_offset.append(len(after))
+            return len(tag) - 1
+
+        def run_layers(per_layer: list[tuple[Any, float]], count: int, lane_tag: int, phase: str,
+                       prev: int | None) -> int | None:
+            """Emits `count` layers; returns the task that ends the last layer's dependency chain."""
+            # the chain continues from the last kernel that is not a dangling weight-gradient GEMM
+            last = max(i for i, (k, _) in enumerate(per_layer) if not k.name.endswith("_wgrad"))
+            for _ in range(count):
+                first = len(tag)
+                for k, t in per_layer:
+                    preds = [first + a for a in k.after] if k.after else ([] if prev is None else [prev])
+                    emit(lane_tag, t, k.resource, phase, preds)
+                prev = first + last
+            return prev
+
+        def chain(prev: int | None) -> list[int]:
+            return [] if prev is None else [prev]
+
+        last_stage = plan.pp_enc - 1
+        ends = []
+        for per_phase, send, layers in self._layer_cost:
+            prev: int | None = None
+            for e, n in enumerate(layers):
+                prev = run_layers(per_phase["fwd"], n, e, "fwd", prev)
+                if e < last_stage:
+                    prev = emit(e, send, "comm", "fwd", chain(prev))
+            if to_llm:  # the encoder's output goes to LLM stage 0
+                prev = emit(last_stage, send, "comm", "fwd", chain(prev))
+            ends.append(prev)
+        for (per_phase, send, layers), flag, end in zip(self._layer_cost, self._flags, ends):
+            if flag:
+                continue
+            prev = end
+            if to_llm:  # its gradient comes back from LLM stage 0
+                prev = emit(plan.pp_enc, send, "comm", "bwd", chain(prev))
+            for e in range(last_stage, -1, -1):
+                prev = run_layers(per_phase["bwd"], layers[e], e, "bwd", prev)
+                if e > 0:
+                    prev = emit(e, send, "comm", "bwd", chain(prev))
+        out = {"tag": np.array(tag, np.int64), "duration": np.array(dur, np.float64),
+               "resource": np.array(res, np.int64), "phase": np.array(ph, np.int64),
+               "after_offset": np.array(after_offset, np.int64), "after": np.array(after, np.int64)}
+        self._templates[to_llm] = out
+        return out
+
+    def microbatch_tasks(self, pipeline: int) -> dict[str, np.ndarray]:
+        """One microbatch's tasks on `pipeline`: task arrays (lane, duration, resource, phase,
+        after_offset, after) with `after` relative to its first task."""
+        plan = self.plan
+        t = self._template(self.separate or plan.llm_stage(pipeline, plan.pp_enc - 1) != 0)
+        grad_in = plan.lane(pipeline, plan.pp_enc - 1) if self.separate else plan.llm_input_lane(pipeline)
+        lanes = np.array([plan.lane(pipeline, e) for e in range(plan.pp_enc)] + [grad_in], np.int64)
+        return {"lane": lanes[t["tag"]], **{k: v for k, v in t.items() if k != "tag"}}
+
+    def arrays(self, partition: Sequence[int]) -> dict[str, np.ndarray]:
+        """The task arrays of a partition (``pybubble.problem/1`` order: microbatches numbered
+        pipeline by pipeline), as :func:`pybubble.problem.task_arrays` gives them."""
+        plan = self.plan
+        if len(partition) != plan.pipelines:
+            raise ValueError(f"partition: {len(partition)} entries, the plan has {plan.pipelines} encoder pipelines")
+        for i, n in enumerate(partition):
+            if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+                raise ValueError(f"partition[{i}]: {n!r} is not a non-negative integer")
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("lane", "microbatch", "duration", "resource",
+                                                               "phase", "after_counts", "after")}
+        j = base = 0
+        for pipeline, count in enumerate(partition):
+            if count == 0:
+                continue
+            t = self.microbatch_tasks(pipeline)
+            n = len(t["lane"])
+            for key in ("lane", "duration", "resource", "phase"):
+                parts[key].append(np.tile(t[key], count))
+            parts["microbatch"].append(np.repeat(np.arange(j, j + count, dtype=np.int64), n))
+            parts["after_counts"].append(np.tile(np.diff(t["after_offset"]), count))
+            starts = base + n * np.arange(count, dtype=np.int64)
+            parts["after"].append((t["after"][None, :] + starts[:, None]).reshape(-1))
+            j += count
+            base += n * count
+        out = {k: (np.concatenate(v) if v else np.zeros(0, np.float64 if k == "duration" else np.int64))
+               for k, v in parts.items()}
+        counts = out.pop("after_counts")
+        out["after_offset"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        return out
+
+
 def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
                   partition: Sequence[int], micro_batch: int, costs: CostModel,
                   tokens: int | None = None, frozen: bool | Sequence[bool] = False,
                   sequence_parallel: bool = False) -> list[dict[str, Any]]:
-    """Kernel tasks of the encoder(s) for one training step.
+    """Kernel tasks of the encoder(s) for one training step, as problem/1 task dicts (no ``id``).
 
     `partition[i]` is the number of encoder microbatches that encoder pipeline ``i`` runs
     (``len(partition) == plan.pipelines``); microbatches are numbered pipeline by pipeline, so
     pipeline 0 runs ``j = 0 .. partition[0] - 1`` and so on. Each microbatch has `micro_batch`
     images of `tokens` tokens (default: each encoder's own ``tokens``). `frozen` (one flag, or one
-    per encoder) drops the backward. Durations come from `costs`.
+    per encoder) drops the backward. Durations come from `costs`. :class:`EncoderWork` gives the
+    same tasks as arrays, fast, for many partitions.
     """
-    models = [encoders] if isinstance(encoders, EncoderConfig) else list(encoders)
-    if not models:
-        raise ValueError("encoders: empty")
-    for mdl in models:
-        if not isinstance(mdl, EncoderConfig):
-            raise ValueError(f"encoders: {mdl!r} is not an EncoderConfig")
-    flags = [frozen] * len(models) if isinstance(frozen, bool) else list(frozen)
-    if len(flags) != len(models):
-        raise ValueError(f"frozen: {len(flags)} flags for {len(models)} encoders")
-    if len(partition) != plan.pipelines:
-        raise ValueError(f"partition: {len(partition)} entries, the plan has {plan.pipelines} encoder pipelines")
-    for i, n in enumerate(partition):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"partition[{i}]: {n!r} is not a non-negative integer")
-    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch <= 0:
-        raise ValueError(f"micro_batch: {micro_batch!r} is not a positive integer")
-
-    # Per encoder: one layer's kernels with durations, forward and backward, computed once.
-    layer_cost = []
-    for mdl in models:
-        s = tokens if tokens is not None else mdl.tokens
-        per_phase = {}
-        for phase in ("fwd", "bwd"):
-            kernels = decompose_layer(mdl, micro_batch, s, tp=plan.tp_enc,
-                                      sequence_parallel=sequence_parallel, phase=phase)
-            per_phase[phase] = [(k, costs.kernel_time(k)) for k in kernels]
-        send = costs.p2p_time(float(mdl.dtype_bytes * micro_batch * s * mdl.hidden) / plan.tp_enc)
-        layer_cost.append((per_phase, send, plan.stage_layers(mdl.layers)))
-
-    tasks: list[dict[str, Any]] = []
-
-    def emit(lane: int, duration: float, resource: str, phase: str, j: int, after: list[int]) -> int:
-        tasks.append({"lane": lane, "duration": duration, "resource": resource, "phase": phase,
-                      "microbatch": j, "after": after})
-        return len(tasks) - 1
-
-    def run_layers(per_layer: list[tuple[Any, float]], count: int, lane: int, phase: str, j: int,
-                   prev: int | None) -> int | None:
-        """Emits `count` layers; returns the task that ends the last layer's dependency chain."""
-        for _ in range(count):
-            first = len(tasks)
-            for k, t in per_layer:
-                after = [first + a for a in k.after] if k.after else ([] if prev is None else [prev])
-                emit(lane, t, k.resource, phase, j, after)
-            # the chain continues from the last kernel that is not a dangling weight-gradient GEMM
-            last = max(i for i, (k, _) in enumerate(per_layer) if not k.name.endswith("_wgrad"))
-            prev = first + last
-        return prev
-
-    j = 0
-    for pipeline, count in enumerate(partition):
-        last_lane = plan.lane(pipeline, plan.pp_enc - 1)
-        to_llm = plan.llm_stage(pipeline, plan.pp_enc - 1) != 0
-        for _ in range(count):
-            ends = []
-            for per_phase, send, layers in layer_cost:
-                prev: int | None = None
-                for e, n in enumerate(layers):
-                    lane = plan.lane(pipeline, e)
-                    prev = run_layers(per_phase["fwd"], n, lane, "fwd", j, prev)
-                    if e + 1 < plan.pp_enc:
-                        prev = emit(lane, send, "comm", "fwd", j, [] if prev is None else [prev])
-                if to_llm:  # the encoder's output goes to LLM stage 0
-                    prev = emit(last_lane, send, "comm", "fwd", j, [] if prev is None else [prev])
-                ends.append(prev)
-            for (per_phase, send, layers), flag, end in zip(layer_cost, flags, ends):
-                if flag:
-                    continue
-                prev = end
-                if to_llm:  # its gradient comes back from LLM stage 0
-                    prev = emit(plan.llm_input_lane(pipeline), send, "comm", "bwd", j,
-                                [] if prev is None else [prev])
-                for e in range(plan.pp_enc - 1, -1, -1):
-                    lane = plan.lane(pipeline, e)
-                    prev = run_layers(per_phase["bwd"], layers[e], lane, "bwd", j, prev)
-                    if e > 0:
-                        prev = emit(lane, send, "comm", "bwd", j, [] if prev is None else [prev])
-            j += 1
-    return tasks
+    work = EncoderWork(encoders, plan=plan, micro_batch=micro_batch, costs=costs, tokens=tokens,
+                       frozen=frozen, sequence_parallel=sequence_parallel)
+    a = work.arrays(partition)
+    ao, af = a["after_offset"].tolist(), a["after"].tolist()
+    return [{"lane": lane, "duration": d, "resource": RESOURCES[r], "phase": PHASES[p], "microbatch": j,
+             "after": af[ao[i]:ao[i + 1]]}
+            for i, (lane, d, r, p, j) in enumerate(zip(a["lane"].tolist(), a["duration"].tolist(),
+                                                        a["resource"].tolist(), a["phase"].tolist(),
+                                                        a["microbatch"].tolist()))]

@@ -99,10 +99,12 @@ class Timeline:
         """Bubble time per stage and kind as a fraction of the step time."""
         return {r: {k: t / self.step_time for k, t in kinds.items()} for r, kinds in self.bubble_time().items()}
 
-    def save_trace(self, path: str | os.PathLike[str]) -> None:
-        """Writes a Chrome trace (JSON) that opens in the Perfetto UI."""
+    def save_trace(self, path: str | os.PathLike[str], problem: Problem | None = None,
+                   schedule: Any = None) -> None:
+        """Writes a Chrome trace (JSON) that opens in the Perfetto UI; with an encoder problem on
+        this step and its schedule, their kernels too (see pybubble.trace)."""
         from .trace import write_trace
-        write_trace(self, path)
+        write_trace(self, path, problem, schedule)
 
     def compute_free(self, stage: int) -> list[tuple[float, float]]:
         """Windows where stage ``stage`` leaves compute idle: its bubbles, merged, zero-length ones dropped."""
@@ -124,38 +126,52 @@ class Timeline:
             out.append((t, self.step_time))
         return out
 
-    def to_problem(self, tasks: Sequence[Mapping[str, Any]], lanes_per_stage: int = 1) -> Problem:
-        """A pybubble.problem/1 with this step as the LLM frame and ``tasks`` as the encoder work.
-
-        Each task is a dict in problem/1 task form without "id" (its index is its id; an "id", if
-        given, must equal it): "lane" (stage * lanes_per_stage + k), "duration", "resource"
-        ("compute" or "comm"), "phase" ("fwd" or "bwd"), "microbatch" and "after". Every lane of a
-        stage sees the stage's compute_free and link_free windows; microbatch k carries (F_k, B_k).
-        Checked field by field here and by the core; ValueError naming the field and value.
-        """
+    def lane_windows(self, lanes_per_stage: int = 1) -> dict[str, np.ndarray]:
+        """The free-window arrays of a problem on this step (compute_offset/start/end and
+        link_offset/start/end): every lane of a stage sees the stage's compute_free and link_free."""
         if isinstance(lanes_per_stage, bool) or not isinstance(lanes_per_stage, int) or lanes_per_stage < 1:
             raise ValueError(f"lanes_per_stage: {lanes_per_stage!r} is not an integer >= 1")
-        windows: dict[str, tuple[list[int], list[float], list[float]]] = {
-            "compute": ([0], [], []), "link": ([0], [], [])}
-        for stage in range(self.stages):
-            for key, free in (("compute", self.compute_free(stage)), ("link", self.link_free(stage))):
-                offset, start, end = windows[key]
-                for _ in range(lanes_per_stage):
-                    start.extend(s for s, _ in free)
-                    end.extend(e for _, e in free)
-                    offset.append(len(start))
-        if isinstance(tasks, (str, bytes, Mapping)) or not isinstance(tasks, Sequence):
+        out = {}
+        for key, free in (("compute", self.compute_free), ("link", self.link_free)):
+            per_stage = [np.array(free(stage), np.float64).reshape(-1, 2) for stage in range(self.stages)]
+            counts = np.repeat([len(w) for w in per_stage], lanes_per_stage)
+            out[f"{key}_offset"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            every = np.concatenate([np.tile(w, (lanes_per_stage, 1)) for w in per_stage])
+            out[f"{key}_start"] = np.ascontiguousarray(every[:, 0])
+            out[f"{key}_end"] = np.ascontiguousarray(every[:, 1])
+        return out
+
+    def to_problem(self, tasks: Sequence[Mapping[str, Any]] | Mapping[str, np.ndarray],
+                   lanes_per_stage: int = 1, windows: Mapping[str, np.ndarray] | None = None) -> Problem:
+        """A pybubble.problem/1 with this step as the LLM frame and ``tasks`` as the encoder work.
+
+        ``tasks`` is a list of dicts in problem/1 task form without "id" (its index is its id; an
+        "id", if given, must equal it): "lane" (stage * lanes_per_stage + k), "duration", "resource"
+        ("compute" or "comm"), "phase" ("fwd" or "bwd"), "microbatch" and "after"; or the same as
+        arrays (the keys of :func:`pybubble.problem.task_arrays`, as ``EncoderWork.arrays`` gives).
+        Every lane of a stage sees the stage's compute_free and link_free windows (``windows``:
+        :meth:`lane_windows` computed once, for many problems); microbatch k carries (F_k, B_k).
+        Checked field by field here and by the core; ValueError naming the field and value.
+        """
+        if windows is None:
+            windows = self.lane_windows(lanes_per_stage)
+        if isinstance(tasks, Mapping):
+            keys = ("lane", "microbatch", "duration", "resource", "phase", "after_offset", "after")
+            missing = [k for k in keys if k not in tasks]
+            if missing:
+                raise ValueError(f"tasks: task arrays lack {', '.join(missing)}")
+            arrays = {k: np.ascontiguousarray(tasks[k], np.float64 if k == "duration" else np.int64) for k in keys}
+        elif isinstance(tasks, (str, bytes)) or not isinstance(tasks, Sequence):
             raise ValueError(f"tasks: expected a list of task dicts, got {type(tasks).__name__}")
-        arrays = task_arrays(tasks, id_required=False)
+        else:
+            arrays = task_arrays(tasks, id_required=False)
+        num_lanes = len(windows["compute_offset"]) - 1
+        if num_lanes != self.stages * lanes_per_stage:
+            raise ValueError(f"windows: {num_lanes} lanes, expected stages x lanes_per_stage = "
+                             f"{self.stages * lanes_per_stage}")
         names = [f"pp{s}.lane{k}" for s in range(self.stages) for k in range(lanes_per_stage)]
         return Problem.from_arrays(
-            lane_names=names, horizon=self.step_time, num_lanes=self.stages * lanes_per_stage,
-            compute_offset=np.array(windows["compute"][0], np.int64),
-            compute_start=np.array(windows["compute"][1], np.float64),
-            compute_end=np.array(windows["compute"][2], np.float64),
-            link_offset=np.array(windows["link"][0], np.int64),
-            link_start=np.array(windows["link"][1], np.float64),
-            link_end=np.array(windows["link"][2], np.float64),
+            lane_names=names, horizon=self.step_time, num_lanes=num_lanes, **windows,
             forward_needed=self.forward_needed, grad_ready=self.grad_ready, **arrays)
 
     def __repr__(self) -> str:

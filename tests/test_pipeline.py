@@ -387,7 +387,7 @@ def test_trace_names_ops_by_their_table_action(tmp_path):
     ops = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("cat") == "op"]
     table = compact(schedules.zbv(p, m))
     for r in range(p):  # each rank's track lists its table row in order (V shape: stages r, 2p-1-r)
-        assert [e["name"] for e in ops if e["tid"] == 2 * r] == table[r]
+        assert [e["name"] for e in ops if e["pid"] == r] == table[r]
 
 
 # ---- invariants over random costs (hypothesis) ---------------------------------------------------

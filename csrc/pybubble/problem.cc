@@ -19,8 +19,15 @@ std::string num(double v) {
   return os.str();
 }
 
-void check_finite(double v, const std::string& field) {
-  if (!std::isfinite(v)) fail(field + ": " + num(v) + " is not a finite number");
+/// `where()` names the field; it is called only to build the message of a failure, so the
+/// checks of large problems build no strings.
+template <typename Where>
+void check_finite(double v, Where&& where) {
+  if (!std::isfinite(v)) fail(where() + ": " + num(v) + " is not a finite number");
+}
+
+void check_finite(double v, const char* field) {
+  check_finite(v, [&] { return std::string(field); });
 }
 
 void check_windows(const WindowSet& w, int64_t num_lanes, double horizon, const char* name) {
@@ -39,16 +46,17 @@ void check_windows(const WindowSet& w, int64_t num_lanes, double horizon, const 
     if (e < b) fail(n + ": offsets must not decrease (lane " + std::to_string(l) + ")");
     double prev_end = 0.0;
     for (int64_t i = b; i < e; ++i) {
-      const std::string f =
-          "lanes[" + std::to_string(l) + "]." + n + "[" + std::to_string(i - b) + "]";
+      const auto f = [&] {
+        return "lanes[" + std::to_string(l) + "]." + n + "[" + std::to_string(i - b) + "]";
+      };
       const double s = w.start[static_cast<size_t>(i)], en = w.end[static_cast<size_t>(i)];
-      check_finite(s, f + "[0]");
-      check_finite(en, f + "[1]");
-      if (!(s < en)) fail(f + ": start " + num(s) + " is not before end " + num(en));
-      if (s < 0.0) fail(f + ": start " + num(s) + " is before 0");
-      if (en > horizon) fail(f + ": end " + num(en) + " is after the horizon " + num(horizon));
+      check_finite(s, [&] { return f() + "[0]"; });
+      check_finite(en, [&] { return f() + "[1]"; });
+      if (!(s < en)) fail(f() + ": start " + num(s) + " is not before end " + num(en));
+      if (s < 0.0) fail(f() + ": start " + num(s) + " is before 0");
+      if (en > horizon) fail(f() + ": end " + num(en) + " is after the horizon " + num(horizon));
       if (i > b && s < prev_end) {
-        fail(f + ": start " + num(s) + " overlaps or precedes the previous window ending at " +
+        fail(f() + ": start " + num(s) + " overlaps or precedes the previous window ending at " +
              num(prev_end) + " (windows must be sorted and disjoint)");
       }
       prev_end = en;
@@ -71,17 +79,17 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
   if (in_.grad_ready.size() != m) fail("microbatches: forward_needed and grad_ready differ in length");
   if (m > static_cast<size_t>(std::numeric_limits<int32_t>::max() / 4)) fail("microbatches: too many");
   for (size_t k = 0; k < m; ++k) {
-    const std::string f = "microbatches[" + std::to_string(k) + "]";
+    const auto f = [&] { return "microbatches[" + std::to_string(k) + "]"; };
     const double fn = in_.forward_needed[k], gr = in_.grad_ready[k];
-    check_finite(fn, f + ".forward_needed");
-    check_finite(gr, f + ".grad_ready");
+    check_finite(fn, [&] { return f() + ".forward_needed"; });
+    check_finite(gr, [&] { return f() + ".grad_ready"; });
     if (fn < 0.0 || fn > in_.horizon) {
-      fail(f + ".forward_needed: " + num(fn) + " is outside [0, horizon=" + num(in_.horizon) + "]");
+      fail(f() + ".forward_needed: " + num(fn) + " is outside [0, horizon=" + num(in_.horizon) + "]");
     }
     if (gr < 0.0 || gr > in_.horizon) {
-      fail(f + ".grad_ready: " + num(gr) + " is outside [0, horizon=" + num(in_.horizon) + "]");
+      fail(f() + ".grad_ready: " + num(gr) + " is outside [0, horizon=" + num(in_.horizon) + "]");
     }
-    if (gr < fn) fail(f + ".grad_ready: " + num(gr) + " is before forward_needed " + num(fn));
+    if (gr < fn) fail(f() + ".grad_ready: " + num(gr) + " is before forward_needed " + num(fn));
   }
 
   const size_t n = in_.duration.size();
@@ -103,22 +111,22 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
   resource_.resize(n);
   phase_.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const std::string f = "tasks[" + std::to_string(i) + "]";
+    const auto f = [&] { return "tasks[" + std::to_string(i) + "]"; };
     if (in_.lane[i] < 0 || in_.lane[i] >= in_.num_lanes) {
-      fail(f + ".lane: " + std::to_string(in_.lane[i]) + " is not in [0, " +
+      fail(f() + ".lane: " + std::to_string(in_.lane[i]) + " is not in [0, " +
            std::to_string(in_.num_lanes) + ")");
     }
     if (in_.microbatch[i] < 0 || in_.microbatch[i] >= static_cast<int64_t>(m)) {
-      fail(f + ".microbatch: " + std::to_string(in_.microbatch[i]) + " is not in [0, " +
+      fail(f() + ".microbatch: " + std::to_string(in_.microbatch[i]) + " is not in [0, " +
            std::to_string(m) + ")");
     }
-    check_finite(in_.duration[i], f + ".duration");
-    if (in_.duration[i] < 0.0) fail(f + ".duration: " + num(in_.duration[i]) + " is negative");
+    check_finite(in_.duration[i], [&] { return f() + ".duration"; });
+    if (in_.duration[i] < 0.0) fail(f() + ".duration: " + num(in_.duration[i]) + " is negative");
     if (in_.resource[i] != kCompute && in_.resource[i] != kComm) {
-      fail(f + ".resource: " + std::to_string(in_.resource[i]) + " is not 0 (compute) or 1 (comm)");
+      fail(f() + ".resource: " + std::to_string(in_.resource[i]) + " is not 0 (compute) or 1 (comm)");
     }
     if (in_.phase[i] != kFwd && in_.phase[i] != kBwd) {
-      fail(f + ".phase: " + std::to_string(in_.phase[i]) + " is not 0 (fwd) or 1 (bwd)");
+      fail(f() + ".phase: " + std::to_string(in_.phase[i]) + " is not 0 (fwd) or 1 (bwd)");
     }
     lane_[i] = static_cast<int32_t>(in_.lane[i]);
     microbatch_[i] = static_cast<int32_t>(in_.microbatch[i]);
@@ -136,17 +144,17 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
     }
     for (int64_t q = b; q < e; ++q) {
       const int64_t p = in_.after[static_cast<size_t>(q)];
-      const std::string f = "tasks[" + std::to_string(i) + "].after[" + std::to_string(q - b) + "]";
-      if (p < 0) fail(f + ": " + std::to_string(p) + " is negative");
+      const auto f = [&] { return "tasks[" + std::to_string(i) + "].after[" + std::to_string(q - b) + "]"; };
+      if (p < 0) fail(f() + ": " + std::to_string(p) + " is negative");
       if (p >= static_cast<int64_t>(i)) {
-        fail(f + ": " + std::to_string(p) + " is not < " + std::to_string(i));
+        fail(f() + ": " + std::to_string(p) + " is not < " + std::to_string(i));
       }
       if (phase_[static_cast<size_t>(p)] == kBwd && phase_[i] == kFwd) {
-        fail(f + ": " + std::to_string(p) + " is a backward task, a predecessor of forward task " +
+        fail(f() + ": " + std::to_string(p) + " is a backward task, a predecessor of forward task " +
              std::to_string(i));
       }
       if (microbatch_[static_cast<size_t>(p)] != microbatch_[i]) {
-        fail(f + ": " + std::to_string(p) + " belongs to microbatch " +
+        fail(f() + ": " + std::to_string(p) + " belongs to microbatch " +
              std::to_string(microbatch_[static_cast<size_t>(p)]) + ", task " + std::to_string(i) +
              " to microbatch " + std::to_string(microbatch_[i]));
       }

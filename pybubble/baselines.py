@@ -24,7 +24,7 @@ import numpy as np
 from .config import Config
 from .costmodel import CostModel
 from .memory import encoder_images, stage_bytes
-from .planner import llm_layer_times, llm_timeline
+from .planner import encoder_tp_ok, llm_layer_times, llm_timeline
 from .timeline import Timeline
 
 
@@ -43,10 +43,20 @@ class Baseline:
     """How the layers are placed, in words."""
 
 
+def encoder_tp(config: Config) -> int:
+    """The encoders' TP degree in the Megatron layouts: the LLM's, or the largest divisor of it that
+    splits every encoder's heads (Megatron's ``--encoder-tensor-model-parallel-size``)."""
+    tp = config.llm_plan.tp
+    return max(d for d in range(1, tp + 1) if tp % d == 0 and encoder_tp_ok(config, d))
+
+
 def encoder_layer_times(config: Config, costs: CostModel) -> list[tuple[int, float, float]]:
-    """Per encoder: (layers, forward, backward) of one layer for one microbatch at the LLM's TP
-    degree; a frozen encoder's backward is 0."""
-    images, tp = encoder_images(config), config.llm_plan.tp
+    """Per encoder: (layers, forward, backward) of one layer for one microbatch on one LLM stage's
+    GPUs, at :func:`encoder_tp`; with a TP degree below the LLM's, the stage's TP groups split the
+    microbatch's images (the slowest group's share counts). A frozen encoder's backward is 0."""
+    tp = encoder_tp(config)
+    groups = config.llm_plan.tp // tp
+    images = -(-encoder_images(config) // groups)
     out = []
     for enc in config.encoders:
         m = enc.model
@@ -68,9 +78,9 @@ def megatron(config: Config, costs: CostModel) -> Baseline:
     tl = llm_timeline(config, costs, fwd=fwd, bwd=bwd)
     enc_layers = np.zeros((p.pp, p.vpp))
     enc_layers[0, 0] = sum(n for n, _, _ in enc)
-    mem = stage_bytes(config, tl, encoder_layers=enc_layers)
+    mem = stage_bytes(config, tl, encoder_layers=enc_layers, encoder_tp=encoder_tp(config))
     return Baseline(name="megatron", step_time=tl.step_time, memory_bytes=float(mem.max()), timeline=tl,
-                    layout=f"encoders on stage 0 (TP {p.tp})")
+                    layout=f"encoders on stage 0 (TP {encoder_tp(config)})")
 
 
 def balanced_cuts(costs: np.ndarray, parts: int) -> np.ndarray:
@@ -130,7 +140,7 @@ def megatron_balanced(config: Config, costs: CostModel) -> Baseline:
         fwd[s, k], bwd[s, k] = f[sl].sum(), b[sl].sum()
         enc_layers[s, k], llm_layers[s, k] = is_enc[sl].sum(), (~is_enc[sl]).sum()
     tl = llm_timeline(config, costs, fwd=fwd, bwd=bwd)
-    mem = stage_bytes(config, tl, encoder_layers=enc_layers, llm_layers=llm_layers)
+    mem = stage_bytes(config, tl, encoder_layers=enc_layers, llm_layers=llm_layers, encoder_tp=encoder_tp(config))
     stages_with_encoder = int((enc_layers.sum(axis=1) > 0).sum())
     return Baseline(name="megatron_balanced", step_time=tl.step_time, memory_bytes=float(mem.max()),
                     timeline=tl, layout=f"layers balanced over {v} virtual stages; encoders on "

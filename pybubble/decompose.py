@@ -50,6 +50,12 @@ class Kernel:
     """For comm kernels: ranks taking part (the TP degree)."""
 
 
+def splits_heads(model: TransformerShape, tp: int) -> bool:
+    """Whether a TP group of `tp` can split `model`'s attention heads (query heads divided evenly;
+    key/value heads divided, or replicated when there are fewer than `tp`)."""
+    return model.heads % tp == 0 and (model.kv_heads % tp == 0 or tp % model.kv_heads == 0)
+
+
 def _check_args(model: TransformerShape, micro_batch: int, seq_len: int, tp: int, phase: str) -> None:
     if not isinstance(model, TransformerShape):
         raise ValueError(f"model: {model!r} is not an EncoderConfig or LLMConfig")
@@ -58,7 +64,7 @@ def _check_args(model: TransformerShape, micro_batch: int, seq_len: int, tp: int
             raise ValueError(f"{name}: {value!r} is not a positive integer")
     if phase not in PHASES:
         raise ValueError(f"phase: {phase!r} is not one of {', '.join(PHASES)}")
-    if model.heads % tp or model.kv_heads % tp and tp % model.kv_heads:
+    if not splits_heads(model, tp):
         raise ValueError(f"tp: {tp} does not divide the heads ({model.heads}, kv {model.kv_heads}) of {model.name}")
     if model.ffn_hidden % tp:
         raise ValueError(f"tp: {tp} does not divide ffn_hidden ({model.ffn_hidden}) of {model.name}")

@@ -75,10 +75,12 @@ def _encoder_layer_bytes(enc: "Encoder", images: int, tp: int) -> tuple[float, f
 
 
 def stage_bytes(config: "Config", timeline: "Timeline", encoder_layers: np.ndarray | None = None,
-                llm_layers: np.ndarray | None = None) -> np.ndarray:
+                llm_layers: np.ndarray | None = None, encoder_tp: int | None = None) -> np.ndarray:
     """Per pipeline stage, model states and peak activations on one GPU when chunk ``c`` of stage
-    ``s`` holds ``llm_layers[s, c]`` LLM layers and ``encoder_layers[s, c]`` layers of the encoders
-    (TP as the LLM's). Default: the LLM's even layout and no encoder."""
+    ``s`` holds ``llm_layers[s, c]`` LLM layers and ``encoder_layers[s, c]`` layers of the encoders.
+    The encoders' weights are split over `encoder_tp` GPUs (default: the LLM's TP); their
+    activations over all of the stage's GPUs (TP groups below the LLM's split the images).
+    Default: the LLM's even layout and no encoder."""
     llm, plan, tr = config.llm, config.llm_plan, config.training
     shape = (timeline.stages, timeline.chunks)
     if llm_layers is None:
@@ -89,7 +91,8 @@ def stage_bytes(config: "Config", timeline: "Timeline", encoder_layers: np.ndarr
     held = activation_bytes(llm, tr.micro_batch, tr.seq_len, plan.tp) * llm_layers
     images = encoder_images(config)
     for enc in config.encoders:
-        s_bytes, a_bytes = _encoder_layer_bytes(enc, images, plan.tp)
+        s_bytes = _encoder_layer_bytes(enc, images, encoder_tp or plan.tp)[0]
+        a_bytes = _encoder_layer_bytes(enc, images, plan.tp)[1]
         share = enc.model.layers / sum(e.model.layers for e in config.encoders)
         states = states + s_bytes * share * encoder_layers
         held = held + a_bytes * share * encoder_layers

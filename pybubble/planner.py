@@ -31,6 +31,7 @@ import numpy as np
 
 from .config import Config
 from .costmodel import CostModel
+from .decompose import splits_heads
 from .encoder_plan import EncoderPlan, EncoderWork
 from .memory import GB, colocated_bytes, encoder_images, stage_bytes
 from .problem import Problem
@@ -84,6 +85,11 @@ def llm_timeline(config: Config, costs: CostModel | None = None, *, fwd: np.ndar
                              dp_allgather=gather, dp_reducescatter=scatter)
 
 
+def encoder_tp_ok(config: Config, tp: int) -> bool:
+    """Whether every encoder of the config can run at tensor parallelism `tp`."""
+    return all(splits_heads(e.model, tp) for e in config.encoders)
+
+
 def even_partition(microbatches: int, pipelines: int) -> list[int]:
     """Microbatches spread over the encoder pipelines as evenly as possible (earlier ones get the
     remainder)."""
@@ -107,12 +113,12 @@ def encoder_problem(config: Config, timeline: Timeline, plan: EncoderPlan, parti
 
 def candidates(config: Config) -> list[EncoderPlan]:
     """Every encoder plan the config allows: PP_enc dividing PP_llm, TP_enc dividing TP_llm, as
-    many encoder pipelines per LLM replica as there are LLM microbatches at most, and at least one
-    layer of every encoder on each encoder stage."""
+    many encoder pipelines per LLM replica as there are LLM microbatches at most, at least one
+    layer of every encoder on each encoder stage, and TP_enc splitting every encoder's heads."""
     p = config.llm_plan
     out = []
     for pp_enc in (d for d in range(1, p.pp + 1) if p.pp % d == 0):
-        for tp_enc in (d for d in range(1, p.tp + 1) if p.tp % d == 0):
+        for tp_enc in (d for d in range(1, p.tp + 1) if p.tp % d == 0 and encoder_tp_ok(config, d)):
             plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=p.pp, tp_llm=p.tp)
             if plan.pipelines <= config.microbatches and all(plan.stage_layers(e.model.layers)[-1] > 0
                                                             for e in config.encoders):
@@ -405,7 +411,7 @@ def separate(config: Config, costs: CostModel | None = None, timeline: Timeline 
     layers = min(e.model.layers for e in config.encoders)
     best: Separate | None = None
     for pp_enc in (d for d in range(1, p.pp + 1) if layers >= d):
-        for tp_enc in (d for d in (1, 2, 4, 8, 16) if d <= config.cluster.gpus_per_node):
+        for tp_enc in (d for d in (1, 2, 4, 8, 16) if d <= config.cluster.gpus_per_node and encoder_tp_ok(config, d)):
             n = 1
             while n <= config.microbatches:
                 plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)

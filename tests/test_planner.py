@@ -1,15 +1,27 @@
-"""Planner building blocks: the LLM step of a config and the encoder's problems in its bubbles."""
+"""The planner: the LLM step of a config, the encoder's problems in its bubbles, the partition
+search with its bounds and memory pruning, checked against brute force on small configs."""
 
+import math
+
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pybubble
+from pybubble import planner
 from pybubble.config import load_config
-from pybubble.planner import best_plan, candidates, encoder_problem, even_partition, llm_timeline
+from pybubble.memory import GB, stage_bytes
+from pybubble.planner import (best_plan, candidates, compositions, encoder_problem, even_partition, llm_timeline,
+                              search)
 
 SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
          "encoders": [{"preset": "vit-l-14"}],
          "training": {"global_batch": 32, "micro_batch": 2, "seq_len": 2048},
          "llm_plan": {"dp": 2, "pp": 4, "tp": 2}}
+# Four microbatches: few enough partitions for brute force over every plan.
+TINY = {**SMALL, "training": {"global_batch": 16, "micro_batch": 2, "seq_len": 2048},
+        "encoders": [{"preset": "vit-l-14", "tokens_per_sample": 1028}]}
 
 
 def test_llm_timeline_follows_the_config():
@@ -36,19 +48,119 @@ def test_every_candidate_problem_schedules_validly_and_greedy_beats_coarse():
         assert problem.horizon == tl.step_time
 
 
+def test_candidates_skip_tp_degrees_that_do_not_split_the_heads():
+    cfg = load_config({**SMALL, "encoders": [{"preset": "vit-3b"}], "llm_plan": {"dp": 1, "pp": 4, "tp": 4},
+                       "cluster": {"gpus": 16}})
+    assert {p.tp_enc for p in candidates(cfg)} == {1, 2}  # 18 heads: TP 4 cannot split them
+
+
 def test_best_plan_hides_most_of_a_small_encoder():
     cfg = load_config(SMALL)
     best = best_plan(cfg)
-    assert best.schedule.hidden_fraction(best.problem) > 0.5
+    assert best.hidden_fraction > 0.5
     assert best.step_time < pybubble.schedule(best.problem, "coarse").step_time
+    assert pybubble.validate(best.problem, best.schedule) == []
 
 
-def test_even_partition():
+def test_even_partition_and_compositions():
     assert even_partition(8, 3) == [3, 3, 2]
     assert sum(even_partition(16, 16)) == 16
+    for total, parts in ((4, 1), (5, 3), (6, 4)):
+        comps = list(compositions(total, parts))
+        assert len(comps) == len(set(comps)) == math.comb(total + parts - 1, parts - 1)
+        assert all(sum(c) == total and len(c) == parts and min(c) >= 0 for c in comps)
 
 
 def test_frozen_encoders_have_no_backward_tasks():
     cfg = load_config({**SMALL, "encoders": [{"preset": "vit-l-14", "frozen": True}]})
     best = best_plan(cfg)
     assert (best.problem.arrays()["phase"] == 0).all()
+
+
+def _brute_force(cfg):
+    """The best step over every plan and every partition, scheduled one by one."""
+    tl = llm_timeline(cfg)
+    best = math.inf
+    for plan in candidates(cfg):
+        for partition in compositions(cfg.microbatches, plan.pipelines):
+            best = min(best, pybubble.schedule(encoder_problem(cfg, tl, plan, list(partition))).step_time)
+    return best
+
+
+def test_search_finds_the_brute_force_optimum_when_it_enumerates():
+    cfg = load_config(TINY)
+    found = search(cfg, workers=2)
+    assert found.best.step_time == pytest.approx(_brute_force(cfg), rel=1e-12)
+    assert found.stats.plans == len(candidates(cfg))
+    assert found.top[0] is found.best and [c.step_time for c in found.top] == sorted(c.step_time for c in found.top)
+
+
+def test_local_search_never_loses_to_the_even_partition(monkeypatch):
+    cfg = load_config(TINY)
+    monkeypatch.setattr(planner, "EXHAUSTIVE", 0)  # local search everywhere
+    found = search(cfg, workers=1)
+    tl = found.timeline
+    even = min(pybubble.schedule(encoder_problem(cfg, tl, p, even_partition(cfg.microbatches, p.pipelines))).step_time
+               for p in candidates(cfg))
+    assert _brute_force(cfg) <= found.best.step_time <= even
+    assert pybubble.validate(found.best.problem, found.best.schedule) == []
+
+
+@pytest.fixture(scope="module")
+def space():
+    cfg = load_config(SMALL)
+    costs = planner.cost_model(cfg)
+    tl = llm_timeline(cfg, costs)
+    plan = [p for p in candidates(cfg) if (p.pp_enc, p.tp_enc) == (2, 1)][0]
+    return planner._PlanSpace(cfg, costs, tl, plan, tl.lane_windows(plan.lanes_per_stage), stage_bytes(cfg, tl))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(0, 8), min_size=3, max_size=3).filter(lambda c: sum(c) <= 8))
+def test_partition_bound_never_exceeds_the_scheduled_step(space, cuts):
+    partition = [*cuts, 8 - sum(cuts)]
+    cand = space.candidate(partition)
+    assert space.bound(partition) <= cand.step_time * (1 + 1e-12)
+    assert space.plan_bound(8) <= cand.step_time * (1 + 1e-12)
+    assert cand.problem.num_microbatches == 8 and cand.partition == list(partition)
+
+
+def test_memory_prunes_plans_and_a_too_small_budget_is_an_error():
+    cfg = load_config(SMALL)
+    full = search(cfg)
+    need = [c.memory_bytes for c in full.top]
+    # a budget between the leanest and the hungriest plan: the hungriest ones go
+    limit = (min(need) + max(need)) / 2 / GB
+    tight = search(load_config({**SMALL, "memory_gb": limit}))
+    assert tight.best.memory_bytes <= limit * GB
+    assert tight.stats.memory_pruned + tight.stats.plans_out_of_memory > 0
+    llm_only = full.llm_memory_bytes / GB
+    with pytest.raises(ValueError, match="memory_gb: no encoder plan fits"):
+        search(load_config({**SMALL, "memory_gb": (llm_only + min(need) / GB) / 2}))
+    with pytest.raises(ValueError, match="memory_gb: the LLM alone needs"):
+        search(load_config({**SMALL, "memory_gb": llm_only / 2}))
+
+
+def test_separate_placement_adds_gpus_and_costs_the_boundary_transfer():
+    cfg = load_config(SMALL)
+    sep = planner.separate(cfg)
+    p = sep.plan
+    assert sep.extra_gpus == cfg.llm_plan.dp * p.pp_enc * p.tp_enc * p.lanes_per_stage
+    assert sep.step_time >= llm_timeline(cfg).step_time
+    a = sep.candidate.problem.arrays()
+    fwd_sends = ((a["resource"] == 1) & (a["phase"] == 0)).sum()
+    assert fwd_sends >= cfg.microbatches  # every microbatch's output crosses to the LLM
+    assert pybubble.validate(sep.candidate.problem, sep.candidate.schedule) == []
+
+
+def test_mfu_counts_the_model_flops():
+    cfg = load_config(SMALL)
+    flops = planner.model_flops(cfg)
+    llm = cfg.llm
+    # 6 · parameters · tokens is the well-known lower estimate (attention and logits add to it)
+    assert flops > 6 * llm.params_per_layer * llm.layers * cfg.training.seq_len * cfg.training.global_batch
+    frozen = planner.model_flops(load_config({**SMALL, "encoders": [{"preset": "vit-l-14", "frozen": True}]}))
+    assert frozen < flops
+    step = 1e6
+    assert planner.mfu(cfg, step) == pytest.approx(flops / (cfg.cluster.gpus * 989.4e12))
+    assert np.isclose(planner.mfu(cfg, step, gpus=32), planner.mfu(cfg, step) / 2)

@@ -137,29 +137,49 @@ class EncoderWork:
         if to_llm in self._templates:
             return self._templates[to_llm]
         plan = self.plan
-        tag, dur, res, ph, after_offset, after = [], [], [], [], [0], []
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("tag", "duration", "resource", "phase", "counts", "after")}
+        size = 0
+
+        def add(tag: np.ndarray, duration: np.ndarray, resource: np.ndarray, phase: int, counts: np.ndarray,
+                after: np.ndarray) -> None:
+            nonlocal size
+            for key, value in (("tag", tag), ("duration", duration), ("resource", resource),
+                               ("phase", np.full(len(tag), phase, np.int64)), ("counts", counts), ("after", after)):
+                parts[key].append(value)
+            size += len(tag)
 
         def emit(lane_tag: int, duration: float, resource: str, phase: str, preds: list[int]) -> int:
-            tag.append(lane_tag)
-            dur.append(duration)
-            res.append(RESOURCES.index(resource))
-            ph.append(PHASES.index(phase))
-            after.extend(preds)
-            after_offset.append(len(after))
-            return len(tag) - 1
+            add(np.array([lane_tag]), np.array([duration]), np.array([RESOURCES.index(resource)]),
+                PHASES.index(phase), np.array([len(preds)]), np.array(preds, np.int64))
+            return size - 1
 
         def run_layers(per_layer: list[tuple[Any, float]], count: int, lane_tag: int, phase: str,
                        prev: int | None) -> int | None:
-            """Emits `count` layers; returns the task that ends the last layer's dependency chain."""
+            """Lays out `count` layers; returns the task that ends the last layer's dependency chain.
+            Within a layer the kernels wait as the decomposition says; its root kernels (no
+            predecessor in the layer) wait for the previous layer's chain end, or for `prev`."""
+            if count == 0:
+                return prev
+            k_n = len(per_layer)
             # the chain continues from the last kernel that is not a dangling weight-gradient GEMM
             last = max(i for i, (k, _) in enumerate(per_layer) if not k.name.endswith("_wgrad"))
-            for _ in range(count):
-                first = len(tag)
-                for k, t in per_layer:
-                    preds = [first + a for a in k.after] if k.after else ([] if prev is None else [prev])
-                    emit(lane_tag, t, k.resource, phase, preds)
-                prev = first + last
-            return prev
+            rel = np.array([a for k, _ in per_layer for a in (k.after or (-1,))], np.int64)
+            counts = np.array([len(k.after) or 1 for k, _ in per_layer], np.int64)
+            root_kernel = np.array([not k.after for k, _ in per_layer])
+            root = rel < 0
+            base = size + k_n * np.arange(count, dtype=np.int64)[:, None]  # first task of each layer
+            after = np.where(root, base - k_n + last, base + rel)  # roots: the previous layer's end
+            all_counts = np.tile(counts, count)
+            if prev is None:  # the first layer's roots wait for nothing
+                after = np.concatenate([after[0][~root], after[1:].reshape(-1)])
+                all_counts[:k_n][root_kernel] = 0
+            else:
+                after[0][root] = prev
+                after = after.reshape(-1)
+            add(np.full(count * k_n, lane_tag, np.int64), np.tile([t for _, t in per_layer], count),
+                np.tile([RESOURCES.index(k.resource) for k, _ in per_layer], count), PHASES.index(phase),
+                all_counts, after)
+            return size - k_n + last
 
         def chain(prev: int | None) -> list[int]:
             return [] if prev is None else [prev]
@@ -185,9 +205,9 @@ class EncoderWork:
                 prev = run_layers(per_phase["bwd"], layers[e], e, "bwd", prev)
                 if e > 0:
                     prev = emit(e, send, "comm", "bwd", chain(prev))
-        out = {"tag": np.array(tag, np.int64), "duration": np.array(dur, np.float64),
-               "resource": np.array(res, np.int64), "phase": np.array(ph, np.int64),
-               "after_offset": np.array(after_offset, np.int64), "after": np.array(after, np.int64)}
+        out = {k: np.concatenate(v) for k, v in parts.items()}
+        out["duration"] = out["duration"].astype(np.float64)
+        out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("counts"))]).astype(np.int64)
         self._templates[to_llm] = out
         return out
 

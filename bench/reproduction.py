@@ -20,8 +20,8 @@ CONFIGS = ROOT / "examples" / "optimus"
 
 # What the paper reports for each group of settings (Feng et al., USENIX ATC'25).
 PAPER = {
-    "weak": "up to 1.22x over the best baseline across settings A-D",
-    "strong": "1.21x at 3072 GPUs (20.5-21.3% faster than the baselines)",
+    "weak": "up to 1.22x (across A-D)",
+    "strong": "1.21x at 3072 GPUs (20.5-21.3% faster)",
     "dual": "1.25-1.27x",
     "a100": "(no single figure quoted for this setting)",
 }

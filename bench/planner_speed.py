@@ -1,0 +1,87 @@
+"""How fast the planner is, and how close its local search comes to enumerating every partition.
+
+Speed: `pybubble.plan` on a config, median of --repeats runs, split into the search, the baselines
+and the non-colocated layout; 1 thread against 2. Quality: for each encoder plan with at most
+--max-pipelines pipelines, the local search's best partition against the best of all partitions
+(every composition scheduled), both from the same search code.
+
+Usage: python bench/planner_speed.py [--config examples/optimus/strong_3072.yaml] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from pathlib import Path
+
+import pybubble
+from pybubble import baselines, planner
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def median_s(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=str(ROOT / "examples" / "optimus" / "strong_3072.yaml"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-pipelines", type=int, default=4)
+    args = parser.parse_args()
+    cfg = pybubble.load_config(args.config)
+    costs = planner.cost_model(cfg)
+    pybubble.plan(cfg)  # warm caches (imports, first allocations)
+    whole = median_s(lambda: pybubble.plan(cfg), args.repeats)
+    one = median_s(lambda: planner.search(cfg, costs, workers=1), args.repeats)
+    two = median_s(lambda: planner.search(cfg, costs, workers=2), args.repeats)
+    base = median_s(lambda: (baselines.megatron(cfg, costs), baselines.megatron_balanced(cfg, costs)), args.repeats)
+    sep = median_s(lambda: planner.separate(cfg, costs), args.repeats)
+    found = planner.search(cfg, costs)
+    print(f"{Path(args.config).name}: {cfg.cluster.gpus} GPUs, {cfg.microbatches} microbatches, "
+          f"{found.stats.plans} encoder plans, {found.stats.scheduled} partitions scheduled")
+    print(f"plan (all)          median {whole:.3f} s")
+    print(f"  search, 1 thread  median {one:.3f} s")
+    print(f"  search, 2 threads median {two:.3f} s   (1 thread / 2 threads = {one / two:.2f}x)")
+    print(f"  baselines         median {base:.3f} s")
+    print(f"  non-colocated     median {sep:.3f} s")
+
+    # Local search against every partition, plan by plan (the same scheduling code).
+    tl = found.timeline
+    llm_mem = planner.stage_bytes(cfg, tl)
+    m = cfg.microbatches
+    print(f"\nlocal search vs all partitions (plans with <= {args.max_pipelines} pipelines):")
+    for plan in planner.candidates(cfg):
+        if plan.pipelines > args.max_pipelines or plan.pipelines == 1:
+            continue
+        space = planner._PlanSpace(cfg, costs, tl, plan, tl.lane_windows(plan.lanes_per_stage), llm_mem)
+        t0 = time.perf_counter()
+        every = min(space.candidate(p).step_time for p in planner.compositions(m, plan.pipelines)
+                    if space.memory(p) <= space.memory_limit)
+        t_all = time.perf_counter() - t0
+        saved = planner.EXHAUSTIVE
+        planner.EXHAUSTIVE = 0
+        try:
+            stats = planner.SearchStats()
+            t0 = time.perf_counter()
+            local = planner._search_plan(space, m, lambda: math.inf, stats, __import__("threading").Lock())
+            t_local = time.perf_counter() - t0
+        finally:
+            planner.EXHAUSTIVE = saved
+        assert local is not None
+        print(f"  PP_enc {plan.pp_enc} TP_enc {plan.tp_enc} ({plan.pipelines} pipelines, "
+              f"{math.comb(m + plan.pipelines - 1, plan.pipelines - 1)} partitions): local "
+              f"{local.step_time / 1e3:,.2f} ms in {stats.scheduled} schedules ({t_local:.2f} s), all "
+              f"{every / 1e3:,.2f} ms ({t_all:.2f} s); gap {local.step_time / every - 1:.3%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -108,14 +108,18 @@ class LLMPlan:
     tp: int
     """Tensor-parallel size."""
     vpp: int = 1
-    """Model chunks per stage (interleaved schedules)."""
+    """Model chunks per stage (interleaved schedules; zbv always has 2)."""
     schedule: str = "1f1b"
     """Pipeline schedule, one of pybubble.schedules.NAMES."""
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"llm_plan.schedule: {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
-        if self.vpp > 1 and self.schedule not in ("interleaved_1f1b", "zbv"):
+        if self.schedule == "zbv":
+            if self.vpp not in (1, 2):
+                raise ValueError(f"llm_plan.vpp: {self.vpp}, but zbv runs 2 chunks per stage")
+            self.vpp = 2  # the V shape: two chunks per stage
+        elif self.vpp > 1 and self.schedule != "interleaved_1f1b":
             raise ValueError(f"llm_plan.vpp: {self.vpp} needs an interleaved schedule, not {self.schedule!r}")
 
 

@@ -368,7 +368,9 @@ def search(config: Config, costs: CostModel | None = None, *, workers: int = 2,
         for space in spaces:
             run(space)
     if not results:
-        raise ValueError(f"memory_gb: no encoder plan fits in {config.memory_gb:g} GB per GPU")
+        leanest = min(s.memory(even_partition(microbatches, s.plan.pipelines)) for s in spaces)
+        raise ValueError(f"memory_gb: no encoder plan fits in {config.memory_gb:g} GB per GPU (the leanest "
+                         f"even partition needs {leanest / GB:.1f} GB)")
     results.sort(key=lambda c: c.step_time)
     stats.seconds = time.perf_counter() - t0
     fitting = [c for c in coarse if c.memory_bytes <= config.memory_gb * GB] or coarse

@@ -68,3 +68,10 @@ def test_unreadable_files(tmp_path):
     bad.write_text("cluster: [1, 2")
     with pytest.raises(ValueError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_zbv_runs_two_chunks_per_stage():
+    doc = {**BASE, "llm_plan": {"dp": 48, "pp": 8, "tp": 8, "schedule": "zbv"}}
+    assert load_config(doc).llm_plan.vpp == 2
+    with pytest.raises(ValueError, match="llm_plan.vpp: 3, but zbv runs 2 chunks per stage"):
+        load_config({**BASE, "llm_plan": {"dp": 48, "pp": 8, "tp": 8, "vpp": 3, "schedule": "zbv"}})

@@ -372,7 +372,7 @@ def _stage_array(values: object, field: str, positive: bool) -> np.ndarray:
         raise ValueError(f"{field}: shape {arr.shape} is not one entry per stage")
     for i, v in enumerate(arr):
         if not math.isfinite(v) or v < 0 or (positive and v == 0):
-            raise ValueError(f"{field}[{i}]: {v!r} is not a finite number {'> 0' if positive else '>= 0'}")
+            raise ValueError(f"{field}[{i}]: {float(v)!r} is not a finite number {'> 0' if positive else '>= 0'}")
     return arr
 
 

@@ -46,7 +46,7 @@ class OnlineScheduler:
             raise ValueError(f"scale: shape {s.shape}, expected ({self.problem.num_microbatches},)")
         if not (np.isfinite(s).all() and (s >= 0).all()):
             j = int(np.nonzero(~(np.isfinite(s) & (s >= 0)))[0][0])
-            raise ValueError(f"scale[{j}]: {s[j]!r} is not a finite number >= 0")
+            raise ValueError(f"scale[{j}]: {float(s[j])!r} is not a finite number >= 0")
         return self._duration * s[self._microbatch]
 
     def submit(self, durations: np.ndarray) -> Future[Schedule]:

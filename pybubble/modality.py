@@ -463,7 +463,11 @@ def search(encoder_layers: int, llm_layers: int, stages: int, layers: LayerTimes
     leaves: list[list[int]] = []
 
     def flush() -> None:
-        nonlocal best, best_cuts, evaluated
+        nonlocal best, best_cuts, evaluated, optimal
+        room = limit - evaluated
+        if len(leaves) > room:  # the evaluation limit: what is left unevaluated may be better
+            optimal = False
+            del leaves[max(0, room):]
         if leaves:
             steps = evaluate(leaves)
             k = int(np.argmin(steps))
@@ -472,7 +476,7 @@ def search(encoder_layers: int, llm_layers: int, stages: int, layers: LayerTimes
             evaluated += len(leaves)
             leaves.clear()
 
-    while stack:
+    while stack and optimal:
         i, part, cuts = stack.pop()
         a = cuts[-1]
         ends = np.arange(a + 1, n - (s - 1 - i) + 1)
@@ -483,11 +487,10 @@ def search(encoder_layers: int, llm_layers: int, stages: int, layers: LayerTimes
                 leaves.append(cuts + [b])
             else:
                 stack.append((i + 1, max(part, float(bound[i, a, b])), cuts + [b]))
-        if len(leaves) >= 1024 or not stack:
+        if len(leaves) >= 1024:
             flush()
-            if evaluated >= limit and stack:
-                optimal = False
-                break
+        if evaluated >= limit and stack:
+            optimal = False
     flush()
     pred = predict_split(_split(e, best_cuts), layers, m, lat)
     pred.optimal = optimal

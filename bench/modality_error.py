@@ -1,0 +1,101 @@
+"""The modality bubble model against the C++ 1F1B simulator, and its layer split against the even
+and the Megatron splits.
+
+Part 1 draws pipelines at random (seeded) and prints the relative error of the model's step
+(pybubble.modality.predict) against simulate_pipeline("1f1b", per-stage fwd/bwd, p2p):
+
+- `stages`: any per-stage times: fwd in [0.1, 10], bwd / fwd in [0.05, 3], p2p in [0, 3],
+  2-8 stages, 1-32 microbatches;
+- `layers`: encoder layers then LLM layers cut at random into 2-8 stages; per-layer times drawn
+  per case (encoder bwd / fwd in [0.05, 3], LLM bwd / fwd in [1.5, 3]).
+
+Part 2 takes MLLM configs (cost model, H100), searches the split and prints predicted and simulated
+steps for it, for equal layer counts per stage and for Megatron's (whole encoder on stage 0).
+
+Usage: python bench/modality_error.py [--cases 2000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from pybubble import modality
+from pybubble.config import load_config
+
+
+def stages_case(rng: np.random.Generator) -> modality.Prediction:
+    s, m = int(rng.integers(2, 9)), int(rng.integers(1, 33))
+    f = rng.uniform(0.1, 10.0, s)
+    return modality.predict(f, f * rng.uniform(0.05, 3.0, s), m, float(rng.uniform(0.0, 3.0)))
+
+
+def layers_case(rng: np.random.Generator) -> modality.Prediction:
+    s, m = int(rng.integers(2, 9)), int(rng.integers(1, 33))
+    e, l_ = int(rng.integers(0, 49)), int(rng.integers(s, 97))
+    ef, lf = rng.uniform(0.1, 10.0), rng.uniform(0.1, 10.0)
+    times = modality.LayerTimes(encoder_fwd=ef, encoder_bwd=ef * rng.uniform(0.05, 3.0), llm_fwd=lf,
+                                llm_bwd=lf * rng.uniform(1.5, 3.0))
+    cuts = np.sort(rng.choice(np.arange(1, e + l_), s - 1, replace=False))
+    split = modality._split(e, [0, *cuts.tolist(), e + l_])
+    return modality.predict_split(split, times, m, float(rng.uniform(0.0, 3.0)))
+
+
+CONFIGS = {
+    "llama-3-8b + vit-l-14, 1 image": {
+        "cluster": {"gpus": 16}, "llm": {"preset": "llama-3-8b"}, "encoders": [{"preset": "vit-l-14"}],
+        "training": {"global_batch": 32, "micro_batch": 2, "seq_len": 2048}, "llm_plan": {"dp": 2, "pp": 4, "tp": 2}},
+    "llama-3-8b + vit-g-14, 16 images": {
+        "cluster": {"gpus": 16}, "llm": {"preset": "llama-3-8b"},
+        "encoders": [{"preset": "vit-g-14", "tokens_per_sample": 16 * 257}],
+        "training": {"global_batch": 32, "micro_batch": 2, "seq_len": 4096}, "llm_plan": {"dp": 2, "pp": 4, "tp": 2}},
+    "llama-3-8b + vit-22b, 4 images, 8 stages": {
+        "cluster": {"gpus": 64}, "llm": {"preset": "llama-3-8b"},
+        "encoders": [{"preset": "vit-22b", "tokens_per_sample": 4 * 256}],
+        "training": {"global_batch": 128, "micro_batch": 1, "seq_len": 4096}, "llm_plan": {"dp": 2, "pp": 8, "tp": 4}},
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(f"model vs simulator, {args.cases} random pipelines each (relative error = model / simulator - 1)")
+    for name, case in (("stages", stages_case), ("layers", layers_case)):
+        rng = np.random.default_rng(args.seed)
+        err, took = [], []
+        for _ in range(args.cases):
+            t0 = time.perf_counter()
+            pred = case(rng)
+            took.append(time.perf_counter() - t0)
+            err.append(pred.step_time / pred.simulate().step_time - 1.0)
+        e = np.abs(np.array(err))
+        print(f"{name:7s} mean |error| {e.mean():.4%}  p95 {np.percentile(e, 95):.4%}  max {e.max():.4%}  "
+              f"exact (< 1e-9) {np.mean(e < 1e-9):.1%}  above the simulator: {int(np.sum(np.array(err) > 1e-9))}  "
+              f"predict median {np.median(took) * 1e3:.2f} ms")
+    print()
+    print("layer split per config (predicted / simulated step, ms)")
+    for name, doc in CONFIGS.items():
+        config = load_config(doc)
+        times = modality.layer_times(config)
+        e, l_, s, m = config.encoders[0].model.layers, config.llm.layers, config.llm_plan.pp, config.microbatches
+        t0 = time.perf_counter()
+        best = modality.search(e, l_, s, times, m)
+        took = time.perf_counter() - t0
+        print(f"{name}: {e} encoder + {l_} LLM layers, {s} stages, {m} microbatches")
+        rows = [("search", best), ("even", modality.predict_split(modality.even_split(e, l_, s), times, m)),
+                ("megatron", modality.predict_split(modality.megatron_split(e, l_, s), times, m))]
+        sim_best = best.simulate().step_time
+        for label, pred in rows:
+            sim = pred.simulate().step_time
+            split = " ".join(f"{a}+{b}" for a, b in zip(pred.split.encoder_layers, pred.split.llm_layers))
+            print(f"  {label:8s} {pred.step_time / 1e3:9.2f} / {sim / 1e3:9.2f}  "
+                  f"simulated vs search {sim / sim_best:.3f}x   split (enc+llm) {split}")
+        print(f"  search took {took * 1e3:.1f} ms, {best.evaluated} splits evaluated, optimal: {best.optimal}")
+
+
+if __name__ == "__main__":
+    main()

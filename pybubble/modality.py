@@ -54,7 +54,6 @@ and TP collectives other than inside the layer times. Times are microseconds.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -62,6 +61,7 @@ import numpy as np
 
 from .config import Config
 from .costmodel import CostModel
+from .formats import finite, integer
 from .planner import cost_model, even_partition
 from .timeline import Timeline, simulate_pipeline
 
@@ -70,16 +70,17 @@ SCHEDULE = "1f1b"
 
 
 def _count(value: object, field: str, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < minimum:
+    n = integer(value, field)
+    if n < minimum:
         raise ValueError(f"{field}: {value!r} is not an integer >= {minimum}")
-    return int(value)
+    return n
 
 
 def _latency(value: object) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) \
-            or not math.isfinite(value) or value < 0:
+    v = finite(value, "p2p")
+    if v < 0:
         raise ValueError(f"p2p: {value!r} is not a finite number >= 0")
-    return float(value)
+    return v
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,9 +98,8 @@ class LayerTimes:
 
     def __post_init__(self) -> None:
         for name in ("encoder_fwd", "encoder_bwd", "llm_fwd", "llm_bwd"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
-                    or value < 0 or (name.endswith("fwd") and value == 0):
+            value = finite(getattr(self, name), name)
+            if value < 0 or (name.endswith("fwd") and value == 0):
                 kind = "> 0" if name.endswith("fwd") else ">= 0"
                 raise ValueError(f"{name}: {value!r} is not a finite number {kind}")
 

@@ -161,7 +161,6 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     from .config import load_config
     from .dynamic import run
     from .formats import write_document
-    from .plot import save_step_times
 
     if args.steps < 1:
         raise ValueError(f"steps: {args.steps} is not >= 1")
@@ -192,7 +191,7 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
         write_document(args.json, {**result.to_dict(), "config": str(args.config)})
         console.print(f"wrote {args.json}")
     if args.plot:
-        save_step_times(result.step_time, args.plot, horizon=result.horizon, title=f"{args.config}: step per batch")
+        result.save_plot(args.plot, title=f"{args.config}: step per batch")
         console.print(f"wrote {args.plot}")
     return 0
 

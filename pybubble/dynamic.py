@@ -19,6 +19,7 @@ timeline is held fixed: only the encoder's work varies. Times are microseconds.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -172,6 +173,27 @@ class DynamicRun:
         ref = float(np.mean(self.step_time["static"]))
         return {m: {"mean": float(np.mean(v)), "p95": float(np.percentile(v, 95)),
                     "gain_vs_static": ref / float(np.mean(v))} for m, v in self.step_time.items()}
+
+    def save_plot(self, path: str | os.PathLike[str], title: str = "") -> None:
+        """Writes a line chart of the step time per batch (ms), one line per mode, with the LLM-only
+        step dashed (matplotlib, Agg backend; format from the file name)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        for mode, values in self.step_time.items():
+            ax.plot(values / 1000.0, label=mode, linewidth=1.0)
+        ax.axhline(self.horizon / 1000.0, color="grey", linestyle="--", linewidth=0.8, label="LLM only")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("step time (ms)")
+        if title:
+            ax.set_title(title)
+        ax.legend(loc="upper right", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
 
     def to_dict(self) -> dict[str, Any]:
         """The run as a pybubble.dynamic/1 document."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -45,30 +44,6 @@ def save_gantt(timeline: "Timeline", path: str | os.PathLike[str]) -> None:
     handles = [Patch(color=c, label=k) for k, c in OP_COLOURS.items()]
     handles += [Patch(color=c, alpha=0.35, label=k) for k, c in BUBBLE_COLOURS.items()]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def save_step_times(step_time: Mapping[str, Sequence[float]], path: str | os.PathLike[str],
-                    horizon: float | None = None, title: str = "") -> None:
-    """Writes a line chart of the step time (us, shown in ms) per batch, one line per mode, with the
-    LLM-only step as a dashed line when `horizon` is given."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    for mode, values in step_time.items():
-        ax.plot([v / 1000.0 for v in values], label=mode, linewidth=1.0)
-    if horizon is not None:
-        ax.axhline(horizon / 1000.0, color="grey", linestyle="--", linewidth=0.8, label="LLM only")
-    ax.set_xlabel("batch")
-    ax.set_ylabel("step time (ms)")
-    if title:
-        ax.set_title(title)
-    ax.legend(loc="upper right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

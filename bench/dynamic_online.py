@@ -21,7 +21,7 @@ import numpy as np
 import pybubble
 from pybubble.costmodel import CostModel
 from pybubble.problems import synthetic
-from pybubble.workloads import WorkloadSpec, batches, sample_costs
+from pybubble.workloads import WorkloadSpec, batches, microbatch_loads, sample_costs
 
 
 def main() -> None:
@@ -32,8 +32,6 @@ def main() -> None:
     microbatches, micro_batch = 16, 4
     problem = synthetic(stages=4, lanes_per_stage=2, microbatches=microbatches, encoder_layers=8,
                         encoder_scale=1.5, seed=args.seed)
-    a = problem.arrays()
-    base, mb = a["duration"], a["microbatch"]
     enc, llm = pybubble.presets.encoder("vit-l-14"), pybubble.presets.llm("llama-3-8b")
     cm = CostModel("h100")
     costs = [sample_costs(b, encoder=enc, llm=llm, costs=cm)
@@ -44,10 +42,9 @@ def main() -> None:
     steps: dict[str, list[float]] = {"static (replayed)": [], "online": [], "balanced + online": []}
     took: list[float] = []
     for c in costs:
-        plain = c[:, 0].reshape(microbatches, micro_batch).sum(axis=1) / mean_mb
-        assign = pybubble.balance_microbatches(c, microbatches)
-        balanced = np.bincount(assign, weights=c[:, 0], minlength=microbatches) / mean_mb
-        d_plain, d_bal = base * plain[mb], base * balanced[mb]
+        plain = microbatch_loads(c[:, 0], microbatches) / mean_mb
+        balanced = microbatch_loads(c[:, 0], microbatches, pybubble.balance_microbatches(c, microbatches)) / mean_mb
+        d_plain, d_bal = online.scaled_durations(plain), online.scaled_durations(balanced)
         steps["static (replayed)"].append(pybubble.replay(problem.with_durations(d_plain), static))
         t0 = time.perf_counter()
         steps["online"].append(online.reschedule(d_plain).step_time)

@@ -208,6 +208,48 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dynamic(args: argparse.Namespace) -> int:
+    import numpy as np
+    from rich.progress import Progress
+
+    from .config import load_config
+    from .dynamic import run
+    from .formats import write_document
+
+    if args.steps < 1:
+        raise ValueError(f"steps: {args.steps} is not >= 1")
+    if args.candidates < 1:
+        raise ValueError(f"candidates: {args.candidates} is not >= 1")
+    if not args.budget_ms >= 0:
+        raise ValueError(f"budget_ms: {args.budget_ms} is not >= 0")
+    config = load_config(args.config)
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"{args.steps} batches", total=args.steps)
+        result = run(config, steps=args.steps, seed=args.seed, k=args.candidates, budget=args.budget_ms / 1e3,
+                     progress=lambda i: bar.update(task, completed=i + 1))
+    summary = result.summary()
+    table = Table(title=f"{args.config}: {args.steps} batches, LLM-only step {_ms(result.horizon)}, "
+                        f"{len(result.plans)} candidate plans")
+    for col in ("mode", "mean step", "p95 step", "gain vs static", "reschedule median"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    # balanced: balancing plus rescheduling; choice: all plans it evaluated
+    took = {"online": result.reschedule, "balanced": result.balance_took, "choice": result.choice_took}
+    for mode, s in summary.items():
+        median = f"{float(np.median(took[mode])) * 1e3:.3f} ms" if mode in took else "-"
+        table.add_row(mode, _ms(s["mean"]), _ms(s["p95"]), f"{s['gain_vs_static']:.4f}x", median)
+    console.print(table)
+    console.print(f"choice: {float(np.mean(result.evaluated)):.2f} plans evaluated per batch on average within "
+                  f"{args.budget_ms:g} ms (max {float(result.choice_took.max()) * 1e3:.3f} ms); a plan other than "
+                  f"the mean batch's best chosen for {int((result.chosen > 0).sum())} of {args.steps} batches")
+    if args.json:
+        write_document(args.json, {**result.to_dict(), "config": str(args.config)})
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        result.save_plot(args.plot, title=f"{args.config}: step per batch")
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pybubble", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -279,6 +321,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--errors", help="write the predicted-versus-measured Markdown table here")
     p.add_argument("--repeats", type=int, default=7)
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("dynamic", help="static, balanced, online and per-batch plan choice on dynamic batches")
+    p.add_argument("config", help="a planning config (YAML)")
+    p.add_argument("--steps", type=int, default=200, help="batches to draw")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--candidates", type=int, default=4, help="plans the per-batch choice keeps")
+    p.add_argument("--budget-ms", type=float, default=10.0, help="time budget of one plan choice")
+    p.add_argument("--plot", help="write the step time per batch here (.png, .svg)")
+    p.add_argument("--json", help="write the pybubble.dynamic/1 JSON here")
+    p.set_defaults(func=cmd_dynamic)
     return parser
 
 

@@ -27,6 +27,8 @@ class OnlineScheduler:
         self._core = _core.Scheduler(problem.core)
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        a = problem.arrays()
+        self._duration, self._microbatch = a["duration"], a["microbatch"]
 
     def reschedule(self, durations: np.ndarray) -> Schedule:
         """A schedule for the same problem with `durations` (float64, one per task, finite, >= 0)."""
@@ -35,6 +37,17 @@ class OnlineScheduler:
             raise ValueError(f"durations: shape {d.shape}, expected ({self.problem.num_tasks},)")
         with self._lock:
             return _from_core(self._core.run(self.policy, d))
+
+    def scaled_durations(self, scale: np.ndarray) -> np.ndarray:
+        """The problem's task durations with encoder microbatch j's tasks multiplied by ``scale[j]``:
+        the tasks of a batch whose microbatch j costs ``scale[j]`` times the one the problem holds."""
+        s = np.asarray(scale, dtype=np.float64)
+        if s.shape != (self.problem.num_microbatches,):
+            raise ValueError(f"scale: shape {s.shape}, expected ({self.problem.num_microbatches},)")
+        if not (np.isfinite(s).all() and (s >= 0).all()):
+            j = int(np.nonzero(~(np.isfinite(s) & (s >= 0)))[0][0])
+            raise ValueError(f"scale[{j}]: {float(s[j])!r} is not a finite number >= 0")
+        return self._duration * s[self._microbatch]
 
     def submit(self, durations: np.ndarray) -> Future[Schedule]:
         """Schedules in the background; the Future holds the Schedule (or the ValueError)."""

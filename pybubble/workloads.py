@@ -86,6 +86,25 @@ def batches(spec: WorkloadSpec, *, samples: int, steps: int, seed: int = 0) -> I
         yield Batch(image_tokens=images, llm_tokens=llm)
 
 
+def microbatch_loads(cost: np.ndarray, microbatches: int, assignment: np.ndarray | None = None) -> np.ndarray:
+    """Per microbatch, the summed `cost` of its samples (one cost per sample). Without `assignment`
+    the samples fill the microbatches in order, in equal groups (a data loader's split); with it,
+    sample i goes to microbatch ``assignment[i]`` (e.g. from balance_microbatches)."""
+    c = np.asarray(cost, dtype=np.float64)
+    if c.ndim != 1:
+        raise ValueError(f"cost: shape {c.shape} is not one cost per sample")
+    if isinstance(microbatches, bool) or not isinstance(microbatches, (int, np.integer)) or microbatches < 1:
+        raise ValueError(f"microbatches: {microbatches!r} is not an integer >= 1")
+    if assignment is None:
+        if c.size % microbatches:
+            raise ValueError(f"microbatches: {c.size} samples do not split into {microbatches} equal groups")
+        return c.reshape(microbatches, -1).sum(axis=1)
+    a = np.asarray(assignment)
+    if a.shape != c.shape or (a.size and (a.min() < 0 or a.max() >= microbatches)):
+        raise ValueError(f"assignment: shape {a.shape} or values outside [0, {microbatches}) for {c.size} samples")
+    return np.bincount(a, weights=c, minlength=microbatches)
+
+
 def sample_costs(batch: Batch, *, encoder: EncoderConfig, llm: LLMConfig, costs: CostModel,
                  encoder_tp: int = 1, llm_tp: int = 1, frozen: bool = False) -> np.ndarray:
     """N x 2 array: each sample's encoder time (all layers, forward + backward unless frozen, each

@@ -33,3 +33,81 @@ def test_submit_runs_in_the_background_and_reports_errors():
             online.submit(bad).result(timeout=30)
         with pytest.raises(ValueError, match="durations: shape"):
             online.reschedule(d[:-1])
+
+
+def test_scaled_durations_scale_each_encoder_microbatch():
+    problem = synthetic(stages=2, microbatches=4, encoder_layers=2)
+    a = problem.arrays()
+    with pybubble.OnlineScheduler(problem) as online:
+        scale = np.array([0.5, 1.0, 2.0, 0.0])
+        np.testing.assert_array_equal(online.scaled_durations(scale), a["duration"] * scale[a["microbatch"]])
+        with pytest.raises(ValueError, match=r"scale: shape \(3,\)"):
+            online.scaled_durations(scale[:3])
+        with pytest.raises(ValueError, match=r"scale\[1\]: -1.0"):
+            online.scaled_durations(np.array([1.0, -1.0, 1.0, 1.0]))
+
+
+# ---- per-batch plan choice ---------------------------------------------------------------------
+
+SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
+         "encoders": [{"preset": "vit-l-14"}], "training": {"global_batch": 32, "micro_batch": 2, "seq_len": 2048},
+         "llm_plan": {"dp": 2, "pp": 4, "tp": 2}}
+
+
+@pytest.fixture(scope="module")
+def ranked():
+    from pybubble.config import load_config
+    from pybubble.dynamic import ranked_candidates
+
+    return ranked_candidates(load_config(SMALL), 4)
+
+
+def test_ranked_candidates_are_the_best_plans_on_the_mean_batch(ranked):
+    from pybubble.config import load_config
+    from pybubble.planner import candidates, encoder_problem, even_partition, llm_timeline
+
+    config = load_config(SMALL)
+    timeline = llm_timeline(config)
+    every = sorted(pybubble.schedule(encoder_problem(config, timeline, p, even_partition(config.microbatches,
+                                                                                         p.pipelines))).step_time
+                   for p in candidates(config))
+    assert len(every) > 4
+    assert [c.step_time for c in ranked] == every[:4]
+    assert {c.problem.num_microbatches for c in ranked} == {config.microbatches}
+    assert all(c.partition == even_partition(config.microbatches, c.plan.pipelines) for c in ranked)
+
+
+def test_choice_is_the_best_reschedule_when_the_budget_allows_all(ranked):
+    from pybubble.dynamic import PlanChooser
+
+    rng = np.random.default_rng(1)
+    chooser = PlanChooser(ranked, budget=10.0)
+    refs = [pybubble.OnlineScheduler(c.problem) for c in ranked]
+    picked = set()
+    for _ in range(12):
+        scale = rng.lognormal(0.0, 0.8, ranked[0].problem.num_microbatches)
+        got = chooser.choose(scale)
+        steps = [r.reschedule(r.scaled_durations(scale)).step_time for r in refs]
+        assert got.evaluated == len(ranked)
+        assert got.schedule.step_time == min(steps)
+        assert steps[got.index] == min(steps)
+        changed = ranked[got.index].problem.with_durations(refs[got.index].scaled_durations(scale))
+        assert pybubble.validate(changed, got.schedule) == []
+        picked.add(got.index)
+    assert len(picked) > 1  # the batches do call for different plans
+    chooser.close()
+
+
+def test_choice_stops_when_the_budget_is_spent(ranked):
+    from pybubble.dynamic import PlanChooser
+
+    scale = np.ones(ranked[0].problem.num_microbatches)
+    chooser = PlanChooser(ranked, budget=0.0)
+    for _ in range(3):
+        got = chooser.choose(scale)
+        assert got.evaluated == 1 and got.index == 0
+        assert got.schedule.step_time == ranked[0].step_time  # the mean batch: scale 1
+    with pytest.raises(ValueError, match="budget: -1"):
+        PlanChooser(ranked, budget=-1)
+    with pytest.raises(ValueError, match="candidates: empty"):
+        PlanChooser([])

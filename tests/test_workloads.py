@@ -50,3 +50,15 @@ def test_replay_grows_with_the_work():
     d = problem.arrays()["duration"]
     steps = [pybubble.replay(problem.with_durations(d * f), sched) for f in (0.5, 1.0, 1.5, 2.0)]
     assert steps == sorted(steps) and steps[0] < steps[-1]
+
+
+def test_microbatch_loads_in_order_or_by_assignment():
+    from pybubble.workloads import microbatch_loads
+
+    cost = np.arange(6, dtype=float)
+    np.testing.assert_array_equal(microbatch_loads(cost, 3), [1.0, 5.0, 9.0])
+    np.testing.assert_array_equal(microbatch_loads(cost, 2, np.array([1, 0, 1, 0, 1, 0])), [9.0, 6.0])
+    with pytest.raises(ValueError, match="microbatches: 6 samples do not split into 4"):
+        microbatch_loads(cost, 4)
+    with pytest.raises(ValueError, match="assignment"):
+        microbatch_loads(cost, 2, np.array([0, 1, 2, 0, 1, 0]))

@@ -1,0 +1,83 @@
+"""The `pybubble dynamic` command, run as a real process on a small config."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
+         "encoders": [{"preset": "vit-l-14"}], "training": {"global_batch": 32, "micro_batch": 2, "seq_len": 2048},
+         "llm_plan": {"dp": 2, "pp": 4, "tp": 2}}
+
+
+def run(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "pybubble", "dynamic", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "small.yaml"
+    path.write_text(yaml.safe_dump(SMALL))
+    return path
+
+
+def test_runs_every_mode_and_writes_json_and_plot(tmp_path, config):
+    out, plot = tmp_path / "r.json", tmp_path / "steps.png"
+    r = run(config, "--steps", 6, "--seed", 3, "--json", out, "--plot", plot, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for mode in ("static", "balanced", "online", "choice"):
+        assert mode in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["format"] == "pybubble.dynamic/1"
+    assert {"steps", "seed", "horizon", "budget_ms", "plans", "modes", "reschedule_ms", "chosen",
+            "evaluated"} <= set(doc)
+    assert doc["steps"] == 6 and doc["seed"] == 3 and doc["budget_ms"] == 10.0
+    assert set(doc["modes"]) == {"static", "balanced", "online", "choice"}
+    for mode in doc["modes"].values():
+        assert len(mode["step_time"]) == 6
+        assert {"mean", "p95", "gain_vs_static"} <= set(mode)
+        # nothing beats the LLM step alone
+        assert min(mode["step_time"]) >= doc["horizon"]
+    # the choice always reschedules the plan that `online` uses, so it is never worse
+    choice, online = doc["modes"]["choice"]["step_time"], doc["modes"]["online"]["step_time"]
+    assert all(c <= o for c, o in zip(choice, online))
+    assert 1 <= len(doc["plans"]) <= 4
+    assert all(1 <= e <= len(doc["plans"]) for e in doc["evaluated"])
+    assert all(0 <= c < len(doc["plans"]) for c in doc["chosen"])
+    steps = [p["mean_step"] for p in doc["plans"]]
+    assert steps == sorted(steps)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_same_seed_same_steps_and_budget_zero_evaluates_one_plan(tmp_path, config):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert run(config, "--steps", 3, "--json", a, cwd=tmp_path).returncode == 0
+    r = run(config, "--steps", 3, "--json", b, "--budget-ms", 0, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    da, db = json.loads(a.read_text()), json.loads(b.read_text())
+    assert da["modes"]["online"]["step_time"] == db["modes"]["online"]["step_time"]
+    assert db["evaluated"] == [1, 1, 1] and db["chosen"] == [0, 0, 0]
+    assert db["modes"]["choice"]["step_time"] == db["modes"]["online"]["step_time"]
+
+
+@pytest.mark.parametrize("args,edit,message", [
+    (["--steps", 0], None, "steps: 0 is not >= 1"),
+    (["--candidates", 0], None, "candidates: 0"),
+    ([], ("llm_plan", "dp", 3), "llm_plan: dp x pp x tp"),
+    ([], ("training", "micro_batch", 0), "training.micro_batch: 0"),
+    ([], "missing", "no such file"),
+])
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path, config, replaced, args, edit, message):
+    path = config
+    if edit == "missing":
+        path = tmp_path / "nope.yaml"
+    elif edit is not None:
+        *keys, value = edit
+        path.write_text(yaml.safe_dump(replaced(SMALL, keys, value)))
+    r = run(path, *args, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("error: ") and message in r.stderr
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()]

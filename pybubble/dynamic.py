@@ -32,8 +32,8 @@ from .balance import balance_microbatches
 from .config import Config
 from .costmodel import CostModel
 from .online import OnlineScheduler, replay
-from .planner import Candidate, candidates, cost_model, encoder_problem, even_partition, llm_timeline
-from .scheduler import Schedule, schedule
+from .planner import Candidate, cost_model, search
+from .scheduler import Schedule
 from .workloads import Batch, WorkloadSpec, batches, microbatch_loads, sample_costs
 
 FORMAT = "pybubble.dynamic/1"
@@ -41,21 +41,11 @@ MODES = ("static", "balanced", "online", "choice")
 
 
 def ranked_candidates(config: Config, k: int, costs: CostModel | None = None) -> list[Candidate]:
-    """The `k` encoder plans (each with an even partition) whose greedy schedule of the mean batch
-    gives the shortest step, best first."""
+    """The `k` encoder plans whose best partition (the planner's search, within memory) gives the
+    shortest step on the mean batch, best first."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"candidates: {k!r} is not an integer >= 1")
-    costs = costs or cost_model(config)
-    timeline = llm_timeline(config, costs)
-    out = []
-    for plan in candidates(config):
-        partition = even_partition(config.microbatches, plan.pipelines)
-        problem = encoder_problem(config, timeline, plan, partition, costs)
-        out.append(Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem)))
-    if not out:
-        raise ValueError("encoders: no encoder plan fits the LLM plan (too few layers for its stages?)")
-    out.sort(key=lambda c: c.step_time)
-    return out[:k]
+    return search(config, costs).top[:k]
 
 
 @dataclass(kw_only=True, slots=True)

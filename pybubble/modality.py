@@ -62,7 +62,7 @@ import numpy as np
 from .config import Config
 from .costmodel import CostModel
 from .formats import finite, integer
-from .planner import cost_model, even_partition
+from .planner import cost_model, even_partition, llm_layer_times
 from .timeline import Timeline, simulate_pipeline
 
 SCHEDULE = "1f1b"
@@ -105,21 +105,19 @@ class LayerTimes:
 
 
 def layer_times(config: Config, costs: CostModel | None = None) -> LayerTimes:
-    """The layer times of a config's MLLM: an LLM layer at the training micro batch and sequence
-    length, an encoder layer at the micro batch's images (``tokens_per_sample // tokens`` per
-    sample, at least one), both at the LLM's TP degree (the stages hold both kinds)."""
+    """The layer times of a config's MLLM, as the Megatron layouts run them (the stages hold both
+    kinds): an LLM layer at the training micro batch and sequence length and the LLM's TP degree
+    (:func:`pybubble.planner.llm_layer_times`), an encoder layer at the micro batch's images
+    (:func:`pybubble.baselines.encoder_layer_times`)."""
+    from .baselines import encoder_layer_times
+
     if len(config.encoders) != 1:
         raise ValueError(f"encoders: the modality model places one encoder's layers, the config has "
                          f"{len(config.encoders)}")
     costs = costs or cost_model(config)
-    enc, llm, tr, tp = config.encoders[0], config.llm, config.training, config.llm_plan.tp
-    images = tr.micro_batch * max(1, enc.tokens_per_sample // enc.model.tokens)
-    return LayerTimes(
-        encoder_fwd=costs.layer_time(enc.model, images, enc.model.tokens, tp=tp, phase="fwd"),
-        encoder_bwd=0.0 if enc.frozen else costs.layer_time(enc.model, images, enc.model.tokens, tp=tp,
-                                                            phase="bwd"),
-        llm_fwd=costs.layer_time(llm, tr.micro_batch, tr.seq_len, tp=tp, phase="fwd"),
-        llm_bwd=costs.layer_time(llm, tr.micro_batch, tr.seq_len, tp=tp, phase="bwd"))
+    (_, enc_fwd, enc_bwd), = encoder_layer_times(config, costs)
+    llm_fwd, llm_bwd = llm_layer_times(config, costs)
+    return LayerTimes(encoder_fwd=enc_fwd, encoder_bwd=enc_bwd, llm_fwd=llm_fwd, llm_bwd=llm_bwd)
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

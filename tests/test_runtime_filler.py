@@ -1,16 +1,22 @@
-"""The bubble filler inside real gloo waits (two processes), and the pipelining adapter's guard."""
+"""The bubble filler inside real gloo waits (two processes), its CUDA mode's window fitting (with a
+stand-in for the side stream, no GPU needed; on a GPU also with the real one), and the pipelining
+adapter's guard."""
 
 import json
 import socket
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
-from pybubble.runtime import BubbleFiller, FillTask, check_torch_version, fill_pipeline_waits  # noqa: E402
+from pybubble.runtime import (BubbleFiller, FillTask, check_torch_version, fill_pipeline_waits,  # noqa: E402
+                              side_stream)
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 WORKER = textwrap.dedent("""
     import json, sys, time, datetime
@@ -114,3 +120,193 @@ def test_adapter_restores_the_schedules_module():
         assert stage.forward_one_chunk() == "f" and filler._op == 1
     assert schedules._wait_batch_p2p is original
     assert "forward_one_chunk" not in vars(stage)
+
+
+# -- CUDA mode: the window fitting, with a stand-in for the side stream ------------------------------
+class RecordingSide:
+    """Stands for a SideStream: runs each launched task at once and logs what the filler asks of
+    the streams (launches, joins of forward tasks' events, the drain)."""
+
+    def __init__(self):
+        self.log: list[str] = []
+        self.marks = 0
+
+    def launch(self, fn):
+        fn()
+
+    def mark(self):
+        self.marks += 1
+        return f"m{self.marks}"
+
+    def join(self, event):
+        self.log.append(f"join {event}")
+
+    def drain(self):
+        self.log.append("drain")
+
+
+class RecordingWork:
+    """A p2p work whose ``wait()`` (a stream dependency under NCCL) is logged."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def wait(self):
+        self.log.append("wait")
+
+
+def side_task(side, name, duration_s, planned_start_s, needed_by=None, ready=lambda: True):
+    return FillTask(name=name, duration_s=duration_s, planned_start_s=planned_start_s,
+                    run=lambda: side.log.append(name), needed_by=needed_by, ready=ready)
+
+
+def test_cuda_mode_launches_what_fits_in_each_gap_by_measured_duration():
+    side = RecordingSide()
+    tasks = [side_task(side, f"t{i}", 0.03, 0.001 * i) for i in range(10)]
+    filler = BubbleFiller(tasks, [0.1, 0.05, 0.0], [("F", 5), ("B", 5)], horizon_s=1.0, side=side)
+    filler.begin_step()
+    time.sleep(0.15)  # the CPU's clock is not the measure: the window opens when the stream gets there
+    filler.wait([RecordingWork(side.log)])
+    # 3 x 0.03 s fit in the 0.1 s gap, the 4th would overrun it: deferred; then the stream waits.
+    assert side.log == ["t0", "t1", "t2", "wait"]
+    assert filler.stats.deferred == 1
+    filler.wait([RecordingWork(side.log)])  # a second wait in the same gap: 0.01 s left
+    assert side.log[4:] == ["wait"] and filler.stats.deferred == 2
+    filler.op_begin()
+    filler.wait([RecordingWork(side.log)])  # waits inside an op are not filled
+    filler.op_end()
+    assert side.log[5:] == ["wait"]
+    filler.wait([RecordingWork(side.log)])  # the next gap has its own 0.05 s
+    assert side.log[6:] == ["t3", "wait"]
+    assert filler.stats.filled == 4 and filler.stats.filled_s == pytest.approx(0.12)
+    filler.op_begin()
+    filler.op_end()
+    filler.drain()  # the rest, in plan order, then the LLM's stream waits for the side stream
+    assert side.log[8:] == [f"t{i}" for i in range(4, 10)] + ["drain"]
+    assert filler.remaining == 0
+
+
+def test_cuda_mode_stops_at_a_task_not_ready_or_outside_the_step():
+    side = RecordingSide()
+    arrived = []
+    tasks = [side_task(side, "a", 0.01, 0.0), side_task(side, "grad", 0.01, 0.1, ready=lambda: bool(arrived)),
+             side_task(side, "late", 0.01, 2.0)]
+    filler = BubbleFiller(tasks, [1.0, 1.0], [("F", 0)], horizon_s=1.0, side=side)
+    filler.begin_step()
+    filler.wait([RecordingWork(side.log)])
+    assert side.log == ["a", "wait"] and filler.stats.deferred == 0  # waiting for an input is no deferral
+    arrived.append(True)
+    filler.wait([RecordingWork(side.log)])
+    assert side.log[2:] == ["grad", "wait"]  # "late" is planned after the LLM's step: left to the drain
+    filler.drain()
+    assert side.log[4:] == ["late", "drain"]
+
+
+def test_cuda_mode_forces_forward_tasks_and_joins_their_events_where_consumed():
+    side = RecordingSide()
+    tasks = [side_task(side, "f0", 0.5, 0.0, needed_by=0), side_task(side, "f1", 0.5, 0.1, needed_by=1),
+             side_task(side, "f2", 0.5, 0.2, needed_by=2), side_task(side, "b", 0.5, 0.3)]
+    filler = BubbleFiller(tasks, [0.0, 0.0, 0.0], [("F", 1), ("F", 2)], horizon_s=1.0, side=side)
+    filler.begin_step()
+    # Before the stream waits for op F1, the forwards it may depend on through other ranks are
+    # launched even though the gap has no room; no stream waits for them here.
+    filler.wait([RecordingWork(side.log)])
+    assert side.log == ["f0", "f1", "wait"] and filler.stats.forced == 2
+    filler.op_begin()
+    filler.force(0)  # the op consuming microbatch 0's encoder output: its stream waits for f0's event
+    assert side.log[3:] == ["join m1"]
+    filler.force(1)
+    filler.force(1)  # joined once
+    assert side.log[4:] == ["join m2"]
+    filler.force(2)  # not launched yet: launched now, then joined
+    assert side.log[5:] == ["f2", "join m3"] and filler.stats.forced == 3
+    filler.op_end()
+    filler.drain()
+    assert side.log[7:] == ["b", "drain"] and side.marks == 3  # events only after forward tasks
+
+
+def test_filler_mode_follows_the_device():
+    assert side_stream("cpu") is None
+    with pytest.raises(ValueError, match="device: 'meta' is not cpu or cuda"):
+        side_stream("meta")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a CUDA device")
+def test_cuda_mode_without_a_gpu_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"device: 'cuda' but no CUDA device is available"):
+        side_stream("cuda")
+
+
+# -- CUDA mode on a GPU -------------------------------------------------------------------------------
+@cuda_only
+def test_side_stream_runs_after_the_llm_stream_and_before_the_consumer():
+    from pybubble.runtime import SideStream, llm_stream
+
+    side = SideStream()
+    with torch.cuda.stream(llm_stream()):
+        x = torch.zeros(1 << 16, device="cuda")
+        torch.cuda._sleep(50_000_000)  # the LLM's stream is busy...
+        x.fill_(1.0)  # ... then writes what the task reads
+        out = {}
+
+        def task():
+            torch.cuda._sleep(50_000_000)  # the task is slow: its consumer must wait for it
+            out["y"] = x * 2
+
+        filler = BubbleFiller([FillTask(name="f", duration_s=0.0, planned_start_s=-1.0, run=task, needed_by=0)],
+                              [0.0, 0.0], [("F", 0)], horizon_s=1.0, side=side)
+        filler.run_front()
+        filler.force(0)
+        z = out["y"] + 1  # on the LLM's stream
+        filler.drain()
+        assert torch.all(z == 3).item()
+
+
+@cuda_only
+def test_pieces_on_the_side_stream_give_the_unsplit_gradients():
+    from torch import nn
+
+    from pybubble.runtime import MicrobatchRun, SideStream, ViTBlock, llm_stream, split_into_pieces
+
+    torch.manual_seed(0)
+    encoder = nn.Sequential(ViTBlock(32, 4), ViTBlock(32, 4)).cuda()
+    x = torch.randn(2, 16, 32, device="cuda")
+    encoder(x).square().sum().backward()
+    expected = [p.grad.clone() for p in encoder.parameters()]
+    encoder.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+
+    pieces = split_into_pieces(encoder)
+    n = len(pieces)
+    run = MicrobatchRun(pieces, (x,))
+    grad = {}
+
+    def backward(i):
+        if i == n - 1:
+            run.output_grad = grad["out"]
+        run.backward_piece(i)
+
+    fwd = [FillTask(name=f"f{i}", duration_s=1e-3, planned_start_s=1e-3 * i, run=lambda i=i: run.forward_piece(i),
+                    needed_by=1) for i in range(n)]
+    bwd = [FillTask(name=f"b{i}", duration_s=1e-3, planned_start_s=2.0 + 1e-3 * k, run=lambda i=i: backward(i),
+                    ready=lambda: "out" in grad) for k, i in enumerate(range(n - 1, -1, -1))]
+
+    class Done:
+        def wait(self):
+            pass
+
+    filler = BubbleFiller(fwd + bwd, [1.0, 1.0], [("F", 0)], horizon_s=1.0, side=SideStream())
+    with torch.cuda.stream(llm_stream()):
+        filler.begin_step()
+        filler.wait([Done()])  # every forward piece fits in the window
+        assert filler.stats.filled == n and filler.stats.forced == 0
+        filler.op_begin()
+        filler.force(1)  # the op consuming the encoder's output: its stream waits for the last piece
+        leaf = run.output().requires_grad_(True)
+        leaf.square().sum().backward()  # the LLM's part, on its stream
+        grad["out"] = leaf.grad
+        filler.op_end()
+        filler.drain()  # the backward pieces on the side stream, then the LLM's stream waits
+        got = [p.grad for p in encoder.parameters()]
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)

@@ -1,15 +1,17 @@
-"""The example trainer as real processes (tiny models, two ranks, a few steps)."""
+"""The example trainer as real processes (tiny models, two ranks, a few steps); on CUDA where two
+GPUs are present."""
 
 import json
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 
 def mllm(*args, timeout=120):
@@ -18,19 +20,80 @@ def mllm(*args, timeout=120):
                           text=True, timeout=timeout, cwd=Path(tempfile.gettempdir()))
 
 
-def test_three_modes_reach_the_single_process_parameters(tmp_path):
+def three_modes(tmp_path, device: str) -> tuple[dict[str, float], float]:
+    """Each mode's parameter checksum after 3 steps, and the single-process reference's."""
     sums = {}
     for mode in ("megatron", "coarse", "pybubble"):
         out = tmp_path / f"{mode}.json"
         extra = ["--reference"] if mode == "pybubble" else []
-        r = mllm("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", mode, "--report", out, "--timeout", 30, *extra)
+        r = mllm("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", mode, "--report", out, "--timeout", 30,
+                 "--device", device, *extra)
         assert r.returncode == 0, r.stderr
         report = json.loads(out.read_text())
         assert len(report["step_times_s"]) == 3 and report["median_step_s"] > 0 and report["predicted_step_s"] > 0
+        assert report["device"] == device
         sums[mode] = report["param_checksum"]
-    reference = report["reference_checksum"]
+    return sums, report["reference_checksum"]
+
+
+def test_three_modes_reach_the_single_process_parameters(tmp_path):
+    sums, reference = three_modes(tmp_path, "cpu")
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
+
+
+STAND_IN_SIDE = textwrap.dedent("""
+    # The trainer with the filler in its CUDA mode (launches, events, window budget by measured
+    # durations) on CPU ranks: a stand-in side stream runs each launched task at once.
+    import json, sys
+    import pybubble.examples.mllm as mllm
+
+    class SynchronousSide:
+        def log(self, what):
+            with open("side.log", "a") as f:  # in the test's folder, from every rank
+                f.write(what)
+
+        def launch(self, fn):
+            self.log("l")
+            fn()
+
+        def mark(self):
+            return None
+
+        def join(self, event):
+            self.log("j")
+
+        def drain(self):
+            self.log("d")
+
+    mllm.side_stream = lambda device: SynchronousSide()  # also in the spawned ranks (they import this file)
+
+    if __name__ == "__main__":
+        report = mllm.launch(mllm.parse_args(sys.argv[1:]))
+        print(json.dumps(report))
+""")
+
+
+def test_the_cuda_mode_filler_in_the_trainer_reaches_the_reference(tmp_path):
+    script = tmp_path / "stand_in_side.py"
+    script.write_text(STAND_IN_SIDE)
+    args = ["--ranks", "2", "--steps", "3", "--size", "tiny", "--mode", "pybubble", "--timeout", "30", "--reference"]
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sum(f["filled"] for f in report["filler"]) > 0  # tasks were launched into windows
+    log = (tmp_path / "side.log").read_text()
+    assert log.count("d") == 2 * 3 and "l" in log and "j" in log  # the stand-in ran every rank's tasks
+    assert report["param_checksum"] == pytest.approx(report["reference_checksum"], rel=1e-6)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (NCCL, one GPU per rank)")
+def test_three_modes_reach_the_same_parameters_on_cuda(tmp_path):
+    # float32 on the GPU: other kernels and summation orders than the CPU reference's.
+    sums, reference = three_modes(tmp_path, "cuda")
+    for mode, s in sums.items():
+        assert s == pytest.approx(sums["megatron"], rel=1e-5), mode
+        assert s == pytest.approx(reference, rel=1e-5), mode
 
 
 def test_a_failing_rank_ends_every_rank_within_the_timeout():
@@ -49,8 +112,17 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout():
     (["--ranks", 1], "error: ranks: 1 is not >= 2"),
     (["--size", "huge"], "error: size: 'huge' is not one of small, tiny"),
     (["--fail-rank", 5], "error: fail_rank: 5 is not a rank (< 2)"),
+    (["--device", "tpu"], "error: device: 'tpu' is not one of cpu, cuda"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message):
     r = mllm(*args)
     assert r.returncode == 2
     assert r.stderr.strip() == message
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a CUDA device")
+def test_cuda_without_a_gpu_exits_2_with_one_line():
+    r = mllm("--device", "cuda", "--size", "tiny", "--steps", 1)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("error: device: 'cuda' but no CUDA device is available "
+                                "(torch.cuda.is_available() is False)")

@@ -1,13 +1,14 @@
-"""A small multimodal LLM trained with a 1F1B pipeline over CPU ranks (gloo), with the encoder run
-the Megatron way (inside stage 0), coarse (spread over all ranks before and after the LLM) or by
-pybubble (its kernel-level tasks inside the pipeline's bubbles).
+"""A small multimodal LLM trained with a 1F1B pipeline over CPU ranks (gloo) or GPUs (NCCL, one per
+rank), with the encoder run the Megatron way (inside stage 0), coarse (spread over all ranks before
+and after the LLM) or by pybubble (its kernel-level tasks inside the pipeline's bubbles).
 
-    python -m pybubble.examples.mllm --ranks 2 --steps 20 --mode pybubble --report out.json
+    python -m pybubble.examples.mllm --ranks 2 --steps 20 --mode pybubble --report out.json [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -24,8 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..runtime import (BoundaryCommunicator, EncoderStep, MeasuredCosts, MicrobatchRun, ViTBlock,
-                       check_torch_version, fill_pipeline_waits, make_plan, predict_step_s,
-                       split_into_pieces)
+                       check_torch_version, fill_pipeline_waits, llm_stream, make_plan, predict_step_s,
+                       side_stream, split_into_pieces)
+from ..runtime.cuda import serialised_streams_note
 from ..runtime.plan import MODES  # noqa: F401  (re-used by bench/runtime_modes.py)
 
 
@@ -192,21 +194,32 @@ def reference_checksum(cfg: ModelConfig, ranks: int, steps: int) -> float:
 
 
 # -- one rank ------------------------------------------------------------------------------------
-def _timed(fn, repeats: int) -> float:
+def _now(device: torch.device) -> float:
+    """``time.perf_counter()`` once ``device`` has finished what was enqueued (CUDA runs
+    asynchronously to the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _timed(fn, repeats: int, device: torch.device) -> float:
     fn()  # warm-up
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = _now(device)
         fn()
-        times.append(time.perf_counter() - t)
+        times.append(_now(device) - t)
     return statistics.median(times)
 
 
 def measure_costs(cfg: ModelConfig, rank: int, ranks: int, encoder, stage, pieces, patches, tokens,
-                  pipe_group, side_group, repeats: int = 5) -> MeasuredCosts:
-    """Times this rank's stage, the encoder's pieces, p2p, the gradient sync and the optimizer,
-    and shares the figures so that every rank plans from the same costs."""
+                  pipe_group, side_group, repeats: int = 5, grad_group=None) -> MeasuredCosts:
+    """Times this rank's stage, the encoder's pieces, p2p, the gradient sync (on ``grad_group``,
+    default ``side_group``) and the optimizer on the device of ``patches``, and shares the figures
+    so that every rank plans from the same costs."""
     mb = cfg.microbatch_size
+    device = patches.device
+    grad_group = side_group if grad_group is None else grad_group
     # Encoder pieces, forward and backward, one microbatch.
     n = len(pieces)
     fwd_t = [[] for _ in range(n)]
@@ -214,33 +227,33 @@ def measure_costs(cfg: ModelConfig, rank: int, ranks: int, encoder, stage, piece
     for rep in range(repeats + 1):
         run = MicrobatchRun(pieces, (patches[:mb],))
         for i in range(n):
-            t = time.perf_counter()
+            t = _now(device)
             run.forward_piece(i)
-            fwd_t[i].append(time.perf_counter() - t)
+            fwd_t[i].append(_now(device) - t)
         run.output_grad = torch.ones_like(run.output())
         for i in range(n - 1, -1, -1):
-            t = time.perf_counter()
+            t = _now(device)
             run.backward_piece(i)
-            bwd_t[i].append(time.perf_counter() - t)
+            bwd_t[i].append(_now(device) - t)
     piece_fwd = [statistics.median(x[1:]) for x in fwd_t]
     piece_bwd = [statistics.median(x[1:]) for x in bwd_t]
     # This rank's stage.
-    act = torch.randn(mb, cfg.patches + cfg.text_len, cfg.llm_dim)
+    act = torch.randn(mb, cfg.patches + cfg.text_len, cfg.llm_dim, device=device)
     if rank == 0:
-        image = torch.randn(mb, cfg.patches, cfg.llm_dim)
+        image = torch.randn(mb, cfg.patches, cfg.llm_dim, device=device)
         stage.encoder_output = lambda _k: image
         run_fwd = lambda: stage(tokens[:mb], torch.tensor([0]))  # noqa: E731
     else:
         leaf = act.clone().requires_grad_(True)
         run_fwd = lambda: stage(leaf)  # noqa: E731
-    stage_fwd = _timed(lambda: run_fwd(), repeats)
+    stage_fwd = _timed(lambda: run_fwd(), repeats, device)
     bwd_times = []
     for _ in range(repeats + 1):
         out = run_fwd()
         grad = torch.ones_like(out)
-        t = time.perf_counter()
+        t = _now(device)
         out.backward(grad)
-        bwd_times.append(time.perf_counter() - t)
+        bwd_times.append(_now(device) - t)
     stage_bwd = statistics.median(bwd_times[1:])
     # Pipeline p2p latency: ping-pong of one activation between neighbours.
     p2p = 0.0
@@ -258,18 +271,18 @@ def measure_costs(cfg: ModelConfig, rank: int, ranks: int, encoder, stage, piece
 
         for _ in range(2):  # warm-up
             ping()
-        t = time.perf_counter()
+        t = _now(device)
         for _ in range(repeats):
             ping()
-        p2p = (time.perf_counter() - t) / (2 * repeats)
+        p2p = (_now(device) - t) / (2 * repeats)
     # Gradient sync of the encoder and the optimizer step.
     dist.barrier(group=side_group)
-    sync = _timed(lambda: sync_grads(encoder, side_group, zero=True), repeats) if ranks > 1 else 0.0
+    sync = _timed(lambda: sync_grads(encoder, grad_group, zero=True), repeats, device) if ranks > 1 else 0.0
     params = [p for m in (encoder, stage) for p in m.parameters()]
     for p in params:
         p.grad = torch.zeros_like(p)
     opt = torch.optim.SGD(params, lr=0.0)
-    optimizer = _timed(lambda: (opt.step(), opt.zero_grad(set_to_none=False)), repeats)
+    optimizer = _timed(lambda: (opt.step(), opt.zero_grad(set_to_none=False)), repeats, device)
     for p in params:
         p.grad = None
     mine = {"stage_fwd": stage_fwd, "stage_bwd": stage_bwd, "p2p": p2p, "piece_fwd": piece_fwd,
@@ -287,7 +300,7 @@ def measure_costs(cfg: ModelConfig, rank: int, ranks: int, encoder, stage, piece
 def sync_grads(module: nn.Module, group, zero: bool = False) -> None:
     """Sums ``module``'s gradients over the ranks of ``group`` (one flat all-reduce)."""
     params = list(module.parameters())
-    flat = torch.cat([torch.zeros(p.numel()) if zero or p.grad is None else p.grad.reshape(-1) for p in params])
+    flat = torch.cat([p.new_zeros(p.numel()) if zero or p.grad is None else p.grad.reshape(-1) for p in params])
     dist.all_reduce(flat, group=group)
     if zero:
         return
@@ -298,49 +311,64 @@ def sync_grads(module: nn.Module, group, zero: bool = False) -> None:
 
 
 def run_rank(rank: int, args: argparse.Namespace, cfg: ModelConfig, port: int, result_path: str) -> None:
+    """One rank: gloo on the CPU; on CUDA, NCCL for the pipeline and the gradient sync, GPU
+    ``rank % device_count`` and the step on a high-priority stream (the filler's side stream has
+    the lowest)."""
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=args.timeout)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                           world_size=args.ranks, timeout=timeout)
+    if args.device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        device = torch.device("cuda", torch.cuda.current_device())
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=args.ranks, timeout=timeout)
     try:
-        _train(rank, args, cfg, result_path)
+        with torch.cuda.stream(llm_stream(device)) if device.type == "cuda" else contextlib.nullcontext():
+            _train(rank, args, cfg, result_path, device)
     finally:
         dist.destroy_process_group()
 
 
-def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: str) -> None:
+def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: str, device: torch.device) -> None:
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     check_torch_version()
     trace_path = os.environ.get("PYBUBBLE_TRACE")  # last step's tasks, ops and waits per rank
     ranks, m, mb = args.ranks, cfg.microbatches, cfg.microbatch_size
     pipe_group = dist.group.WORLD
+    # Barriers, cost sharing and the boundary's tagged sends stay on gloo (in host memory); on
+    # CUDA the encoder's gradient all-reduce goes through NCCL after the pipeline step.
     side_group = dist.new_group(list(range(ranks)), backend="gloo", timeout=datetime.timedelta(seconds=args.timeout))
-    encoder = build_encoder(cfg)
-    stage_module = build_stages(cfg, ranks)[rank]
+    grad_group = pipe_group if device.type == "cuda" else side_group
+    encoder = build_encoder(cfg).to(device)
+    stage_module = build_stages(cfg, ranks)[rank].to(device)
     pieces = split_into_pieces(encoder)
-    patches, tokens, targets = make_batch(cfg, 0)
-    costs = measure_costs(cfg, rank, ranks, encoder, stage_module, pieces, patches, tokens, pipe_group, side_group)
+    patches, tokens, targets = (t.to(device) for t in make_batch(cfg, 0))
+    costs = measure_costs(cfg, rank, ranks, encoder, stage_module, pieces, patches, tokens, pipe_group, side_group,
+                          grad_group=grad_group)
     plan = make_plan(args.mode, costs, m)
     predicted = predict_step_s(args.mode, costs, m)
 
     # Shapes are inferred by torch.distributed.pipelining (FirstStage answers meta inputs).
-    stage = PipelineStage(stage_module, rank, ranks, torch.device("cpu"), group=pipe_group)
+    stage = PipelineStage(stage_module, rank, ranks, device, group=pipe_group)
     schedule = Schedule1F1B(stage, m, loss_fn=loss_fn(cfg), scale_grads=False)
     params = [p for mod in (encoder, stage_module) for p in mod.parameters()]
     opt = torch.optim.SGD(params, lr=cfg.lr)
     boundary = BoundaryCommunicator(group=side_group, rank=rank, first_stage_rank=0, producer=plan.producer,
-                                    assignment=plan.assignment, output_shape=(mb, cfg.patches, cfg.llm_dim))
+                                    assignment=plan.assignment, output_shape=(mb, cfg.patches, cfg.llm_dim),
+                                    device=device)
+    side = side_stream(device)  # None on the CPU: the filler runs tasks on the host
     starts, ends, stats = [], [], []
     for step in range(args.steps):
         if rank == args.fail_rank and step == args.fail_step:
             raise RuntimeError(f"injected fault on rank {rank} at step {step} (--fail-rank/--fail-step)")
-        patches, tokens, targets = make_batch(cfg, step)
+        patches, tokens, targets = (t.to(device) for t in make_batch(cfg, step))
         dist.barrier(group=side_group)
         starts.append(time.perf_counter())
         boundary.begin_step()
         work = EncoderStep(plan=plan, rank=rank, pieces=pieces, costs=costs, boundary=boundary,
-                           inputs=lambda k: (patches[k * mb:(k + 1) * mb],))
+                           inputs=lambda k: (patches[k * mb:(k + 1) * mb],), side=side)
         filler = work.filler
         if trace_path:
             filler.trace = []
@@ -361,10 +389,10 @@ def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: s
         filler.drain()
         boundary.end_step()
         if args.mode != "megatron":
-            sync_grads(encoder, side_group)
+            sync_grads(encoder, grad_group)
         opt.step()
         opt.zero_grad()
-        ends.append(time.perf_counter())
+        ends.append(_now(device))
         stats.append(asdict(filler.stats))
         if trace_path and step == args.steps - 1:
             with open(f"{trace_path}.rank{rank}.json", "w") as f:
@@ -377,7 +405,8 @@ def _train(rank: int, args: argparse.Namespace, cfg: ModelConfig, result_path: s
                       for s in range(args.steps)]
         report = {
             "format": "pybubble.runtime_report/1", "mode": args.mode, "ranks": ranks, "steps": args.steps,
-            "size": args.size, "step_times_s": step_times, "median_step_s": statistics.median(step_times),
+            "size": args.size, "device": device.type, "step_times_s": step_times,
+            "median_step_s": statistics.median(step_times),
             "predicted_step_s": predicted, "param_checksum": sum(e["checksum"] for e in every),
             "costs": asdict(costs),
             "filler": [e["stats"][-1] for e in every],
@@ -448,7 +477,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--mode", default="pybubble", help="megatron, coarse or pybubble")
     p.add_argument("--report", help="write the report (JSON) here")
-    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (not implemented in this example)")
+    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
     p.add_argument("--size", default="small", help=f"model size: {', '.join(SIZES)}")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits for a failed peer")
     p.add_argument("--fail-rank", type=int, default=-1, help="inject a fault on this rank (tests)")
@@ -468,8 +497,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"size: {args.size!r} is not one of {', '.join(SIZES)}")
     if args.device not in ("cpu", "cuda"):
         raise ValueError(f"device: {args.device!r} is not one of cpu, cuda")
-    if args.device == "cuda":
-        raise ValueError("device: 'cuda' is not implemented by this example yet (see bench/cuda_fill.py)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' but no CUDA device is available (torch.cuda.is_available() is False)")
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+        # NCCL refuses two ranks of one communicator on the same GPU.
+        raise ValueError(f"device: 'cuda' needs one GPU per rank ({args.ranks} ranks, "
+                         f"{torch.cuda.device_count()} GPUs)")
     if not args.timeout > 0:
         raise ValueError(f"timeout: {args.timeout} is not > 0")
     if args.fail_rank >= args.ranks:
@@ -485,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.device == "cuda" and (note := serialised_streams_note()):
+        print(f"note: {note}", file=sys.stderr)
     try:
         report = launch(args)
     except RuntimeError as e:

@@ -2,6 +2,7 @@
 torch.distributed pipeline (the only part of pybubble that imports torch)."""
 
 from .boundary import BoundaryCommunicator
+from .cuda import SideStream, llm_stream, side_stream
 from .encoder_step import EncoderStep
 from .filler import BubbleFiller, FillTask, WorkProbe
 from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits
@@ -10,6 +11,7 @@ from .segments import MicrobatchRun, Piece, ViTBlock, split_into_pieces
 
 __all__ = [
     "BoundaryCommunicator", "BubbleFiller", "EncoderStep", "FillTask", "MODES", "MeasuredCosts",
-    "MicrobatchRun", "Piece", "Plan", "SUPPORTED_TORCH", "ViTBlock", "WorkProbe", "check_torch_version",
-    "fill_pipeline_waits", "make_plan", "predict_step_s", "split_into_pieces",
+    "MicrobatchRun", "Piece", "Plan", "SUPPORTED_TORCH", "SideStream", "ViTBlock", "WorkProbe",
+    "check_torch_version", "fill_pipeline_waits", "llm_stream", "make_plan", "predict_step_s", "side_stream",
+    "split_into_pieces",
 ]

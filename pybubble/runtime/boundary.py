@@ -4,6 +4,13 @@ Encoder microbatch j runs on rank ``producer[j]`` and feeds LLM microbatch ``ass
 the first pipeline stage's rank. Outputs and gradients travel on their own process group (never
 the pipeline's: a receive posted early there could stall the pipeline's own traffic), with tag j
 for outputs and microbatches + j for gradients. Receives are posted when a step begins.
+
+On CUDA the group stays gloo (the tags keep early receives apart; NCCL has no tags and would
+serialise them with the sends): tensors are staged through host memory, copied out with
+``.cpu()`` (which waits for the stream that produced them) and delivered on ``device``. A CUDA
+tensor handed from one stream to another (a local output from the side stream to the LLM's, a
+gradient the other way) is marked with ``record_stream`` by the stream that takes it; the streams
+themselves are ordered by the filler's events.
 """
 
 from __future__ import annotations
@@ -16,13 +23,21 @@ import torch.distributed as dist
 from .filler import WorkProbe
 
 
+def _taken_here(t: torch.Tensor) -> torch.Tensor:
+    """``t``, used from now on by the current stream: on CUDA its memory (perhaps allocated on
+    another stream) is not handed out again before this stream's uses of it are done."""
+    if t.is_cuda:
+        t.record_stream(torch.cuda.current_stream(t.device))
+    return t
+
+
 class BoundaryCommunicator:
     """Moves encoder microbatches' outputs and gradients between their producer and the LLM's
     first stage (``first_stage_rank``)."""
 
     def __init__(self, *, group: dist.ProcessGroup | None, rank: int, first_stage_rank: int,
                  producer: Sequence[int], assignment: Sequence[int], output_shape: Sequence[int],
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
         m = len(assignment)
         if sorted(int(k) for k in assignment) != list(range(m)):
             raise ValueError(f"assignment: {list(assignment)!r} is not a permutation of 0..{m - 1}")
@@ -38,6 +53,8 @@ class BoundaryCommunicator:
         self.encoder_microbatch = {k: j for j, k in enumerate(self.assignment)}
         self.output_shape = tuple(output_shape)
         self.dtype = dtype
+        self.device = torch.device(device)
+        """Where outputs and gradients are delivered; the group's buffers stay in host memory."""
         self._outputs: dict[int, torch.Tensor] = {}
         self._grads: dict[int, torch.Tensor] = {}
         self._pending: dict[tuple[str, int], tuple[torch.Tensor, WorkProbe]] = {}
@@ -68,7 +85,7 @@ class BoundaryCommunicator:
         if not self._remote(j):
             self._outputs[j] = output
         else:
-            self._sends.append(dist.isend(output.contiguous(), dst=self.first_stage_rank,
+            self._sends.append(dist.isend(output.contiguous().cpu(), dst=self.first_stage_rank,
                                           group=self.group, tag=j))
 
     def has_output(self, llm_microbatch: int) -> bool:
@@ -83,8 +100,8 @@ class BoundaryCommunicator:
                 raise RuntimeError(f"encoder microbatch {j} (LLM microbatch {llm_microbatch}) was never produced")
             buf, probe = self._pending.pop(("out", j))
             probe.result()
-            self._outputs[j] = buf
-        return self._outputs[j]
+            self._outputs[j] = buf.to(self.device)
+        return _taken_here(self._outputs[j])
 
     # -- backward: first stage -> producer -----------------------------------------------------
     def send_grad(self, llm_microbatch: int, grad: torch.Tensor) -> int:
@@ -93,7 +110,7 @@ class BoundaryCommunicator:
         if not self._remote(j):
             self._grads[j] = grad
         else:
-            self._sends.append(dist.isend(grad.contiguous(), dst=self.producer[j], group=self.group,
+            self._sends.append(dist.isend(grad.contiguous().cpu(), dst=self.producer[j], group=self.group,
                                           tag=len(self.assignment) + j))
         return j
 
@@ -107,8 +124,8 @@ class BoundaryCommunicator:
                 raise RuntimeError(f"the gradient of encoder microbatch {j} was never sent")
             buf, probe = self._pending.pop(("grad", j))
             probe.result()
-            self._grads[j] = buf
-        return self._grads[j]
+            self._grads[j] = buf.to(self.device)
+        return _taken_here(self._grads[j])
 
     def end_step(self) -> None:
         """Waits for this step's sends."""

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from .boundary import BoundaryCommunicator
+from .cuda import SideStream
 from .filler import BubbleFiller, FillTask
 from .plan import MeasuredCosts, Plan, rank_filler
 from .segments import MicrobatchRun, Piece
@@ -18,10 +19,12 @@ class EncoderStep:
 
     ``inputs(k)``: the encoder input of LLM microbatch k. On the first stage, :meth:`output` gives
     the encoder output of LLM microbatch k (a leaf whose gradient goes back to its producer).
+    ``side``: the filler's side stream on CUDA (None: tasks run on the host).
     """
 
     def __init__(self, *, plan: Plan, rank: int, pieces: Sequence[Piece], costs: MeasuredCosts,
-                 boundary: BoundaryCommunicator, inputs: Callable[[int], tuple[torch.Tensor, ...]]):
+                 boundary: BoundaryCommunicator, inputs: Callable[[int], tuple[torch.Tensor, ...]],
+                 side: SideStream | None = None):
         self.plan = plan
         self.rank = rank
         self.boundary = boundary
@@ -50,7 +53,7 @@ class EncoderStep:
                     wait_ready=(lambda j=j: boundary.grad(j)) if first else (lambda: None)))
             tasks.extend(bwd)
             self._bwd_tasks[j] = bwd
-        self.filler: BubbleFiller = rank_filler(plan, rank, tasks)
+        self.filler: BubbleFiller = rank_filler(plan, rank, tasks, side)
 
     def _forward(self, run: MicrobatchRun, j: int, i: int) -> Callable[[], None]:
         def task() -> None:

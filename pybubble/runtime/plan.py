@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import Problem, Schedule, Timeline, schedule, simulate_pipeline
+from .cuda import SideStream
 from .filler import BubbleFiller, FillTask
 
 MODES = ("megatron", "coarse", "pybubble")
@@ -135,8 +136,9 @@ def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int) -> float:
     return step_us / US + sync + costs.optimizer_s
 
 
-def rank_filler(plan: Plan, rank: int, tasks: list[FillTask]) -> BubbleFiller:
-    """The filler of ``rank``: its ops' predicted gaps from the LLM timeline and its tasks."""
+def rank_filler(plan: Plan, rank: int, tasks: list[FillTask], side: SideStream | None = None) -> BubbleFiller:
+    """The filler of ``rank``: its ops' predicted gaps from the LLM timeline and its tasks (run on
+    the host, or launched on ``side`` on CUDA)."""
     ops = sorted((op for op in plan.timeline.ops if op.stage == rank), key=lambda op: op.start)
     gaps, t = [], 0.0
     for op in ops:
@@ -144,6 +146,6 @@ def rank_filler(plan: Plan, rank: int, tasks: list[FillTask]) -> BubbleFiller:
         t = op.end
     gaps.append((plan.timeline.step_time - t) / US)
     return BubbleFiller(tasks, gaps, [(op.kind, op.microbatch) for op in ops], plan.timeline.step_time / US,
-                        fill=plan.mode == "pybubble")
+                        fill=plan.mode == "pybubble", side=side)
 
 

@@ -1,3 +1,5 @@
+#include <memory>
+
 #include <pybind11/stl.h>
 
 #include "arrays.h"
@@ -33,7 +35,14 @@ void register_problem(py::module_& m) {
              in.phase = to_vector(phase);
              in.after_offset = to_vector(after_offset);
              in.after = to_vector(after);
-             return Problem(std::move(in));
+             // The checks and indexes are plain C++ over the copied vectors: other threads (the
+             // planner's) run meanwhile.
+             std::unique_ptr<Problem> out;
+             {
+               py::gil_scoped_release release;
+               out = std::make_unique<Problem>(std::move(in));
+             }
+             return out;
            }),
            py::arg("horizon"), py::arg("num_lanes"), py::arg("compute_offset"), py::arg("compute_start"),
            py::arg("compute_end"), py::arg("link_offset"), py::arg("link_start"), py::arg("link_end"),

@@ -12,23 +12,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import time
 from pathlib import Path
 
 import pybubble
 from pybubble import baselines, planner
+from scheduler_speed import median_time  # bench/ is the script's folder
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def median_s(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -40,11 +31,11 @@ def main() -> None:
     cfg = pybubble.load_config(args.config)
     costs = planner.cost_model(cfg)
     pybubble.plan(cfg)  # warm caches (imports, first allocations)
-    whole = median_s(lambda: pybubble.plan(cfg), args.repeats)
-    one = median_s(lambda: planner.search(cfg, costs, workers=1), args.repeats)
-    two = median_s(lambda: planner.search(cfg, costs, workers=2), args.repeats)
-    base = median_s(lambda: (baselines.megatron(cfg, costs), baselines.megatron_balanced(cfg, costs)), args.repeats)
-    sep = median_s(lambda: planner.separate(cfg, costs), args.repeats)
+    whole = median_time(lambda: pybubble.plan(cfg), args.repeats)
+    one = median_time(lambda: planner.search(cfg, costs, workers=1), args.repeats)
+    two = median_time(lambda: planner.search(cfg, costs, workers=2), args.repeats)
+    base = median_time(lambda: (baselines.megatron(cfg, costs), baselines.megatron_balanced(cfg, costs)), args.repeats)
+    sep = median_time(lambda: planner.separate(cfg, costs), args.repeats)
     found = planner.search(cfg, costs)
     print(f"{Path(args.config).name}: {cfg.cluster.gpus} GPUs, {cfg.microbatches} microbatches, "
           f"{found.stats.plans} encoder plans, {found.stats.scheduled} partitions scheduled")

@@ -186,9 +186,10 @@ class CostModel:
         return e.compute_efficiency * flops / (flops + e.overhead_us * 1e-6 * best) if flops > 0 else 0.0
 
     def bound(self, kernel: Kernel) -> str:
-        """``compute``, ``memory`` or ``network``: which roof limits `kernel`."""
+        """``compute``, ``memory``, ``nvlink`` or ``network``: which roof limits `kernel` (a
+        collective inside a node runs on NVLink, one across nodes on the network)."""
         if kernel.resource == "comm":
-            return "network"
+            return "nvlink" if kernel.group <= self.hardware.gpus_per_node else "network"
         e = self.hardware.efficiency[kernel.kind]
         compute = kernel.flops / (self.hardware.peak_flops * e.compute_efficiency)
         memory = kernel.bytes / (self.hardware.memory_bandwidth * e.memory_efficiency)

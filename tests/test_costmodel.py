@@ -106,3 +106,13 @@ def test_vit22b_layer_at_the_optimus_setting_matches_its_figure():
     gemm = [sum(k.flops for k in decompose_layer(m, b, 256, tp=tp) if k.kind == "gemm")
             for b, tp in ((16, 8), (2, 1))]
     assert gemm[0] == pytest.approx(gemm[1], rel=1e-12)
+
+
+def test_collectives_are_bound_by_nvlink_inside_a_node_and_the_network_across():
+    cm = CostModel("h100")
+    vit = presets.encoder("vit-22b")
+    inside = [k for k in decompose_layer(vit, 1, 256, tp=8) if k.resource == "comm"]
+    assert inside and {cm.bound(k) for k in inside} == {"nvlink"}
+    across = [k for k in decompose_layer(vit, 1, 256, tp=16) if k.resource == "comm"]
+    assert {cm.bound(k) for k in across} == {"network"}
+    assert cm.kernel_time(across[0]) > cm.kernel_time(inside[0])  # slower links, same bytes per rank pair

@@ -97,6 +97,8 @@ def cmd_bubbles(args: argparse.Namespace) -> int:
         save_gantt(tl, args.plot)
         console.print(f"wrote {args.plot}")
     return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
     import os

@@ -106,25 +106,19 @@ class Timeline:
         from .trace import write_trace
         write_trace(self, path, problem, schedule)
 
-    def compute_free(self, stage: int) -> list[tuple[float, float]]:
-        """Windows where stage ``stage`` leaves compute idle: its bubbles, merged, zero-length ones dropped."""
+    def _free(self, key: str, stage: int) -> list[tuple[float, float]]:
         a = self._arrays
-        sel = a["bubble_rank"] == stage
-        return _merge(sorted(zip(a["bubble_start"][sel].tolist(), a["bubble_end"][sel].tolist())))
+        lo, hi = a[f"{key}_offset"][stage], a[f"{key}_offset"][stage + 1]
+        return list(zip(a[f"{key}_start"][lo:hi].tolist(), a[f"{key}_end"][lo:hi].tolist()))
+
+    def compute_free(self, stage: int) -> list[tuple[float, float]]:
+        """Windows where stage ``stage`` leaves compute idle: its bubbles, merged, zero-length ones
+        dropped (computed by the core, as for its generated problems)."""
+        return self._free("compute_free", stage)
 
     def link_free(self, stage: int) -> list[tuple[float, float]]:
         """Windows where stage ``stage`` leaves the network idle: all but TP and DP collectives."""
-        a = self._arrays
-        sel = a["link_busy_rank"] == stage
-        busy = _merge(sorted(zip(a["link_busy_start"][sel].tolist(), a["link_busy_end"][sel].tolist())))
-        out, t = [], 0.0
-        for s, e in busy:
-            if s > t:
-                out.append((t, s))
-            t = max(t, e)
-        if self.step_time > t:
-            out.append((t, self.step_time))
-        return out
+        return self._free("link_free", stage)
 
     def lane_windows(self, lanes_per_stage: int = 1) -> dict[str, np.ndarray]:
         """The free-window arrays of a problem on this step (compute_offset/start/end and
@@ -132,13 +126,16 @@ class Timeline:
         if isinstance(lanes_per_stage, bool) or not isinstance(lanes_per_stage, int) or lanes_per_stage < 1:
             raise ValueError(f"lanes_per_stage: {lanes_per_stage!r} is not an integer >= 1")
         out = {}
-        for key, free in (("compute", self.compute_free), ("link", self.link_free)):
-            per_stage = [np.array(free(stage), np.float64).reshape(-1, 2) for stage in range(self.stages)]
-            counts = np.repeat([len(w) for w in per_stage], lanes_per_stage)
+        a = self._arrays
+        for key in ("compute", "link"):
+            offset = a[f"{key}_free_offset"]
+            counts = np.repeat(np.diff(offset), lanes_per_stage)
             out[f"{key}_offset"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-            every = np.concatenate([np.tile(w, (lanes_per_stage, 1)) for w in per_stage])
-            out[f"{key}_start"] = np.ascontiguousarray(every[:, 0])
-            out[f"{key}_end"] = np.ascontiguousarray(every[:, 1])
+            # every stage's windows, once per lane of the stage
+            index = np.concatenate([np.tile(np.arange(offset[s], offset[s + 1]), lanes_per_stage)
+                                    for s in range(self.stages)] or [np.zeros(0, np.int64)])
+            out[f"{key}_start"] = a[f"{key}_free_start"][index]
+            out[f"{key}_end"] = a[f"{key}_free_end"][index]
         return out
 
     def to_problem(self, tasks: Sequence[Mapping[str, Any]] | Mapping[str, np.ndarray],
@@ -177,18 +174,6 @@ class Timeline:
     def __repr__(self) -> str:
         return (f"Timeline(step_time={self.step_time}, stages={self.stages}, chunks={self.chunks}, "
                 f"microbatches={self.microbatches})")
-
-
-def _merge(windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for s, e in windows:
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
 
 
 def _costs(value: Costs, field: str, stages: int, chunks: int) -> np.ndarray:

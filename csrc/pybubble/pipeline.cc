@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace pybubble {
@@ -378,6 +379,56 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
     tl.grad_ready[k] = tl.op_end[b];
   }
   return tl;
+}
+
+namespace {
+
+/// The intervals of `rank`, sorted, merged where they touch or overlap, empty ones dropped.
+std::vector<std::pair<double, double>> merged(const std::vector<int32_t>& rank_of, const std::vector<double>& start,
+                                              const std::vector<double>& end, int32_t rank) {
+  std::vector<std::pair<double, double>> in;
+  for (size_t i = 0; i < rank_of.size(); ++i) {
+    if (rank_of[i] == rank && end[i] > start[i]) in.emplace_back(start[i], end[i]);
+  }
+  std::sort(in.begin(), in.end());
+  std::vector<std::pair<double, double>> out;
+  for (const auto& w : in) {
+    if (!out.empty() && w.first <= out.back().second) {
+      out.back().second = std::max(out.back().second, w.second);
+    } else {
+      out.push_back(w);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+FreeWindows free_windows(const PipelineTimeline& tl, int32_t ranks) {
+  FreeWindows out;
+  out.compute.offset.push_back(0);
+  out.link.offset.push_back(0);
+  for (int32_t r = 0; r < ranks; ++r) {
+    for (const auto& [a, b] : merged(tl.bubble_rank, tl.bubble_start, tl.bubble_end, r)) {
+      out.compute.start.push_back(a);
+      out.compute.end.push_back(b);
+    }
+    out.compute.offset.push_back(static_cast<int64_t>(out.compute.start.size()));
+    double from = 0.0;
+    for (const auto& [a, b] : merged(tl.link_busy_rank, tl.link_busy_start, tl.link_busy_end, r)) {
+      if (a > from) {
+        out.link.start.push_back(from);
+        out.link.end.push_back(a);
+      }
+      from = std::max(from, b);
+    }
+    if (tl.step_time > from) {
+      out.link.start.push_back(from);
+      out.link.end.push_back(tl.step_time);
+    }
+    out.link.offset.push_back(static_cast<int64_t>(out.link.start.size()));
+  }
+  return out;
 }
 
 }  // namespace pybubble

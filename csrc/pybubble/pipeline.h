@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "pybubble/problem.h"
+
 namespace pybubble {
 
 /// Kinds of pipeline actions, as in torch.distributed.pipelining ("F", "B", "I", "W").
@@ -66,6 +68,14 @@ struct PipelineTimeline {
 /// and its dependencies are done. Throws std::invalid_argument naming the field and value for bad
 /// input, and for a deadlocked table naming which action waits on which.
 PipelineTimeline simulate_pipeline(const PipelineSpec& spec);
+
+/// The windows a rank leaves free, one CSR row per rank: `compute` = its bubbles sorted, touching
+/// or overlapping ones merged, empty ones dropped; `link` = [0, step_time] less its merged
+/// link-busy intervals (TP and DP collectives). These are a problem's lane windows.
+struct FreeWindows {
+  WindowSet compute, link;
+};
+FreeWindows free_windows(const PipelineTimeline& tl, int32_t ranks);
 
 /// Fills the table of `spec` with 1F1B for spec.ranks and spec.microbatches (chunks must be 1):
 /// rank r runs min(p - r - 1, m) warm-up forwards, then one forward and one backward in turn,

@@ -152,5 +152,25 @@ TEST(Pipeline, ErrorsWriteNumbersShortest) {
   }
 }
 
+TEST(Pipeline, FreeWindowsMergeBubblesAndComplementTheLink) {
+  PipelineTimeline tl;
+  tl.step_time = 100.0;
+  // rank 0: touching and overlapping bubbles out of order, one empty; rank 1: none
+  tl.bubble_rank = {0, 0, 0, 0};
+  tl.bubble_start = {30.0, 0.0, 10.0, 50.0};
+  tl.bubble_end = {40.0, 10.0, 20.0, 50.0};
+  tl.bubble_kind = {kTp, kDpAllgather, kPpWarmup, kTp};
+  tl.link_busy_rank = {1, 0, 0};
+  tl.link_busy_start = {5.0, 0.0, 5.0};
+  tl.link_busy_end = {6.0, 10.0, 20.0};
+  const FreeWindows w = free_windows(tl, 2);
+  EXPECT_EQ(w.compute.offset, (std::vector<int64_t>{0, 2, 2}));
+  EXPECT_EQ(w.compute.start, (std::vector<double>{0.0, 30.0}));
+  EXPECT_EQ(w.compute.end, (std::vector<double>{20.0, 40.0}));
+  EXPECT_EQ(w.link.offset, (std::vector<int64_t>{0, 1, 3}));
+  EXPECT_EQ(w.link.start, (std::vector<double>{20.0, 0.0, 6.0}));
+  EXPECT_EQ(w.link.end, (std::vector<double>{100.0, 5.0, 100.0}));
+}
+
 }  // namespace
 }  // namespace pybubble

@@ -92,27 +92,14 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
   ProblemInput in;
   in.horizon = horizon;
   in.num_lanes = static_cast<int64_t>(p) * lps;
-  for (WindowSet* w : {&in.compute_free, &in.link_free}) w->offset.push_back(0);
-  for (int32_t s = 0; s < p; ++s) {
-    // Compute windows: the stage's bubbles (gaps between ops, TP collectives inside them). Link
-    // windows: all but the TP collectives. Each of the stage's lanes sees the same windows.
-    std::vector<std::pair<double, double>> cw, lw;
-    for (size_t b = 0; b < tl.bubble_rank.size(); ++b) {
-      if (tl.bubble_rank[b] == s) cw.push_back({tl.bubble_start[b], tl.bubble_end[b]});
-    }
-    double link_from = 0.0;
-    for (size_t b = 0; b < tl.link_busy_rank.size(); ++b) {
-      if (tl.link_busy_rank[b] != s) continue;
-      if (tl.link_busy_start[b] > link_from) lw.push_back({link_from, tl.link_busy_start[b]});
-      link_from = tl.link_busy_end[b];
-    }
-    if (horizon > link_from) lw.push_back({link_from, horizon});
-    for (int32_t k = 0; k < lps; ++k) {
-      for (auto [w, src] : {std::pair{&in.compute_free, &cw}, std::pair{&in.link_free, &lw}}) {
-        for (const auto& [a, b] : *src) {
-          w->start.push_back(a);
-          w->end.push_back(b);
-        }
+  // Each of a stage's lanes sees the stage's free windows (pybubble::free_windows).
+  const FreeWindows free = free_windows(tl, p);
+  for (auto [w, src] : {std::pair{&in.compute_free, &free.compute}, std::pair{&in.link_free, &free.link}}) {
+    w->offset.push_back(0);
+    for (int32_t s = 0; s < p; ++s) {
+      for (int32_t k = 0; k < lps; ++k) {
+        w->start.insert(w->start.end(), src->start.begin() + src->offset[s], src->start.begin() + src->offset[s + 1]);
+        w->end.insert(w->end.end(), src->end.begin() + src->offset[s], src->end.begin() + src->offset[s + 1]);
         w->offset.push_back(static_cast<int64_t>(w->start.size()));
       }
     }

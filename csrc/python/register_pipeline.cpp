@@ -30,10 +30,12 @@ void register_pipeline(py::module_& m) {
         sp.dp_allgather = dp_allgather;
         sp.dp_reducescatter = dp_reducescatter;
         pybubble::PipelineTimeline tl;
+        pybubble::FreeWindows free;
         {
           // Pure C++ on data copied out of Python objects: other threads may run meanwhile.
           py::gil_scoped_release release;
           tl = pybubble::simulate_pipeline(sp);
+          free = pybubble::free_windows(tl, sp.ranks);
         }
         py::dict d;
         d["step_time"] = tl.step_time;
@@ -53,6 +55,11 @@ void register_pipeline(py::module_& m) {
         d["link_busy_end"] = to_array(std::move(tl.link_busy_end));
         d["forward_needed"] = to_array(std::move(tl.forward_needed));
         d["grad_ready"] = to_array(std::move(tl.grad_ready));
+        for (auto [name, w] : {std::pair{"compute_free", &free.compute}, std::pair{"link_free", &free.link}}) {
+          d[(std::string(name) + "_offset").c_str()] = to_array(std::move(w->offset));
+          d[(std::string(name) + "_start").c_str()] = to_array(std::move(w->start));
+          d[(std::string(name) + "_end").c_str()] = to_array(std::move(w->end));
+        }
         return d;
       },
       py::arg("ranks"), py::arg("chunks"), py::arg("microbatches"), py::arg("row_offset"), py::arg("stage"),

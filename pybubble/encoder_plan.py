@@ -131,6 +131,7 @@ class EncoderWork:
             self._layer_cost.append((per_phase, send, plan.stage_layers(mdl.layers)))
         self._flags = flags
         self._templates: dict[bool, dict[str, np.ndarray]] = {}
+        self._blocks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def _template(self, to_llm: bool) -> dict[str, np.ndarray]:
         """One microbatch's tasks: lane tags, durations, resources, phases and relative `after`."""
@@ -220,6 +221,20 @@ class EncoderWork:
         lanes = np.array([plan.lane(pipeline, e) for e in range(plan.pp_enc)] + [grad_in], np.int64)
         return {"lane": lanes[t["tag"]], **{k: v for k, v in t.items() if k != "tag"}}
 
+    def _block(self, pipeline: int, count: int) -> dict[str, np.ndarray]:
+        """`count` microbatches on `pipeline`, numbered from 0, task ids from 0 (cached: a search
+        lays out the same blocks in many partitions)."""
+        key = (pipeline, count)
+        if key not in self._blocks:
+            t = self.microbatch_tasks(pipeline)
+            n = len(t["lane"])
+            block = {k: np.tile(t[k], count) for k in ("lane", "duration", "resource", "phase")}
+            block["microbatch"] = np.repeat(np.arange(count, dtype=np.int64), n)
+            block["after_counts"] = np.tile(np.diff(t["after_offset"]), count)
+            block["after"] = (t["after"][None, :] + n * np.arange(count, dtype=np.int64)[:, None]).reshape(-1)
+            self._blocks[key] = block
+        return self._blocks[key]
+
     def arrays(self, partition: Sequence[int]) -> dict[str, np.ndarray]:
         """The task arrays of a partition (``pybubble.problem/1`` order: microbatches numbered
         pipeline by pipeline), as :func:`pybubble.problem.task_arrays` gives them."""
@@ -229,26 +244,19 @@ class EncoderWork:
         for i, n in enumerate(partition):
             if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
                 raise ValueError(f"partition[{i}]: {n!r} is not a non-negative integer")
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("lane", "microbatch", "duration", "resource",
-                                                               "phase", "after_counts", "after")}
-        j = base = 0
-        for pipeline, count in enumerate(partition):
-            if count == 0:
-                continue
-            t = self.microbatch_tasks(pipeline)
-            n = len(t["lane"])
-            for key in ("lane", "duration", "resource", "phase"):
-                parts[key].append(np.tile(t[key], count))
-            parts["microbatch"].append(np.repeat(np.arange(j, j + count, dtype=np.int64), n))
-            parts["after_counts"].append(np.tile(np.diff(t["after_offset"]), count))
-            starts = base + n * np.arange(count, dtype=np.int64)
-            parts["after"].append((t["after"][None, :] + starts[:, None]).reshape(-1))
-            j += count
-            base += n * count
-        out = {k: (np.concatenate(v) if v else np.zeros(0, np.float64 if k == "duration" else np.int64))
-               for k, v in parts.items()}
-        counts = out.pop("after_counts")
-        out["after_offset"] = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        blocks = [self._block(i, n) for i, n in enumerate(partition) if n > 0]
+        keys = ("lane", "duration", "resource", "phase", "microbatch", "after_counts", "after")
+        if not blocks:
+            return {"lane": np.zeros(0, np.int64), "microbatch": np.zeros(0, np.int64),
+                    "duration": np.zeros(0), "resource": np.zeros(0, np.int64), "phase": np.zeros(0, np.int64),
+                    "after_offset": np.zeros(1, np.int64), "after": np.zeros(0, np.int64)}
+        out = {k: np.concatenate([blk[k] for blk in blocks]) for k in keys}
+        # each block's microbatches and task ids are relative to the block: shift them into place
+        sizes = np.array([len(blk["lane"]) for blk in blocks])
+        counts = np.array([n for n in partition if n > 0])
+        out["microbatch"] += np.repeat(np.cumsum(counts) - counts, sizes)
+        out["after"] += np.repeat(np.cumsum(sizes) - sizes, [len(blk["after"]) for blk in blocks])
+        out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("after_counts"))]).astype(np.int64)
         return out
 
 

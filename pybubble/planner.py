@@ -33,7 +33,7 @@ from .config import Config
 from .costmodel import CostModel
 from .decompose import splits_heads
 from .encoder_plan import EncoderPlan, EncoderWork
-from .memory import GB, colocated_bytes, encoder_images, stage_bytes
+from .memory import GB, colocated_bytes, encoder_images, encoder_lane_bytes, stage_bytes
 from .problem import Problem
 from .scheduler import Schedule, schedule
 from .timeline import Timeline, simulate_pipeline
@@ -405,8 +405,6 @@ def separate(config: Config, costs: CostModel | None = None, timeline: Timeline 
     (pp_enc dividing the encoders' layers up to PP_llm, tp_enc up to a node, n pipelines per LLM
     replica up to the microbatches), chosen for the least GPU time (step time x all GPUs), within
     memory. Its output and gradient cross to and from LLM stage 0 as pipeline sends."""
-    from .memory import encoder_lane_bytes
-
     costs = costs or cost_model(config)
     timeline = timeline or llm_timeline(config, costs)
     p, horizon = config.llm_plan, timeline.step_time

@@ -58,9 +58,10 @@ class PlanReport:
     def rows(self) -> list[Row]:
         """The comparison, baselines first, pybubble colocated last but one, non-colocated last."""
         g = self.config.cluster.gpus
+        coarse = self.search.coarse.hidden_fraction  # 0 by construction: all of it outside the step
         out = [Row(name=b.name, step_time=b.step_time, gpus=g, memory_bytes=b.memory_bytes,
-                   hidden_fraction=None, layout=b.layout) for b in self.baselines.values()]
-        out[-1].hidden_fraction = self.search.coarse.hidden_fraction  # coarse: 0 by construction
+                   hidden_fraction=coarse if b.name == "coarse" else None, layout=b.layout)
+               for b in self.baselines.values()]
         best, sep = self.best, self.separate
         out.append(Row(name="pybubble", step_time=best.step_time, gpus=g, memory_bytes=best.memory_bytes,
                        hidden_fraction=best.hidden_fraction, layout=describe(best)))

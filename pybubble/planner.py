@@ -97,10 +97,12 @@ def even_partition(microbatches: int, pipelines: int) -> list[int]:
     return [q + (i < r) for i in range(pipelines)]
 
 
-def encoder_work(config: Config, plan: EncoderPlan, costs: CostModel | None = None) -> EncoderWork:
-    """The config's encoders under `plan` (colocated on the LLM's GPUs)."""
+def encoder_work(config: Config, plan: EncoderPlan, costs: CostModel | None = None,
+                 separate: bool = False) -> EncoderWork:
+    """The config's encoders under `plan`: colocated on the LLM's GPUs, or on GPUs of their own."""
     return EncoderWork([e.model for e in config.encoders], plan=plan, micro_batch=encoder_images(config),
-                       costs=costs or cost_model(config), frozen=[e.frozen for e in config.encoders])
+                       costs=costs or cost_model(config), frozen=[e.frozen for e in config.encoders],
+                       separate=separate)
 
 
 def encoder_problem(config: Config, timeline: Timeline, plan: EncoderPlan, partition: list[int],
@@ -416,18 +418,17 @@ def separate(config: Config, costs: CostModel | None = None, timeline: Timeline 
             while n <= config.microbatches:
                 plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
                 partition = even_partition(config.microbatches, n)
-                if encoder_lane_bytes(config, plan, partition).max() <= config.memory_gb * GB:
-                    work = EncoderWork([e.model for e in config.encoders], plan=plan,
-                                       micro_batch=encoder_images(config), costs=costs,
-                                       frozen=[e.frozen for e in config.encoders], separate=True)
+                memory = float(encoder_lane_bytes(config, plan, partition).max())
+                if memory <= config.memory_gb * GB:
                     lanes = pp_enc * n
                     whole = {f"{k}_offset": np.arange(lanes + 1, dtype=np.int64) for k in ("compute", "link")}
                     for k in ("compute", "link"):
                         whole[f"{k}_start"], whole[f"{k}_end"] = np.zeros(lanes), np.full(lanes, horizon)
-                    problem = timeline_problem(timeline, work.arrays(partition), whole,
-                                               [f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
+                    problem = timeline.to_problem(
+                        encoder_work(config, plan, costs, separate=True).arrays(partition), windows=whole,
+                        lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
                     cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem),
-                                     memory_bytes=float(encoder_lane_bytes(config, plan, partition).max()))
+                                     memory_bytes=memory)
                     extra = p.dp * lanes * tp_enc
                     option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
                     cost = option.step_time * (config.cluster.gpus + extra)
@@ -439,14 +440,6 @@ def separate(config: Config, costs: CostModel | None = None, timeline: Timeline 
     if best is None:
         raise ValueError(f"memory_gb: no non-colocated encoder layout fits in {config.memory_gb:g} GB per GPU")
     return best
-
-
-def timeline_problem(timeline: Timeline, tasks: dict[str, np.ndarray], windows: dict[str, np.ndarray],
-                     lane_names: list[str]) -> Problem:
-    """A problem with `timeline`'s horizon and microbatch points, explicit lane windows and tasks."""
-    return Problem.from_arrays(lane_names=lane_names, horizon=timeline.step_time, num_lanes=len(lane_names),
-                               forward_needed=timeline.forward_needed, grad_ready=timeline.grad_ready,
-                               **windows, **tasks)
 
 
 def model_flops(config: Config) -> float:

@@ -139,7 +139,8 @@ class Timeline:
         return out
 
     def to_problem(self, tasks: Sequence[Mapping[str, Any]] | Mapping[str, np.ndarray],
-                   lanes_per_stage: int = 1, windows: Mapping[str, np.ndarray] | None = None) -> Problem:
+                   lanes_per_stage: int = 1, windows: Mapping[str, np.ndarray] | None = None,
+                   lane_names: Sequence[str] | None = None) -> Problem:
         """A pybubble.problem/1 with this step as the LLM frame and ``tasks`` as the encoder work.
 
         ``tasks`` is a list of dicts in problem/1 task form without "id" (its index is its id; an
@@ -148,6 +149,8 @@ class Timeline:
         arrays (the keys of :func:`pybubble.problem.task_arrays`, as ``EncoderWork.arrays`` gives).
         Every lane of a stage sees the stage's compute_free and link_free windows (``windows``:
         :meth:`lane_windows` computed once, for many problems); microbatch k carries (F_k, B_k).
+        With ``lane_names``, ``windows`` holds one row per named lane, which need not be this
+        step's stages (e.g. an encoder on GPUs of its own, free the whole step).
         Checked field by field here and by the core; ValueError naming the field and value.
         """
         if windows is None:
@@ -163,10 +166,10 @@ class Timeline:
         else:
             arrays = task_arrays(tasks, id_required=False)
         num_lanes = len(windows["compute_offset"]) - 1
-        if num_lanes != self.stages * lanes_per_stage:
-            raise ValueError(f"windows: {num_lanes} lanes, expected stages x lanes_per_stage = "
-                             f"{self.stages * lanes_per_stage}")
-        names = [f"pp{s}.lane{k}" for s in range(self.stages) for k in range(lanes_per_stage)]
+        names = (list(lane_names) if lane_names is not None else
+                 [f"pp{s}.lane{k}" for s in range(self.stages) for k in range(lanes_per_stage)])
+        if num_lanes != len(names):
+            raise ValueError(f"windows: {num_lanes} lanes, expected {len(names)}")
         return Problem.from_arrays(
             lane_names=names, horizon=self.step_time, num_lanes=num_lanes, **windows,
             forward_needed=self.forward_needed, grad_ready=self.grad_ready, **arrays)

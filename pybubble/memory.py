@@ -79,7 +79,8 @@ def stage_bytes(config: "Config", timeline: "Timeline", encoder_layers: np.ndarr
     """Per pipeline stage, model states and peak activations on one GPU when chunk ``c`` of stage
     ``s`` holds ``llm_layers[s, c]`` LLM layers and ``encoder_layers[s, c]`` layers of the encoders.
     The encoders' weights are split over `encoder_tp` GPUs (default: the LLM's TP); their
-    activations over all of the stage's GPUs (TP groups below the LLM's split the images).
+    activations over all of the stage's GPUs (TP groups below the LLM's split the images). With
+    several encoders, an encoder layer's bytes are their average weighted by layer count.
     Default: the LLM's even layout and no encoder."""
     llm, plan, tr = config.llm, config.llm_plan, config.training
     shape = (timeline.stages, timeline.chunks)

@@ -247,10 +247,11 @@ class _PlanSpace:
     def memory(self, partition: Sequence[int]) -> float:
         return colocated_bytes(self.config, self.timeline, self.plan, partition, self.llm_memory)
 
-    def candidate(self, partition: Sequence[int], policy: str = "greedy") -> Candidate:
+    def candidate(self, partition: Sequence[int], policy: str = "greedy", memory: float | None = None) -> Candidate:
+        """`partition` scheduled under `policy`; `memory`: its :meth:`memory`, when known already."""
         problem = self.timeline.to_problem(self.work.arrays(partition), self.plan.lanes_per_stage, self.windows)
-        return Candidate(plan=self.plan, partition=list(partition), problem=problem,
-                         schedule=schedule(problem, policy), memory_bytes=self.memory(partition))
+        return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule(problem, policy),
+                         memory_bytes=self.memory(partition) if memory is None else memory)
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -283,11 +284,12 @@ def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], f
         if space.bound(partition) >= limit():
             counts["bound_pruned"] += 1
             return False
-        if space.memory(partition) > space.memory_limit:
+        memory = space.memory(partition)
+        if memory > space.memory_limit:
             counts["memory_pruned"] += 1
             return False
         counts["scheduled"] += 1
-        cand = space.candidate(partition)
+        cand = space.candidate(partition, memory=memory)
         if best is None or cand.step_time < best.step_time:
             best = cand
             return True
@@ -345,8 +347,9 @@ def search(config: Config, costs: CostModel | None = None, *, workers: int = 2,
     def run(space: _PlanSpace) -> None:
         nonlocal done
         even = even_partition(microbatches, space.plan.pipelines)
-        fits = space.memory(even) <= space.memory_limit
-        base = space.candidate(even, "coarse")
+        memory = space.memory(even)
+        fits = memory <= space.memory_limit
+        base = space.candidate(even, "coarse", memory)
         if space.plan_bound(microbatches) >= incumbent():
             best, pruned = None, True
         else:

@@ -1,23 +1,47 @@
-"""pybubble: fill the bubbles of a 3D-parallel LLM training step with the modality encoder's work."""
+"""pybubble: fill the bubbles of a 3D-parallel LLM training step with the modality encoder's work.
 
-from . import presets
-from .balance import balance_microbatches
-from .config import load_config
-from .decompose import Kernel, decompose_layer
-from .online import OnlineScheduler, replay
-from .problem import Problem, load_problem
-from .report import PlanReport, plan
-from .scheduler import Schedule, load_schedule, schedule
-from .timeline import Timeline, simulate_pipeline
-from .validator import validate
+The package follows the data flow, one folder per stage, each importing only from the ones before
+it: ``config`` (YAML -> checked dataclasses, presets, documents, checks) -> ``costs`` (kernels, cost
+model, calibration, memory) -> ``llm`` (action tables, the simulated step and its bubbles) ->
+``problem`` (lanes, windows, encoder tasks) -> ``schedule`` (scheduler, validator, reference,
+online, balancing) -> ``viz`` (traces, Gantt charts) -> ``planner`` (search, layouts, report,
+dynamic data, modality model) -> ``runtime`` (torch hooks; needs torch). The names below are the
+public API.
+"""
+
+from ._native import require_core
+
+require_core()
+
+from .config import presets  # noqa: E402  (after the check: every module below needs the core)
+from .config.schema import Config, load_config  # noqa: E402
+from .costs.kernels import Kernel, decompose_layer  # noqa: E402
+from .llm.step import LLMStep  # noqa: E402
+from .llm.tables import Action  # noqa: E402
+from .llm.timeline import Timeline, Windows, simulate_pipeline  # noqa: E402
+from .planner.report import PlanReport, plan  # noqa: E402
+from .problem.arrays import ProblemArrays, Tasks  # noqa: E402
+from .problem.problem import Problem, load_problem  # noqa: E402
+from .schedule.balance import balance_microbatches  # noqa: E402
+from .schedule.online import OnlineScheduler, replay  # noqa: E402
+from .schedule.scheduler import Schedule, load_schedule, schedule  # noqa: E402
+from .schedule.validator import validate  # noqa: E402
+from .viz.gantt import save_gantt  # noqa: E402
+from .viz.trace import save_trace  # noqa: E402
 
 __all__ = [
+    "Action",
+    "Config",
     "Kernel",
+    "LLMStep",
     "OnlineScheduler",
     "PlanReport",
     "Problem",
+    "ProblemArrays",
     "Schedule",
+    "Tasks",
     "Timeline",
+    "Windows",
     "balance_microbatches",
     "decompose_layer",
     "load_config",
@@ -26,6 +50,8 @@ __all__ = [
     "plan",
     "presets",
     "replay",
+    "save_gantt",
+    "save_trace",
     "schedule",
     "simulate_pipeline",
     "validate",

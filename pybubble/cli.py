@@ -11,9 +11,9 @@ from collections.abc import Callable, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from .problem import load_problem
-from .scheduler import POLICIES, load_schedule, schedule
-from .validator import validate
+from .problem.problem import load_problem
+from .schedule.scheduler import POLICIES, load_schedule, schedule
+from .schedule.validator import validate
 
 console = Console(highlight=False)
 
@@ -56,7 +56,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .problems import synthetic
+    from .problem.generated import synthetic
 
     problem = synthetic(stages=args.stages, lanes_per_stage=args.lanes_per_stage,
                         microbatches=args.microbatches, encoder_layers=args.encoder_layers,
@@ -68,11 +68,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bubbles(args: argparse.Namespace) -> int:
-    from .timeline import BUBBLE_KINDS, simulate_pipeline
+    from .llm.timeline import BUBBLE_KINDS, simulate_pipeline
 
     tp = (args.tp_count, args.tp_duration) if args.tp_count else None
     warmup = args.warmup[0] if args.warmup is not None and len(args.warmup) == 1 else args.warmup
-    tl = simulate_pipeline(args.schedule, stages=args.stages, microbatches=args.microbatches,
+    tl = simulate_pipeline(args.schedule, ranks=args.stages, microbatches=args.microbatches,
                            chunks=args.chunks, fwd=args.fwd, bwd=args.bwd, wgrad=args.wgrad, p2p=args.p2p,
                            tp_comm=tp, dp_allgather=args.dp_allgather,
                            dp_reducescatter=args.dp_reducescatter, warmup=warmup)
@@ -89,10 +89,12 @@ def cmd_bubbles(args: argparse.Namespace) -> int:
     width = max(console.width, 22 + 10 * len(times))  # no squeezed cells when piped (80 columns)
     Console(highlight=False, width=width).print(table)
     if args.trace:
-        tl.save_trace(args.trace)
+        from .viz.trace import save_trace
+
+        save_trace(tl, args.trace)
         console.print(f"wrote {args.trace} (Chrome trace: open in ui.perfetto.dev)")
     if args.plot:
-        from .plot import save_gantt
+        from .viz.gantt import save_gantt
 
         save_gantt(tl, args.plot)
         console.print(f"wrote {args.plot}")
@@ -105,8 +107,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .config import load_config
-    from .report import plan
+    from .config.documents import write_text
+    from .config.schema import load_config
+    from .planner.report import plan
 
     config = load_config(args.config)
     workers = args.workers or min(2, os.cpu_count() or 1)
@@ -141,8 +144,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   f"{s.scheduled} partitions scheduled, {s.bound_pruned} pruned by bound, "
                   f"{s.memory_pruned} by memory)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.to_json(), f, indent=2)
+        write_text(args.json, json.dumps(report.to_json(), indent=2, allow_nan=False))
         console.print(f"wrote {args.json}")
     if args.trace:
         report.save_trace(args.trace)
@@ -161,8 +163,8 @@ def _si(value: float, unit: str) -> str:
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
-    from .costmodel import CostModel
-    from .presets import model
+    from .config.presets import model
+    from .costs.roofline import CostModel
 
     cfg = model(args.model)
     seq_len = args.seq_len or getattr(cfg, "tokens", None) or getattr(cfg, "seq_len")
@@ -189,17 +191,15 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from .calibrate import FIT_X, calibrate, error_table
-    from .formats import write_document
+    from .config.documents import write_document, write_text
+    from .costs.calibration import FIT_X, calibrate, error_table
 
     t0 = time.perf_counter()
     doc = calibrate(args.device, repeats=args.repeats)
     took = time.perf_counter() - t0
     write_document(args.output, doc)
     if args.errors:
-        Path(args.errors).write_text(error_table(doc))
+        write_text(args.errors, error_table(doc))
     table = Table(title=f"calibration on {doc['device_name']} ({doc['hardware']}, {took:.1f} s)")
     for col in ("kind", "efficiency (of peak FLOP/s or bandwidth)", "overhead"):
         table.add_column(col)
@@ -215,9 +215,9 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     import numpy as np
     from rich.progress import Progress
 
-    from .config import load_config
-    from .dynamic import run
-    from .formats import write_document
+    from .config.documents import write_document
+    from .config.schema import load_config
+    from .planner.dynamic import run
 
     if args.steps < 1:
         raise ValueError(f"steps: {args.steps} is not >= 1")

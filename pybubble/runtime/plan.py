@@ -79,7 +79,7 @@ def llm_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage
     if encoder_on_first_stage:
         fwd[0] += sum(costs.piece_fwd_s) * US
         bwd[0] += sum(costs.piece_bwd_s) * US
-    return simulate_pipeline("1f1b", stages=costs.stages, microbatches=microbatches, fwd=fwd, bwd=bwd,
+    return simulate_pipeline("1f1b", ranks=costs.stages, microbatches=microbatches, fwd=fwd, bwd=bwd,
                              p2p=costs.p2p_s * US)
 
 
@@ -121,7 +121,7 @@ def make_plan(mode: str, costs: MeasuredCosts, microbatches: int) -> Plan:
         return Plan(mode=mode, timeline=llm_timeline(costs, microbatches, True), producer=producer,
                     assignment=list(range(microbatches)), start_s=None, problem=None, schedule=None)
     timeline = llm_timeline(costs, microbatches)
-    problem = timeline.to_problem(encoder_tasks(costs, producer))
+    problem = Problem.on_timeline(timeline, encoder_tasks(costs, producer))
     sched = schedule(problem, "coarse" if mode == "coarse" else "greedy")
     return Plan(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
                 start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched)

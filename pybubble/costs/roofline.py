@@ -1,0 +1,248 @@
+"""Roofline cost model: kernel durations, LLM layer times and collective times on a given GPU.
+
+A kernel of kind K takes ``overhead_us + max(flops / (peak · compute_efficiency),
+bytes / (bandwidth · memory_efficiency))``. The fixed overhead (launch, tail effects) makes small
+kernels slower than peak: the achieved efficiency is ``compute_efficiency · F / (F + F_half)`` with
+``F_half = overhead · peak · compute_efficiency`` (see :meth:`CostModel.efficiency`). The default
+efficiencies below are literature values; ``pybubble calibrate`` measures them on the hardware at
+hand and :meth:`CostModel.load_calibration` replaces them.
+
+Collectives use the ring model: ``alpha·(n-1) + (n-1)/n · bytes / bw`` for an all-gather or a
+reduce-scatter, twice that for an all-reduce; ``bw`` is NVLink inside a node, the network across.
+All times are microseconds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..config.checks import mapping, number, positive, required, shown
+from ..config.documents import read_document
+from ..config.models import TransformerShape
+from .kernels import KINDS, Kernel, decompose_layer
+
+CALIBRATION_FORMAT = "pybubble.calibration/1"
+
+
+@dataclass(kw_only=True, slots=True)
+class Efficiency:
+    """How close one kernel kind gets to the roofline."""
+
+    compute_efficiency: float
+    """Fraction of peak FLOP/s reached by large kernels of this kind."""
+    memory_efficiency: float
+    """Fraction of peak memory bandwidth reached by large kernels of this kind."""
+    overhead_us: float
+    """Fixed time per kernel (launch and tail), microseconds."""
+
+    def __post_init__(self) -> None:
+        for name in ("compute_efficiency", "memory_efficiency"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{name}: {value!r} is not in (0, 1]")
+        if not 0.0 <= self.overhead_us < math.inf:
+            raise ValueError(f"overhead_us: {self.overhead_us!r} is not a finite number >= 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class Hardware:
+    """One accelerator (or the local CPU) and its links."""
+
+    name: str
+    """Short name: ``h100``, ``h200``, ``a100-80gb``, ``cpu``."""
+    peak_flops: float
+    """Peak dense FLOP/s in the training dtype (bf16 on GPUs, fp32 on the CPU)."""
+    memory_bandwidth: float
+    """Peak memory bandwidth, bytes/s."""
+    nvlink_bandwidth: float
+    """Per-GPU, per-direction bandwidth inside a node, bytes/s."""
+    nvlink_latency_us: float
+    """Per-step latency (alpha) of a collective inside a node, microseconds."""
+    network_bandwidth: float
+    """Per-GPU, per-direction bandwidth across nodes, bytes/s."""
+    network_latency_us: float
+    """Per-step latency (alpha) of a collective across nodes, microseconds."""
+    gpus_per_node: int
+    """Ranks that share the fast intra-node link."""
+    efficiency: dict[str, Efficiency] = field(default_factory=dict)
+    """Default efficiency per kernel kind (see ``decompose.KINDS``)."""
+
+
+def _gpu_efficiency(gemm: float, attention: float, attention_bwd: float) -> dict[str, Efficiency]:
+    # Memory efficiency 0.8 of HBM peak: what large element-wise kernels reach in practice
+    # (e.g. STREAM-like copies on H100 reach ~2.6-2.9 of 3.35 TB/s). Overhead ~4 us per kernel:
+    # CUDA launch plus tail, order of the launch latency NVIDIA documents (a few microseconds).
+    return {
+        "gemm": Efficiency(compute_efficiency=gemm, memory_efficiency=0.8, overhead_us=4.0),
+        "attention": Efficiency(compute_efficiency=attention, memory_efficiency=0.8, overhead_us=4.0),
+        "attention_bwd": Efficiency(compute_efficiency=attention_bwd, memory_efficiency=0.8, overhead_us=4.0),
+        "activation": Efficiency(compute_efficiency=0.5, memory_efficiency=0.8, overhead_us=3.0),
+        "norm": Efficiency(compute_efficiency=0.5, memory_efficiency=0.7, overhead_us=3.0),
+        "elementwise": Efficiency(compute_efficiency=0.5, memory_efficiency=0.8, overhead_us=3.0),
+        "collective": Efficiency(compute_efficiency=1.0, memory_efficiency=1.0, overhead_us=0.0),
+    }
+
+
+HARDWARE: dict[str, Hardware] = {
+    # NVIDIA H100 SXM5 datasheet: 989 TFLOP/s dense BF16 (1,979 with sparsity), 3.35 TB/s HBM3,
+    # NVLink 4 900 GB/s total (450 GB/s per direction); DGX H100: one 400 Gb/s ConnectX-7 per
+    # GPU (50 GB/s), 8 GPUs per node. Latencies: order of nccl-tests small-message times
+    # (~10-20 us for an 8-GPU all-reduce -> ~2 us per ring step in a node, ~6 us across).
+    # Efficiencies: large BF16 GEMMs reach ~700-750 TFLOP/s with cuBLAS (0.75); FlashAttention-2
+    # fwd ~350-400 TFLOP/s at head dim 128 (Dao 2023; FA-3 paper, Fig. 1), backward lower and
+    # with the QK^T recomputation on top (0.3 of peak for the model FLOPs).
+    "h100": Hardware(name="h100", peak_flops=989.4e12, memory_bandwidth=3.35e12,
+                     nvlink_bandwidth=450e9, nvlink_latency_us=2.0, network_bandwidth=50e9,
+                     network_latency_us=6.0, gpus_per_node=8,
+                     efficiency=_gpu_efficiency(0.75, 0.40, 0.30)),
+    # NVIDIA H200 SXM datasheet: same compute as H100 (989 TFLOP/s dense BF16), 4.8 TB/s HBM3e,
+    # NVLink 900 GB/s total; DGX H200: 400 Gb/s ConnectX-7 per GPU.
+    "h200": Hardware(name="h200", peak_flops=989.4e12, memory_bandwidth=4.8e12,
+                     nvlink_bandwidth=450e9, nvlink_latency_us=2.0, network_bandwidth=50e9,
+                     network_latency_us=6.0, gpus_per_node=8,
+                     efficiency=_gpu_efficiency(0.75, 0.40, 0.30)),
+    # NVIDIA A100 80GB SXM datasheet: 312 TFLOP/s dense BF16, 2,039 GB/s HBM2e, NVLink 3 600 GB/s
+    # total (300 per direction); DGX A100: one 200 Gb/s HDR InfiniBand per GPU (25 GB/s).
+    # FlashAttention-2 reaches ~70% of peak forward on A100 (Dao 2023), GEMMs ~80%.
+    "a100-80gb": Hardware(name="a100-80gb", peak_flops=312e12, memory_bandwidth=2.039e12,
+                          nvlink_bandwidth=300e9, nvlink_latency_us=2.5, network_bandwidth=25e9,
+                          network_latency_us=7.0, gpus_per_node=8,
+                          efficiency=_gpu_efficiency(0.80, 0.60, 0.45)),
+    # The local CPU (this machine: 2 cores of an AMD EPYC Zen 4): fp32 peak = 2 cores x 2.6 GHz x
+    # 32 FLOP/cycle (two 256-bit FMA pipes: 2 x 8 lanes x 2) = 166 GFLOP/s; memory bandwidth
+    # 20 GB/s is a nominal share of a DDR5 socket for a 2-core VM. "Links" are gloo over loopback
+    # (nominal 5 GB/s, 20 us). These are placeholders: run `pybubble calibrate` and load its file.
+    "cpu": Hardware(name="cpu", peak_flops=166e9, memory_bandwidth=20e9, nvlink_bandwidth=5e9,
+                    nvlink_latency_us=20.0, network_bandwidth=5e9, network_latency_us=20.0,
+                    gpus_per_node=2,
+                    efficiency={
+                        "gemm": Efficiency(compute_efficiency=0.6, memory_efficiency=0.5, overhead_us=10.0),
+                        "attention": Efficiency(compute_efficiency=0.3, memory_efficiency=0.5, overhead_us=20.0),
+                        "attention_bwd": Efficiency(compute_efficiency=0.2, memory_efficiency=0.5, overhead_us=20.0),
+                        "activation": Efficiency(compute_efficiency=0.05, memory_efficiency=0.5, overhead_us=5.0),
+                        "norm": Efficiency(compute_efficiency=0.2, memory_efficiency=0.3, overhead_us=5.0),
+                        "elementwise": Efficiency(compute_efficiency=0.2, memory_efficiency=0.5, overhead_us=5.0),
+                        "collective": Efficiency(compute_efficiency=1.0, memory_efficiency=1.0, overhead_us=0.0),
+                    }),
+}
+
+
+def hardware(name: str) -> Hardware:
+    """The hardware spec `name` (a copy: changing it leaves the table alone)."""
+    try:
+        spec = HARDWARE[name.lower()]
+    except KeyError:
+        raise ValueError(f"hardware: unknown {name!r}; known: {', '.join(HARDWARE)}") from None
+    return replace(spec, efficiency=dict(spec.efficiency))
+
+
+class CostModel:
+    """Kernel durations on one hardware spec, optionally with calibrated efficiencies."""
+
+    def __init__(self, spec: Hardware | str, calibration: str | os.PathLike[str] | Mapping[str, Any] | None = None):
+        self.hardware = hardware(spec) if isinstance(spec, str) else replace(spec, efficiency=dict(spec.efficiency))
+        missing = [k for k in KINDS if k not in self.hardware.efficiency]
+        if missing:
+            raise ValueError(f"efficiency: no entry for kind(s) {', '.join(missing)}")
+        if calibration is not None:
+            self.load_calibration(calibration)
+
+    def load_calibration(self, source: str | os.PathLike[str] | Mapping[str, Any]) -> None:
+        """Replaces the efficiencies of the kinds that a ``pybubble.calibration/1`` file fitted, and the
+        peak FLOP/s and memory bandwidth where the file measured higher ones."""
+        doc = read_document(source, CALIBRATION_FORMAT)
+        for name in ("peak_flops", "memory_bandwidth"):
+            if name in doc:
+                setattr(self.hardware, name, positive(doc[name], name))
+        kinds = mapping(doc.get("kinds"), "kinds")
+        for kind, fit in kinds.items():
+            if kind not in KINDS:
+                raise ValueError(f"kinds: unknown kind {shown(kind)}; known: {', '.join(KINDS)}")
+            where = f"kinds.{kind}"
+            fit = mapping(fit, where)
+            values = {name: number(required(fit, name, where), f"{where}.{name}")
+                      for name in ("compute_efficiency", "memory_efficiency", "overhead_us")}
+            try:
+                self.hardware.efficiency[kind] = Efficiency(**values)
+            except ValueError as e:
+                raise ValueError(f"{where}.{e}") from None
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    def efficiency(self, kind: str, flops: float) -> float:
+        """Achieved fraction of peak FLOP/s for a compute-bound kernel of `kind` and size `flops`."""
+        e = self.hardware.efficiency[kind]
+        best = self.hardware.peak_flops * e.compute_efficiency
+        return e.compute_efficiency * flops / (flops + e.overhead_us * 1e-6 * best) if flops > 0 else 0.0
+
+    def bound(self, kernel: Kernel) -> str:
+        """``compute``, ``memory``, ``nvlink`` or ``network``: which roof limits `kernel` (a
+        collective inside a node runs on NVLink, one across nodes on the network)."""
+        if kernel.resource == "comm":
+            return "nvlink" if kernel.group <= self.hardware.gpus_per_node else "network"
+        e = self.hardware.efficiency[kernel.kind]
+        compute = kernel.flops / (self.hardware.peak_flops * e.compute_efficiency)
+        memory = kernel.bytes / (self.hardware.memory_bandwidth * e.memory_efficiency)
+        return "compute" if compute >= memory else "memory"
+
+    def kernel_time(self, kernel: Kernel) -> float:
+        """Predicted duration of `kernel` in microseconds."""
+        if kernel.resource == "comm":
+            return self.collective_time(kernel.collective, kernel.bytes, kernel.group)
+        e = self.hardware.efficiency[kernel.kind]
+        compute = kernel.flops / (self.hardware.peak_flops * e.compute_efficiency)
+        memory = kernel.bytes / (self.hardware.memory_bandwidth * e.memory_efficiency)
+        return e.overhead_us + 1e6 * max(compute, memory)
+
+    def collective_time(self, op: str, nbytes: float, group: int) -> float:
+        """Ring `op` (``all_reduce``, ``all_gather``, ``reduce_scatter``) of a `nbytes` tensor over
+        `group` ranks: ``alpha·(n-1) + (n-1)/n · bytes / bw`` per phase; an all-reduce has two."""
+        if group <= 1:
+            return 0.0
+        hw = self.hardware
+        inside = group <= hw.gpus_per_node
+        bw = hw.nvlink_bandwidth if inside else hw.network_bandwidth
+        alpha = hw.nvlink_latency_us if inside else hw.network_latency_us
+        one = alpha * (group - 1) + 1e6 * (group - 1) / group * nbytes / bw
+        if op == "all_reduce":
+            return 2.0 * one
+        if op in ("all_gather", "reduce_scatter"):
+            return one
+        raise ValueError(f"collective: {op!r} is not all_reduce, all_gather or reduce_scatter")
+
+    def p2p_time(self, nbytes: float, across_nodes: bool = True) -> float:
+        """A pipeline send of `nbytes` between neighbouring stages (one ring step)."""
+        hw = self.hardware
+        if across_nodes:
+            return hw.network_latency_us + 1e6 * nbytes / hw.network_bandwidth
+        return hw.nvlink_latency_us + 1e6 * nbytes / hw.nvlink_bandwidth
+
+    # --- layers ----------------------------------------------------------------------------
+
+    def layer_kernels(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
+                      sequence_parallel: bool = False, phase: str = "fwd") -> list[tuple[Kernel, float]]:
+        """The kernels of one layer with their predicted durations."""
+        kernels = decompose_layer(model, micro_batch, seq_len, tp=tp, sequence_parallel=sequence_parallel,
+                                  phase=phase)
+        return [(k, self.kernel_time(k)) for k in kernels]
+
+    def layer_time(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
+                   sequence_parallel: bool = False, phase: str = "fwd") -> float:
+        """One layer's time on one rank, collectives not overlapped with compute (Megatron default)."""
+        return sum(t for _, t in self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase))
+
+    def compute_time(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
+                     sequence_parallel: bool = False, phase: str = "fwd") -> float:
+        """One layer's compute-kernel time (the layer time less its TP collectives)."""
+        return sum(t for k, t in self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase)
+                   if k.resource == "compute")
+
+    def tp_collective_times(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int,
+                            sequence_parallel: bool = False, phase: str = "fwd") -> list[float]:
+        """The TP collectives of one layer, in order: the compute stream's TP bubbles."""
+        return [t for k, t in self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase)
+                if k.resource == "comm"]

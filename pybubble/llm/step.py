@@ -1,0 +1,139 @@
+"""The LLM step of a config, derived once and handed on: its cost model, one layer's forward and
+backward time, the simulated LLM-only step (with its bubbles and the encoder's dependency points)
+and the memory each pipeline rank needs for the LLM alone.
+
+Everything later in the data flow (the planner's search, the baselines, the report, dynamic data)
+takes an :class:`LLMStep` instead of re-deriving these from the config. Times are microseconds,
+memory in bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config.schema import Config
+from ..costs.memory import activation_bytes, encoder_layer_bytes, state_bytes
+from ..costs.roofline import CostModel
+from .timeline import Timeline, simulate_pipeline
+
+
+def activation_peak(timeline: Timeline, held: np.ndarray) -> np.ndarray:
+    """Per pipeline rank, the peak activation bytes over the step: ``held[rank, chunk]`` bytes are
+    taken when a forward F of that chunk starts and given back when the backward that frees them
+    ends (W where the table splits one off, else B or I)."""
+    ops = timeline.ops
+    split = {(o.rank, o.chunk, o.microbatch) for o in ops if o.kind == "W"}
+    peak = np.zeros(timeline.ranks)
+    events: dict[int, list[tuple[float, float]]] = {r: [] for r in range(timeline.ranks)}
+    for o in ops:
+        w = float(held[o.rank, o.chunk])
+        if o.kind == "F":
+            events[o.rank].append((o.start, w))
+        elif o.kind == "W" or (o.kind in ("B", "I") and (o.rank, o.chunk, o.microbatch) not in split):
+            events[o.rank].append((o.end, -w))
+    for r, ev in events.items():
+        now = 0.0
+        for _, delta in sorted(ev):  # at equal times the frees (negative) come first
+            now += delta
+            peak[r] = max(peak[r], now)
+    return peak
+
+
+def _simulate(config: Config, costs: CostModel, fwd: float | np.ndarray, bwd: float | np.ndarray,
+              tp_comm: tuple[int, float] | None) -> Timeline:
+    llm, plan, tr = config.llm, config.llm_plan, config.training
+    activation = float(llm.dtype_bytes * tr.micro_batch * tr.seq_len * llm.hidden) / plan.tp
+    p2p = costs.p2p_time(activation) if plan.pp > 1 else 0.0
+    # Each DP rank holds 1/dp of its stage's parameters (bf16) and gathers the rest; gradients
+    # are reduce-scattered the same way.
+    stage_params = float(llm.params_per_layer * (llm.layers // plan.pp) * llm.dtype_bytes) / plan.tp
+    dp = plan.dp
+    gather = costs.collective_time("all_gather", stage_params, dp) if dp > 1 else 0.0
+    scatter = costs.collective_time("reduce_scatter", stage_params, dp) if dp > 1 else 0.0
+    return simulate_pipeline(plan.schedule, ranks=plan.pp, microbatches=config.microbatches,
+                             chunks=plan.vpp, fwd=fwd, bwd=bwd, p2p=p2p, tp_comm=tp_comm,
+                             dp_allgather=gather, dp_reducescatter=scatter)
+
+
+def _stage_memory(config: Config, timeline: Timeline, encoder_layers: np.ndarray | None = None,
+                  llm_layers: np.ndarray | None = None, encoder_tp: int | None = None) -> np.ndarray:
+    llm, plan, tr = config.llm, config.llm_plan, config.training
+    shape = (timeline.ranks, timeline.chunks)
+    if llm_layers is None:
+        llm_layers = np.full(shape, llm.layers // (timeline.ranks * timeline.chunks))
+    if encoder_layers is None:
+        encoder_layers = np.zeros(shape)
+    states = state_bytes(llm, plan.tp) * llm_layers
+    held = activation_bytes(llm, tr.micro_batch, tr.seq_len, plan.tp) * llm_layers
+    images = config.encoder_images
+    for enc in config.encoders:
+        s_bytes = encoder_layer_bytes(enc.model, images, encoder_tp or plan.tp, enc.frozen)[0]
+        a_bytes = encoder_layer_bytes(enc.model, images, plan.tp, enc.frozen)[1]
+        share = enc.model.layers / sum(e.model.layers for e in config.encoders)
+        states = states + s_bytes * share * encoder_layers
+        held = held + a_bytes * share * encoder_layers
+    return states.sum(axis=1) + activation_peak(timeline, held)
+
+
+@dataclass(kw_only=True, slots=True, eq=False)
+class LLMStep:
+    """The LLM-only step of one pipeline under a config's plan (see the module docstring). Build it
+    with :meth:`of`."""
+
+    config: Config
+    """The config it was derived from."""
+    costs: CostModel
+    """The cost model of the config's GPU."""
+    layer_fwd: float
+    """One LLM layer's forward for one microbatch on one GPU, TP collectives included (us)."""
+    layer_bwd: float
+    """One LLM layer's backward, likewise (us)."""
+    timeline: Timeline
+    """The simulated LLM-only step: even layer layout, TP collectives opened as ``tp`` bubbles."""
+    memory: np.ndarray
+    """Per pipeline rank, the LLM's model states and peak activations on one GPU (bytes)."""
+
+    @classmethod
+    def of(cls, config: Config, costs: CostModel | None = None) -> "LLMStep":
+        """Derives the step of `config` (with `costs`, default: the config's GPU's cost model)."""
+        costs = costs or CostModel(config.cluster.gpu)
+        llm, plan, tr = config.llm, config.llm_plan, config.training
+        fwd = costs.layer_time(llm, tr.micro_batch, tr.seq_len, tp=plan.tp, phase="fwd")
+        bwd = costs.layer_time(llm, tr.micro_batch, tr.seq_len, tp=plan.tp, phase="bwd")
+        per_chunk = llm.layers // (plan.pp * plan.vpp)
+        collectives = costs.tp_collective_times(llm, tr.micro_batch, tr.seq_len, tp=plan.tp, phase="fwd")
+        tp_comm = None
+        if plan.tp > 1 and collectives:
+            tp_comm = (per_chunk * len(collectives), sum(collectives) / len(collectives))
+        timeline = _simulate(config, costs, per_chunk * fwd, per_chunk * bwd, tp_comm)
+        return cls(config=config, costs=costs, layer_fwd=fwd, layer_bwd=bwd, timeline=timeline,
+                   memory=_stage_memory(config, timeline))
+
+    @property
+    def layers_per_chunk(self) -> int:
+        """LLM layers on each (rank, chunk) of the even layout."""
+        p = self.config.llm_plan
+        return self.config.llm.layers // (p.pp * p.vpp)
+
+    def simulate(self, fwd: float | np.ndarray, bwd: float | np.ndarray,
+                 tp_comm: tuple[int, float] | None = None) -> Timeline:
+        """The step with `fwd` and `bwd` per (rank, chunk) (a scalar: every one alike), the config's
+        point-to-point activation transfers and the distributed optimizer's exposed parameter
+        all-gather and gradient reduce-scatter; `tp_comm` opens TP collectives as bubbles (the
+        baselines leave them closed: they do not change the step time)."""
+        return _simulate(self.config, self.costs, fwd, bwd, tp_comm)
+
+    def stage_memory(self, timeline: Timeline, encoder_layers: np.ndarray | None = None,
+                     llm_layers: np.ndarray | None = None, encoder_tp: int | None = None) -> np.ndarray:
+        """Per pipeline rank, model states and peak activations on one GPU when chunk ``c`` of rank
+        ``r`` holds ``llm_layers[r, c]`` LLM layers and ``encoder_layers[r, c]`` layers of the
+        encoders, on `timeline`. The encoders' weights are split over `encoder_tp` GPUs (default:
+        the LLM's TP); their activations over all of the rank's GPUs (TP groups below the LLM's split
+        the images). With several encoders, an encoder layer's bytes are their average weighted by
+        layer count. Default: the LLM's even layout and no encoder."""
+        return _stage_memory(self.config, timeline, encoder_layers, llm_layers, encoder_tp)
+
+
+__all__ = ["LLMStep", "activation_peak"]

@@ -1,0 +1,213 @@
+"""The layouts users know, simulated with the same bubble predictor and cost model as pybubble's:
+
+- ``megatron``: the encoders run in pipeline stage 0's pre-process (Megatron-LM's
+  ``pre_process``): every microbatch's encoder forward before stage 0's first LLM chunk, its
+  backward after that chunk's backward, with the LLM's TP degree;
+- ``megatron_balanced``: the encoder and LLM layers as one sequence cut into the pp x vpp virtual
+  stages so that the slowest virtual stage is as fast as it can be (contiguous cuts, encoder layers
+  first, every virtual stage non-empty); virtual stage ``c`` is chunk ``c // pp`` of rank
+  ``c % pp``;
+- ``coarse`` (Megatron-Core's colocated MIMO schedule): the encoder, under its own parallel plan on
+  the same GPUs, runs its forward for the whole batch before the LLM and its backward after; the
+  planner reports the best plan under that policy (:attr:`pybubble.planner.search.Search.coarse`);
+- non-colocated (:func:`separate`): the encoder on GPUs of its own, scheduled against the LLM step.
+
+The encoders' data-parallel gradient traffic is left out of every layout alike (it is the same
+bytes in each). Times are microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config.schema import Config
+from ..costs.memory import GB
+from ..llm.step import LLMStep
+from ..llm.timeline import Timeline, Windows
+from ..problem.encoder import EncoderPlan, even_split
+from ..problem.problem import Problem
+from ..schedule.scheduler import schedule
+from .search import Candidate, encoder_tp_ok, encoder_work
+
+
+@dataclass(kw_only=True, slots=True)
+class Baseline:
+    """One baseline layout, simulated."""
+
+    name: str
+    """``megatron``, ``megatron_balanced`` or ``coarse``."""
+    step_time: float
+    """Step time (us)."""
+    memory_bytes: float
+    """The largest memory of any GPU (bytes)."""
+    timeline: Timeline | None = None
+    """The simulated step (megatron and megatron_balanced)."""
+    layout: str = ""
+    """How the layers are placed, in words."""
+
+
+def encoder_tp(config: Config) -> int:
+    """The encoders' TP degree in the Megatron layouts: the LLM's, or the largest divisor of it that
+    splits every encoder's heads (Megatron's ``--encoder-tensor-model-parallel-size``)."""
+    tp = config.llm_plan.tp
+    return max(d for d in range(1, tp + 1) if tp % d == 0 and encoder_tp_ok(config, d))
+
+
+def encoder_layer_times(step: LLMStep) -> list[tuple[int, float, float]]:
+    """Per encoder: (layers, forward, backward) of one layer for one microbatch on one LLM rank's
+    GPUs, at :func:`encoder_tp`; with a TP degree below the LLM's, the rank's TP groups split the
+    microbatch's images (the slowest group's share counts). A frozen encoder's backward is 0."""
+    config, costs = step.config, step.costs
+    tp = encoder_tp(config)
+    groups = config.llm_plan.tp // tp
+    images = -(-config.encoder_images // groups)
+    out = []
+    for enc in config.encoders:
+        m = enc.model
+        f = costs.layer_time(m, images, m.tokens, tp=tp, phase="fwd")
+        b = 0.0 if enc.frozen else costs.layer_time(m, images, m.tokens, tp=tp, phase="bwd")
+        out.append((m.layers, f, b))
+    return out
+
+
+def megatron(step: LLMStep) -> Baseline:
+    """Encoders in stage 0's pre-process."""
+    config = step.config
+    p = config.llm_plan
+    per_chunk = step.layers_per_chunk
+    fwd, bwd = np.full((p.pp, p.vpp), per_chunk * step.layer_fwd), np.full((p.pp, p.vpp), per_chunk * step.layer_bwd)
+    enc = encoder_layer_times(step)
+    fwd[0, 0] += sum(n * f for n, f, _ in enc)
+    bwd[0, 0] += sum(n * b for n, _, b in enc)
+    tl = step.simulate(fwd, bwd)
+    enc_layers = np.zeros((p.pp, p.vpp))
+    enc_layers[0, 0] = sum(n for n, _, _ in enc)
+    mem = step.stage_memory(tl, encoder_layers=enc_layers, encoder_tp=encoder_tp(config))
+    return Baseline(name="megatron", step_time=tl.step_time, memory_bytes=float(mem.max()), timeline=tl,
+                    layout=f"encoders on stage 0 (TP {encoder_tp(config)})")
+
+
+def balanced_cuts(costs: np.ndarray, parts: int) -> np.ndarray:
+    """Cuts a sequence of layer costs into `parts` contiguous non-empty pieces minimising the
+    largest piece's sum; returns the first layer of each piece (and the end). Binary search on the
+    bottleneck over the candidate sums, greedy feasibility."""
+    n = len(costs)
+    if not 1 <= parts <= n:
+        raise ValueError(f"parts: {parts} is not in [1, {n}] (one layer per virtual stage at least)")
+    prefix = np.concatenate([[0.0], np.cumsum(costs)])
+
+    def cuts(limit: float) -> np.ndarray | None:
+        out = [0]
+        i = 0
+        for piece in range(parts):
+            left = parts - piece - 1  # pieces still to fill after this one
+            if left == 0:
+                j = n
+            else:
+                # the furthest end within the limit that leaves a layer for each remaining piece
+                j = int(np.searchsorted(prefix, prefix[i] + limit * (1 + 1e-12), side="right")) - 1
+                j = min(j, n - left)
+            if j <= i or prefix[j] - prefix[i] > limit * (1 + 1e-12):
+                return None
+            out.append(j)
+            i = j
+        return np.array(out)
+
+    lo, hi = float(costs.max()), float(prefix[-1])
+    for _ in range(100):  # converges to the bottleneck within float precision
+        mid = (lo + hi) / 2
+        if cuts(mid) is not None:
+            hi = mid
+        else:
+            lo = mid
+        if hi - lo <= 1e-9 * hi:
+            break
+    found = cuts(hi)
+    assert found is not None
+    return found
+
+
+def megatron_balanced(step: LLMStep) -> Baseline:
+    """Encoder and LLM layers cut to balance the slowest virtual stage."""
+    config = step.config
+    p = config.llm_plan
+    lf, lb = step.layer_fwd, step.layer_bwd
+    enc = encoder_layer_times(step)
+    f = np.array([f for n, f, _ in enc for _ in range(n)] + [lf] * config.llm.layers)
+    b = np.array([b for n, _, b in enc for _ in range(n)] + [lb] * config.llm.layers)
+    is_enc = np.arange(len(f)) < sum(n for n, _, _ in enc)
+    v = p.pp * p.vpp
+    ends = balanced_cuts(f + b, v)
+    fwd, bwd = np.zeros((p.pp, p.vpp)), np.zeros((p.pp, p.vpp))
+    llm_layers, enc_layers = np.zeros((p.pp, p.vpp)), np.zeros((p.pp, p.vpp))
+    for c in range(v):
+        s, k, sl = c % p.pp, c // p.pp, slice(ends[c], ends[c + 1])
+        fwd[s, k], bwd[s, k] = f[sl].sum(), b[sl].sum()
+        enc_layers[s, k], llm_layers[s, k] = is_enc[sl].sum(), (~is_enc[sl]).sum()
+    tl = step.simulate(fwd, bwd)
+    mem = step.stage_memory(tl, encoder_layers=enc_layers, llm_layers=llm_layers, encoder_tp=encoder_tp(config))
+    stages_with_encoder = int((enc_layers.sum(axis=1) > 0).sum())
+    return Baseline(name="megatron_balanced", step_time=tl.step_time, memory_bytes=float(mem.max()),
+                    timeline=tl, layout=f"layers balanced over {v} virtual stages; encoders on "
+                                        f"{stages_with_encoder} stage(s)")
+
+
+@dataclass(kw_only=True, slots=True)
+class Separate:
+    """The encoder on GPUs of its own (non-colocated placement), scheduled against the LLM step."""
+
+    plan: EncoderPlan
+    """pp_enc x tp_enc per pipeline; ``plan.lanes_per_stage`` pipelines per LLM replica."""
+    candidate: Candidate
+    """Its problem (one lane per encoder GPU group, free the whole step) and schedule."""
+    extra_gpus: int
+    """GPUs added to the cluster for the encoder (all LLM replicas)."""
+
+    @property
+    def step_time(self) -> float:
+        """Step time (us)."""
+        return self.candidate.step_time
+
+
+def separate(step: LLMStep) -> Separate:
+    """The best non-colocated layout: the encoder on ``dp · n · pp_enc · tp_enc`` GPUs of its own
+    (pp_enc dividing the encoders' layers up to PP_llm, tp_enc up to a node, n pipelines per LLM
+    replica up to the microbatches), chosen for the least GPU time (step time x all GPUs), within
+    memory. Its output and gradient cross to and from LLM rank 0 as pipeline sends."""
+    config, timeline = step.config, step.timeline
+    p, horizon = config.llm_plan, timeline.step_time
+    layers = min(e.model.layers for e in config.encoders)
+    best: Separate | None = None
+    for pp_enc in (d for d in range(1, p.pp + 1) if layers >= d):
+        for tp_enc in (d for d in (1, 2, 4, 8, 16) if d <= config.cluster.gpus_per_node and encoder_tp_ok(config, d)):
+            n = 1
+            while n <= config.microbatches:
+                plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
+                partition = even_split(config.microbatches, n)
+                work = encoder_work(step, plan, separate=True)
+                memory = float(work.lane_bytes(partition).max())
+                if memory <= config.memory_gb * GB:
+                    lanes = pp_enc * n
+                    whole = Windows.whole(lanes, 0.0, horizon)
+                    problem = Problem.on_timeline(
+                        timeline, work.tasks(partition), windows=(whole, whole),
+                        lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
+                    cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem),
+                                     memory_bytes=memory)
+                    extra = p.dp * lanes * tp_enc
+                    option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
+                    cost = option.step_time * (config.cluster.gpus + extra)
+                    if best is None or cost < best.step_time * (config.cluster.gpus + best.extra_gpus):
+                        best = option
+                    if cand.step_time <= horizon * (1 + 1e-9):
+                        break  # all hidden: more pipelines only add GPUs
+                n *= 2
+    if best is None:
+        raise ValueError(f"memory_gb: no non-colocated encoder layout fits in {config.memory_gb:g} GB per GPU")
+    return best
+
+
+__all__ = ["Baseline", "Separate", "balanced_cuts", "encoder_layer_times", "encoder_tp", "megatron",
+           "megatron_balanced", "separate"]

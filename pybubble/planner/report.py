@@ -1,0 +1,167 @@
+"""The end-to-end plan of an MLLM (what ``pybubble plan`` prints and writes): pybubble's encoder
+plan and schedule beside the baselines, with step time, speedup, MFU, hidden share and memory.
+
+``plan(config)`` derives the LLM step once (:class:`pybubble.llm.step.LLMStep`), runs the search
+(:mod:`pybubble.planner.search`), the baselines and the non-colocated layout
+(:mod:`pybubble.planner.layouts`) on it, and returns a :class:`PlanReport`. MFU counts the model FLOPs
+of the step (:func:`model_flops`) over the step time and the GPUs' peak.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..config.schema import Config
+from ..costs.kernels import decompose_layer
+from ..costs.roofline import CostModel
+from ..llm.step import LLMStep
+from ..viz.gantt import save_gantt
+from ..viz.trace import save_trace
+from .layouts import Baseline, Separate, megatron, megatron_balanced, separate
+from .search import Candidate, Search, search
+
+BASELINES = ("megatron", "megatron_balanced", "coarse")
+"""The baselines of the comparison, in the order they are printed."""
+
+
+def model_flops(config: Config) -> float:
+    """Model FLOPs of one training step over the whole cluster: every layer's kernels (forward and
+    backward; a frozen encoder's forward only) and the LLM's output layer, per sample, times the
+    global batch. Recomputation is not counted (the MFU convention)."""
+
+    def layer(model, tokens: int, phases: tuple[str, ...]) -> float:
+        return sum(k.flops for ph in phases for k in decompose_layer(model, 1, tokens, phase=ph))
+
+    llm, tr = config.llm, config.training
+    per_sample = llm.layers * layer(llm, tr.seq_len, ("fwd", "bwd")) + 3 * 2.0 * tr.seq_len * llm.hidden * llm.vocab
+    for enc in config.encoders:
+        phases = ("fwd",) if enc.frozen else ("fwd", "bwd")
+        per_sample += enc.images_per_sample * enc.model.layers * layer(enc.model, enc.model.tokens, phases)
+    return per_sample * tr.global_batch
+
+
+def mfu(config: Config, step_time: float, costs: CostModel, gpus: int | None = None) -> float:
+    """Model FLOPs utilisation of a step of `step_time` us on `gpus` GPUs (default: the cluster's)."""
+    gpus = gpus or config.cluster.gpus
+    return model_flops(config) / (step_time * 1e-6 * gpus * costs.hardware.peak_flops)
+
+
+@dataclass(kw_only=True, slots=True)
+class Row:
+    """One layout of the comparison."""
+
+    name: str
+    """The layout's name (a baseline's, ``pybubble`` or ``pybubble non-colocated``)."""
+    step_time: float
+    """us."""
+    gpus: int
+    """GPUs the layout uses."""
+    memory_bytes: float
+    """The largest memory of any GPU (bytes)."""
+    hidden_fraction: float | None
+    """Share of the encoder's compute inside LLM bubbles (None where the layout has no bubbles to fill)."""
+    layout: str
+    """The layout in words."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PlanReport:
+    """pybubble's plan and the baselines for one config."""
+
+    config: Config
+    """The config planned."""
+    search: Search
+    """pybubble's search (its best candidate is the plan)."""
+    baselines: dict[str, Baseline]
+    """The baselines, by name (:data:`BASELINES`)."""
+    separate: Separate
+    """The best non-colocated layout."""
+    planner_seconds: float
+    """Wall time of the whole plan (s)."""
+
+    @property
+    def best(self) -> Candidate:
+        """pybubble's plan: the search's best candidate."""
+        return self.search.best
+
+    def mfu(self, step_time: float, gpus: int | None = None) -> float:
+        """MFU of a step of `step_time` us on `gpus` GPUs (default: the cluster's)."""
+        return mfu(self.config, step_time, self.search.costs, gpus)
+
+    @property
+    def speedup_vs_megatron(self) -> float:
+        """Megatron's step over pybubble's."""
+        return self.baselines["megatron"].step_time / self.best.step_time
+
+    def rows(self) -> list[Row]:
+        """The comparison, baselines first, pybubble colocated last but one, non-colocated last."""
+        g = self.config.cluster.gpus
+        coarse = self.search.coarse.hidden_fraction  # 0 by construction: all of it outside the step
+        out = [Row(name=b.name, step_time=b.step_time, gpus=g, memory_bytes=b.memory_bytes,
+                   hidden_fraction=coarse if b.name == "coarse" else None, layout=b.layout)
+               for b in self.baselines.values()]
+        best, sep = self.best, self.separate
+        out.append(Row(name="pybubble", step_time=best.step_time, gpus=g, memory_bytes=best.memory_bytes,
+                       hidden_fraction=best.hidden_fraction, layout=describe(best)))
+        out.append(Row(name="pybubble non-colocated", step_time=sep.step_time, gpus=g + sep.extra_gpus,
+                       memory_bytes=max(sep.candidate.memory_bytes, self.search.llm_memory_bytes),
+                       hidden_fraction=None,
+                       layout=f"encoder on {sep.extra_gpus} more GPUs: {sep.plan.lanes_per_stage} pipeline(s) "
+                              f"x PP {sep.plan.pp_enc} x TP {sep.plan.tp_enc} per replica"))
+        return out
+
+    def encoder_plan(self) -> dict[str, int]:
+        """pybubble's encoder plan as DP, PP and TP degrees over the cluster."""
+        p = self.best.plan
+        return {"dp": p.pipelines * self.config.llm_plan.dp, "pp": p.pp_enc, "tp": p.tp_enc}
+
+    def to_json(self) -> dict[str, Any]:
+        """The machine-readable report (the keys ``pybubble plan --json`` promises)."""
+        best = self.best
+        return {
+            "baselines": {name: {"step_time_s": b.step_time * 1e-6} for name, b in self.baselines.items()},
+            "pybubble": {"step_time_s": best.step_time * 1e-6, "encoder_plan": self.encoder_plan(),
+                         "partition": list(best.partition), "hidden_fraction": best.hidden_fraction,
+                         "mfu": self.mfu(best.step_time)},
+            "speedup_vs_megatron": self.speedup_vs_megatron,
+            "planner_seconds": self.planner_seconds,
+        }
+
+    def save_trace(self, path: str | os.PathLike[str]) -> None:
+        """pybubble's step as a Chrome trace: LLM ops, bubbles by kind, encoder kernels per lane."""
+        save_trace(self.search.timeline, path, self.best.problem, self.best.schedule)
+
+    def save_plot(self, path: str | os.PathLike[str]) -> None:
+        """A Gantt chart of one pipeline of pybubble's step, bubbles shaded, encoder kernels in bands."""
+        best = self.best
+        save_gantt(self.search.timeline, path, best.problem, best.schedule,
+                   title=f"pybubble: {describe(best)}; step {best.step_time / 1e3:,.1f} ms "
+                         f"(LLM alone {self.search.timeline.step_time / 1e3:,.1f} ms)")
+
+
+def describe(c: Candidate) -> str:
+    """A candidate's encoder plan and partition in words."""
+    p = c.plan
+    return (f"PP_enc {p.pp_enc}, TP_enc {p.tp_enc}, {p.pipelines} encoder pipeline(s) per replica, "
+            f"partition {list(c.partition)}")
+
+
+def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], None] | None = None) -> PlanReport:
+    """Plans `config`: the LLM step derived once, then the search, the baselines and the
+    non-colocated layout on it."""
+    t0 = time.perf_counter()
+    step = LLMStep.of(config)
+    found = search(step, workers=workers, progress=progress)
+    coarse = found.coarse
+    baselines = {"megatron": megatron(step), "megatron_balanced": megatron_balanced(step),
+                 "coarse": Baseline(name="coarse", step_time=coarse.step_time, memory_bytes=coarse.memory_bytes,
+                                    layout=f"encoder before/after the LLM; {describe(coarse)}")}
+    return PlanReport(config=config, search=found, baselines=baselines, separate=separate(step),
+                      planner_seconds=time.perf_counter() - t0)
+
+
+__all__ = ["BASELINES", "PlanReport", "Row", "describe", "mfu", "model_flops", "plan"]

@@ -1,0 +1,303 @@
+"""An encoder's parallel plan over the LLM's GPUs, and the kernel tasks it gives the bubble scheduler.
+
+Lane mapping. The encoder runs on the same GPUs as the LLM with its own plan (Optimus, §4):
+``pp_enc`` divides ``pp_llm``, ``tp_enc`` divides ``tp_llm`` and ``dp_enc = m · dp_llm`` with
+``m = (pp_llm / pp_enc) · (tp_llm / tp_enc)`` encoder pipelines inside one LLM data-parallel
+replica. A lane is one encoder TP group, so LLM pipeline rank ``s`` has ``lanes_per_stage =
+tp_llm / tp_enc`` lanes, numbered ``lane = s · lanes_per_stage + k``. Encoder stage ``e`` lives on the
+``r = pp_llm / pp_enc`` LLM ranks ``e·r .. e·r + r - 1``; encoder pipeline ``i`` (0 <= i < m) puts
+its stage ``e`` on LLM rank ``e·r + i // lanes_per_stage``, lane ``k = i % lanes_per_stage``. The
+encoder pipelines thus tile the LLM ranks: every lane holds exactly one stage of one pipeline.
+
+Tasks. Encoder microbatch ``j`` runs on the pipeline that the partition gives it: its forward
+through the encoder stages (one ``comm`` task for each stage boundary: the activation send), then
+its backward in reverse (a ``comm`` task for each gradient send); a frozen encoder has no backward.
+The LLM consumes the encoder's output on LLM rank 0: when the pipeline's last stage sits on another
+LLM rank, one more ``comm`` task (on that last stage's lane) sends the output there, and the
+backward starts with a ``comm`` task on lane ``i % lanes_per_stage`` of LLM rank 0 that sends its
+gradient back. All sends are pipeline point-to-point transfers of ``micro_batch · tokens · hidden``
+elements split over the ``tp_enc`` ranks, priced by ``CostModel.p2p_time`` (across nodes).
+Several encoders give parallel chains in the same microbatch (all forwards of ``j`` first, then
+all backwards). Tasks come out as :class:`~pybubble.problem.arrays.Tasks` (list index = id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..config.checks import flag, integer, positive_int, shown
+from ..config.models import EncoderConfig
+from ..costs.kernels import PHASES, RESOURCES, decompose_layer
+from ..costs.memory import encoder_layer_bytes
+from ..costs.roofline import CostModel
+from .arrays import Tasks
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` whole shares as even as possible, the first ones taking the
+    remainder (layers over encoder stages, microbatches over encoder pipelines)."""
+    q, r = divmod(integer(total, "total", minimum=0), positive_int(parts, "parts"))
+    return [q + (i < r) for i in range(parts)]
+
+
+@dataclass(kw_only=True, slots=True)
+class EncoderPlan:
+    """The encoder's parallel plan relative to the LLM's (per LLM data-parallel replica)."""
+
+    pp_enc: int
+    """Encoder pipeline stages; divides ``pp_llm``."""
+    tp_enc: int
+    """Encoder tensor-parallel degree; divides ``tp_llm``."""
+    pp_llm: int
+    """LLM pipeline stages."""
+    tp_llm: int
+    """LLM tensor-parallel degree."""
+
+    def __post_init__(self) -> None:
+        for name in ("pp_enc", "tp_enc", "pp_llm", "tp_llm"):
+            positive_int(getattr(self, name), name)
+        if self.pp_llm % self.pp_enc:
+            raise ValueError(f"pp_enc: {self.pp_enc} does not divide pp_llm ({self.pp_llm})")
+        if self.tp_llm % self.tp_enc:
+            raise ValueError(f"tp_enc: {self.tp_enc} does not divide tp_llm ({self.tp_llm})")
+
+    @property
+    def lanes_per_stage(self) -> int:
+        """Encoder TP groups per LLM pipeline rank."""
+        return self.tp_llm // self.tp_enc
+
+    @property
+    def pipelines(self) -> int:
+        """m: encoder pipelines per LLM data-parallel replica (dp_enc = m · dp_llm)."""
+        return (self.pp_llm // self.pp_enc) * self.lanes_per_stage
+
+    def llm_rank(self, pipeline: int, stage: int) -> int:
+        """The LLM pipeline rank that holds encoder pipeline `pipeline`'s stage `stage`."""
+        return stage * (self.pp_llm // self.pp_enc) + pipeline // self.lanes_per_stage
+
+    def lane(self, pipeline: int, stage: int) -> int:
+        """The lane of encoder pipeline `pipeline`'s stage `stage` (see the module docstring)."""
+        return self.llm_rank(pipeline, stage) * self.lanes_per_stage + pipeline % self.lanes_per_stage
+
+    def llm_input_lane(self, pipeline: int) -> int:
+        """The lane on LLM rank 0 that exchanges pipeline `pipeline`'s output and its gradient."""
+        return pipeline % self.lanes_per_stage
+
+    def stage_layers(self, layers: int) -> list[int]:
+        """Layers per encoder stage (:func:`even_split`)."""
+        return even_split(layers, self.pp_enc)
+
+
+class EncoderWork:
+    """The encoder(s)' kernel tasks under one plan, built once and laid out for any partition.
+
+    Every microbatch of a pipeline has the same tasks; only its lanes depend on the pipeline, and
+    only its sends on whether the pipeline's last stage sits on LLM stage 0. So the work keeps one
+    microbatch's tasks (at most two variants) with each task's lane as a tag (encoder stage, or
+    ``pp_enc`` for the LLM rank 0 lane that returns the gradient), and :meth:`tasks` lays out a
+    partition with NumPy: a partition costs microseconds, not a Python loop over tasks.
+
+    Arguments as :func:`encoder_tasks` (without the partition). ``separate=True`` places the
+    encoder on GPUs of its own (non-colocated): the plan's "LLM ranks" are then the encoder's own
+    GPU groups, every pipeline sends its output to the LLM and receives the gradient on its last
+    stage's lane.
+    """
+
+    def __init__(self, encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
+                 micro_batch: int, costs: CostModel, tokens: int | None = None,
+                 frozen: bool | Sequence[bool] = False, sequence_parallel: bool = False,
+                 separate: bool = False):
+        models = [encoders] if isinstance(encoders, EncoderConfig) else list(encoders)
+        if not models:
+            raise ValueError("encoders: empty")
+        for mdl in models:
+            if not isinstance(mdl, EncoderConfig):
+                raise ValueError(f"encoders: {shown(mdl)} is not an EncoderConfig")
+        flags = [frozen] * len(models) if isinstance(frozen, bool) else list(frozen)
+        if len(flags) != len(models):
+            raise ValueError(f"frozen: {len(flags)} flags for {len(models)} encoders")
+        flags = [flag(f, f"frozen[{i}]") for i, f in enumerate(flags)]
+        positive_int(micro_batch, "micro_batch")
+        self.plan = plan
+        """The encoder plan."""
+        self.separate = separate
+        """Whether the encoder runs on GPUs of its own."""
+        self._models, self._micro_batch = models, micro_batch
+        # Per encoder: one layer's kernels with durations, forward and backward, computed once.
+        self._layer_cost = []
+        for mdl in models:
+            s = tokens if tokens is not None else mdl.tokens
+            per_phase = {}
+            for phase in ("fwd", "bwd"):
+                kernels = decompose_layer(mdl, micro_batch, s, tp=plan.tp_enc,
+                                          sequence_parallel=sequence_parallel, phase=phase)
+                per_phase[phase] = [(k, costs.kernel_time(k)) for k in kernels]
+            send = costs.p2p_time(float(mdl.dtype_bytes * micro_batch * s * mdl.hidden) / plan.tp_enc)
+            self._layer_cost.append((per_phase, send, plan.stage_layers(mdl.layers)))
+        self._flags = flags
+        self._templates: dict[bool, dict[str, np.ndarray]] = {}
+        self._blocks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+
+    def _template(self, to_llm: bool) -> dict[str, np.ndarray]:
+        """One microbatch's tasks: lane tags, durations, resources, phases and relative `after`."""
+        if to_llm in self._templates:
+            return self._templates[to_llm]
+        plan = self.plan
+        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("tag", "duration", "resource", "phase", "counts", "after")}
+        size = 0
+
+        def add(tag: np.ndarray, duration: np.ndarray, resource: np.ndarray, phase: int, counts: np.ndarray,
+                after: np.ndarray) -> None:
+            nonlocal size
+            for key, value in (("tag", tag), ("duration", duration), ("resource", resource),
+                               ("phase", np.full(len(tag), phase, np.int64)), ("counts", counts), ("after", after)):
+                parts[key].append(value)
+            size += len(tag)
+
+        def emit(lane_tag: int, duration: float, resource: str, phase: str, preds: list[int]) -> int:
+            add(np.array([lane_tag]), np.array([duration]), np.array([RESOURCES.index(resource)]),
+                PHASES.index(phase), np.array([len(preds)]), np.array(preds, np.int64))
+            return size - 1
+
+        def run_layers(per_layer: list[tuple[Any, float]], count: int, lane_tag: int, phase: str,
+                       prev: int | None) -> int | None:
+            """Lays out `count` layers; returns the task that ends the last layer's dependency chain.
+            Within a layer the kernels wait as the decomposition says; its root kernels (no
+            predecessor in the layer) wait for the previous layer's chain end, or for `prev`."""
+            if count == 0:
+                return prev
+            k_n = len(per_layer)
+            # the chain continues from the last kernel that is not a dangling weight-gradient GEMM
+            last = max(i for i, (k, _) in enumerate(per_layer) if not k.name.endswith("_wgrad"))
+            rel = np.array([a for k, _ in per_layer for a in (k.after or (-1,))], np.int64)
+            counts = np.array([len(k.after) or 1 for k, _ in per_layer], np.int64)
+            root_kernel = np.array([not k.after for k, _ in per_layer])
+            root = rel < 0
+            base = size + k_n * np.arange(count, dtype=np.int64)[:, None]  # first task of each layer
+            after = np.where(root, base - k_n + last, base + rel)  # roots: the previous layer's end
+            all_counts = np.tile(counts, count)
+            if prev is None:  # the first layer's roots wait for nothing
+                after = np.concatenate([after[0][~root], after[1:].reshape(-1)])
+                all_counts[:k_n][root_kernel] = 0
+            else:
+                after[0][root] = prev
+                after = after.reshape(-1)
+            add(np.full(count * k_n, lane_tag, np.int64), np.tile([t for _, t in per_layer], count),
+                np.tile([RESOURCES.index(k.resource) for k, _ in per_layer], count), PHASES.index(phase),
+                all_counts, after)
+            return size - k_n + last
+
+        def chain(prev: int | None) -> list[int]:
+            return [] if prev is None else [prev]
+
+        last_stage = plan.pp_enc - 1
+        ends = []
+        for per_phase, send, layers in self._layer_cost:
+            prev: int | None = None
+            for e, n in enumerate(layers):
+                prev = run_layers(per_phase["fwd"], n, e, "fwd", prev)
+                if e < last_stage:
+                    prev = emit(e, send, "comm", "fwd", chain(prev))
+            if to_llm:  # the encoder's output goes to LLM stage 0
+                prev = emit(last_stage, send, "comm", "fwd", chain(prev))
+            ends.append(prev)
+        for (per_phase, send, layers), flag, end in zip(self._layer_cost, self._flags, ends):
+            if flag:
+                continue
+            prev = end
+            if to_llm:  # its gradient comes back from LLM stage 0
+                prev = emit(plan.pp_enc, send, "comm", "bwd", chain(prev))
+            for e in range(last_stage, -1, -1):
+                prev = run_layers(per_phase["bwd"], layers[e], e, "bwd", prev)
+                if e > 0:
+                    prev = emit(e, send, "comm", "bwd", chain(prev))
+        out = {k: np.concatenate(v) for k, v in parts.items()}
+        out["duration"] = out["duration"].astype(np.float64)
+        out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("counts"))]).astype(np.int64)
+        self._templates[to_llm] = out
+        return out
+
+    def microbatch_tasks(self, pipeline: int) -> Tasks:
+        """One microbatch's tasks on `pipeline` (microbatch 0, task ids from 0)."""
+        plan = self.plan
+        t = self._template(self.separate or plan.llm_rank(pipeline, plan.pp_enc - 1) != 0)
+        grad_in = plan.lane(pipeline, plan.pp_enc - 1) if self.separate else plan.llm_input_lane(pipeline)
+        lanes = np.array([plan.lane(pipeline, e) for e in range(plan.pp_enc)] + [grad_in], np.int64)
+        return Tasks(lane=lanes[t["tag"]], microbatch=np.zeros(len(t["tag"]), np.int64),
+                     **{k: v for k, v in t.items() if k != "tag"})
+
+    def _block(self, pipeline: int, count: int) -> dict[str, np.ndarray]:
+        """`count` microbatches on `pipeline`, numbered from 0, task ids from 0 (cached: a search
+        lays out the same blocks in many partitions)."""
+        key = (pipeline, count)
+        if key not in self._blocks:
+            t = self.microbatch_tasks(pipeline)
+            n = len(t)
+            block = {k: np.tile(getattr(t, k), count) for k in ("lane", "duration", "resource", "phase")}
+            block["microbatch"] = np.repeat(np.arange(count, dtype=np.int64), n)
+            block["after_counts"] = np.tile(np.diff(t.after_offset), count)
+            block["after"] = (t.after[None, :] + n * np.arange(count, dtype=np.int64)[:, None]).reshape(-1)
+            self._blocks[key] = block
+        return self._blocks[key]
+
+    def _partition(self, partition: Sequence[int]) -> list[int]:
+        plan = self.plan
+        if isinstance(partition, (str, bytes)) or not isinstance(partition, (Sequence, np.ndarray)):
+            raise ValueError(f"partition: {shown(partition)} is not a list of microbatch counts")
+        if len(partition) != plan.pipelines:
+            raise ValueError(f"partition: {len(partition)} entries, the plan has {plan.pipelines} encoder pipelines")
+        return [integer(n, f"partition[{i}]", minimum=0) for i, n in enumerate(partition)]
+
+    def tasks(self, partition: Sequence[int]) -> Tasks:
+        """The tasks of a partition (microbatches numbered pipeline by pipeline)."""
+        partition = self._partition(partition)
+        blocks = [self._block(i, n) for i, n in enumerate(partition) if n > 0]
+        keys = ("lane", "duration", "resource", "phase", "microbatch", "after_counts", "after")
+        if not blocks:
+            return Tasks.empty()
+        out = {k: np.concatenate([blk[k] for blk in blocks]) for k in keys}
+        # each block's microbatches and task ids are relative to the block: shift them into place
+        sizes = np.array([len(blk["lane"]) for blk in blocks])
+        counts = np.array([n for n in partition if n > 0])
+        out["microbatch"] += np.repeat(np.cumsum(counts) - counts, sizes)
+        out["after"] += np.repeat(np.cumsum(sizes) - sizes, [len(blk["after"]) for blk in blocks])
+        out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("after_counts"))]).astype(np.int64)
+        return Tasks(**out)
+
+    def lane_bytes(self, partition: Sequence[int]) -> np.ndarray:
+        """Per lane, the encoders' model states and worst-case activations on one GPU of that lane's
+        TP group under `partition` (every microbatch of a pipeline held at once: bubble scheduling
+        may run all forwards before the first backward)."""
+        plan = self.plan
+        out = np.zeros(plan.pp_llm * plan.lanes_per_stage)
+        for model, frozen in zip(self._models, self._flags):
+            s_bytes, a_bytes = encoder_layer_bytes(model, self._micro_batch, plan.tp_enc, frozen)
+            for pipeline, count in enumerate(self._partition(partition)):
+                for e, layers in enumerate(plan.stage_layers(model.layers)):
+                    out[plan.lane(pipeline, e)] += layers * (s_bytes + a_bytes * count)
+        return out
+
+
+def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
+                  partition: Sequence[int], micro_batch: int, costs: CostModel,
+                  tokens: int | None = None, frozen: bool | Sequence[bool] = False,
+                  sequence_parallel: bool = False) -> list[dict[str, Any]]:
+    """Kernel tasks of the encoder(s) for one training step, as problem/1 task dicts (no ``id``).
+
+    `partition[i]` is the number of encoder microbatches that encoder pipeline ``i`` runs
+    (``len(partition) == plan.pipelines``); microbatches are numbered pipeline by pipeline, so
+    pipeline 0 runs ``j = 0 .. partition[0] - 1`` and so on. Each microbatch has `micro_batch`
+    images of `tokens` tokens (default: each encoder's own ``tokens``). `frozen` (one flag, or one
+    per encoder) drops the backward. Durations come from `costs`. :class:`EncoderWork` gives the
+    same tasks as arrays, fast, for many partitions.
+    """
+    work = EncoderWork(encoders, plan=plan, micro_batch=micro_batch, costs=costs, tokens=tokens,
+                       frozen=frozen, sequence_parallel=sequence_parallel)
+    return work.tasks(partition).to_dicts()
+
+
+__all__ = ["EncoderPlan", "EncoderWork", "encoder_tasks", "even_split"]

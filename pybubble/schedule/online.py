@@ -1,0 +1,130 @@
+"""Online rescheduling: the same problem structure every step, new task durations each time."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+
+import numpy as np
+
+from .. import _core
+from ..config.checks import real_array
+from ..problem.problem import Problem
+from .scheduler import Schedule, check_policy, from_core
+
+
+class OnlineScheduler:
+    """Keeps a problem's structure (lanes, windows, dependencies) and its scheduler's memory, and
+    reschedules it with each step's durations.
+
+    ``reschedule`` runs in the calling thread; ``submit`` runs on a background thread with the GIL
+    released, so a trainer can overlap it with the current step. Calls are serialised: the
+    scheduler's memory is reused by each.
+    """
+
+    def __init__(self, problem: Problem, policy: str = "greedy"):
+        self.problem = problem
+        """The problem whose structure is kept."""
+        self.policy = check_policy(policy)
+        """The scheduling policy."""
+        self._core = _core.Scheduler(problem.core)
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        t = problem.arrays().tasks
+        self._duration, self._microbatch = t.duration, t.microbatch
+
+    def reschedule(self, durations: np.ndarray) -> Schedule:
+        """A schedule for the same problem with `durations` (float64, one per task, finite, >= 0)."""
+        d = np.ascontiguousarray(durations, dtype=np.float64)
+        if d.shape != (self.problem.num_tasks,):
+            raise ValueError(f"durations: shape {d.shape}, expected ({self.problem.num_tasks},)")
+        with self._lock:
+            return from_core(self._core.run(self.policy, d))
+
+    def scaled_durations(self, scale: np.ndarray) -> np.ndarray:
+        """The problem's task durations with encoder microbatch j's tasks multiplied by ``scale[j]``:
+        the tasks of a batch whose microbatch j costs ``scale[j]`` times the one the problem holds."""
+        s = real_array(scale, "scale", minimum=0.0)
+        if s.shape != (self.problem.num_microbatches,):
+            raise ValueError(f"scale: shape {s.shape}, expected ({self.problem.num_microbatches},)")
+        return self._duration * s[self._microbatch]
+
+    def submit(self, durations: np.ndarray) -> Future[Schedule]:
+        """Schedules in the background; the Future holds the Schedule (or the ValueError)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pybubble-online")
+        d = np.array(durations, dtype=np.float64)  # a private copy: the caller may reuse its buffer
+        return self._pool.submit(self.reschedule, d)
+
+    def close(self) -> None:
+        """Stops the background thread (after the work already submitted)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __enter__(self) -> "OnlineScheduler":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def replay(problem: Problem, planned: Schedule) -> float:
+    """The step time when a schedule planned for other durations is followed on `problem`.
+
+    Replaying keeps what a static plan fixes: each task's region (before the step, inside it, after
+    it), its order on its lane and resource, and the assignment. With the new durations, tasks
+    before the step are packed as late as possible before 0 and tasks after it as early as
+    possible from the horizon; a task inside the step starts at its planned time or when its
+    predecessors and the lane let it. Whatever then runs outside the lane's free windows takes the
+    LLM's own time on that lane, and a forward that ends after its LLM microbatch needs it holds
+    that microbatch up: the LLM step grows by the larger of the two (the worst lane's overrun, the
+    worst lateness). A stall model, not a simulation of the LLM's reaction.
+    """
+    a = problem.arrays()
+    tasks = a.tasks
+    n, horizon = problem.num_tasks, problem.horizon
+    if planned.start.shape != (n,):
+        raise ValueError(f"start: {planned.start.shape[0]} entries, the problem has {n} tasks")
+    dur = tasks.duration
+    key = 2 * tasks.lane + tasks.resource
+    preds = tasks.predecessors()
+    region = np.where(planned.start < 0.0, 0, np.where(planned.start >= horizon, 2, 1))
+    order = np.lexsort((np.arange(n), planned.start))
+    start = np.zeros(n)
+    end = np.zeros(n)
+    # Before the step: latest first, as late as possible below the lane and the successors.
+    succ_start: dict[int, float] = {}
+    lane_front: dict[int, float] = {}
+    for t in order[::-1]:
+        if region[t] != 0:
+            continue
+        latest = min(lane_front.get(key[t], 0.0), succ_start.get(t, 0.0))
+        start[t] = latest - dur[t]
+        end[t] = latest
+        lane_front[key[t]] = start[t]
+        for p in preds[t]:
+            succ_start[p] = min(succ_start.get(p, 0.0), start[t])
+    # Inside and after the step, in planned order.
+    lane_end: dict[int, float] = {}
+    for t in order:
+        if region[t] == 0:
+            continue
+        ready = max([planned.start[t] if region[t] == 1 else horizon, lane_end.get(key[t], -np.inf)]
+                    + [end[p] for p in preds[t]])
+        start[t], end[t] = ready, ready + dur[t]
+        lane_end[key[t]] = end[t]
+    # Compute that runs outside the lane's compute windows displaces the LLM's own compute.
+    compute = [np.array(a.compute_free.of(lane), np.float64).reshape(-1, 2) for lane in range(problem.num_lanes)]
+    overrun: dict[int, float] = {}
+    for t in np.nonzero((region == 1) & (tasks.resource == 0))[0]:
+        ws, we = compute[int(tasks.lane[t])].T
+        inside = np.clip(np.minimum(we, end[t]) - np.maximum(ws, start[t]), 0.0, None).sum()
+        overrun[key[t]] = overrun.get(key[t], 0.0) + (dur[t] - inside)
+    fwd = tasks.phase == 0
+    need = a.forward_needed[planned.assignment[tasks.microbatch]]
+    late = np.maximum(0.0, end - need)[fwd & (region == 1)]
+    delay = max([0.0, *overrun.values(), float(late.max(initial=0.0))])
+    front = -min(0.0, float(start.min(initial=0.0)))
+    back = max(0.0, float(end.max(initial=horizon)) - horizon)
+    return horizon + delay + front + back

@@ -1,0 +1,105 @@
+"""Scheduling encoder tasks into the bubbles (the C++ core), and the schedule format
+(pybubble.schedule/1)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import _core
+from ..config.checks import array, integer, number, one_of, required
+from ..config.documents import PathOrDict, read_document, write_document
+from ..problem.problem import Problem
+
+FORMAT = "pybubble.schedule/1"
+"""The format key of a schedule document."""
+POLICIES = ("greedy", "coarse")
+"""How tasks are placed: kernel-level filling of the bubbles, or all forwards before the step and
+all backwards after it."""
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Schedule:
+    """Start times of every task in the LLM frame and the encoder -> LLM microbatch assignment."""
+
+    step_time: float
+    """max(horizon, last end) - min(0, first start) (us)."""
+    shift_front: float
+    """How much the step grows before 0 (us)."""
+    shift_back: float
+    """How much the step grows after the horizon (us)."""
+    start: np.ndarray
+    """Start of each task (us), float64."""
+    assignment: np.ndarray
+    """assignment[j]: the LLM microbatch that encoder microbatch j feeds, int64."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The schedule as a pybubble.schedule/1 document."""
+        return {
+            "format": FORMAT,
+            "step_time": float(self.step_time),
+            "shift_front": float(self.shift_front),
+            "shift_back": float(self.shift_back),
+            "start": [float(x) for x in self.start],
+            "assignment": [int(x) for x in self.assignment],
+        }
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Writes the schedule as pybubble.schedule/1 JSON."""
+        write_document(path, self.to_dict())
+
+    def hidden_fraction(self, problem: Problem) -> float:
+        """Share of the encoder's compute time that runs inside the LLM step [0, horizon]
+        (1.0 when there is no encoder compute)."""
+        t = problem.arrays().tasks
+        compute = t.resource == 0
+        d = t.duration[compute]
+        total = float(d.sum())
+        if total == 0.0:
+            return 1.0
+        s = self.start[compute]
+        inside = (s >= 0.0) & (s + d <= problem.horizon)
+        return float(d[inside].sum()) / total
+
+
+def from_core(result: tuple) -> Schedule:
+    """The schedule of the core's ``Scheduler.run`` result."""
+    start, assignment, step_time, shift_front, shift_back = result
+    return Schedule(step_time=step_time, shift_front=shift_front, shift_back=shift_back,
+                    start=start, assignment=assignment)
+
+
+def check_policy(policy: str) -> str:
+    """`policy` if it is one of :data:`POLICIES`."""
+    return one_of(policy, POLICIES, "policy")
+
+
+def schedule(problem: Problem, policy: str = "greedy") -> Schedule:
+    """Schedules `problem`'s tasks into its bubbles with the C++ core.
+
+    policy: ``greedy`` (default; encoder microbatches moved into the step's windows where they
+    fit) or ``coarse`` (all forwards before the step, all backwards after it).
+    """
+    return from_core(_core.Scheduler(problem.core).run(check_policy(policy)))
+
+
+def load_schedule(source: PathOrDict) -> Schedule:
+    """Loads a pybubble.schedule/1 from a JSON file path or a parsed dict (structure only; use
+    :func:`pybubble.validate` to check it against a problem)."""
+    doc = read_document(source, FORMAT)
+    start = [number(x, f"start[{i}]") for i, x in enumerate(array(required(doc, "start", ""), "start"))]
+    assignment = [integer(x, f"assignment[{j}]")
+                  for j, x in enumerate(array(required(doc, "assignment", ""), "assignment"))]
+    return Schedule(
+        step_time=number(required(doc, "step_time", ""), "step_time"),
+        shift_front=number(required(doc, "shift_front", ""), "shift_front"),
+        shift_back=number(required(doc, "shift_back", ""), "shift_back"),
+        start=np.array(start, np.float64),
+        assignment=np.array(assignment, np.int64),
+    )
+
+
+__all__ = ["FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "load_schedule", "schedule"]

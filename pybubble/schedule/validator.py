@@ -1,0 +1,26 @@
+"""Checking a schedule against its problem: the C++ validator, which shares no code with the
+scheduler."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _core
+from ..problem.problem import Problem
+from .scheduler import Schedule
+
+TIME_TOLERANCE: float = _core.TIME_TOLERANCE
+"""Slack (us) in every time comparison of the validator."""
+
+
+def validate(problem: Problem, schedule: Schedule) -> list[str]:
+    """Every violation of `schedule` against `problem` as a sentence; an empty list means valid.
+
+    Raises ValueError when the schedule does not fit the problem's shape (wrong number of starts or
+    assignment entries).
+    """
+    if np.ndim(schedule.start) != 1 or np.ndim(schedule.assignment) != 1:
+        raise ValueError("start, assignment: expected one-dimensional arrays")
+    return _core.validate(problem.core, np.asarray(schedule.start, np.float64),
+                          np.asarray(schedule.assignment, np.int64), float(schedule.step_time),
+                          float(schedule.shift_front), float(schedule.shift_back))

@@ -1,0 +1,1 @@
+"""Pictures of a step: Chrome traces for Perfetto and Gantt charts."""

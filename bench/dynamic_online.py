@@ -19,9 +19,9 @@ import time
 import numpy as np
 
 import pybubble
-from pybubble.costmodel import CostModel
-from pybubble.problems import synthetic
-from pybubble.workloads import WorkloadSpec, batches, microbatch_loads, sample_costs
+from pybubble.costs.roofline import CostModel
+from pybubble.problem.generated import synthetic
+from pybubble.planner.workloads import WorkloadSpec, batches, microbatch_loads, sample_costs
 
 
 def main() -> None:

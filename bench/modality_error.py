@@ -2,7 +2,7 @@
 and the Megatron splits.
 
 Part 1 draws pipelines at random (seeded) and prints the relative error of the model's step
-(pybubble.modality.predict) against simulate_pipeline("1f1b", per-stage fwd/bwd, p2p):
+(pybubble.planner.modality.predict) against simulate_pipeline("1f1b", per-stage fwd/bwd, p2p):
 
 - `stages`: any per-stage times: fwd in [0.1, 10], bwd / fwd in [0.05, 3], p2p in [0, 3],
   2-8 stages, 1-32 microbatches;
@@ -26,8 +26,9 @@ import time
 
 import numpy as np
 
-from pybubble import modality
-from pybubble.config import load_config
+from pybubble.llm.step import LLMStep
+from pybubble.planner import modality
+from pybubble.config.schema import load_config
 
 
 # A case is a dict of parameters; draw_* makes one, mutate_* changes one a little, predict_* runs it.
@@ -152,13 +153,13 @@ def main() -> None:
     print("layer split per config (predicted / simulated step, ms)")
     for name, doc in CONFIGS.items():
         config = load_config(doc)
-        times = modality.layer_times(config)
+        times = modality.layer_times(LLMStep.of(config))
         e, l_, s, m = config.encoders[0].model.layers, config.llm.layers, config.llm_plan.pp, config.microbatches
         t0 = time.perf_counter()
-        best = modality.search(e, l_, s, times, m)
+        best = modality.search_split(e, l_, s, times, m)
         took = time.perf_counter() - t0
         print(f"{name}: {e} encoder + {l_} LLM layers, {s} stages, {m} microbatches")
-        rows = [("search", best), ("even", modality.predict_split(modality.even_split(e, l_, s), times, m)),
+        rows = [("search", best), ("even", modality.predict_split(modality.equal_split(e, l_, s), times, m)),
                 ("megatron", modality.predict_split(modality.megatron_split(e, l_, s), times, m))]
         sim_best = best.simulate().step_time
         for label, pred in rows:

@@ -5,7 +5,7 @@ import statistics
 import time
 
 import pybubble
-from pybubble import schedules
+from pybubble.llm import tables as schedules
 
 COSTS = dict(fwd=1200.0, bwd=2400.0, p2p=20.0, tp_comm=(24, 30.0), dp_allgather=3000.0, dp_reducescatter=8000.0)
 

@@ -1,6 +1,6 @@
 """Per-batch plan choice against the fixed plan on dynamic batches, on real configs.
 
-For each config: the encoder plans ranked on the mean batch (pybubble.dynamic.ranked_candidates),
+For each config: the encoder plans ranked on the mean batch (pybubble.planner.dynamic.ranked_candidates),
 then `--steps` batches from pybubble.workloads run through the four modes of pybubble.dynamic
 (static replay, balanced + online, online with the fixed plan, per-batch choice among the K best
 plans within the time budget). Prints each mode's mean and p95 step, the gain of the choice over
@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from pybubble import dynamic
-from pybubble.config import load_config
+from pybubble.planner import dynamic
+from pybubble.config.schema import load_config
 
 BASE = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
         "training": {"global_batch": 32, "micro_batch": 2, "seq_len": 2048}, "llm_plan": {"dp": 2, "pp": 4, "tp": 2}}

@@ -16,7 +16,9 @@ import time
 from pathlib import Path
 
 import pybubble
-from pybubble import baselines, planner
+from pybubble.llm.step import LLMStep
+from pybubble.planner import layouts
+from pybubble.planner import search as planner
 from scheduler_speed import median_time  # bench/ is the script's folder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,31 +31,33 @@ def main() -> None:
     parser.add_argument("--max-pipelines", type=int, default=4)
     args = parser.parse_args()
     cfg = pybubble.load_config(args.config)
-    costs = planner.cost_model(cfg)
     pybubble.plan(cfg)  # warm caches (imports, first allocations)
     whole = median_time(lambda: pybubble.plan(cfg), args.repeats)
-    one = median_time(lambda: planner.search(cfg, costs, workers=1), args.repeats)
-    two = median_time(lambda: planner.search(cfg, costs, workers=2), args.repeats)
-    base = median_time(lambda: (baselines.megatron(cfg, costs), baselines.megatron_balanced(cfg, costs)), args.repeats)
-    sep = median_time(lambda: planner.separate(cfg, costs), args.repeats)
-    found = planner.search(cfg, costs)
+    llm = median_time(lambda: LLMStep.of(cfg), args.repeats)
+    step = LLMStep.of(cfg)
+    one = median_time(lambda: planner.search(step, workers=1), args.repeats)
+    two = median_time(lambda: planner.search(step, workers=2), args.repeats)
+    base = median_time(lambda: (layouts.megatron(step), layouts.megatron_balanced(step)), args.repeats)
+    sep = median_time(lambda: layouts.separate(step), args.repeats)
+    found = planner.search(step)
     print(f"{Path(args.config).name}: {cfg.cluster.gpus} GPUs, {cfg.microbatches} microbatches, "
           f"{found.stats.plans} encoder plans, {found.stats.scheduled} partitions scheduled")
     print(f"plan (all)          median {whole:.3f} s")
+    print(f"  LLM step          median {llm:.3f} s")
     print(f"  search, 1 thread  median {one:.3f} s")
     print(f"  search, 2 threads median {two:.3f} s   (1 thread / 2 threads = {one / two:.2f}x)")
     print(f"  baselines         median {base:.3f} s")
     print(f"  non-colocated     median {sep:.3f} s")
 
     # Local search against every partition, plan by plan (the same scheduling code).
-    tl = found.timeline
-    llm_mem = planner.stage_bytes(cfg, tl)
+    tl = step.timeline
     m = cfg.microbatches
     print(f"\nlocal search vs all partitions (plans with <= {args.max_pipelines} pipelines):")
-    for plan in planner.candidates(cfg):
+    for plan in planner.encoder_plans(cfg):
         if plan.pipelines > args.max_pipelines or plan.pipelines == 1:
             continue
-        space = planner._PlanSpace(cfg, costs, tl, plan, tl.lane_windows(plan.lanes_per_stage), llm_mem)
+        lps = plan.lanes_per_stage
+        space = planner._PlanSpace(step, plan, (tl.compute_free.repeated(lps), tl.link_free.repeated(lps)))
         t0 = time.perf_counter()
         every = min(space.candidate(p).step_time for p in planner.compositions(m, plan.pipelines)
                     if space.memory(p) <= space.memory_limit)

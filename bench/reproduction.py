@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pybubble
-from pybubble.report import PlanReport
+from pybubble.planner.report import PlanReport
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "examples" / "optimus"

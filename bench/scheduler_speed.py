@@ -13,9 +13,9 @@ import time
 import numpy as np
 
 from pybubble import _core, validate
-from pybubble.problems import vit22b_sized
-from pybubble.reference import reference_schedule
-from pybubble.scheduler import schedule
+from pybubble.problem.generated import vit22b_sized
+from pybubble.schedule.reference import reference_schedule
+from pybubble.schedule.scheduler import schedule
 
 
 def median_time(fn, repeat: int) -> float:
@@ -32,7 +32,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="runs of the reference (the core runs 50x more)")
     args = parser.parse_args()
     problem = vit22b_sized()
-    windows = problem.arrays()["compute_start"].size + problem.arrays()["link_start"].size
+    arrays = problem.arrays()
+    windows = arrays.compute_free.start.size + arrays.link_free.start.size
     core = _core.Scheduler(problem.core)
     fast = schedule(problem)
     slow = reference_schedule(problem)

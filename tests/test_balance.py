@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pybubble
-from pybubble.balance import lower_bound, max_microbatch_cost, order_by_bubbles
+from pybubble.schedule.balance import lower_bound, max_microbatch_cost, order_by_bubbles
 
 
 @given(st.integers(0, 2**32 - 1), st.integers(1, 400), st.integers(1, 64), st.sampled_from(["uniform", "lognormal"]))

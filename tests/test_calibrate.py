@@ -6,14 +6,14 @@ import pytest
 
 from pybubble import presets
 from pybubble.cli import main
-from pybubble.costmodel import CostModel
+from pybubble.costs.roofline import CostModel
 
 TINY = ((1, 16, 32, 2), (1, 32, 64, 2), (1, 64, 64, 4))
 
 
 def test_calibrate_fits_every_kind_and_the_cost_model_loads_it(tmp_path):
     pytest.importorskip("torch")
-    from pybubble.calibrate import FIT_X, calibrate, error_table
+    from pybubble.costs.calibration import FIT_X, calibrate, error_table
 
     doc = calibrate("cpu", shapes=TINY, repeats=2)
     assert doc["format"] == "pybubble.calibration/1" and set(doc["kinds"]) == set(FIT_X)
@@ -33,7 +33,7 @@ def test_calibrate_fits_every_kind_and_the_cost_model_loads_it(tmp_path):
 
 def test_calibrate_command_writes_both_files(tmp_path, monkeypatch):
     pytest.importorskip("torch")
-    import pybubble.calibrate as calibration
+    import pybubble.costs.calibration as calibration
 
     monkeypatch.setattr(calibration, "CPU_SHAPES", TINY)
     out, errors = tmp_path / "c.json", tmp_path / "c.md"

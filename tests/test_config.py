@@ -4,7 +4,7 @@ import copy
 
 import pytest
 
-from pybubble.config import load_config
+from pybubble.config.schema import load_config
 
 BASE = {
     "cluster": {"gpus": 3072, "gpu": "h100", "gpus_per_node": 8},

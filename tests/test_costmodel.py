@@ -5,8 +5,8 @@ import json
 import pytest
 
 from pybubble import presets
-from pybubble.costmodel import HARDWARE, CostModel, hardware
-from pybubble.decompose import Kernel, decompose_layer
+from pybubble.costs.roofline import HARDWARE, CostModel, hardware
+from pybubble.costs.kernels import Kernel, decompose_layer
 
 
 def test_every_hardware_spec_has_all_kinds_and_positive_numbers():
@@ -89,7 +89,7 @@ def test_planning_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys, pybubble, pybubble.costmodel, pybubble.encoder_plan, pybubble.cli; "
+    code = ("import sys, pybubble, pybubble.costs.roofline, pybubble.problem.encoder, pybubble.planner.report, pybubble.cli; "
             "pybubble.cli.main(['kernels', 'vit-l-14']); assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, cwd="/")
 

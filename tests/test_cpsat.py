@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import pybubble
-from pybubble.problems import random_problem, synthetic
+from pybubble.problem.arrays import TASK_FIELDS
+from pybubble.problem.generated import random_problem, synthetic
 
 cp_model = pytest.importorskip("ortools.sat.python.cp_model")
 
@@ -25,7 +26,11 @@ def free_intervals(a, lane, res, horizon, big):
 
 def optimum(problem: pybubble.Problem, scale: float = 1.0) -> float:
     """The shortest step any valid schedule reaches; every time times `scale` must be an integer."""
-    a = dict(problem.arrays())
+    arr = problem.arrays()
+    a = {"horizon": arr.horizon, "forward_needed": arr.forward_needed, "grad_ready": arr.grad_ready,
+         **{f"compute_{k}": getattr(arr.compute_free, k) for k in ("offset", "start", "end")},
+         **{f"link_{k}": getattr(arr.link_free, k) for k in ("offset", "start", "end")},
+         **{k: getattr(arr.tasks, k) for k in TASK_FIELDS}}
     for name in ("horizon", "compute_start", "compute_end", "link_start", "link_end", "forward_needed",
                  "grad_ready", "duration"):
         scaled = np.asarray(a[name], np.float64) * scale

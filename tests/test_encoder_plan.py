@@ -5,9 +5,9 @@ import pytest
 
 import pybubble
 from pybubble import presets
-from pybubble.costmodel import CostModel
-from pybubble.encoder_plan import EncoderPlan, encoder_tasks
-from pybubble.models import EncoderConfig
+from pybubble.costs.roofline import CostModel
+from pybubble.problem.encoder import EncoderPlan, encoder_tasks
+from pybubble.config.models import EncoderConfig
 
 SMALL = EncoderConfig(name="tiny", layers=4, hidden=256, heads=4, tokens=64)
 
@@ -58,7 +58,7 @@ def test_tasks_follow_the_pipeline_forward_then_backward():
 
 def test_output_goes_to_llm_stage_0_only_from_other_stages():
     plan = EncoderPlan(pp_enc=1, tp_enc=1, pp_llm=2, tp_llm=2)  # 4 pipelines: two on each LLM stage
-    assert [plan.llm_stage(i, 0) for i in range(4)] == [0, 0, 1, 1]
+    assert [plan.llm_rank(i, 0) for i in range(4)] == [0, 0, 1, 1]
     tasks = encoder_tasks(SMALL, plan=plan, partition=[1, 1, 1, 1], micro_batch=1, costs=CostModel("h100"))
     check_structure(tasks)
     comm = {j: [(t["lane"], t["phase"]) for t in tasks if t["microbatch"] == j and t["resource"] == "comm"]

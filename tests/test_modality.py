@@ -7,9 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pybubble import modality, simulate_pipeline
-from pybubble.config import load_config
-from pybubble.costmodel import CostModel
+from pybubble import simulate_pipeline
+from pybubble.llm.step import LLMStep
+from pybubble.planner import modality
+from pybubble.config.schema import load_config
+from pybubble.costs.roofline import CostModel
 
 # The largest errors (model / simulator - 1) we have seen, with an adversarial search (hill climbing
 # on the error) over the same domains as these tests: -11.2% for any per-stage times, -4.9% for
@@ -57,7 +59,7 @@ def layer_cases(draw):
 def test_prediction_is_a_lower_bound_of_the_simulator_within_the_observed_error(case):
     fwd, bwd, m, p2p = case
     pred = modality.predict(fwd, bwd, m, p2p)
-    sim = simulate_pipeline("1f1b", stages=fwd.size, microbatches=m, fwd=fwd, bwd=bwd, p2p=p2p).step_time
+    sim = simulate_pipeline("1f1b", ranks=fwd.size, microbatches=m, fwd=fwd, bwd=bwd, p2p=p2p).step_time
     assert pred.step_time <= sim * (1 + 1e-12)
     assert pred.step_time >= sim * (1 - STAGES_BOUND)
 
@@ -143,7 +145,7 @@ def test_search_finds_the_best_split_of_an_exhaustive_enumeration(e, l_, s, ef, 
     if e + l_ < s:
         return
     times = modality.LayerTimes(encoder_fwd=ef, encoder_bwd=ef * er, llm_fwd=lf, llm_bwd=lf * lr)
-    best = modality.search(e, l_, s, times, m, p2p)
+    best = modality.search_split(e, l_, s, times, m, p2p)
     assert best.optimal
     assert best.step_time == pytest.approx(brute_force(e, l_, s, times, m, p2p), rel=1e-12)
     assert best.split.stages == s
@@ -155,9 +157,9 @@ def test_search_finds_the_best_split_of_an_exhaustive_enumeration(e, l_, s, ef, 
        st.integers(1, 16), st.floats(0.0, 2.0))
 def test_search_is_no_worse_than_the_even_and_megatron_splits(e, l_, s, ef, er, lf, lr, m, p2p):
     times = modality.LayerTimes(encoder_fwd=ef, encoder_bwd=ef * er, llm_fwd=lf, llm_bwd=lf * lr)
-    best = modality.search(e, l_, s, times, m, p2p)
+    best = modality.search_split(e, l_, s, times, m, p2p)
     sim_best = simulated(best)
-    for split in (modality.even_split(e, l_, s), modality.megatron_split(e, l_, s)):
+    for split in (modality.equal_split(e, l_, s), modality.megatron_split(e, l_, s)):
         other = modality.predict_split(split, times, m, p2p)
         assert best.step_time <= other.step_time * (1 + 1e-12)
         # the model is a lower bound within LAYERS_BOUND, so in simulation the search can lose at most that
@@ -166,16 +168,16 @@ def test_search_is_no_worse_than_the_even_and_megatron_splits(e, l_, s, ef, er, 
 
 def test_search_beats_the_megatron_split_on_a_heavy_encoder_and_reports_its_limit():
     config = load_config({**SMALL, "encoders": [{"preset": "vit-g-14", "tokens_per_sample": 16 * 257}]})
-    times = modality.layer_times(config)
+    times = modality.layer_times(LLMStep.of(config))
     e, l_, s, m = 40, 32, 4, config.microbatches
-    best = modality.search(e, l_, s, times, m)
+    best = modality.search_split(e, l_, s, times, m)
     megatron = modality.predict_split(modality.megatron_split(e, l_, s), times, m)
     assert simulated(best) < 0.95 * simulated(megatron)
     assert best.split.llm_layers[0] < l_ // s  # the encoder stage sheds LLM layers
     # a search cut short says so, and still returns a valid split
-    cut = modality.search(12, 20, 5, modality.LayerTimes(encoder_fwd=1.0, encoder_bwd=0.1, llm_fwd=1.0, llm_bwd=3.0),
+    cut = modality.search_split(12, 20, 5, modality.LayerTimes(encoder_fwd=1.0, encoder_bwd=0.1, llm_fwd=1.0, llm_bwd=3.0),
                           2, max_evaluations=1)
-    full = modality.search(12, 20, 5, modality.LayerTimes(encoder_fwd=1.0, encoder_bwd=0.1, llm_fwd=1.0, llm_bwd=3.0),
+    full = modality.search_split(12, 20, 5, modality.LayerTimes(encoder_fwd=1.0, encoder_bwd=0.1, llm_fwd=1.0, llm_bwd=3.0),
                            2)
     assert full.evaluated > 1 and full.optimal
     assert not cut.optimal and cut.step_time >= full.step_time
@@ -183,16 +185,16 @@ def test_search_beats_the_megatron_split_on_a_heavy_encoder_and_reports_its_limi
 
 def test_layer_times_follow_the_cost_model():
     config = load_config(SMALL)
-    times = modality.layer_times(config)
+    times = modality.layer_times(LLMStep.of(config))
     cm = CostModel("h100")
     enc, llm = config.encoders[0].model, config.llm
     assert times.llm_fwd == cm.layer_time(llm, 2, 2048, tp=2, phase="fwd")
     assert times.llm_bwd == cm.layer_time(llm, 2, 2048, tp=2, phase="bwd")
     assert times.encoder_fwd == cm.layer_time(enc, 2, enc.tokens, tp=2, phase="fwd")
-    frozen = modality.layer_times(load_config({**SMALL, "encoders": [{"preset": "vit-l-14", "frozen": True}]}))
+    frozen = modality.layer_times(LLMStep.of(load_config({**SMALL, "encoders": [{"preset": "vit-l-14", "frozen": True}]})))
     assert frozen.encoder_bwd == 0.0 and frozen.encoder_fwd == times.encoder_fwd
     with pytest.raises(ValueError, match="encoders: the modality model places one encoder's layers, the config has 2"):
-        modality.layer_times(load_config({**SMALL, "encoders": [{"preset": "vit-l-14"}] * 2}))
+        modality.layer_times(LLMStep.of(load_config({**SMALL, "encoders": [{"preset": "vit-l-14"}] * 2})))
 
 
 @pytest.mark.parametrize("call,message", [
@@ -208,9 +210,9 @@ def test_layer_times_follow_the_cost_model():
     (lambda: modality.LayerSplit(encoder_layers=(-1,), llm_layers=(1,)), r"encoder_layers\[0\]: -1"),
     (lambda: modality.LayerTimes(encoder_fwd=0.0, encoder_bwd=1.0, llm_fwd=1.0, llm_bwd=1.0), "encoder_fwd: 0.0"),
     (lambda: modality.LayerTimes(encoder_fwd=1.0, encoder_bwd=1.0, llm_fwd=1.0, llm_bwd=float("inf")), "llm_bwd: inf"),
-    (lambda: modality.even_split(2, 1, 4), "stages: 4 stages for 3 layers"),
+    (lambda: modality.equal_split(2, 1, 4), "stages: 4 stages for 3 layers"),
     (lambda: modality.megatron_split(8, 3, 4), "llm_layers: 3 LLM layers for 4 stages"),
-    (lambda: modality.search(2, 2, 2, modality.LayerTimes(encoder_fwd=1, encoder_bwd=1, llm_fwd=1, llm_bwd=1), 2,
+    (lambda: modality.search_split(2, 2, 2, modality.LayerTimes(encoder_fwd=1, encoder_bwd=1, llm_fwd=1, llm_bwd=1), 2,
                              max_evaluations=0), "max_evaluations: 0"),
 ])
 def test_bad_input_names_the_field(call, message):

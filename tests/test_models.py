@@ -4,8 +4,8 @@ import pytest
 
 import pybubble
 from pybubble import presets
-from pybubble.decompose import decompose_layer, layer_flops
-from pybubble.models import EncoderConfig, LLMConfig
+from pybubble.costs.kernels import decompose_layer, layer_flops
+from pybubble.config.models import EncoderConfig, LLMConfig
 
 ALL = [("encoder", n) for n in presets.ENCODERS] + [("llm", n) for n in presets.LLMS]
 

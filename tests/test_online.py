@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pybubble
-from pybubble.problems import synthetic
+from pybubble.problem.generated import synthetic
 
 
 def test_reschedule_equals_a_fresh_schedule_of_the_changed_problem():
@@ -12,7 +12,7 @@ def test_reschedule_equals_a_fresh_schedule_of_the_changed_problem():
     rng = np.random.default_rng(0)
     with pybubble.OnlineScheduler(problem) as online:
         for _ in range(5):
-            d = problem.arrays()["duration"] * rng.uniform(0.5, 1.5, problem.num_tasks)
+            d = problem.arrays().tasks.duration * rng.uniform(0.5, 1.5, problem.num_tasks)
             got = online.reschedule(d)
             changed = problem.with_durations(d)
             want = pybubble.schedule(changed)
@@ -22,7 +22,7 @@ def test_reschedule_equals_a_fresh_schedule_of_the_changed_problem():
 
 def test_submit_runs_in_the_background_and_reports_errors():
     problem = synthetic(stages=2, microbatches=4, encoder_layers=2)
-    d = problem.arrays()["duration"]
+    d = problem.arrays().tasks.duration
     with pybubble.OnlineScheduler(problem, policy="coarse") as online:
         futures = [online.submit(d * k) for k in (1.0, 2.0, 3.0)]
         steps = [f.result(timeout=30).step_time for f in futures]
@@ -40,7 +40,7 @@ def test_scaled_durations_scale_each_encoder_microbatch():
     a = problem.arrays()
     with pybubble.OnlineScheduler(problem) as online:
         scale = np.array([0.5, 1.0, 2.0, 0.0])
-        np.testing.assert_array_equal(online.scaled_durations(scale), a["duration"] * scale[a["microbatch"]])
+        np.testing.assert_array_equal(online.scaled_durations(scale), a.tasks.duration * scale[a.tasks.microbatch])
         with pytest.raises(ValueError, match=r"scale: shape \(3,\)"):
             online.scaled_durations(scale[:3])
         with pytest.raises(ValueError, match=r"scale\[1\]: -1.0"):
@@ -56,20 +56,21 @@ SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"}
 
 @pytest.fixture(scope="module")
 def ranked():
-    from pybubble.config import load_config
-    from pybubble.dynamic import ranked_candidates
+    from pybubble.config.schema import load_config
+    from pybubble.planner.dynamic import ranked_candidates
 
-    return ranked_candidates(load_config(SMALL), 4)
+    return ranked_candidates(pybubble.LLMStep.of(load_config(SMALL)), 4)
 
 
 def test_ranked_candidates_are_the_best_plans_on_the_mean_batch(ranked):
-    from pybubble.config import load_config
-    from pybubble.planner import candidates, encoder_problem, even_partition, llm_timeline
+    from pybubble.config.schema import load_config
+    from pybubble.planner.search import encoder_plans, encoder_problem
+    from pybubble.problem.encoder import even_split
 
     config = load_config(SMALL)
-    timeline = llm_timeline(config)
+    step = pybubble.LLMStep.of(config)
     even = {(p.pp_enc, p.tp_enc): pybubble.schedule(encoder_problem(
-        config, timeline, p, even_partition(config.microbatches, p.pipelines))).step_time for p in candidates(config)}
+        step, p, even_split(config.microbatches, p.pipelines))).step_time for p in encoder_plans(config)}
     assert len(even) > 4
     steps = [c.step_time for c in ranked]
     assert len(ranked) == 4 and steps == sorted(steps)
@@ -82,7 +83,7 @@ def test_ranked_candidates_are_the_best_plans_on_the_mean_batch(ranked):
 
 
 def test_choice_is_the_best_reschedule_when_the_budget_allows_all(ranked):
-    from pybubble.dynamic import PlanChooser
+    from pybubble.planner.dynamic import PlanChooser
 
     rng = np.random.default_rng(1)
     chooser = PlanChooser(ranked, budget=10.0)
@@ -103,7 +104,7 @@ def test_choice_is_the_best_reschedule_when_the_budget_allows_all(ranked):
 
 
 def test_choice_stops_when_the_budget_is_spent(ranked):
-    from pybubble.dynamic import PlanChooser
+    from pybubble.planner.dynamic import PlanChooser
 
     scale = np.ones(ranked[0].problem.num_microbatches)
     chooser = PlanChooser(ranked, budget=0.0)

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import pybubble
-from pybubble.config import load_config
-from pybubble.report import plan
-from pybubble.timeline import BUBBLE_KINDS
+from pybubble.config.schema import load_config
+from pybubble.planner.report import plan
+from pybubble.llm.timeline import BUBBLE_KINDS
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 QUICKSTART = EXAMPLES / "quickstart.yaml"
@@ -65,7 +65,7 @@ def test_plan_trace_has_a_track_per_lane_with_ops_bubbles_and_encoder_kernels(qu
     assert {e["cat"] for e in slices} == {"op", "bubble", "encoder"}
     assert {e["pid"] for e in slices} == set(range(stages))
     encoder = [e for e in slices if e["cat"] == "encoder"]
-    durations = best.problem.arrays()["duration"]
+    durations = best.problem.arrays().tasks.duration
     assert len(encoder) == int((durations > 0).sum())
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
     lanes = best.plan.lanes_per_stage

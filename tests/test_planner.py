@@ -9,11 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pybubble
-from pybubble import planner
-from pybubble.config import load_config
-from pybubble.memory import GB, stage_bytes
-from pybubble.planner import (best_plan, candidates, compositions, encoder_problem, even_partition, llm_timeline,
-                              search)
+from pybubble.config.schema import load_config
+from pybubble.costs.memory import GB
+from pybubble.costs.roofline import CostModel
+from pybubble.llm.step import LLMStep
+from pybubble.planner import layouts, report
+from pybubble.planner import search as planner
+from pybubble.planner.search import compositions, encoder_plans, encoder_problem
+from pybubble.problem.encoder import even_split
+
+
+def search(cfg, **kwargs):
+    return planner.search(LLMStep.of(cfg), **kwargs)
 
 SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
          "encoders": [{"preset": "vit-l-14"}],
@@ -24,47 +31,48 @@ TINY = {**SMALL, "training": {"global_batch": 16, "micro_batch": 2, "seq_len": 2
         "encoders": [{"preset": "vit-l-14", "tokens_per_sample": 1028}]}
 
 
-def test_llm_timeline_follows_the_config():
+def test_llm_step_follows_the_config():
     cfg = load_config(SMALL)
-    tl = llm_timeline(cfg)
-    assert tl.stages == 4 and tl.microbatches == cfg.microbatches == 8
+    tl = LLMStep.of(cfg).timeline
+    assert tl.ranks == 4 and tl.microbatches == cfg.microbatches == 8
     kinds = {b.kind for b in tl.bubbles}
     assert {"pp_warmup", "pp_cooldown", "tp", "dp_allgather", "dp_reducescatter"} <= kinds
     # More microbatches per step: a longer step.
     bigger = load_config({**SMALL, "training": {**SMALL["training"], "global_batch": 64}})
-    assert llm_timeline(bigger).step_time > tl.step_time
+    assert LLMStep.of(bigger).timeline.step_time > tl.step_time
 
 
 def test_every_candidate_problem_schedules_validly_and_greedy_beats_coarse():
     cfg = load_config(SMALL)
-    tl = llm_timeline(cfg)
-    plans = candidates(cfg)
+    step = LLMStep.of(cfg)
+    tl = step.timeline
+    plans = encoder_plans(cfg)
     assert {(p.pp_enc, p.tp_enc) for p in plans} == {(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2)}
     for plan in plans:
-        problem = encoder_problem(cfg, tl, plan, even_partition(cfg.microbatches, plan.pipelines))
+        problem = encoder_problem(step, plan, even_split(cfg.microbatches, plan.pipelines))
         greedy, coarse = pybubble.schedule(problem), pybubble.schedule(problem, "coarse")
         assert pybubble.validate(problem, greedy) == []
         assert greedy.step_time <= coarse.step_time
         assert problem.horizon == tl.step_time
 
 
-def test_candidates_skip_tp_degrees_that_do_not_split_the_heads():
+def test_encoder_plans_skip_tp_degrees_that_do_not_split_the_heads():
     cfg = load_config({**SMALL, "encoders": [{"preset": "vit-3b"}], "llm_plan": {"dp": 1, "pp": 4, "tp": 4},
                        "cluster": {"gpus": 16}})
-    assert {p.tp_enc for p in candidates(cfg)} == {1, 2}  # 18 heads: TP 4 cannot split them
+    assert {p.tp_enc for p in encoder_plans(cfg)} == {1, 2}  # 18 heads: TP 4 cannot split them
 
 
 def test_best_plan_hides_most_of_a_small_encoder():
     cfg = load_config(SMALL)
-    best = best_plan(cfg)
+    best = search(cfg).best
     assert best.hidden_fraction > 0.5
     assert best.step_time < pybubble.schedule(best.problem, "coarse").step_time
     assert pybubble.validate(best.problem, best.schedule) == []
 
 
-def test_even_partition_and_compositions():
-    assert even_partition(8, 3) == [3, 3, 2]
-    assert sum(even_partition(16, 16)) == 16
+def test_even_split_and_compositions():
+    assert even_split(8, 3) == [3, 3, 2]
+    assert sum(even_split(16, 16)) == 16
     for total, parts in ((4, 1), (5, 3), (6, 4)):
         comps = list(compositions(total, parts))
         assert len(comps) == len(set(comps)) == math.comb(total + parts - 1, parts - 1)
@@ -73,17 +81,17 @@ def test_even_partition_and_compositions():
 
 def test_frozen_encoders_have_no_backward_tasks():
     cfg = load_config({**SMALL, "encoders": [{"preset": "vit-l-14", "frozen": True}]})
-    best = best_plan(cfg)
-    assert (best.problem.arrays()["phase"] == 0).all()
+    best = search(cfg).best
+    assert (best.problem.arrays().tasks.phase == 0).all()
 
 
 def _brute_force(cfg):
     """The best step over every plan and every partition, scheduled one by one."""
-    tl = llm_timeline(cfg)
+    step = LLMStep.of(cfg)
     best = math.inf
-    for plan in candidates(cfg):
+    for plan in encoder_plans(cfg):
         for partition in compositions(cfg.microbatches, plan.pipelines):
-            best = min(best, pybubble.schedule(encoder_problem(cfg, tl, plan, list(partition))).step_time)
+            best = min(best, pybubble.schedule(encoder_problem(step, plan, list(partition))).step_time)
     return best
 
 
@@ -91,7 +99,7 @@ def test_search_finds_the_brute_force_optimum_when_it_enumerates():
     cfg = load_config(TINY)
     found = search(cfg, workers=2)
     assert found.best.step_time == pytest.approx(_brute_force(cfg), rel=1e-12)
-    assert found.stats.plans == len(candidates(cfg))
+    assert found.stats.plans == len(encoder_plans(cfg))
     assert found.top[0] is found.best and [c.step_time for c in found.top] == sorted(c.step_time for c in found.top)
 
 
@@ -99,9 +107,8 @@ def test_local_search_never_loses_to_the_even_partition(monkeypatch):
     cfg = load_config(TINY)
     monkeypatch.setattr(planner, "EXHAUSTIVE", 0)  # local search everywhere
     found = search(cfg, workers=1)
-    tl = found.timeline
-    even = min(pybubble.schedule(encoder_problem(cfg, tl, p, even_partition(cfg.microbatches, p.pipelines))).step_time
-               for p in candidates(cfg))
+    even = min(pybubble.schedule(encoder_problem(found.step, p, even_split(cfg.microbatches, p.pipelines))).step_time
+               for p in encoder_plans(cfg))
     assert _brute_force(cfg) <= found.best.step_time <= even
     assert pybubble.validate(found.best.problem, found.best.schedule) == []
 
@@ -109,10 +116,11 @@ def test_local_search_never_loses_to_the_even_partition(monkeypatch):
 @pytest.fixture(scope="module")
 def space():
     cfg = load_config(SMALL)
-    costs = planner.cost_model(cfg)
-    tl = llm_timeline(cfg, costs)
-    plan = [p for p in candidates(cfg) if (p.pp_enc, p.tp_enc) == (2, 1)][0]
-    return planner._PlanSpace(cfg, costs, tl, plan, tl.lane_windows(plan.lanes_per_stage), stage_bytes(cfg, tl))
+    step = LLMStep.of(cfg)
+    tl = step.timeline
+    plan = [p for p in encoder_plans(cfg) if (p.pp_enc, p.tp_enc) == (2, 1)][0]
+    lps = plan.lanes_per_stage
+    return planner._PlanSpace(step, plan, (tl.compute_free.repeated(lps), tl.link_free.repeated(lps)))
 
 
 @settings(max_examples=25, deadline=None)
@@ -143,24 +151,26 @@ def test_memory_prunes_plans_and_a_too_small_budget_is_an_error():
 
 def test_separate_placement_adds_gpus_and_costs_the_boundary_transfer():
     cfg = load_config(SMALL)
-    sep = planner.separate(cfg)
+    step = LLMStep.of(cfg)
+    sep = layouts.separate(step)
     p = sep.plan
     assert sep.extra_gpus == cfg.llm_plan.dp * p.pp_enc * p.tp_enc * p.lanes_per_stage
-    assert sep.step_time >= llm_timeline(cfg).step_time
+    assert sep.step_time >= step.timeline.step_time
     a = sep.candidate.problem.arrays()
-    fwd_sends = ((a["resource"] == 1) & (a["phase"] == 0)).sum()
+    fwd_sends = ((a.tasks.resource == 1) & (a.tasks.phase == 0)).sum()
     assert fwd_sends >= cfg.microbatches  # every microbatch's output crosses to the LLM
     assert pybubble.validate(sep.candidate.problem, sep.candidate.schedule) == []
 
 
 def test_mfu_counts_the_model_flops():
     cfg = load_config(SMALL)
-    flops = planner.model_flops(cfg)
+    flops = report.model_flops(cfg)
     llm = cfg.llm
     # 6 · parameters · tokens is the well-known lower estimate (attention and logits add to it)
     assert flops > 6 * llm.params_per_layer * llm.layers * cfg.training.seq_len * cfg.training.global_batch
-    frozen = planner.model_flops(load_config({**SMALL, "encoders": [{"preset": "vit-l-14", "frozen": True}]}))
+    frozen = report.model_flops(load_config({**SMALL, "encoders": [{"preset": "vit-l-14", "frozen": True}]}))
     assert frozen < flops
     step = 1e6
-    assert planner.mfu(cfg, step) == pytest.approx(flops / (cfg.cluster.gpus * 989.4e12))
-    assert np.isclose(planner.mfu(cfg, step, gpus=32), planner.mfu(cfg, step) / 2)
+    h100 = CostModel("h100")
+    assert report.mfu(cfg, step, h100) == pytest.approx(flops / (cfg.cluster.gpus * 989.4e12))
+    assert np.isclose(report.mfu(cfg, step, h100, gpus=32), report.mfu(cfg, step, h100) / 2)

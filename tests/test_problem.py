@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pybubble
-from pybubble import _core
-from pybubble.problems import random_problem
+from pybubble.problem.arrays import TASK_FIELDS
+from pybubble.problem.generated import random_problem
 
 
 def base():
@@ -140,26 +140,27 @@ def test_fuzzed_problems_load_or_raise_value_error(seed, data):
     assert pybubble.validate(p, s) == []
 
 
-def core_args(p):
-    return dict(p.arrays())
+ARRAY_FIELDS = [("compute_free", k) for k in ("offset", "start", "end")] + \
+    [("link_free", k) for k in ("offset", "start", "end")] + [("forward_needed",), ("grad_ready",)] + \
+    [("tasks", k) for k in TASK_FIELDS]
 
 
 @given(st.integers(0, 10_000), st.data())
 @settings(max_examples=300, deadline=None)
 def test_fuzzed_core_arrays_never_crash(seed, data):
-    args = core_args(random_problem(seed))
-    name = data.draw(st.sampled_from(sorted(k for k in args if k not in ("horizon", "num_lanes"))))
-    arr = np.asarray(args[name])
+    arrays = random_problem(seed).arrays()
+    path = data.draw(st.sampled_from(ARRAY_FIELDS))
+    owner = arrays if len(path) == 1 else getattr(arrays, path[0])
+    arr = np.asarray(getattr(owner, path[-1]))
     size = data.draw(st.integers(0, arr.size + 2))
     if arr.dtype == np.int64:
         new = np.array(data.draw(st.lists(st.integers(-3, 2**31), min_size=size, max_size=size)), np.int64)
     else:
         new = np.array(data.draw(st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=size,
                                           max_size=size)), np.float64)
-    args[name] = new
+    setattr(owner, path[-1], new)
     try:
-        core = _core.Problem(**args)
+        p = pybubble.Problem.from_arrays(arrays)
     except ValueError:
         return
-    p = pybubble.Problem(core)
     assert pybubble.validate(p, pybubble.schedule(p)) == []

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pybubble
-from pybubble.problems import random_problem, synthetic
-from pybubble.reference import reference_schedule
+from pybubble.problem.generated import random_problem, synthetic
+from pybubble.schedule.reference import reference_schedule
 
 random_problems = st.builds(
     random_problem, st.integers(0, 2**32 - 1), lanes=st.integers(1, 3), microbatches=st.integers(1, 4),
@@ -57,8 +57,8 @@ def test_core_equals_reference(problem, policy):
 def test_coarse_keeps_forward_before_and_backward_after_the_step(problem):
     sched = pybubble.schedule(problem, "coarse")
     a = problem.arrays()
-    fwd = a["phase"] == 0
-    assert np.all(sched.start[fwd] + a["duration"][fwd] <= 1e-9)
+    fwd = a.tasks.phase == 0
+    assert np.all(sched.start[fwd] + a.tasks.duration[fwd] <= 1e-9)
     assert np.all(sched.start[~fwd] >= problem.horizon)
 
 
@@ -111,20 +111,20 @@ def test_validator_reports_each_kind_of_violation():
     sched = pybubble.schedule(problem)
     a = problem.arrays()
     # A task moved before its predecessor.
-    t = int(np.nonzero(a["after_offset"][1:] - a["after_offset"][:-1])[0][0])
+    t = int(np.nonzero(a.tasks.after_offset[1:] - a.tasks.after_offset[:-1])[0][0])
     start = sched.start.copy()
     start[t] -= 1e6
     assert any("before its predecessor" in v for v in pybubble.validate(problem, shifted(sched, start)))
     # Two tasks of one lane and resource at once, inside a window.
     start = sched.start.copy()
-    same = np.nonzero((a["lane"] == a["lane"][0]) & (a["resource"] == a["resource"][0]) & (a["duration"] > 0))[0]
+    same = np.nonzero((a.tasks.lane == a.tasks.lane[0]) & (a.tasks.resource == a.tasks.resource[0]) & (a.tasks.duration > 0))[0]
     start[same[1]] = start[same[0]]
     assert any("overlap" in v for v in pybubble.validate(problem, shifted(sched, start)))
     # A task in the middle of the step where no window is.
     start = sched.start.copy()
-    assert a["resource"][0] == 0
+    assert a.tasks.resource[0] == 0
     # Just after the first compute window of task 0's lane, the LLM computes.
-    start[0] = a["compute_end"][a["compute_offset"][a["lane"][0]]] + 1.0
+    start[0] = a.compute_free.end[a.compute_free.offset[a.tasks.lane[0]]] + 1.0
     assert any("outside every free" in v for v in pybubble.validate(problem, shifted(sched, start)))
     # A wrong step time, a non-permutation.
     assert any("step_time" in v for v in pybubble.validate(problem, shifted(sched, step_time=1.0)))
@@ -159,7 +159,7 @@ def test_scheduler_reruns_with_new_durations():
 
     problem = synthetic(stages=2, microbatches=4, encoder_layers=2)
     core = _core.Scheduler(problem.core)
-    d = problem.arrays()["duration"] * 1.5
+    d = problem.arrays().tasks.duration * 1.5
     start, assignment, step, front, back = core.run("greedy", d)
     ref = pybubble.schedule(problem.with_durations(d))
     np.testing.assert_array_equal(start, ref.start)

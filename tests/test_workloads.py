@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import pybubble
-from pybubble.costmodel import CostModel
-from pybubble.problems import synthetic
-from pybubble.workloads import WorkloadSpec, batches, sample_costs
+from pybubble.costs.roofline import CostModel
+from pybubble.problem.generated import synthetic
+from pybubble.planner.workloads import WorkloadSpec, batches, sample_costs
 
 
 def test_batches_are_reproducible_and_vary():
@@ -47,13 +47,13 @@ def test_replay_of_the_plan_itself_is_its_step_time():
 def test_replay_grows_with_the_work():
     problem = synthetic(stages=4, microbatches=8, encoder_layers=8, encoder_scale=2.0)
     sched = pybubble.schedule(problem)
-    d = problem.arrays()["duration"]
+    d = problem.arrays().tasks.duration
     steps = [pybubble.replay(problem.with_durations(d * f), sched) for f in (0.5, 1.0, 1.5, 2.0)]
     assert steps == sorted(steps) and steps[0] < steps[-1]
 
 
 def test_microbatch_loads_in_order_or_by_assignment():
-    from pybubble.workloads import microbatch_loads
+    from pybubble.planner.workloads import microbatch_loads
 
     cost = np.arange(6, dtype=float)
     np.testing.assert_array_equal(microbatch_loads(cost, 3), [1.0, 5.0, 9.0])

@@ -54,7 +54,7 @@ class Bubble(NamedTuple):
     """One of :data:`BUBBLE_KINDS`."""
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@dataclass(kw_only=True, slots=True, eq=False)
 class Windows:
     """Free windows of one resource on each of several lanes (or ranks), in CSR layout: lane l's
     windows are ``start[offset[l]:offset[l + 1]]`` to ``end[...]``, sorted and disjoint (us). The

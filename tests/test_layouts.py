@@ -1,4 +1,5 @@
-"""The baselines: Megatron's encoder on stage 0, the balanced layer split, and their memory."""
+"""The layouts pybubble is compared with: Megatron's encoder on stage 0, the balanced layer split,
+and their memory."""
 
 import itertools
 
@@ -7,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pybubble import baselines
-from pybubble.config import load_config
-from pybubble.planner import cost_model, llm_timeline
+from pybubble.config.schema import load_config
+from pybubble.llm.step import LLMStep
+from pybubble.planner import layouts as baselines
 
 SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
          "encoders": [{"preset": "vit-h-14", "tokens_per_sample": 1028}],
@@ -43,22 +44,21 @@ def test_balanced_cuts_reach_the_brute_force_bottleneck(values, parts):
 
 def test_megatron_slows_the_step_by_a_part_of_the_encoder_work_on_stage_0():
     cfg = load_config(SMALL)
-    costs = cost_model(cfg)
-    alone = llm_timeline(cfg, costs).step_time
-    meg = baselines.megatron(cfg, costs)
-    (layers, f, b), = baselines.encoder_layer_times(cfg, costs)
+    step = LLMStep.of(cfg)
+    alone = step.timeline.step_time
+    meg = baselines.megatron(step)
+    (layers, f, b), = baselines.encoder_layer_times(step)
     # stage 0 runs the encoder for every microbatch on top of its own work: the pipeline's
     # warm-up and cool-down hide a part of it, never all, and never add more than all
     work = cfg.microbatches * layers * (f + b)
     assert alone + 0.25 * work <= meg.step_time <= alone + work
-    frozen = baselines.megatron(load_config({**SMALL, "encoders": [{**SMALL["encoders"][0], "frozen": True}]}), costs)
+    frozen = baselines.megatron(LLMStep.of(load_config({**SMALL, "encoders": [{**SMALL["encoders"][0], "frozen": True}]})))
     assert alone < frozen.step_time < meg.step_time
 
 
 def test_balancing_beats_stage_0_and_spreads_the_encoder():
-    cfg = load_config(SMALL)
-    costs = cost_model(cfg)
-    meg, bal = baselines.megatron(cfg, costs), baselines.megatron_balanced(cfg, costs)
+    step = LLMStep.of(load_config(SMALL))
+    meg, bal = baselines.megatron(step), baselines.megatron_balanced(step)
     assert bal.step_time < meg.step_time
     assert bal.memory_bytes < meg.memory_bytes  # the encoder's weights no longer all on stage 0
 

@@ -23,6 +23,7 @@ def _ms(us: float) -> str:
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
+    """``pybubble schedule``: schedules a problem file's tasks and prints the step."""
     problem = load_problem(args.problem)
     t0 = time.perf_counter()
     sched = schedule(problem, args.policy)
@@ -44,6 +45,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """``pybubble validate``: checks a schedule against its problem (exit 1 when invalid)."""
     problem = load_problem(args.problem)
     violations = validate(problem, load_schedule(args.schedule))
     for v in violations:
@@ -56,6 +58,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    """``pybubble generate``: writes a generated 1F1B problem."""
     from .problem.generated import synthetic
 
     problem = synthetic(stages=args.stages, lanes_per_stage=args.lanes_per_stage,
@@ -68,6 +71,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bubbles(args: argparse.Namespace) -> int:
+    """``pybubble bubbles``: simulates an LLM step and prints its bubbles per rank and kind."""
     from .llm.timeline import BUBBLE_KINDS, simulate_pipeline
 
     tp = (args.tp_count, args.tp_duration) if args.tp_count else None
@@ -102,6 +106,7 @@ def cmd_bubbles(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """``pybubble plan``: plans an MLLM config and prints pybubble beside the baselines."""
     import json
     import os
 
@@ -163,6 +168,7 @@ def _si(value: float, unit: str) -> str:
 
 
 def cmd_kernels(args: argparse.Namespace) -> int:
+    """``pybubble kernels``: prints one layer's kernels with their FLOPs, bytes and time."""
     from .config.presets import model
     from .costs.roofline import CostModel
 
@@ -191,6 +197,7 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    """``pybubble calibrate``: times real kernels with torch and fits the cost model."""
     from .config.documents import write_document, write_text
     from .costs.calibration import FIT_X, calibrate, error_table
 
@@ -212,6 +219,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_dynamic(args: argparse.Namespace) -> int:
+    """``pybubble dynamic``: runs the ways of meeting batches that change on a config."""
     import numpy as np
     from rich.progress import Progress
 
@@ -254,6 +262,7 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
     parser = argparse.ArgumentParser(prog="pybubble", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -338,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the exit code (2 and one ``error:`` line for bad input)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func

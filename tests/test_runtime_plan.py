@@ -6,7 +6,7 @@ pytest.importorskip("torch")
 
 import pybubble  # noqa: E402
 from pybubble.runtime import MeasuredCosts, make_plan, predict_step_s  # noqa: E402
-from pybubble.runtime.plan import encoder_tasks, rank_filler  # noqa: E402
+from pybubble.runtime.plan import piece_tasks, rank_filler  # noqa: E402
 
 
 def costs(**kw):
@@ -40,8 +40,8 @@ def test_pybubble_predicts_a_shorter_step_than_coarse_and_megatron():
     assert p["pybubble"] <= p["coarse"] < p["megatron"]
 
 
-def test_encoder_tasks_chain_forward_then_backward():
-    tasks = encoder_tasks(costs(piece_fwd_s=[1.0, 2.0], piece_bwd_s=[3.0, 4.0]), [1])
+def test_piece_tasks_chain_forward_then_backward():
+    tasks = piece_tasks(costs(piece_fwd_s=[1.0, 2.0], piece_bwd_s=[3.0, 4.0]), [1])
     assert [(t["phase"], t["duration"], t["after"]) for t in tasks] == [
         ("fwd", 1e6, []), ("fwd", 2e6, [0]), ("bwd", 4e6, [1]), ("bwd", 3e6, [2])]
     assert all(t["lane"] == 1 and t["microbatch"] == 0 for t in tasks)

@@ -119,10 +119,15 @@ class Config:
     """A whole planning problem: see the module docstring for the YAML form."""
 
     cluster: Cluster
+    """The GPUs."""
     llm: LLMConfig
+    """The LLM backbone's shape."""
     encoders: list[Encoder]
+    """The modality encoders (one or more)."""
     training: Training
+    """The batch of one step."""
     llm_plan: LLMPlan
+    """The LLM's 3D-parallel plan."""
     memory_gb: float = 80.0
     """Memory per GPU available to model states and activations (GB)."""
     source: str = field(default="")

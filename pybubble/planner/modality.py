@@ -136,6 +136,7 @@ class LayerSplit:
 
     @property
     def stages(self) -> int:
+        """Pipeline stages."""
         return len(self.encoder_layers)
 
     def stage_times(self, layers: LayerTimes) -> tuple[np.ndarray, np.ndarray]:
@@ -229,10 +230,12 @@ class Prediction:
 
     @property
     def fwd(self) -> np.ndarray:
+        """Per stage, the forward of one microbatch (us)."""
         return np.array([s.fwd for s in self.stages])
 
     @property
     def bwd(self) -> np.ndarray:
+        """Per stage, the backward of one microbatch (us)."""
         return np.array([s.bwd for s in self.stages])
 
     def simulate(self) -> Timeline:

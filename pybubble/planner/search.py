@@ -94,6 +94,7 @@ class Candidate:
 
     @property
     def step_time(self) -> float:
+        """The scheduled step (us)."""
         return self.schedule.step_time
 
     @property

@@ -37,7 +37,7 @@ class EncoderStep:
                 continue
             k = plan.assignment[j]
             run = self.runs[j] = MicrobatchRun(pieces, inputs(k))
-            base = 2 * n * j  # task ids of j in plan.problem (see plan.encoder_tasks)
+            base = 2 * n * j  # task ids of j in plan.problem (see plan.piece_tasks)
             for i in range(n):
                 start = 0.0 if plan.start_s is None else float(plan.start_s[base + i])
                 tasks.append(FillTask(name=f"e{j}f.{pieces[i].name}", duration_s=costs.piece_fwd_s[i],

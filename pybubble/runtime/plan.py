@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import Problem, Schedule, Timeline, schedule, simulate_pipeline
+from ..llm.timeline import Timeline, simulate_pipeline
+from ..problem.problem import Problem
+from ..schedule.scheduler import Schedule, schedule
 from .cuda import SideStream
 from .filler import BubbleFiller, FillTask
 
@@ -72,7 +74,7 @@ def producers(mode: str, microbatches: int, ranks: int) -> list[int]:
     return [0 if mode == "megatron" else j % ranks for j in range(microbatches)]
 
 
-def llm_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage: bool = False) -> Timeline:
+def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage: bool = False) -> Timeline:
     """The 1F1B step of the LLM (with the whole encoder inside stage 0's ops when asked)."""
     fwd = [t * US for t in costs.stage_fwd_s]
     bwd = [t * US for t in costs.stage_bwd_s]
@@ -83,7 +85,7 @@ def llm_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage
                              p2p=costs.p2p_s * US)
 
 
-def encoder_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> list[dict]:
+def piece_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> list[dict]:
     """problem/1 task dicts (index = id): per encoder microbatch, its pieces' forwards in order,
     then their backwards in reverse, on the lane (rank) of its producer."""
     tasks: list[dict] = []
@@ -118,10 +120,10 @@ def make_plan(mode: str, costs: MeasuredCosts, microbatches: int) -> Plan:
     ranks = costs.stages
     producer = producers(mode, microbatches, ranks)
     if mode == "megatron":
-        return Plan(mode=mode, timeline=llm_timeline(costs, microbatches, True), producer=producer,
+        return Plan(mode=mode, timeline=measured_timeline(costs, microbatches, True), producer=producer,
                     assignment=list(range(microbatches)), start_s=None, problem=None, schedule=None)
-    timeline = llm_timeline(costs, microbatches)
-    problem = Problem.on_timeline(timeline, encoder_tasks(costs, producer))
+    timeline = measured_timeline(costs, microbatches)
+    problem = Problem.on_timeline(timeline, piece_tasks(costs, producer))
     sched = schedule(problem, "coarse" if mode == "coarse" else "greedy")
     return Plan(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
                 start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched)

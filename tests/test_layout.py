@@ -1,0 +1,166 @@
+"""The package's layout: one folder per stage of the data flow, each importing only from the folders
+before it, no import cycle, every public name documented where it is defined, and no name defined
+twice. Read from the source files (their syntax trees), so it holds for code that is not run."""
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "pybubble"
+ORDER = ("config", "costs", "llm", "problem", "schedule", "viz", "planner", "runtime", "examples")
+"""The stages of the data flow, in order. (``examples``, the example trainer, is to leave the
+package: the runtime's issue moves it to the top-level examples/ folder.)"""
+TOP_LEVEL = {"__init__", "__main__", "cli", "_native"}
+"""Modules outside the folders: the public API, the command line and the core's import check."""
+
+
+def modules() -> dict[str, ast.Module]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        out[".".join(("pybubble",) + parts)] = ast.parse(path.read_text(), str(path))
+    return out
+
+
+def is_package(name: str) -> bool:
+    return (PACKAGE.joinpath(*name.split(".")[1:]) / "__init__.py").exists() or name == "pybubble"
+
+
+def imports(name: str, tree: ast.Module) -> set[str]:
+    """Every pybubble module `name` imports, anywhere in the file (functions included)."""
+    package = name if is_package(name) else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.split(".")[0] == "pybubble"}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "pybubble":
+                continue
+            for alias in node.names:  # `from .x import y` imports module x.y when y is a module
+                sub = f"{target}.{alias.name}"
+                found.add(sub if (PACKAGE.joinpath(*sub.split(".")[1:]).with_suffix(".py").exists()
+                                  or is_package(sub) or sub == "pybubble._core") else target)
+    return found
+
+
+def stage(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and is_package(name)) else None
+
+
+MODULES = modules()
+
+
+def test_every_folder_is_a_stage_of_the_data_flow():
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert folders <= set(ORDER), f"folders outside the data flow: {folders - set(ORDER)}"
+    top = {name.split(".")[1] for name in MODULES if stage(name) is None and name != "pybubble"}
+    assert top <= TOP_LEVEL, f"modules outside the folders: {top - TOP_LEVEL}"
+
+
+def test_folders_import_only_from_earlier_folders():
+    backwards = []
+    for name, tree in MODULES.items():
+        mine = stage(name)
+        if mine is None:
+            continue
+        for target in imports(name, tree):
+            theirs = stage(target)
+            if theirs is None:
+                if target not in ("pybubble._core", "pybubble._native"):
+                    backwards.append(f"{name} imports the top-level {target}")
+            elif ORDER.index(theirs) > ORDER.index(mine):
+                backwards.append(f"{name} ({mine}) imports {target} ({theirs})")
+    assert not backwards, "\n".join(backwards)
+
+
+def test_no_import_cycle():
+    graph = {name: {t for t in imports(name, tree) if t in MODULES and t != name} for name, tree in MODULES.items()}
+    # a package's __init__ that re-exports is entered from its modules' imports of siblings; only
+    # the top-level API package re-exports, and nothing inside imports it
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(" -> ".join(path[path.index(nxt):] + [nxt]) if nxt in path else f"{node} -> {nxt}")
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)
+
+
+def _docstring_after(body: list[ast.stmt], i: int) -> bool:
+    nxt = body[i + 1] if i + 1 < len(body) else None
+    return isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)
+
+
+def undocumented(name: str, tree: ast.Module) -> list[str]:
+    """Public functions, classes, methods, properties, constants and dataclass fields of a module
+    without a docstring (a field's or constant's docstring is the string literal after it)."""
+    missing = []
+    public = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            public = set(ast.literal_eval(node.value))
+    for i, node in enumerate(tree.body):
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            if ast.get_docstring(node) is None:
+                missing.append(f"{name}.{node.name}")
+            if isinstance(node, ast.ClassDef):
+                for j, member in enumerate(node.body):
+                    if isinstance(member, ast.FunctionDef) and not member.name.startswith("_") \
+                            and ast.get_docstring(member) is None:
+                        missing.append(f"{name}.{node.name}.{member.name}")
+                    if isinstance(member, ast.AnnAssign) and isinstance(member.target, ast.Name) \
+                            and not member.target.id.startswith("_") and not _docstring_after(node.body, j):
+                        missing.append(f"{name}.{node.name}.{member.target.id}")
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id in public and not _docstring_after(tree.body, i):
+                    missing.append(f"{name}.{t.id}")
+    return missing
+
+
+def test_every_public_name_is_documented_where_it_is_defined():
+    missing = [m for name, tree in MODULES.items() if stage(name) not in ("runtime", "examples")
+               for m in undocumented(name, tree)]
+    assert not missing, "undocumented: " + ", ".join(missing)
+
+
+def test_every_module_says_what_it_is():
+    assert [name for name, tree in MODULES.items() if ast.get_docstring(tree) is None] == []
+
+
+def test_no_name_is_defined_twice():
+    where = defaultdict(list)
+    for name, tree in MODULES.items():
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_") \
+                    and name.split(".")[-1] not in ("cli",) and node.name != "main":
+                where[node.name].append(name)
+    twice = {n: ms for n, ms in where.items() if len(ms) > 1}
+    assert not twice, twice
+
+
+@pytest.mark.parametrize("check", ["positive integer"])
+def test_the_positive_integer_check_exists_once(check):
+    """Every module checks arguments through pybubble.config.checks: the check's message is written
+    there and nowhere else."""
+    writers = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if f"is not a {check}" in p.read_text()]
+    assert writers == ["config/checks.py"]

@@ -105,3 +105,39 @@ def test_plan_bad_config_is_one_error_line(tmp_path, content, message):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [r.stderr.strip()] and r.stderr.startswith("error: ")
     assert message in r.stderr
+
+
+def test_plan_derives_the_llm_step_once(monkeypatch):
+    """`pybubble.plan` reads the config once: the LLM's layer times, its timeline and its memory per
+    rank are derived once and handed to the search, the baselines and the non-colocated layout."""
+    from pybubble.costs.roofline import CostModel
+    from pybubble.llm import step as llm_step
+
+    config = load_config(QUICKSTART)
+    calls = {"llm_layer_time": 0, "llm_tp_collectives": 0, "steps": 0, "timelines": 0, "memory": 0}
+    layer_time, collectives = CostModel.layer_time, CostModel.tp_collective_times
+    of, simulate, memory = llm_step.LLMStep.of.__func__, llm_step._simulate, llm_step._stage_memory
+
+    def counted_layer_time(self, model, *args, **kwargs):
+        calls["llm_layer_time"] += model is config.llm
+        return layer_time(self, model, *args, **kwargs)
+
+    def counted_collectives(self, model, *args, **kwargs):
+        calls["llm_tp_collectives"] += model is config.llm
+        return collectives(self, model, *args, **kwargs)
+
+    def counted(name, fn):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(CostModel, "layer_time", counted_layer_time)
+    monkeypatch.setattr(CostModel, "tp_collective_times", counted_collectives)
+    monkeypatch.setattr(llm_step.LLMStep, "of", classmethod(counted("steps", of)))
+    monkeypatch.setattr(llm_step, "_simulate", counted("timelines", simulate))
+    monkeypatch.setattr(llm_step, "_stage_memory", counted("memory", memory))
+    plan(config, workers=1)
+    # one LLM step: its layer's forward and backward, its TP collectives; then the two Megatron
+    # layouts simulate their own steps (encoder layers added) and count their own memory
+    assert calls == {"llm_layer_time": 2, "llm_tp_collectives": 1, "steps": 1, "timelines": 3, "memory": 3}

@@ -26,6 +26,8 @@ NAMES = SCHEDULES
 """The named schedules (:func:`build_table`)."""
 _ACTION = re.compile(r"^([0-9]+)([FBIW])([0-9]+)$")
 _INT32_MAX = 2**31 - 1
+_KIND_CODE = np.zeros(256, np.uint8)  # ASCII letter -> index in KINDS
+_KIND_CODE[[ord(k) for k in KINDS]] = np.arange(len(KINDS), dtype=np.uint8)
 
 
 class Action(NamedTuple):
@@ -264,11 +266,11 @@ def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     for r in range(len(table)):
         actions += [a for a in table[r] if a is not None]
         offset[r + 1] = len(actions)
-    code = {k: i for i, k in enumerate(KINDS)}
-    stage = np.fromiter((a.stage for a in actions), np.int32, len(actions))
-    kind = np.fromiter((code[a.kind] for a in actions), np.uint8, len(actions))
-    micro = np.fromiter((a.microbatch for a in actions), np.int32, len(actions))
-    return offset, stage, kind, micro
+    if not actions:
+        return offset, np.zeros(0, np.int32), np.zeros(0, np.uint8), np.zeros(0, np.int32)
+    stage, kind, micro = zip(*actions)  # one pass in C over the tuples
+    code = _KIND_CODE[np.frombuffer("".join(kind).encode("ascii"), np.uint8)]
+    return offset, np.array(stage, np.int32), code, np.array(micro, np.int32)
 
 
 __all__ = ["KINDS", "NAMES", "Action", "Table", "TableLike", "build_table", "check_table", "flatten", "gpipe",

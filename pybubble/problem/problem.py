@@ -40,6 +40,11 @@ def _core_arrays(core: _core.Problem) -> ProblemArrays:
         "tasks": {k: f[k] for k in ("lane", "microbatch", "duration", "resource", "phase", "after_offset", "after")}})
 
 
+def _from_core(name: str, doc: str) -> property:
+    """A read-only property that reads the core problem's attribute `name`."""
+    return property(lambda self: getattr(self.core, name), doc=doc)
+
+
 class Problem:
     """A checked problem. Build one with :func:`load_problem` (JSON), :meth:`from_arrays` or
     :meth:`on_timeline` (the encoder's tasks in a simulated LLM step's bubbles)."""
@@ -89,25 +94,10 @@ class Problem:
                                tasks=Tasks.coerce(tasks))
         return cls.from_arrays(arrays, names)
 
-    @property
-    def horizon(self) -> float:
-        """The LLM-only step time (us)."""
-        return self.core.horizon
-
-    @property
-    def num_lanes(self) -> int:
-        """Number of lanes."""
-        return self.core.num_lanes
-
-    @property
-    def num_tasks(self) -> int:
-        """Number of encoder tasks."""
-        return self.core.num_tasks
-
-    @property
-    def num_microbatches(self) -> int:
-        """Number of LLM (and encoder) microbatches."""
-        return self.core.num_microbatches
+    horizon = _from_core("horizon", "The LLM-only step time (us).")
+    num_lanes = _from_core("num_lanes", "Number of lanes.")
+    num_tasks = _from_core("num_tasks", "Number of encoder tasks.")
+    num_microbatches = _from_core("num_microbatches", "Number of LLM (and encoder) microbatches.")
 
     def arrays(self) -> ProblemArrays:
         """The problem's arrays (a copy the caller may change)."""

@@ -354,11 +354,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return func(args)
     except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except (MemoryError, RecursionError, OverflowError) as e:
+        # the limits (docs/formats.md) are meant to stop this earlier; never a traceback all the same
+        print(f"error: the input is too large or nested too deeply ({type(e).__name__}); see the limits in "
+              "docs/formats.md", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's message on one line (an OSError's with its file)."""
+    if isinstance(error, OSError) and error.filename:
+        text = f"{error.filename}: {error.strerror or error}"
+    else:
+        text = str(error)
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -1,14 +1,15 @@
 """Argument checks, in one place: every public function and every loader of pybubble checks its
 input with these and raises ``ValueError`` naming the field (``where``) and the bad value.
 
-The value shown in a message is :func:`shown`: its ``repr``, cut short when long, so an error never
-prints an unbounded value.
+The value shown in a message is :func:`shown`: a ``repr`` that never expands more than a few
+levels, items or digits of it, so an error never prints (or builds) an unbounded value.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,16 +18,19 @@ import numpy as np
 SHOWN_CHARS = 80
 """The most characters of a bad value an error message shows."""
 
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 2, 4, 4, 4, 4
+_REPR.maxstring, _REPR.maxlong, _REPR.maxother = SHOWN_CHARS - 20, 30, SHOWN_CHARS - 20
+
 
 def shown(value: Any) -> str:
-    """``repr(value)``, cut to :data:`SHOWN_CHARS` characters (with "..." and the full length)."""
+    """A short ``repr`` of `value`: nested containers, long strings and huge integers cut with
+    "..." (by :mod:`reprlib`, which never builds the whole ``repr``), at most :data:`SHOWN_CHARS`."""
     try:
-        text = repr(value)
-    except Exception:  # a hostile __repr__ must not hide the real error
+        text = _REPR.repr(value)
+    except Exception:  # a hostile __repr__, or an integer too long to print, must not hide the error
         text = f"<{type(value).__name__}>"
-    if len(text) <= SHOWN_CHARS:
-        return text
-    return f"{text[:SHOWN_CHARS - 20]}... ({len(text)} characters)"
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 3] + "..."
 
 
 def number(value: Any, where: str) -> float:
@@ -72,11 +76,13 @@ def integer(value: Any, where: str, minimum: int | None = None, maximum: int | N
     return v
 
 
-def positive_int(value: Any, where: str) -> int:
-    """`value` as an int >= 1."""
+def positive_int(value: Any, where: str, limit: int | None = None) -> int:
+    """`value` as an int >= 1, and at most `limit` when given (one of :mod:`pybubble.config.limits`)."""
     v = integer(value, where)
     if v < 1:
         raise ValueError(f"{where}: {shown(value)} is not a positive integer")
+    if limit is not None and v > limit:
+        raise ValueError(f"{where}: {shown(value)} is more than the limit of {limit:,}")
     return v
 
 

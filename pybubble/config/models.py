@@ -8,15 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .checks import positive_int
+from .checks import integer, one_of, positive_int, shown
+from .limits import MAX_LAYERS, MAX_MODEL_DIM, MAX_TOKENS, MAX_VOCAB
 
 ACTIVATIONS = ("gelu", "swiglu")
 """MLP activations a shape may name."""
 
 
+_LIMIT = {"layers": MAX_LAYERS, "dtype_bytes": 16, "tokens": MAX_TOKENS, "seq_len": MAX_TOKENS, "vocab": MAX_VOCAB}
+
+
 def _check_positive(obj: object, *names: str) -> None:
     for name in names:
-        positive_int(getattr(obj, name), name)
+        positive_int(getattr(obj, name), name, _LIMIT.get(name, MAX_MODEL_DIM))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,8 +48,10 @@ class TransformerShape:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"name: {self.name!r} is not a non-empty string")
+            raise ValueError(f"name: {shown(self.name)} is not a non-empty string")
         _check_positive(self, "layers", "hidden", "heads", "dtype_bytes")
+        for name in ("head_dim", "kv_heads", "ffn_hidden"):
+            integer(getattr(self, name), name, minimum=0)
         if self.head_dim == 0:
             if self.hidden % self.heads:
                 raise ValueError(f"head_dim: 0 needs heads ({self.heads}) to divide hidden ({self.hidden})")
@@ -57,8 +63,7 @@ class TransformerShape:
         _check_positive(self, "head_dim", "kv_heads", "ffn_hidden")
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads: {self.kv_heads} does not divide heads ({self.heads})")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation: {self.activation!r} is not one of {', '.join(ACTIVATIONS)}")
+        one_of(self.activation, ACTIVATIONS, "activation")
 
     @property
     def q_dim(self) -> int:

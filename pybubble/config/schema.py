@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from . import presets
-from .checks import required, flag, known_keys, mapping, number, one_of, positive_int
+from .checks import flag, known_keys, mapping, one_of, positive, positive_int, required, shown
+from .documents import naming, read_yaml
+from .limits import MAX_BATCH, MAX_GPUS, MAX_LAYERS, MAX_MICROBATCHES, MAX_TOKENS
 from .models import EncoderConfig, LLMConfig
 
 GPUS = ("h100", "h200", "a100-80gb", "cpu")
@@ -32,10 +32,11 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
 """Pipeline schedules of the LLM (the action tables of :mod:`pybubble.llm.tables`)."""
 
 
-def _positive_int(section: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int:
+def _value(section: Mapping[str, Any], key: str, where: str, default: Any = None) -> Any:
+    """``section[key]``, or `default` when it is missing and there is one (checked by the dataclass)."""
     if key not in section and default is not None:
         return default
-    return positive_int(required(section, key, where), f"{where}.{key}")
+    return required(section, key, where)
 
 
 def _section(doc: Mapping[str, Any], key: str) -> Mapping[str, Any]:
@@ -54,6 +55,8 @@ class Cluster:
     """GPUs per node (NVLink domain): TP groups stay inside a node."""
 
     def __post_init__(self) -> None:
+        positive_int(self.gpus, "cluster.gpus", MAX_GPUS)
+        positive_int(self.gpus_per_node, "cluster.gpus_per_node", MAX_GPUS)
         one_of(self.gpu, GPUS, "cluster.gpu")
         if self.gpus % self.gpus_per_node and self.gpus > self.gpus_per_node:
             raise ValueError(f"cluster.gpus: {self.gpus} is not a multiple of gpus_per_node ({self.gpus_per_node})")
@@ -69,6 +72,12 @@ class Encoder:
     """Encoder tokens per training sample (images per sample x tokens per image)."""
     frozen: bool = False
     """A frozen encoder runs no backward."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, EncoderConfig):
+            raise ValueError(f"model: {shown(self.model)} is not an EncoderConfig")
+        positive_int(self.tokens_per_sample, "tokens_per_sample", MAX_TOKENS)
+        flag(self.frozen, "frozen")
 
     @property
     def images_per_sample(self) -> int:
@@ -88,6 +97,11 @@ class Training:
     seq_len: int
     """LLM tokens per sample."""
 
+    def __post_init__(self) -> None:
+        positive_int(self.global_batch, "training.global_batch", MAX_BATCH)
+        positive_int(self.micro_batch, "training.micro_batch", MAX_BATCH)
+        positive_int(self.seq_len, "training.seq_len", MAX_TOKENS)
+
 
 @dataclass(kw_only=True, slots=True)
 class LLMPlan:
@@ -105,6 +119,9 @@ class LLMPlan:
     """Pipeline schedule, one of SCHEDULES."""
 
     def __post_init__(self) -> None:
+        for name in ("dp", "pp", "tp"):
+            positive_int(getattr(self, name), f"llm_plan.{name}", MAX_GPUS)
+        positive_int(self.vpp, "llm_plan.vpp", MAX_LAYERS)
         one_of(self.schedule, SCHEDULES, "llm_plan.schedule")
         if self.schedule == "zbv":
             if self.vpp not in (1, 2):
@@ -147,8 +164,10 @@ class Config:
             raise ValueError(f"llm_plan: pp x vpp = {p.pp * p.vpp} does not divide the LLM's {self.llm.layers} layers")
         if not self.encoders:
             raise ValueError("encoders: at least one encoder is needed")
-        if not self.memory_gb > 0:
-            raise ValueError(f"memory_gb: {self.memory_gb!r} is not positive")
+        positive(self.memory_gb, "memory_gb")
+        if self.microbatches > MAX_MICROBATCHES:
+            raise ValueError(f"training.global_batch: {t.global_batch:,} samples give {self.microbatches:,} "
+                             f"microbatches per pipeline, more than the limit of {MAX_MICROBATCHES:,}")
 
     @property
     def microbatches(self) -> int:
@@ -187,49 +206,47 @@ def _model(section: Mapping[str, Any], where: str, kind: str) -> Any:
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> Config:
-    """Reads and checks a planning config from a YAML file or a dict."""
-    name = ""
+    """Reads and checks a planning config from a YAML file or a dict. ValueError naming the field
+    (and the file, when read from one)."""
     if isinstance(source, Mapping):
-        doc = source
-    else:
-        path = Path(source)
-        name = str(path)
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"{path}: no such file") from None
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML: {e}") from None
+        return _config(source, "")
+    doc = read_yaml(source)
+    path = str(Path(source))
+    with naming(path):
         if not isinstance(doc, Mapping):
-            raise ValueError(f"{path}: expected a mapping at the top level")
+            raise ValueError(f"expected a mapping at the top level, got {type(doc).__name__}")
+        return _config(doc, path)
+
+
+def _config(doc: Mapping[str, Any], source: str) -> Config:
     known_keys(doc, ("cluster", "llm", "encoders", "training", "llm_plan", "memory_gb"), "config")
     cl = _section(doc, "cluster")
     known_keys(cl, ("gpus", "gpu", "gpus_per_node"), "cluster")
-    cluster = Cluster(gpus=_positive_int(cl, "gpus", "cluster"), gpu=str(cl.get("gpu", "h100")),
-                      gpus_per_node=_positive_int(cl, "gpus_per_node", "cluster", 8))
+    cluster = Cluster(gpus=_value(cl, "gpus", "cluster"), gpu=cl.get("gpu", "h100"),
+                      gpus_per_node=_value(cl, "gpus_per_node", "cluster", 8))
     llm = _model(_section(doc, "llm"), "llm", "llm")
     encs = doc.get("encoders")
     if not isinstance(encs, list) or not encs:
-        raise ValueError("encoders: expected a non-empty list")
+        raise ValueError(f"encoders: expected a non-empty list, got {shown(encs)}")
     encoders = []
     for i, e in enumerate(encs):
         where = f"encoders[{i}]"
         if not isinstance(e, Mapping):
-            raise ValueError(f"{where}: expected a mapping")
+            raise ValueError(f"{where}: expected a mapping, got {type(e).__name__}")
         model = _model(e, where, "encoder")
-        frozen = flag(e.get("frozen", False), f"{where}.frozen")
-        encoders.append(Encoder(model=model, frozen=frozen,
-                                tokens_per_sample=_positive_int(e, "tokens_per_sample", where, model.tokens)))
+        try:
+            encoders.append(Encoder(model=model, frozen=e.get("frozen", False),
+                                    tokens_per_sample=_value(e, "tokens_per_sample", where, model.tokens)))
+        except ValueError as err:
+            raise ValueError(f"{where}.{err}") from None
     tr = _section(doc, "training")
     known_keys(tr, ("global_batch", "micro_batch", "seq_len"), "training")
-    training = Training(global_batch=_positive_int(tr, "global_batch", "training"),
-                        micro_batch=_positive_int(tr, "micro_batch", "training"),
-                        seq_len=_positive_int(tr, "seq_len", "training", llm.seq_len))
+    training = Training(global_batch=_value(tr, "global_batch", "training"),
+                        micro_batch=_value(tr, "micro_batch", "training"),
+                        seq_len=_value(tr, "seq_len", "training", llm.seq_len))
     pl = _section(doc, "llm_plan")
     known_keys(pl, ("dp", "pp", "tp", "vpp", "schedule"), "llm_plan")
-    plan = LLMPlan(dp=_positive_int(pl, "dp", "llm_plan"), pp=_positive_int(pl, "pp", "llm_plan"),
-                   tp=_positive_int(pl, "tp", "llm_plan"), vpp=_positive_int(pl, "vpp", "llm_plan", 1),
-                   schedule=str(pl.get("schedule", "1f1b")))
-    memory = number(doc.get("memory_gb", 80.0), "memory_gb")
+    plan = LLMPlan(dp=_value(pl, "dp", "llm_plan"), pp=_value(pl, "pp", "llm_plan"), tp=_value(pl, "tp", "llm_plan"),
+                   vpp=_value(pl, "vpp", "llm_plan", 1), schedule=pl.get("schedule", "1f1b"))
     return Config(cluster=cluster, llm=llm, encoders=encoders, training=training, llm_plan=plan,
-                  memory_gb=float(memory), source=name)
+                  memory_gb=positive(doc.get("memory_gb", 80.0), "memory_gb"), source=source)

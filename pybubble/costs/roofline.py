@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..config.checks import mapping, number, positive, required, shown
-from ..config.documents import read_document
+from ..config.documents import naming, read_document
 from ..config.models import TransformerShape
 from .kernels import KINDS, Kernel, decompose_layer
 
@@ -155,21 +155,22 @@ class CostModel:
         """Replaces the efficiencies of the kinds that a ``pybubble.calibration/1`` file fitted, and the
         peak FLOP/s and memory bandwidth where the file measured higher ones."""
         doc = read_document(source, CALIBRATION_FORMAT)
-        for name in ("peak_flops", "memory_bandwidth"):
-            if name in doc:
-                setattr(self.hardware, name, positive(doc[name], name))
-        kinds = mapping(doc.get("kinds"), "kinds")
-        for kind, fit in kinds.items():
-            if kind not in KINDS:
-                raise ValueError(f"kinds: unknown kind {shown(kind)}; known: {', '.join(KINDS)}")
-            where = f"kinds.{kind}"
-            fit = mapping(fit, where)
-            values = {name: number(required(fit, name, where), f"{where}.{name}")
-                      for name in ("compute_efficiency", "memory_efficiency", "overhead_us")}
-            try:
-                self.hardware.efficiency[kind] = Efficiency(**values)
-            except ValueError as e:
-                raise ValueError(f"{where}.{e}") from None
+        with naming(source):
+            for name in ("peak_flops", "memory_bandwidth"):
+                if name in doc:
+                    setattr(self.hardware, name, positive(doc[name], name))
+            kinds = mapping(doc.get("kinds"), "kinds")
+            for kind, fit in kinds.items():
+                if kind not in KINDS:
+                    raise ValueError(f"kinds: unknown kind {shown(kind)}; known: {', '.join(KINDS)}")
+                where = f"kinds.{kind}"
+                fit = mapping(fit, where)
+                values = {name: number(required(fit, name, where), f"{where}.{name}")
+                          for name in ("compute_efficiency", "memory_efficiency", "overhead_us")}
+                try:
+                    self.hardware.efficiency[kind] = Efficiency(**values)
+                except ValueError as e:
+                    raise ValueError(f"{where}.{e}") from None
 
     # --- kernels ---------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import NamedTuple, Union
 import numpy as np
 
 from ..config.checks import integer, shown
+from ..config.limits import MAX_TABLE_ACTIONS
 from ..config.schema import SCHEDULES
 
 KINDS = ("F", "B", "I", "W")
@@ -64,8 +65,14 @@ TableLike = Union[Mapping[int, Sequence[Union[Action, str, None]]], Sequence[Seq
 """A user's table: a mapping or sequence of rows whose actions are :class:`Action` or strings."""
 
 
-def _counts(ranks: int, microbatches: int) -> tuple[int, int]:
-    return integer(ranks, "ranks", minimum=1), integer(microbatches, "microbatches", minimum=1)
+def _counts(ranks: int, microbatches: int, chunks: int = 1, passes: int = 2) -> tuple[int, int]:
+    """The checked rank and microbatch counts of a table, whose actions must stay within
+    :data:`MAX_TABLE_ACTIONS`."""
+    p, m = integer(ranks, "ranks", minimum=1), integer(microbatches, "microbatches", minimum=1)
+    if p * m * chunks * passes > MAX_TABLE_ACTIONS:
+        raise ValueError(f"table: {p:,} ranks x {chunks:,} chunks x {m:,} microbatches x {passes} passes = "
+                         f"{p * m * chunks * passes:,} actions, more than the limit of {MAX_TABLE_ACTIONS:,}")
+    return p, m
 
 
 def gpipe(ranks: int, microbatches: int) -> Table:
@@ -102,7 +109,8 @@ def interleaved_1f1b(ranks: int, microbatches: int, chunks: int,
     ``warmup`` overrides the warm-up forwards: one count for every rank or one per rank
     (Optimus' warm-up adjustment); the default is Megatron's count (:func:`interleaved_warmup`).
     """
-    (p, m), v = _counts(ranks, microbatches), integer(chunks, "chunks", minimum=1)
+    v = integer(chunks, "chunks", minimum=1)
+    p, m = _counts(ranks, microbatches, v)
     total = m * v
     if warmup is None:
         warm = interleaved_warmup(p, m, v)
@@ -142,7 +150,7 @@ def interleaved_1f1b(ranks: int, microbatches: int, chunks: int,
 def zb_h1(ranks: int, microbatches: int) -> Table:
     """Zero-bubble H1: 1F1B with each backward split in I and W; rank r defers r of its Ws
     into the cool-down, where 1F1B idles."""
-    p, m = _counts(ranks, microbatches)
+    p, m = _counts(ranks, microbatches, 1, 3)
     table: Table = {}
     for r in range(p):
         warm = min(p - r - 1, m)
@@ -172,8 +180,9 @@ def zbv(ranks: int, microbatches: int) -> Table:
     the first and second stages and drains with I and W. The order is built for max(2p - 1, m)
     microbatches; actions of microbatches >= m become idle steps (``None``), as in torch.
     """
-    p, m = _counts(ranks, microbatches)
+    p, m = _counts(ranks, microbatches, 2, 3)
     n = max(2 * p - 1, m)
+    _counts(p, n, 2, 3)  # the V is built for n >= 2p - 1 microbatches
     table: Table = {}
     for r in range(p):
         first, second = r, 2 * p - 1 - r

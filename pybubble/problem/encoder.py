@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..config.checks import flag, integer, positive_int, shown
+from ..config.limits import MAX_TASKS
 from ..config.models import EncoderConfig
 from ..costs.kernels import PHASES, RESOURCES, decompose_layer
 from ..costs.memory import encoder_layer_bytes
@@ -221,10 +222,15 @@ class EncoderWork:
         self._templates[to_llm] = out
         return out
 
+    def _pipeline_template(self, pipeline: int) -> dict[str, np.ndarray]:
+        """The template of `pipeline`'s microbatches: with the send to LLM rank 0 when its last stage
+        sits elsewhere (or the encoder runs on GPUs of its own)."""
+        return self._template(self.separate or self.plan.llm_rank(pipeline, self.plan.pp_enc - 1) != 0)
+
     def microbatch_tasks(self, pipeline: int) -> Tasks:
         """One microbatch's tasks on `pipeline` (microbatch 0, task ids from 0)."""
         plan = self.plan
-        t = self._template(self.separate or plan.llm_rank(pipeline, plan.pp_enc - 1) != 0)
+        t = self._pipeline_template(pipeline)
         grad_in = plan.lane(pipeline, plan.pp_enc - 1) if self.separate else plan.llm_input_lane(pipeline)
         lanes = np.array([plan.lane(pipeline, e) for e in range(plan.pp_enc)] + [grad_in], np.int64)
         return Tasks(lane=lanes[t["tag"]], microbatch=np.zeros(len(t["tag"]), np.int64),
@@ -255,6 +261,10 @@ class EncoderWork:
     def tasks(self, partition: Sequence[int]) -> Tasks:
         """The tasks of a partition (microbatches numbered pipeline by pipeline)."""
         partition = self._partition(partition)
+        sizes = [len(self._pipeline_template(i)["tag"]) * n for i, n in enumerate(partition)]
+        if sum(sizes) > MAX_TASKS:
+            raise ValueError(f"partition: {sum(partition):,} encoder microbatches make {sum(sizes):,} kernel tasks, "
+                             f"more than the limit of {MAX_TASKS:,}")
         blocks = [self._block(i, n) for i, n in enumerate(partition) if n > 0]
         keys = ("lane", "duration", "resource", "phase", "microbatch", "after_counts", "after")
         if not blocks:

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _core
 from ..config.checks import array, number, required, shown
-from ..config.documents import PathOrDict, read_document, write_document
+from ..config.documents import PathOrDict, naming, read_document, write_document
 from ..costs.kernels import PHASES, RESOURCES
 from ..llm.timeline import Timeline, Windows
 from .arrays import ProblemArrays, Tasks
@@ -157,6 +157,11 @@ def load_problem(source: PathOrDict | Problem) -> Problem:
     if isinstance(source, Problem):
         return source
     doc = read_document(source, FORMAT)
+    with naming(source):
+        return _problem(doc)
+
+
+def _problem(doc: Mapping[str, Any]) -> Problem:
     horizon = number(required(doc, "horizon", ""), "horizon")
     names: list[str] = []
     offsets: dict[str, list[int]] = {"compute_free": [0], "link_free": [0]}

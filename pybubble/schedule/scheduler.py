@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _core
 from ..config.checks import array, integer, number, one_of, required
-from ..config.documents import PathOrDict, read_document, write_document
+from ..config.documents import PathOrDict, naming, read_document, write_document
 from ..problem.problem import Problem
 
 FORMAT = "pybubble.schedule/1"
@@ -90,6 +90,11 @@ def load_schedule(source: PathOrDict) -> Schedule:
     """Loads a pybubble.schedule/1 from a JSON file path or a parsed dict (structure only; use
     :func:`pybubble.validate` to check it against a problem)."""
     doc = read_document(source, FORMAT)
+    with naming(source):
+        return _schedule(doc)
+
+
+def _schedule(doc: Any) -> Schedule:
     start = [number(x, f"start[{i}]") for i, x in enumerate(array(required(doc, "start", ""), "start"))]
     assignment = [integer(x, f"assignment[{j}]")
                   for j, x in enumerate(array(required(doc, "assignment", ""), "assignment"))]

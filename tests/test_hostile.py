@@ -236,3 +236,11 @@ def test_encoder_tasks_over_the_limit_are_refused_before_they_are_built():
     with pytest.raises(ValueError, match="partition: .* kernel tasks, more than the limit"):
         work.tasks([limits.MAX_TASKS // per_microbatch + 1])
     assert np.all(work.tasks([2]).duration > 0)
+
+
+def test_docs_list_every_limit_with_its_value():
+    text = (ROOT / "docs" / "formats.md").read_text()
+    for name in limits.__all__:
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{name}` |")), None)
+        assert row is not None, f"docs/formats.md does not list {name}"
+        assert f"{getattr(limits, name):,}" in row, f"docs/formats.md gives another value for {name}"

@@ -206,8 +206,8 @@ class EncoderWork:
             if to_llm:  # the encoder's output goes to LLM stage 0
                 prev = emit(last_stage, send, "comm", "fwd", chain(prev))
             ends.append(prev)
-        for (per_phase, send, layers), flag, end in zip(self._layer_cost, self._flags, ends):
-            if flag:
+        for (per_phase, send, layers), frozen, end in zip(self._layer_cost, self._flags, ends):
+            if frozen:
                 continue
             prev = end
             if to_llm:  # its gradient comes back from LLM stage 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 import textwrap
 import time
@@ -248,8 +249,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     layouts = Table.grid(padding=(0, 2))
     layouts.add_column(no_wrap=True)
     layouts.add_column(overflow="fold")
-    for row in rows:
-        layouts.add_row(row.name, row.layout)
+    for row in rows:  # a list like [1, 5, 5, 5] wraps as one word
+        layouts.add_row(row.name, re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(", ", ","), row.layout))
     console.print(layouts)
     s = report.search.stats
     console.print(f"planned in {report.planner_seconds:.3f} s: {s.plans} encoder plans ({s.plans_pruned} pruned by "

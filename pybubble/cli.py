@@ -521,7 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit code (2 and one ``error:`` line for bad input)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, a usage error (already printed)
+        return e.code if isinstance(e.code, int) else 0
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

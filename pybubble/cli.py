@@ -81,19 +81,21 @@ def summary(command: str, **fields: Any) -> None:
 
 @contextlib.contextmanager
 def drawing(path: str) -> Iterator[None]:
-    """A spinner on stderr while a picture is drawn."""
-    with status.status(f"drawing {path}"):
+    """A spinner on stderr while a picture is drawn (on a terminal only)."""
+    with status.status(f"drawing {path}") if status.is_terminal else contextlib.nullcontext():
         yield
     console.print(f"wrote {path}")
 
 
 @contextlib.contextmanager
 def progress_bar(what: str, total: int | None = None) -> Iterator[Callable[[int, int | None], None]]:
-    """A progress bar on stderr (gone when done); yields ``update(done, total)``."""
+    """A progress bar on stderr (gone when done; none when stderr is not a terminal); yields
+    ``update(done, total)``. It redraws only when updated (no drawing thread), so it does not disturb
+    what a benchmark times between updates."""
     with Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=status,
-                  transient=True) as bar:
+                  transient=True, auto_refresh=False, disable=not status.is_terminal) as bar:
         task = bar.add_task(what, total=total)
-        yield lambda done, total=total: bar.update(task, completed=done, total=total)
+        yield lambda done, total=total: bar.update(task, completed=done, total=total, refresh=True)
 
 
 def table(heading: str | None = None, **kwargs: Any) -> Table:

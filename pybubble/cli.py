@@ -388,6 +388,14 @@ def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], abo
     return p
 
 
+def _picture_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--trace, --plot and --window of a command that simulates a step."""
+    p.add_argument("--trace", metavar="FILE", help=f"write {what} as a Chrome trace (open in ui.perfetto.dev)")
+    p.add_argument("--plot", metavar="FILE", help=f"write a Gantt chart of {what} here (.png or .svg)")
+    p.add_argument("--window", metavar="START:END",
+                   help="draw only this part of the step in --plot: ms from the step's start, e.g. 100:250")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from .config.presets import ENCODERS, LLMS
@@ -405,10 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "pybubble plan examples/quickstart.yaml --plot plan.png --trace plan.trace.json --json plan.json")
     p.add_argument("config", help="the planning config (YAML): models, batch, LLM plan, cluster")
     p.add_argument("--json", metavar="FILE", help="write the report (step times in s, pybubble's plan) as JSON here")
-    p.add_argument("--trace", metavar="FILE", help="write pybubble's step as a Chrome trace (open in ui.perfetto.dev)")
-    p.add_argument("--plot", metavar="FILE", help="write a Gantt chart of pybubble's step here (.png or .svg)")
-    p.add_argument("--window", metavar="START:END",
-                   help="draw only this part of the step in --plot: ms from the step's start, e.g. 1200:1300")
+    _picture_options(p, "pybubble's step")
     p.add_argument("--workers", type=int, default=0, metavar="N",
                    help="search threads (default: 0, as many as the cores, at most 2)")
 
@@ -417,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "each stage's idle time by kind: dp_allgather, pp_warmup, pp_steady, pp_cooldown, tp,\n"
                  "dp_reducescatter (docs/pipeline.md).",
                  "pybubble bubbles --schedule interleaved_1f1b --stages 8 --microbatches 32 --chunks 12 "
-                 "--tp-count 24 --tp-duration 30 --plot step.png")
+                 "--tp-count 2 --tp-duration 60 --plot step.png")
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help=f"pipeline schedule: {', '.join(SCHEDULES)}, or a CSV action table")
     p.add_argument("--stages", type=int, default=4, metavar="N", help="pipeline stages (one per rank)")
@@ -437,9 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="DP gradient reduce-scatter after the last action, us")
     p.add_argument("--warmup", type=int, nargs="+", default=None, metavar="N",
                    help="warm-up forwards of interleaved_1f1b: one count or one per stage (default: Megatron's)")
-    p.add_argument("--trace", metavar="FILE", help="write the step as a Chrome trace (open in ui.perfetto.dev)")
-    p.add_argument("--plot", metavar="FILE", help="write a Gantt chart of the step here (.png or .svg)")
-    p.add_argument("--window", metavar="START:END", help="draw only this part of the step in --plot, in ms")
+    _picture_options(p, "the step")
 
     p = _command(sub, "schedule", cmd_schedule,
                  "Places every encoder task of a pybubble.problem/1 file (docs/formats.md) into its lane's free\n"

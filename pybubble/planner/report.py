@@ -150,8 +150,8 @@ class PlanReport:
         save_gantt(self.search.timeline, path, best.problem, best.schedule, window=window,
                    title=f"pybubble: step {best.step_time / 1e3:,.1f} ms (LLM alone {llm / 1e3:,.1f} ms, "
                          f"megatron {self.baselines['megatron'].step_time / 1e3:,.1f} ms); "
-                         f"{best.hidden_fraction:.0%} of the encoder's compute in bubbles. "
-                         f"Encoder plan: {describe(best)}")
+                         f"{best.hidden_fraction:.0%} of the encoder's compute in bubbles\n"
+                         f"encoder plan: {describe(best)}")
 
 
 def describe(c: Candidate) -> str:

@@ -122,6 +122,12 @@ class _Chart:
             base = top
 
 
+def _layers(colours: dict[str, str], rows: np.ndarray, kind: np.ndarray, start: np.ndarray,
+            end: np.ndarray) -> list[_Layer]:
+    """One layer per kind of `colours`: the intervals of `rows` (a mask) of that kind."""
+    return [_Layer(k, c, start[rows & (kind == k)], end[rows & (kind == k)]) for k, c in colours.items()]
+
+
 def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Problem | None = None,
                schedule: Schedule | None = None, title: str | None = None,
                window: tuple[float, float] | None = None) -> None:
@@ -166,23 +172,21 @@ def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Proble
     if problem is not None and schedule is not None:
         t = problem.arrays().tasks
         enc_start = schedule.start + shift
-        enc_end = enc_start + t.duration
-        compute = t.resource == 0
+        enc_end, enc_kind = enc_start + t.duration, np.where(t.phase == 0, "enc0", "enc1")
+        enc_lane = np.where(t.resource == 0, t.lane, -1)  # compute kernels only
+    encoder_colours = {f"enc{ph}": c for ph, c in ENCODER_COLOURS.items()}
 
     ticks, labels = [], []
     for r in range(ranks):
         top = r * block
         ticks.append(top + llm_h / 2)
         labels.append(f"stage {r}")
-        # An op's time includes its TP collectives (tp bubbles): they come off the ops' shares.
-        ops_r = [(layer, chart.shares(layer)) for k, c in OP_COLOURS.items()
-                 for layer in [_Layer(k, c, op_start[(op_rank == r) & (op_kind == k)],
-                                      op_end[(op_rank == r) & (op_kind == k)])]]
-        idle = [(layer, chart.shares(layer)) for k, c in BUBBLE_COLOURS.items()
-                for layer in [_Layer(k, c, b_start[(b_rank == r) & (b_kind == k)], b_end[(b_rank == r) & (b_kind == k)])]]
+        ops_r = [(layer, chart.shares(layer)) for layer in _layers(OP_COLOURS, op_rank == r, op_kind, op_start, op_end)]
+        idle = [(layer, chart.shares(layer)) for layer in _layers(BUBBLE_COLOURS, b_rank == r, b_kind, b_start, b_end)]
+        # An op's time includes its TP collectives (the tp bubbles): they come off the ops' shares.
         busy = sum(s for _, s in ops_r)
         tp = next(s for layer, s in idle if layer.key == "tp")
-        computing = np.divide(busy - tp, busy, out=np.zeros_like(busy), where=busy > 0)
+        computing = np.clip(np.divide(busy - tp, busy, out=np.zeros_like(busy), where=busy > 0), 0.0, 1.0)
         chart.stacked([(layer, s * computing) for layer, s in ops_r] + idle, top, llm_h)
         if op_px >= 6:  # wide enough to tell one op from the next
             sel = (op_rank == r) & (op_start > lo) & (op_start < hi)
@@ -191,13 +195,11 @@ def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Proble
         for k in range(lanes):
             ticks.append(top + llm_h + (k + 0.5) * lane_h)
             labels.append("encoder" if lanes == 1 else f"encoder {k}")
-            lane = r * lanes + k
-            enc = [(layer, chart.shares(layer)) for ph, c in ENCODER_COLOURS.items()
-                   for sel in [compute & (t.lane == lane) & (t.phase == ph)]
-                   for layer in [_Layer(f"enc{ph}", c, enc_start[sel], enc_end[sel])]]
+            enc = [(layer, chart.shares(layer))
+                   for layer in _layers(encoder_colours, enc_lane == r * lanes + k, enc_kind, enc_start, enc_end)]
+            # the lane's bubbles, less what the encoder fills, shaded by kind below its kernels
             filled = np.minimum(sum(s for _, s in enc), idle_total)
-            unfilled = np.divide(idle_total - filled, idle_total, out=np.zeros_like(idle_total),
-                                 where=idle_total > 0)
+            unfilled = np.divide(idle_total - filled, idle_total, out=np.zeros_like(idle_total), where=idle_total > 0)
             chart.stacked(enc + [(layer, s * unfilled) for layer, s in idle], top + llm_h + k * lane_h, lane_h)
 
     ax.set_yticks(ticks, labels)
@@ -216,7 +218,7 @@ def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Proble
         title = f"LLM step {timeline.step_time / 1e3:,.1f} ms"
     if window is not None:
         title += f"  [window {lo / scale:,.6g}-{hi / scale:,.6g} {unit}]"
-    ax.set_title("\n".join(textwrap.wrap(title, 130)), loc="left", fontsize=11)
+    ax.set_title("\n".join(textwrap.fill(line, 130) for line in title.split("\n")), loc="left", fontsize=11)
     labels_of = {**OP_NAMES, **{k: f"bubble: {k}" for k in BUBBLE_KINDS}, "enc0": "encoder forward",
                  "enc1": "encoder backward", "grown": "step grows (encoder outside the LLM's step)"}
     colours = {**OP_COLOURS, **BUBBLE_COLOURS, "enc0": ENCODER_COLOURS[0], "enc1": ENCODER_COLOURS[1],

@@ -19,6 +19,7 @@ import time
 import numpy as np
 
 import pybubble
+from pybubble.cli import progress_bar
 from pybubble.costs.roofline import CostModel
 from pybubble.problem.generated import synthetic
 from pybubble.planner.workloads import WorkloadSpec, batches, microbatch_loads, sample_costs
@@ -41,15 +42,17 @@ def main() -> None:
     online = pybubble.OnlineScheduler(problem)
     steps: dict[str, list[float]] = {"static (replayed)": [], "online": [], "balanced + online": []}
     took: list[float] = []
-    for c in costs:
-        plain = microbatch_loads(c[:, 0], microbatches) / mean_mb
-        balanced = microbatch_loads(c[:, 0], microbatches, pybubble.balance_microbatches(c, microbatches)) / mean_mb
-        d_plain, d_bal = online.scaled_durations(plain), online.scaled_durations(balanced)
-        steps["static (replayed)"].append(pybubble.replay(problem.with_durations(d_plain), static))
-        t0 = time.perf_counter()
-        steps["online"].append(online.reschedule(d_plain).step_time)
-        took.append(time.perf_counter() - t0)
-        steps["balanced + online"].append(online.reschedule(d_bal).step_time)
+    with progress_bar("batches", total=len(costs)) as update:
+        for i, c in enumerate(costs):
+            plain = microbatch_loads(c[:, 0], microbatches) / mean_mb
+            balanced = microbatch_loads(c[:, 0], microbatches, pybubble.balance_microbatches(c, microbatches)) / mean_mb
+            d_plain, d_bal = online.scaled_durations(plain), online.scaled_durations(balanced)
+            steps["static (replayed)"].append(pybubble.replay(problem.with_durations(d_plain), static))
+            t0 = time.perf_counter()
+            steps["online"].append(online.reschedule(d_plain).step_time)
+            took.append(time.perf_counter() - t0)
+            steps["balanced + online"].append(online.reschedule(d_bal).step_time)
+            update(i + 1, len(costs))
     print(f"{args.steps} steps, {problem.num_tasks} tasks, LLM-only step {problem.horizon / 1e3:.1f} ms")
     for name, values in steps.items():
         print(f"{name:20s} mean step {statistics.fmean(values) / 1e3:9.2f} ms   "

@@ -26,6 +26,7 @@ import time
 
 import numpy as np
 
+from pybubble.cli import progress_bar
 from pybubble.llm.step import LLMStep
 from pybubble.planner import modality
 from pybubble.config.schema import load_config
@@ -87,10 +88,11 @@ def error(pred: modality.Prediction) -> float:
     return pred.step_time / pred.simulate().step_time - 1.0
 
 
-def worst(draw, mutate, predict, starts: int, rng: np.random.Generator) -> float:
-    """The most negative error found by hill climbing from `starts` random cases."""
+def worst(draw, mutate, predict, starts: int, rng: np.random.Generator, progress=None) -> float:
+    """The most negative error found by hill climbing from `starts` random cases;
+    `progress(done, starts)` after each start."""
     low = 0.0
-    for _ in range(starts):
+    for start in range(starts):
         case = draw(rng)
         err = error(predict(case))
         for _ in range(150):
@@ -99,6 +101,8 @@ def worst(draw, mutate, predict, starts: int, rng: np.random.Generator) -> float
             if e < err:
                 case, err = other, e
         low = min(low, err)
+        if progress is not None:
+            progress(start + 1, starts)
     return low
 
 
@@ -131,15 +135,17 @@ def main() -> None:
     for name, (draw, mutate, predict) in kinds.items():
         rng = np.random.default_rng(args.seed)
         err, textbook, took = [], [], []
-        for _ in range(args.cases):
-            case = draw(rng)
-            t0 = time.perf_counter()
-            pred = predict(case)
-            took.append(time.perf_counter() - t0)
-            sim = pred.simulate().step_time
-            err.append(pred.step_time / sim - 1.0)
-            t, s, m = pred.fwd + pred.bwd, len(pred.stages), pred.stages[0].microbatches
-            textbook.append(((m - 1) * t.max() + t.sum() + 2 * (s - 1) * pred.p2p) / sim - 1.0)
+        with progress_bar(f"{name}: random pipelines", total=args.cases) as update:
+            for i in range(args.cases):
+                case = draw(rng)
+                t0 = time.perf_counter()
+                pred = predict(case)
+                took.append(time.perf_counter() - t0)
+                sim = pred.simulate().step_time
+                err.append(pred.step_time / sim - 1.0)
+                t, s, m = pred.fwd + pred.bwd, len(pred.stages), pred.stages[0].microbatches
+                textbook.append(((m - 1) * t.max() + t.sum() + 2 * (s - 1) * pred.p2p) / sim - 1.0)
+                update(i + 1, args.cases)
         e, tb = np.abs(np.array(err)), np.array(textbook)
         print(f"{name:7s} mean |error| {e.mean():.4%}  p95 {np.percentile(e, 95):.4%}  max {e.max():.4%}  "
               f"exact (< 1e-9) {np.mean(e < 1e-9):.1%}  above the simulator: {int(np.sum(np.array(err) > 1e-9))}  "
@@ -147,7 +153,8 @@ def main() -> None:
         print(f"{'':7s} textbook (M-1)*max T + sum T + 2(S-1)*p2p: mean |error| {np.abs(tb).mean():.2%}, "
               f"from {tb.min():+.1%} to {tb.max():+.1%}")
         if args.worst:
-            low = worst(draw, mutate, predict, args.worst, np.random.default_rng(args.seed + 1))
+            with progress_bar(f"{name}: hill climbing", total=args.worst) as update:
+                low = worst(draw, mutate, predict, args.worst, np.random.default_rng(args.seed + 1), update)
             print(f"{'':7s} worst error after hill climbing from {args.worst} starts: {low:+.2%}")
     print()
     print("layer split per config (predicted / simulated step, ms)")

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from pybubble.cli import progress_bar
 from pybubble.planner import dynamic
 from pybubble.config.schema import load_config
 
@@ -42,7 +43,9 @@ def main() -> None:
     for name, doc in CONFIGS.items():
         config = load_config(doc)
         t0 = time.perf_counter()
-        r = dynamic.run(config, steps=args.steps, seed=args.seed, k=args.candidates, budget=args.budget_ms / 1e3)
+        with progress_bar(f"{name}: batches", total=args.steps) as update:
+            r = dynamic.run(config, steps=args.steps, seed=args.seed, k=args.candidates, budget=args.budget_ms / 1e3,
+                            progress=lambda i: update(i + 1, args.steps))
         took = time.perf_counter() - t0
         plans = ", ".join(f"pp{p['pp_enc']}/tp{p['tp_enc']} {p['mean_step'] / 1e3:.2f} ms" for p in r.plans)
         print(f"{name}: {config.microbatches} microbatches, LLM-only step {r.horizon / 1e3:.2f} ms")

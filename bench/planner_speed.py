@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pybubble
+from pybubble.cli import progress_bar
 from pybubble.llm.step import LLMStep
 from pybubble.planner import layouts
 from pybubble.planner import search as planner
@@ -32,13 +33,17 @@ def main() -> None:
     args = parser.parse_args()
     cfg = pybubble.load_config(args.config)
     pybubble.plan(cfg)  # warm caches (imports, first allocations)
-    whole = median_time(lambda: pybubble.plan(cfg), args.repeats)
-    llm = median_time(lambda: LLMStep.of(cfg), args.repeats)
     step = LLMStep.of(cfg)
-    one = median_time(lambda: planner.search(step, workers=1), args.repeats)
-    two = median_time(lambda: planner.search(step, workers=2), args.repeats)
-    base = median_time(lambda: (layouts.megatron(step), layouts.megatron_balanced(step)), args.repeats)
-    sep = median_time(lambda: layouts.separate(step), args.repeats)
+    parts = {"whole": lambda: pybubble.plan(cfg), "llm": lambda: LLMStep.of(cfg),
+             "one": lambda: planner.search(step, workers=1), "two": lambda: planner.search(step, workers=2),
+             "base": lambda: (layouts.megatron(step), layouts.megatron_balanced(step)),
+             "sep": lambda: layouts.separate(step)}
+    medians = {}
+    with progress_bar("timing the planner's parts", total=len(parts)) as update:  # redrawn between timings only
+        for done, (name, fn) in enumerate(parts.items()):
+            medians[name] = median_time(fn, args.repeats)
+            update(done + 1)
+    whole, llm, one, two, base, sep = medians.values()
     found = planner.search(step)
     print(f"{Path(args.config).name}: {cfg.cluster.gpus} GPUs, {cfg.microbatches} microbatches, "
           f"{found.stats.plans} encoder plans, {found.stats.scheduled} partitions scheduled")
@@ -53,7 +58,7 @@ def main() -> None:
     tl = step.timeline
     m = cfg.microbatches
     print(f"\nlocal search vs all partitions (plans with <= {args.max_pipelines} pipelines):")
-    for plan in planner.encoder_plans(cfg):
+    for plan in planner.encoder_plans(cfg):  # one line printed per plan
         if plan.pipelines > args.max_pipelines or plan.pipelines == 1:
             continue
         lps = plan.lanes_per_stage

@@ -13,6 +13,7 @@ import time
 import numpy as np
 
 from pybubble import _core, validate
+from pybubble.cli import progress_bar
 from pybubble.problem.generated import vit22b_sized
 from pybubble.schedule.reference import reference_schedule
 from pybubble.schedule.scheduler import schedule
@@ -38,9 +39,13 @@ def main() -> None:
     fast = schedule(problem)
     slow = reference_schedule(problem)
     assert np.array_equal(fast.start, slow.start) and validate(problem, fast) == []
-    t_core = median_time(lambda: core.run("greedy"), 50 * args.repeat)
-    t_api = median_time(lambda: schedule(problem), 10 * args.repeat)
-    t_ref = median_time(lambda: reference_schedule(problem), args.repeat)
+    with progress_bar("timing the core and the reference", total=3) as update:  # redrawn between timings only
+        t_core = median_time(lambda: core.run("greedy"), 50 * args.repeat)
+        update(1)
+        t_api = median_time(lambda: schedule(problem), 10 * args.repeat)
+        update(2)
+        t_ref = median_time(lambda: reference_schedule(problem), args.repeat)
+        update(3)
     print(f"problem: {problem.num_tasks} tasks, {windows} windows, {problem.num_lanes} lanes, "
           f"{problem.num_microbatches} microbatches")
     print(f"core (Scheduler.run, reused)   median {t_core * 1e3:8.3f} ms")

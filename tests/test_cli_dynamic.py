@@ -64,7 +64,7 @@ def test_same_seed_same_steps_and_budget_zero_evaluates_one_plan(tmp_path, confi
 
 
 @pytest.mark.parametrize("args,edit,message", [
-    (["--steps", 0], None, "steps: 0 is not >= 1"),
+    (["--steps", 0], None, "steps: 0 is not an integer >= 1"),
     (["--candidates", 0], None, "candidates: 0"),
     ([], ("llm_plan", "dp", 3), "llm_plan: dp x pp x tp"),
     ([], ("training", "micro_batch", 0), "training.micro_batch: 0"),

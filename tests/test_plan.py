@@ -77,6 +77,14 @@ def test_plan_trace_has_a_track_per_lane_with_ops_bubbles_and_encoder_kernels(qu
     assert {e["name"] for e in slices if e["cat"] == "bubble"} <= set(BUBBLE_KINDS)
 
 
+def test_report_to_json_is_the_text_of_to_dict(quickstart):
+    out, _ = quickstart
+    report = plan(load_config(QUICKSTART))
+    text = report.to_json()
+    assert isinstance(text, str) and json.loads(text) == json.loads(json.dumps(report.to_dict()))
+    assert set(json.loads((out / "p.json").read_text())) == set(report.to_dict())
+
+
 def test_plan_plot_is_a_png(quickstart):
     out, _ = quickstart
     data = (out / "p.png").read_bytes()

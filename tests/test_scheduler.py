@@ -168,3 +168,15 @@ def test_scheduler_reruns_with_new_durations():
         core.run("greedy", np.full(problem.num_tasks, -1.0))
     with pytest.raises(ValueError, match="policy"):
         pybubble.schedule(problem, "best")
+
+
+def test_saved_schedules_have_no_negative_zero(tmp_path):
+    from pybubble.problem.generated import random_problem
+    from pybubble.schedule.scheduler import Schedule
+
+    made = Schedule(step_time=5.0, shift_front=-0.0, shift_back=-0.0, start=np.array([-0.0, 1.0]),
+                    assignment=np.array([0]))
+    sched = pybubble.schedule(random_problem(31))  # the core gives shift_front = -0.0 here
+    for s in (made, sched):
+        s.save(tmp_path / "s.json")
+        assert "-0.0" not in (tmp_path / "s.json").read_text()

@@ -157,5 +157,24 @@ def real_array(values: Any, where: str, minimum: float | None = None, positive_v
     return arr
 
 
-__all__ = ["SHOWN_CHARS", "array", "finite", "flag", "integer", "known_keys", "mapping", "number",
+def interval(value: Any, where: str) -> tuple[float, float]:
+    """`value` as (start, end) finite floats with start < end: a pair of numbers, or a string
+    ``"START:END"`` (as typed on a command line)."""
+    if isinstance(value, str):
+        parts = value.split(":")
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            value = (float(parts[0]), float(parts[1]))
+        except ValueError:
+            raise ValueError(f"{where}: {shown(value)} is not START:END (two numbers)") from None
+    if not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise ValueError(f"{where}: {shown(value)} is not a (start, end) pair")
+    start, end = finite(value[0], f"{where}.start"), finite(value[1], f"{where}.end")
+    if not start < end:
+        raise ValueError(f"{where}: start {start:g} is not before end {end:g}")
+    return start, end
+
+
+__all__ = ["SHOWN_CHARS", "array", "finite", "flag", "integer", "interval", "known_keys", "mapping", "number",
            "one_of", "positive", "positive_int", "real_array", "required", "shown"]

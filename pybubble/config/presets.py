@@ -41,6 +41,18 @@ _ENCODERS: dict[str, Callable[[], EncoderConfig]] = {
     # resolution: the token count varies per image).
     "qwen2-vl-vit": lambda: EncoderConfig(name="qwen2-vl-vit", layers=32, hidden=1280, heads=16,
                                           tokens=1024),
+    # InternViT-300M-448px (Chen et al. 2024, InternVL 1.5 report, arXiv 2404.16821; HF
+    # OpenGVLab/InternViT-300M-448px config, the encoder of InternVL2-8B): 24 layers, width 1024,
+    # 16 heads, MLP 4096; one 448 px tile / 14 = 32x32 patches + class token. InternVL cuts an
+    # image into 1-12 such tiles plus a thumbnail (dynamic resolution) and pixel-shuffles each
+    # tile's output to 256 LLM tokens.
+    "internvit-300m": lambda: EncoderConfig(name="internvit-300m", layers=24, hidden=1024, heads=16,
+                                            ffn_hidden=4096, tokens=1025),
+    # InternViT-6B-448px-V1-5 (same report; HF OpenGVLab/InternViT-6B-448px-V1-5 config, the
+    # encoder of InternVL 1.5): 45 layers (the last 3 of 48 dropped), width 3200, 25 heads of 128,
+    # MLP 12800; 448 px tiles as above.
+    "internvit-6b": lambda: EncoderConfig(name="internvit-6b", layers=45, hidden=3200, heads=25,
+                                          ffn_hidden=12800, tokens=1025),
 }
 
 _LLMS: dict[str, Callable[[], LLMConfig]] = {

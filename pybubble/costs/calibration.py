@@ -119,8 +119,10 @@ def _fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
 
 
 def _measure(torch: Any, shapes: Sequence[tuple[int, int, int, int]], held_out: int, device: str, dtype: Any,
-             dtype_bytes: int, repeats: int, samples: list[dict[str, Any]]) -> None:
-    """Appends one sample per compute kernel of a layer, forward and backward, for each shape."""
+             dtype_bytes: int, repeats: int, samples: list[dict[str, Any]],
+             progress: Callable[[int, int], None] | None) -> None:
+    """Appends one sample per compute kernel of a layer, forward and backward, for each shape;
+    `progress(done, total)` after each shape and phase."""
     with torch.enable_grad():
         for index, (b, s, h, heads) in enumerate(shapes):
             model = EncoderConfig(name=f"calib-{h}", layers=1, hidden=h, heads=heads, tokens=s,
@@ -134,14 +136,18 @@ def _measure(torch: Any, shapes: Sequence[tuple[int, int, int, int]], held_out: 
                                     "kernel": kernel.name, "phase": phase, "kind": kernel.kind,
                                     "flops": kernel.flops, "bytes": kernel.bytes,
                                     "measured_us": _time(torch, run, device, repeats)})
+                if progress is not None:
+                    progress(2 * index + (phase == "bwd") + 1, 2 * len(shapes))
 
 
 
 def calibrate(device: str = "cpu", shapes: Sequence[tuple[int, int, int, int]] | None = None,
-              repeats: int = 7, held_out: int = 1) -> dict[str, Any]:
+              repeats: int = 7, held_out: int = 1,
+              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Times the kernels of a layer at `shapes` on `device` (``cpu`` or ``cuda``), fits the
     efficiencies on all but the last `held_out` shapes, and returns a ``pybubble.calibration/1``
-    document with the fit and every sample (measured and predicted microseconds)."""
+    document with the fit and every sample (measured and predicted microseconds).
+    `progress(done, total)` is called after each shape and phase."""
     if device not in ("cpu", "cuda"):
         raise ValueError(f"device: {device!r} is not cpu or cuda")
     try:
@@ -166,7 +172,7 @@ def calibrate(device: str = "cpu", shapes: Sequence[tuple[int, int, int, int]] |
     if device == "cpu":
         torch.set_num_threads(1)  # one core: no thread barriers stalled by other processes
     try:
-        _measure(torch, shapes, held_out, device, dtype, dtype_bytes, repeats, samples)
+        _measure(torch, shapes, held_out, device, dtype, dtype_bytes, repeats, samples, progress)
     finally:
         torch.set_num_threads(threads)
 

@@ -34,7 +34,7 @@ from ..llm.step import LLMStep
 from ..schedule.balance import balance_microbatches
 from ..schedule.online import OnlineScheduler, replay
 from ..schedule.scheduler import Schedule
-from ..viz.figures import pyplot, save_figure
+from ..viz.steps import save_step_chart
 from .search import Candidate, search
 from .workloads import Batch, WorkloadSpec, batches, microbatch_loads, sample_costs
 
@@ -168,19 +168,9 @@ class DynamicRun:
                     "gain_vs_static": ref / float(np.mean(v))} for m, v in self.step_time.items()}
 
     def save_plot(self, path: str | os.PathLike[str], title: str = "") -> None:
-        """Writes a line chart of the step time per batch (ms), one line per mode, with the LLM-only
-        step dashed (matplotlib, Agg backend; format from the file name)."""
-        fig, ax = pyplot().subplots(figsize=(10, 4.5))
-        for mode, values in self.step_time.items():
-            ax.plot(values / 1000.0, label=mode, linewidth=1.0)
-        ax.axhline(self.horizon / 1000.0, color="grey", linestyle="--", linewidth=0.8, label="LLM only")
-        ax.set_xlabel("batch")
-        ax.set_ylabel("step time (ms)")
-        if title:
-            ax.set_title(title)
-        ax.legend(loc="upper right", fontsize=8)
-        fig.tight_layout()
-        save_figure(fig, path)
+        """Writes the chart of the step times per mode (:func:`pybubble.viz.steps.save_step_chart`:
+        each mode's steps sorted, and its mean and 95th percentile), the LLM-only step dashed."""
+        save_step_chart(self.step_time, self.horizon, path, title=title)
 
     def to_dict(self) -> dict[str, Any]:
         """The run as a pybubble.dynamic/1 document."""

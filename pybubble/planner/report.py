@@ -9,6 +9,7 @@ of the step (:func:`model_flops`) over the step time and the GPUs' peak.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable
@@ -119,8 +120,8 @@ class PlanReport:
         p = self.best.plan
         return {"dp": p.pipelines * self.config.llm_plan.dp, "pp": p.pp_enc, "tp": p.tp_enc}
 
-    def to_json(self) -> dict[str, Any]:
-        """The machine-readable report (the keys ``pybubble plan --json`` promises)."""
+    def to_dict(self) -> dict[str, Any]:
+        """The machine-readable report as a dict (what :meth:`to_json` writes)."""
         best = self.best
         return {
             "baselines": {name: {"step_time_s": b.step_time * 1e-6} for name, b in self.baselines.items()},
@@ -131,16 +132,26 @@ class PlanReport:
             "planner_seconds": self.planner_seconds,
         }
 
+    def to_json(self) -> str:
+        """The machine-readable report as JSON text (what ``pybubble plan --json`` writes): step times
+        in seconds of the baselines and of pybubble, pybubble's encoder plan, partition, hidden share
+        and MFU, its speedup over megatron and the planner's time."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
+
     def save_trace(self, path: str | os.PathLike[str]) -> None:
         """pybubble's step as a Chrome trace: LLM ops, bubbles by kind, encoder kernels per lane."""
         save_trace(self.search.timeline, path, self.best.problem, self.best.schedule)
 
-    def save_plot(self, path: str | os.PathLike[str]) -> None:
-        """A Gantt chart of one pipeline of pybubble's step, bubbles shaded, encoder kernels in bands."""
-        best = self.best
-        save_gantt(self.search.timeline, path, best.problem, best.schedule,
-                   title=f"pybubble: {describe(best)}; step {best.step_time / 1e3:,.1f} ms "
-                         f"(LLM alone {self.search.timeline.step_time / 1e3:,.1f} ms)")
+    def save_plot(self, path: str | os.PathLike[str], window: tuple[float, float] | None = None) -> None:
+        """A Gantt chart of one pipeline of pybubble's step: bubbles shaded, the encoder's kernels
+        in the bubbles they fill (:func:`pybubble.save_gantt`); `window`: (start, end) in us of the
+        step to draw only that part."""
+        best, llm = self.best, self.search.timeline.step_time
+        save_gantt(self.search.timeline, path, best.problem, best.schedule, window=window,
+                   title=f"pybubble: step {best.step_time / 1e3:,.1f} ms (LLM alone {llm / 1e3:,.1f} ms, "
+                         f"megatron {self.baselines['megatron'].step_time / 1e3:,.1f} ms); "
+                         f"{best.hidden_fraction:.0%} of the encoder's compute in bubbles\n"
+                         f"encoder plan: {describe(best)}")
 
 
 def describe(c: Candidate) -> str:

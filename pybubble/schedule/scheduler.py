@@ -38,12 +38,13 @@ class Schedule:
 
     def to_dict(self) -> dict[str, Any]:
         """The schedule as a pybubble.schedule/1 document."""
+        # + 0.0 turns -0.0 (a task the core placed at -0 us) into 0.0
         return {
             "format": FORMAT,
-            "step_time": float(self.step_time),
-            "shift_front": float(self.shift_front),
-            "shift_back": float(self.shift_back),
-            "start": [float(x) for x in self.start],
+            "step_time": float(self.step_time) + 0.0,
+            "shift_front": float(self.shift_front) + 0.0,
+            "shift_back": float(self.shift_back) + 0.0,
+            "start": (np.asarray(self.start, dtype=np.float64) + 0.0).tolist(),
             "assignment": [int(x) for x in self.assignment],
         }
 

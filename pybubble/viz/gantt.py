@@ -1,77 +1,232 @@
-"""Gantt chart of a simulated LLM step: one row per pipeline stage, ops coloured by kind, bubbles
-shaded by kind and, given an encoder problem and its schedule, the encoder's compute kernels as a
-thin band under each stage's row, one band per lane (matplotlib, Agg backend: no display needed).
-With a schedule the chart is shifted like the trace: the step starts at 0."""
+"""Gantt chart of a simulated LLM step (matplotlib, Agg backend: no display needed).
+
+One block per pipeline stage: a row of the LLM's ops coloured by kind, with the stage's bubbles
+shaded by kind; given an encoder problem and its schedule, one row per encoder lane of that stage
+under it, labelled, where the bubbles are shaded too and the encoder's compute kernels are drawn
+inside the bubbles they fill (forward and backward in their own colours). Encoder work the schedule
+puts before or after the LLM's step (the step grows) lies on a grey background. With a schedule the
+chart is shifted like the trace: the step starts at 0.
+
+Time reads in ms (s for steps over 10 s). `window` zooms into a part of the step; the legend lists
+only what occurs in the picture. Each row is drawn in bins of two pixels, each kind taking its share
+of the bin's time as a share of the row's height: wide ops look like bars (with a white line where
+one ends and the next begins, when they are wide enough to tell apart), while ops, TP collectives
+and kernels narrower than a pixel (a 3072-GPU plan's interleaved schedule, an encoder layer's
+kernels) show in their true proportions instead of slivers that blur into stripes.
+"""
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+import textwrap
+from dataclasses import dataclass
+from typing import Any
 
-from ..llm.timeline import Timeline
+import numpy as np
+
+from ..config.checks import interval
+from ..llm.timeline import BUBBLE_KINDS, Timeline
 from ..problem.problem import Problem
 from ..schedule.scheduler import Schedule
 from .figures import pyplot, save_figure
 
-OP_COLOURS = {"F": "#4c72b0", "B": "#dd8452", "I": "#c44e52", "W": "#8172b3"}
-"""Colour of each LLM action kind."""
-BUBBLE_COLOURS = {"dp_allgather": "#2ca02c", "pp_warmup": "#bcbd22", "pp_steady": "#ff7f0e",
-                  "pp_cooldown": "#d62728", "tp": "#17becf", "dp_reducescatter": "#9467bd"}
-"""Colour of each bubble kind (shaded)."""
-ENCODER_COLOURS = {0: "#222222", 1: "#8c564b"}
-"""Colour of the encoder's forward (0) and backward (1) kernels."""
+OP_COLOURS = {"F": "#3b6fb6", "B": "#1d3f73", "I": "#5b8fd9", "W": "#93b4e3"}
+"""Colour of each LLM action kind (blues: the LLM computes)."""
+OP_NAMES = {"F": "LLM forward", "B": "LLM backward", "I": "LLM input-grad backward", "W": "LLM weight-grad backward"}
+"""Legend label of each LLM action kind."""
+BUBBLE_COLOURS = {"dp_allgather": "#e3cff5", "pp_warmup": "#ffe08a", "pp_steady": "#ffc9a8",
+                  "pp_cooldown": "#f7b3c2", "tp": "#b9e6f2", "dp_reducescatter": "#d6e3a8"}
+"""Pale colour of each bubble kind (the LLM idles)."""
+ENCODER_COLOURS = {0: "#22a05a", 1: "#8a3fa8"}
+"""Colour of the encoder's forward (0) and backward (1) compute kernels."""
+GROWTH_COLOUR = "#e6e6e6"
+"""Background where the step grows before or after the LLM's step."""
+FIGURE_WIDTH = 12.0
+"""Width of the chart (inches)."""
+DPI = 100
+"""Resolution of a raster chart (dots per inch)."""
+BIN_PIXELS = 2
+"""Width of the time bins a row is drawn in (pixels)."""
+
+
+def time_unit(span_us: float) -> tuple[str, float]:
+    """The unit a span of `span_us` microseconds reads best in: ("s", 1e6) from 10 s, else ("ms", 1e3)."""
+    return ("s", 1e6) if span_us >= 10e6 else ("ms", 1e3)
+
+
+def coverage(start: np.ndarray, end: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Share of each bin ``[edges[j], edges[j + 1])`` that the intervals ``[start, end)`` cover
+    (overlapping intervals count twice)."""
+    s, e = np.sort(start), np.sort(end)
+    ps, pe = np.concatenate(([0.0], np.cumsum(s))), np.concatenate(([0.0], np.cumsum(e)))
+
+    def covered(x: np.ndarray) -> np.ndarray:  # sum of relu(x - s) - relu(x - e)
+        ks, ke = np.searchsorted(s, x, side="right"), np.searchsorted(e, x, side="right")
+        return (ks * x - ps[ks]) - (ke * x - pe[ke])
+
+    c = covered(edges)
+    return np.diff(c) / np.diff(edges)
+
+
+@dataclass(slots=True)
+class _Layer:
+    """Intervals of one kind drawn in one row."""
+
+    key: str
+    colour: str
+    start: np.ndarray
+    end: np.ndarray
+
+
+class _Chart:
+    """The visible part of the chart, cut into time bins of :data:`BIN_PIXELS` pixels; a row is
+    drawn bin by bin, each kind taking its share of the bin's time as a share of the row's height."""
+
+    def __init__(self, ax: Any, lo: float, hi: float, scale: float, width_px: int):
+        self.ax, self.lo, self.hi, self.scale = ax, lo, hi, scale
+        self.edges = np.linspace(lo, hi, width_px // BIN_PIXELS + 1)
+        self.pixel = (hi - lo) / width_px
+        """Microseconds per pixel."""
+        self.present: set[str] = set()
+        """The kinds drawn so far (the legend's entries)."""
+
+    def visible(self, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The intervals clipped to the window (empty ones dropped)."""
+        keep = (end > self.lo) & (start < self.hi) & (end > start)
+        return np.maximum(start[keep], self.lo), np.minimum(end[keep], self.hi)
+
+    def background(self, layer: _Layer, y: float, height: float) -> None:
+        """Draws `layer`'s intervals as plain bars behind everything, from `y` down `height`."""
+        start, end = self.visible(layer.start, layer.end)
+        if len(start):
+            spans = np.column_stack((start / self.scale, (end - start) / self.scale))
+            self.ax.broken_barh(spans, (y, height), facecolors=layer.colour, linewidth=0.0, zorder=0.5)
+            self.present.add(layer.key)
+
+    def shares(self, layer: _Layer) -> np.ndarray:
+        """`layer`'s share of each bin."""
+        start, end = self.visible(layer.start, layer.end)
+        return coverage(start, end, self.edges) if len(start) else np.zeros(len(self.edges) - 1)
+
+    def stacked(self, parts: list[tuple[_Layer, np.ndarray]], y: float, height: float) -> None:
+        """Draws, bin by bin, each layer's share as a part of the row's height, stacked from `y` down."""
+        x = self.edges / self.scale
+        base = np.zeros(len(self.edges) - 1)
+        for layer, share in parts:
+            if not np.any(share > 1e-9):
+                continue
+            top = base + share
+            self.ax.fill_between(x, y + height * np.append(base, base[-1]), y + height * np.append(top, top[-1]),
+                                 step="post", color=layer.colour, linewidth=0, zorder=2)
+            self.present.add(layer.key)
+            base = top
+
+
+def _layers(colours: dict[str, str], rows: np.ndarray, kind: np.ndarray, start: np.ndarray,
+            end: np.ndarray) -> list[_Layer]:
+    """One layer per kind of `colours`: the intervals of `rows` (a mask) of that kind."""
+    return [_Layer(k, c, start[rows & (kind == k)], end[rows & (kind == k)]) for k, c in colours.items()]
 
 
 def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Problem | None = None,
-               schedule: Schedule | None = None, title: str | None = None) -> None:
-    """Writes the step's Gantt chart (format from the file name, e.g. .png or .svg)."""
+               schedule: Schedule | None = None, title: str | None = None,
+               window: tuple[float, float] | None = None) -> None:
+    """Writes the step's Gantt chart (format from the file name, e.g. .png or .svg). `window`:
+    (start, end) in microseconds of the chart's time (0 = the step's start) to draw only that part."""
+    if (problem is None) != (schedule is None):
+        raise ValueError("schedule: give both the problem and its schedule, or neither")
+    window = interval(window, "window") if window is not None else None
     plt = pyplot()
     from matplotlib.patches import Patch
 
-    if (problem is None) != (schedule is None):
-        raise ValueError("schedule: give both the problem and its schedule, or neither")
-    p = timeline.ranks
+    ranks = timeline.ranks
+    lanes = problem.num_lanes // ranks if problem is not None else 0
+    if problem is not None and problem.num_lanes != lanes * ranks:
+        raise ValueError(f"problem: {problem.num_lanes} lanes do not split over {timeline.ranks} stages")
     shift = schedule.shift_front if schedule is not None else 0.0
-    end = schedule.step_time if schedule is not None else timeline.step_time
-    lanes_per_stage = problem.num_lanes // p if problem is not None else 0
-    llm_height = 0.8 if problem is None else 0.55
-    fig, ax = plt.subplots(figsize=(12, 0.7 * p + 1.5))
-    # One pass over ops and bubbles: bars grouped by (stage, kind), then one call per group.
-    op_bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
-    for o in timeline.ops:
-        op_bars[(o.rank, o.kind)].append((o.start + shift, o.end - o.start))
-    bubble_bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
-    for b in timeline.bubbles:
-        bubble_bars[(b.rank, b.kind)].append((b.start + shift, b.end - b.start))
-    top = -0.4
-    for (s, kind), bars in op_bars.items():
-        ax.broken_barh(bars, (s + top, llm_height), facecolors=OP_COLOURS[kind], edgecolor="white", linewidth=0.2)
-    for (s, kind), bars in bubble_bars.items():
-        ax.broken_barh(bars, (s + top, llm_height), facecolors=BUBBLE_COLOURS[kind], alpha=0.35)
+    step = schedule.step_time if schedule is not None else timeline.step_time
+    lo, hi = window if window is not None else (0.0, step)
+    unit, scale = time_unit(hi - lo)
+
+    llm_h, lane_h, gap = 0.62, 0.34, 0.36  # row heights, in units of the y axis
+    block = llm_h + lanes * lane_h + gap
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 1.9 + ranks * block * 0.62), layout="constrained")
+    chart = _Chart(ax, lo, hi, scale, width_px=int(0.86 * FIGURE_WIDTH * DPI))
+
+    if schedule is not None and (schedule.shift_front > 0 or schedule.shift_back > 0):
+        grown = _Layer("grown", GROWTH_COLOUR, np.array([0.0, shift + timeline.step_time]), np.array([shift, step]))
+        chart.background(grown, -gap / 2, ranks * block)
+
+    ops, bubbles = timeline.ops, timeline.bubbles
+    op_rank = np.array([o.rank for o in ops], dtype=np.int64)
+    op_kind = np.array([o.kind for o in ops])
+    op_start = np.array([o.start for o in ops], dtype=np.float64) + shift
+    op_end = np.array([o.end for o in ops], dtype=np.float64) + shift
+    b_rank = np.array([b.rank for b in bubbles], dtype=np.int64)
+    b_kind = np.array([b.kind for b in bubbles])
+    b_start = np.array([b.start for b in bubbles], dtype=np.float64) + shift
+    b_end = np.array([b.end for b in bubbles], dtype=np.float64) + shift
+    shown_ops = chart.visible(op_start, op_end)
+    op_px = float(np.median(shown_ops[1] - shown_ops[0])) / chart.pixel if len(shown_ops[0]) else 0.0
+
     if problem is not None and schedule is not None:
-        a = problem.arrays().tasks
-        compute = a.resource == 0
-        band = (0.8 - llm_height) / max(1, lanes_per_stage)
-        for lane in range(problem.num_lanes):
-            s, k = divmod(lane, lanes_per_stage)
-            for ph, colour in ENCODER_COLOURS.items():
-                sel = compute & (a.lane == lane) & (a.phase == ph)
-                bars = list(zip((schedule.start[sel] + shift).tolist(), a.duration[sel].tolist()))
-                if bars:
-                    ax.broken_barh(bars, (s + top + llm_height + k * band, band * 0.9), facecolors=colour)
-    ax.set_yticks(range(p), [f"stage {s}" for s in range(p)])
-    ax.invert_yaxis()
-    ax.set_xlabel("time (us)")
-    ax.set_xlim(0, end)
-    ax.set_title(title or f"LLM step {timeline.step_time / 1000:.3f} ms")
-    handles = [Patch(color=c, label=k) for k, c in OP_COLOURS.items() if any(key[1] == k for key in op_bars)]
-    handles += [Patch(color=c, alpha=0.35, label=k) for k, c in BUBBLE_COLOURS.items()]
-    if problem is not None:
-        handles += [Patch(color=ENCODER_COLOURS[0], label="encoder fwd"),
-                    Patch(color=ENCODER_COLOURS[1], label="encoder bwd")]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.tight_layout()
-    save_figure(fig, path)
+        t = problem.arrays().tasks
+        enc_start = schedule.start + shift
+        enc_end, enc_kind = enc_start + t.duration, np.where(t.phase == 0, "enc0", "enc1")
+        enc_lane = np.where(t.resource == 0, t.lane, -1)  # compute kernels only
+    encoder_colours = {f"enc{ph}": c for ph, c in ENCODER_COLOURS.items()}
+
+    ticks, labels = [], []
+    for r in range(ranks):
+        top = r * block
+        ticks.append(top + llm_h / 2)
+        labels.append(f"stage {r}")
+        ops_r = [(layer, chart.shares(layer)) for layer in _layers(OP_COLOURS, op_rank == r, op_kind, op_start, op_end)]
+        idle = [(layer, chart.shares(layer)) for layer in _layers(BUBBLE_COLOURS, b_rank == r, b_kind, b_start, b_end)]
+        # An op's time includes its TP collectives (the tp bubbles): they come off the ops' shares.
+        busy = sum(s for _, s in ops_r)
+        tp = next(s for layer, s in idle if layer.key == "tp")
+        computing = np.clip(np.divide(busy - tp, busy, out=np.zeros_like(busy), where=busy > 0), 0.0, 1.0)
+        chart.stacked([(layer, s * computing) for layer, s in ops_r] + idle, top, llm_h)
+        if op_px >= 6:  # wide enough to tell one op from the next
+            sel = (op_rank == r) & (op_start > lo) & (op_start < hi)
+            ax.vlines(op_start[sel] / scale, top, top + llm_h, colors="white", linewidth=0.6, zorder=3)
+        idle_total = sum(s for _, s in idle)
+        for k in range(lanes):
+            ticks.append(top + llm_h + (k + 0.5) * lane_h)
+            labels.append("encoder" if lanes == 1 else f"encoder {k}")
+            enc = [(layer, chart.shares(layer))
+                   for layer in _layers(encoder_colours, enc_lane == r * lanes + k, enc_kind, enc_start, enc_end)]
+            # the lane's bubbles, less what the encoder fills, shaded by kind below its kernels
+            filled = np.minimum(sum(s for _, s in enc), idle_total)
+            unfilled = np.divide(idle_total - filled, idle_total, out=np.zeros_like(idle_total), where=idle_total > 0)
+            chart.stacked(enc + [(layer, s * unfilled) for layer, s in idle], top + llm_h + k * lane_h, lane_h)
+
+    ax.set_yticks(ticks, labels)
+    for label in ax.get_yticklabels():
+        if label.get_text().startswith("encoder"):
+            label.set_fontsize(8)
+            label.set_color("#555555")
+    ax.tick_params(axis="y", length=0)
+    ax.set_ylim(ranks * block - gap / 2, -gap / 2)
+    ax.set_xlim(lo / scale, hi / scale)
+    ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+    ax.set_xlabel(f"time ({unit})")
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    if title is None:
+        title = f"LLM step {timeline.step_time / 1e3:,.1f} ms"
+    if window is not None:
+        title += f"  [window {lo / scale:,.6g}-{hi / scale:,.6g} {unit}]"
+    ax.set_title("\n".join(textwrap.fill(line, 130) for line in title.split("\n")), loc="left", fontsize=11)
+    labels_of = {**OP_NAMES, **{k: f"bubble: {k}" for k in BUBBLE_KINDS}, "enc0": "encoder forward",
+                 "enc1": "encoder backward", "grown": "step grows (encoder outside the LLM's step)"}
+    colours = {**OP_COLOURS, **BUBBLE_COLOURS, "enc0": ENCODER_COLOURS[0], "enc1": ENCODER_COLOURS[1],
+               "grown": GROWTH_COLOUR}
+    handles = [Patch(color=colours[k], label=labels_of[k]) for k in labels_of if k in chart.present]
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False)
+    save_figure(fig, path, dpi=DPI)
 
 
-__all__ = ["BUBBLE_COLOURS", "ENCODER_COLOURS", "OP_COLOURS", "save_gantt"]
+__all__ = ["BUBBLE_COLOURS", "DPI", "ENCODER_COLOURS", "FIGURE_WIDTH", "GROWTH_COLOUR", "BIN_PIXELS",
+           "OP_COLOURS", "OP_NAMES", "coverage", "save_gantt", "time_unit"]

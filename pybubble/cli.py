@@ -396,6 +396,12 @@ def _picture_options(p: argparse.ArgumentParser, what: str) -> None:
                    help="draw only this part of the step in --plot: ms from the step's start, e.g. 100:250")
 
 
+def _pipeline_options(p: argparse.ArgumentParser, stages: str) -> None:
+    """--stages and --microbatches, as `bubbles` and `generate` take them."""
+    p.add_argument("--stages", type=int, default=4, metavar="N", help=stages)
+    p.add_argument("--microbatches", type=int, default=8, metavar="N", help="microbatches per step")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from .config.presets import ENCODERS, LLMS
@@ -425,8 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "--tp-count 2 --tp-duration 60 --plot step.png")
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help=f"pipeline schedule: {', '.join(SCHEDULES)}, or a CSV action table")
-    p.add_argument("--stages", type=int, default=4, metavar="N", help="pipeline stages (one per rank)")
-    p.add_argument("--microbatches", type=int, default=8, metavar="N", help="microbatches per step")
+    _pipeline_options(p, "pipeline stages (one per rank)")
     p.add_argument("--chunks", type=int, default=1, metavar="N", help="model chunks per stage (interleaved_1f1b)")
     p.add_argument("--fwd", type=float, default=1000.0, metavar="US",
                    help="one forward action (a microbatch through one chunk), us")
@@ -466,9 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "inside them, and an encoder cut into kernels with random durations, as a problem file.",
                  "pybubble generate -o problem.json --stages 8 --microbatches 32")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="write the pybubble.problem/1 JSON here")
-    p.add_argument("--stages", type=int, default=4, metavar="N", help="pipeline stages (the encoder has as many)")
+    _pipeline_options(p, "pipeline stages (the encoder has as many)")
     p.add_argument("--lanes-per-stage", type=int, default=2, metavar="N", help="encoder lanes on each stage's GPUs")
-    p.add_argument("--microbatches", type=int, default=8, metavar="N", help="microbatches per step")
     p.add_argument("--encoder-layers", type=int, default=8, metavar="N", help="encoder layers, split over the stages")
     p.add_argument("--kernels-per-layer", type=int, default=16, metavar="N",
                    help="encoder kernels per layer and phase")

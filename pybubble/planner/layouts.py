@@ -7,13 +7,17 @@
   stages so that the slowest virtual stage is as fast as it can be (contiguous cuts, encoder layers
   first, every virtual stage non-empty); virtual stage ``c`` is chunk ``c // pp`` of rank
   ``c % pp``;
-- ``coarse`` (Megatron-Core's colocated MIMO schedule): the encoder, under its own parallel plan on
-  the same GPUs, runs its forward for the whole batch before the LLM and its backward after; the
-  planner reports the best plan under that policy (:attr:`pybubble.planner.search.Search.coarse`);
+- ``coarse`` (Optimus's coarse-grained bubble exploitation, and Megatron-Core's colocated MIMO
+  schedule): the encoder, under its own parallel plan on the same GPUs, runs its forward for the
+  whole batch before the LLM's work on each rank and its backward after it, in the leading and
+  trailing bubbles where they hold it; the planner reports the best plan under that policy
+  (:attr:`pybubble.planner.search.Search.coarse`);
 - non-colocated (:func:`separate`): the encoder on GPUs of its own, scheduled against the LLM step.
 
-The encoders' data-parallel gradient traffic is left out of every layout alike (it is the same
-bytes in each). Times are microseconds.
+Each Megatron layout runs on its own LLM plan where the config gives one (``baselines:``, e.g. plain
+Megatron-LM without interleaving): pass :meth:`LLMStep.with_plan` of it. The encoders'
+data-parallel gradient traffic is left out of every layout alike (it is the same bytes in each).
+Times are microseconds.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.schema import Config
+from ..config.schema import Config, LLMPlan
 from ..costs.memory import GB
 from ..llm.step import LLMStep
 from ..llm.timeline import Timeline, Windows
@@ -48,6 +52,12 @@ class Baseline:
     """How the layers are placed, in words."""
 
 
+def plan_words(plan: LLMPlan) -> str:
+    """An LLM plan in a few words, e.g. ``DP 48 x PP 8 x TP 8, interleaved_1f1b V 12``."""
+    chunks = f" V {plan.vpp}" if plan.vpp > 1 else ""
+    return f"DP {plan.dp} x PP {plan.pp} x TP {plan.tp}, {plan.schedule}{chunks}"
+
+
 def encoder_tp(config: Config) -> int:
     """The encoders' TP degree in the Megatron layouts: the LLM's, or the largest divisor of it that
     splits every encoder's heads (Megatron's ``--encoder-tensor-model-parallel-size``)."""
@@ -58,16 +68,17 @@ def encoder_tp(config: Config) -> int:
 def encoder_layer_times(step: LLMStep) -> list[tuple[int, float, float]]:
     """Per encoder: (layers, forward, backward) of one layer for one microbatch on one LLM rank's
     GPUs, at :func:`encoder_tp`; with a TP degree below the LLM's, the rank's TP groups split the
-    microbatch's images (the slowest group's share counts). A frozen encoder's backward is 0."""
+    microbatch's images (the slowest group's share counts). The backward holds the recomputed
+    forward work of ``training.recompute``; a frozen encoder's backward is 0."""
     config, costs = step.config, step.costs
     tp = encoder_tp(config)
     groups = config.llm_plan.tp // tp
-    images = -(-config.encoder_images // groups)
     out = []
-    for enc in config.encoders:
-        m = enc.model
+    for enc, count in zip(config.encoders, config.encoder_images):
+        m, images = enc.model, -(-count // groups)
         f = costs.layer_time(m, images, m.tokens, tp=tp, phase="fwd")
-        b = 0.0 if enc.frozen else costs.layer_time(m, images, m.tokens, tp=tp, phase="bwd")
+        b = 0.0 if enc.frozen else costs.layer_time(m, images, m.tokens, tp=tp, phase="bwd",
+                                                    recompute=config.training.recompute)
         out.append((m.layers, f, b))
     return out
 
@@ -86,7 +97,7 @@ def megatron(step: LLMStep) -> Baseline:
     enc_layers[0, 0] = sum(n for n, _, _ in enc)
     mem = step.stage_memory(tl, encoder_layers=enc_layers, encoder_tp=encoder_tp(config))
     return Baseline(name="megatron", step_time=tl.step_time, memory_bytes=float(mem.max()), timeline=tl,
-                    layout=f"encoders on stage 0 (TP {encoder_tp(config)})")
+                    layout=f"encoders on stage 0 (TP {encoder_tp(config)}); LLM {plan_words(p)}")
 
 
 def balanced_cuts(costs: np.ndarray, parts: int) -> np.ndarray:
@@ -151,7 +162,7 @@ def megatron_balanced(step: LLMStep) -> Baseline:
     stages_with_encoder = int((enc_layers.sum(axis=1) > 0).sum())
     return Baseline(name="megatron_balanced", step_time=tl.step_time, memory_bytes=float(mem.max()),
                     timeline=tl, layout=f"layers balanced over {v} virtual stages; encoders on "
-                                        f"{stages_with_encoder} stage(s)")
+                                        f"{stages_with_encoder} stage(s); LLM {plan_words(p)}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -210,4 +221,4 @@ def separate(step: LLMStep) -> Separate:
 
 
 __all__ = ["Baseline", "Separate", "balanced_cuts", "encoder_layer_times", "encoder_tp", "megatron",
-           "megatron_balanced", "separate"]
+           "megatron_balanced", "plan_words", "separate"]

@@ -32,7 +32,7 @@ import numpy as np
 from ..config.checks import flag, integer, positive_int, shown
 from ..config.models import EncoderConfig
 from ..costs.kernels import PHASES, RESOURCES, decompose_layer
-from ..costs.memory import encoder_layer_bytes
+from ..costs.memory import encoder_layer_bytes, recompute_bytes
 from ..costs.roofline import CostModel
 from .arrays import Tasks
 
@@ -108,9 +108,9 @@ class EncoderWork:
     """
 
     def __init__(self, encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
-                 micro_batch: int, costs: CostModel, tokens: int | None = None,
+                 micro_batch: int | Sequence[int], costs: CostModel, tokens: int | None = None,
                  frozen: bool | Sequence[bool] = False, sequence_parallel: bool = False,
-                 separate: bool = False):
+                 separate: bool = False, recompute: str = "none"):
         models = [encoders] if isinstance(encoders, EncoderConfig) else list(encoders)
         if not models:
             raise ValueError("encoders: empty")
@@ -121,22 +121,26 @@ class EncoderWork:
         if len(flags) != len(models):
             raise ValueError(f"frozen: {len(flags)} flags for {len(models)} encoders")
         flags = [flag(f, f"frozen[{i}]") for i, f in enumerate(flags)]
-        positive_int(micro_batch, "micro_batch")
+        images = [micro_batch] * len(models) if not isinstance(micro_batch, Sequence) else list(micro_batch)
+        if len(images) != len(models):
+            raise ValueError(f"micro_batch: {len(images)} counts for {len(models)} encoders")
+        images = [positive_int(n, f"micro_batch[{i}]" if isinstance(micro_batch, Sequence) else "micro_batch")
+                  for i, n in enumerate(images)]
         self.plan = plan
         """The encoder plan."""
         self.separate = separate
         """Whether the encoder runs on GPUs of its own."""
-        self._models, self._micro_batch = models, micro_batch
+        self._models, self._images, self._recompute = models, images, recompute
         # Per encoder: one layer's kernels with durations, forward and backward, computed once.
         self._layer_cost = []
-        for mdl in models:
+        for mdl, n in zip(models, images):
             s = tokens if tokens is not None else mdl.tokens
             per_phase = {}
             for phase in ("fwd", "bwd"):
-                kernels = decompose_layer(mdl, micro_batch, s, tp=plan.tp_enc,
-                                          sequence_parallel=sequence_parallel, phase=phase)
+                kernels = decompose_layer(mdl, n, s, tp=plan.tp_enc, sequence_parallel=sequence_parallel,
+                                          phase=phase, recompute=recompute)
                 per_phase[phase] = [(k, costs.kernel_time(k)) for k in kernels]
-            send = costs.p2p_time(float(mdl.dtype_bytes * micro_batch * s * mdl.hidden) / plan.tp_enc)
+            send = costs.p2p_time(float(mdl.dtype_bytes * n * s * mdl.hidden) / plan.tp_enc)
             self._layer_cost.append((per_phase, send, plan.stage_layers(mdl.layers)))
         self._flags = flags
         self._templates: dict[bool, dict[str, np.ndarray]] = {}
@@ -274,29 +278,36 @@ class EncoderWork:
         may run all forwards before the first backward)."""
         plan = self.plan
         out = np.zeros(plan.pp_llm * plan.lanes_per_stage)
-        for model, frozen in zip(self._models, self._flags):
-            s_bytes, a_bytes = encoder_layer_bytes(model, self._micro_batch, plan.tp_enc, frozen)
-            for pipeline, count in enumerate(self._partition(partition)):
+        working = np.zeros_like(out)  # full recomputation: one layer's rebuilt activations, the largest
+        counts = self._partition(partition)
+        for model, frozen, images in zip(self._models, self._flags, self._images):
+            s_bytes, a_bytes = encoder_layer_bytes(model, images, plan.tp_enc, frozen, self._recompute)
+            rebuilt = 0.0 if frozen else recompute_bytes(model, images, model.tokens, plan.tp_enc, self._recompute)
+            for pipeline, count in enumerate(counts):
                 for e, layers in enumerate(plan.stage_layers(model.layers)):
-                    out[plan.lane(pipeline, e)] += layers * (s_bytes + a_bytes * count)
-        return out
+                    lane = plan.lane(pipeline, e)
+                    out[lane] += layers * (s_bytes + a_bytes * count)
+                    if count and layers:
+                        working[lane] = max(working[lane], rebuilt)
+        return out + working
 
 
 def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
-                  partition: Sequence[int], micro_batch: int, costs: CostModel,
+                  partition: Sequence[int], micro_batch: int | Sequence[int], costs: CostModel,
                   tokens: int | None = None, frozen: bool | Sequence[bool] = False,
-                  sequence_parallel: bool = False) -> list[dict[str, Any]]:
+                  sequence_parallel: bool = False, recompute: str = "none") -> list[dict[str, Any]]:
     """Kernel tasks of the encoder(s) for one training step, as problem/1 task dicts (no ``id``).
 
     `partition[i]` is the number of encoder microbatches that encoder pipeline ``i`` runs
     (``len(partition) == plan.pipelines``); microbatches are numbered pipeline by pipeline, so
     pipeline 0 runs ``j = 0 .. partition[0] - 1`` and so on. Each microbatch has `micro_batch`
-    images of `tokens` tokens (default: each encoder's own ``tokens``). `frozen` (one flag, or one
-    per encoder) drops the backward. Durations come from `costs`. :class:`EncoderWork` gives the
-    same tasks as arrays, fast, for many partitions.
+    images (one count, or one per encoder) of `tokens` tokens (default: each encoder's own
+    ``tokens``). `frozen` (one flag, or one per encoder) drops the backward; `recompute` adds the
+    recomputed forward work to each layer's backward. Durations come from `costs`.
+    :class:`EncoderWork` gives the same tasks as arrays, fast, for many partitions.
     """
     work = EncoderWork(encoders, plan=plan, micro_batch=micro_batch, costs=costs, tokens=tokens,
-                       frozen=frozen, sequence_parallel=sequence_parallel)
+                       frozen=frozen, sequence_parallel=sequence_parallel, recompute=recompute)
     return work.tasks(partition).to_dicts()
 
 

@@ -57,7 +57,7 @@ def main() -> None:
         if plan.pipelines > args.max_pipelines or plan.pipelines == 1:
             continue
         lps = plan.lanes_per_stage
-        space = planner._PlanSpace(step, plan, (tl.compute_free.repeated(lps), tl.link_free.repeated(lps)))
+        space = planner._PlanSpace(step, plan, step.encoder_windows(lps))
         t0 = time.perf_counter()
         every = min(space.candidate(p).step_time for p in planner.compositions(m, plan.pipelines)
                     if space.memory(p) <= space.memory_limit)

@@ -16,7 +16,7 @@ from pybubble.llm.step import LLMStep
 from pybubble.planner import layouts, report
 from pybubble.planner import search as planner
 from pybubble.planner.search import compositions, encoder_plans, encoder_problem
-from pybubble.problem.encoder import even_split
+from pybubble.llm.step import even_split
 
 
 def search(cfg, **kwargs):
@@ -120,7 +120,7 @@ def space():
     tl = step.timeline
     plan = [p for p in encoder_plans(cfg) if (p.pp_enc, p.tp_enc) == (2, 1)][0]
     lps = plan.lanes_per_stage
-    return planner._PlanSpace(step, plan, (tl.compute_free.repeated(lps), tl.link_free.repeated(lps)))
+    return planner._PlanSpace(step, plan, step.encoder_windows(lps))
 
 
 @settings(max_examples=25, deadline=None)

@@ -185,8 +185,8 @@ class Config:
         if t.global_batch % (p.dp * t.micro_batch):
             raise ValueError(f"training.global_batch: {t.global_batch} is not a multiple of "
                              f"{where}.dp x training.micro_batch ({p.dp} x {t.micro_batch})")
-        if self.llm.layers % (p.pp * p.vpp):
-            raise ValueError(f"{where}: pp x vpp = {p.pp * p.vpp} does not divide the LLM's {self.llm.layers} layers")
+        if p.pp * p.vpp > self.llm.layers:
+            raise ValueError(f"{where}: pp x vpp = {p.pp * p.vpp} is more than the LLM's {self.llm.layers} layers")
 
     def baseline_plan(self, name: str) -> LLMPlan:
         """The LLM plan of baseline `name`: its own where the config gives one, else ``llm_plan``."""

@@ -274,10 +274,12 @@ class CostModel:
 
     def layer_time(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
                    sequence_parallel: bool = False, phase: str = "fwd", recompute: str = "none") -> float:
-        """One layer's time on one rank, collectives not overlapped with compute (Megatron default);
-        a backward includes its recomputed forward work."""
-        return sum(t for _, t in self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase,
-                                                    recompute))
+        """One layer's time on one rank, as Megatron-LM runs it (:func:`stream_schedule`): a
+        collective that the next compute kernel needs is exposed, one that only the kernels after
+        an independent one need (the backward's input-gradient all-reduce beside the weight-gradient
+        GEMM) runs under it. A backward includes its recomputed forward work."""
+        return stream_schedule(self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase,
+                                                  recompute))[0]
 
     def compute_time(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
                      sequence_parallel: bool = False, phase: str = "fwd", recompute: str = "none") -> float:
@@ -289,7 +291,30 @@ class CostModel:
     def tp_collective_times(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int,
                             sequence_parallel: bool = False, phase: str = "fwd",
                             recompute: str = "none") -> list[float]:
-        """The TP collectives of one layer, in order: the compute stream's TP bubbles."""
-        return [t for k, t in self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase,
-                                                 recompute)
-                if k.resource == "comm"]
+        """The exposed part of each TP collective of one layer, in order, where it is not zero: the
+        compute stream's TP bubbles (:func:`stream_schedule`)."""
+        return stream_schedule(self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase,
+                                                  recompute))[1]
+
+
+def stream_schedule(timed: list[tuple[Kernel, float]]) -> tuple[float, list[float]]:
+    """One layer's kernels (with their durations) on one GPU as Megatron-LM issues them: in list
+    order, compute kernels one after another on the compute stream and collectives one after another
+    on the communication stream, each starting when its stream is free and its ``after`` kernels have
+    ended. Returns the layer's time (the last end) and the compute stream's idle gaps, in order: the
+    TP bubbles. In a forward every collective leaves a gap of its length; in a backward the
+    input-gradient all-reduce runs beside the weight-gradient GEMM (Megatron's asynchronous
+    tensor-parallel all-reduce), so only what outlasts that GEMM is a gap."""
+    end = [0.0] * len(timed)
+    free = {"compute": 0.0, "comm": 0.0}
+    gaps: list[float] = []
+    for i, (k, t) in enumerate(timed):
+        start = max([free[k.resource]] + [end[j] for j in k.after])
+        if k.resource == "compute" and start > free["compute"]:
+            gaps.append(start - free["compute"])
+        end[i] = start + t
+        free[k.resource] = end[i]
+    last = max(end, default=0.0)
+    if last > free["compute"]:
+        gaps.append(last - free["compute"])
+    return last, gaps

@@ -28,9 +28,9 @@ import numpy as np
 
 from ..config.schema import Config, LLMPlan
 from ..costs.memory import GB
-from ..llm.step import LLMStep
+from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline, Windows
-from ..problem.encoder import EncoderPlan, even_split
+from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem
 from ..schedule.scheduler import schedule
 from .search import Candidate, encoder_tp_ok, encoder_work
@@ -87,8 +87,8 @@ def megatron(step: LLMStep) -> Baseline:
     """Encoders in stage 0's pre-process."""
     config = step.config
     p = config.llm_plan
-    per_chunk = step.layers_per_chunk
-    fwd, bwd = np.full((p.pp, p.vpp), per_chunk * step.layer_fwd), np.full((p.pp, p.vpp), per_chunk * step.layer_bwd)
+    layers = step.chunk_layers
+    fwd, bwd = layers * step.layer_fwd, layers * step.layer_bwd
     enc = encoder_layer_times(step)
     fwd[0, 0] += sum(n * f for n, f, _ in enc)
     bwd[0, 0] += sum(n * b for n, _, b in enc)

@@ -41,9 +41,9 @@ from ..config.schema import Config
 from ..costs.kernels import splits_heads
 from ..costs.memory import GB
 from ..costs.roofline import CostModel
-from ..llm.step import LLMStep
+from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline, Windows
-from ..problem.encoder import EncoderPlan, EncoderWork, even_split
+from ..problem.encoder import EncoderPlan, EncoderWork
 from ..problem.problem import Problem
 from ..schedule.scheduler import Schedule, schedule
 
@@ -68,7 +68,7 @@ def encoder_problem(step: LLMStep, plan: EncoderPlan, partition: Sequence[int]) 
     """The problem of placing every encoder's kernels, under `plan` and `partition`, into the
     bubbles of the LLM step (colocated: the encoder runs on the LLM's GPUs)."""
     return Problem.on_timeline(step.timeline, encoder_work(step, plan).tasks(partition),
-                               lanes_per_stage=plan.lanes_per_stage)
+                               lanes_per_stage=plan.lanes_per_stage, windows=step.encoder_windows(plan.lanes_per_stage))
 
 
 def edge_windows(timeline: Timeline) -> Windows:
@@ -337,8 +337,7 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     if step.memory.max() > config.memory_gb * GB:
         raise ValueError(f"memory_gb: the LLM alone needs {step.memory.max() / GB:.1f} GB on its busiest GPU, "
                          f"more than {config.memory_gb:g}")
-    windows = {lps: (timeline.compute_free.repeated(lps), timeline.link_free.repeated(lps))
-               for lps in {p.lanes_per_stage for p in plans}}
+    windows = {lps: step.encoder_windows(lps) for lps in {p.lanes_per_stage for p in plans}}
     edges = edge_windows(timeline)
     spaces = [_PlanSpace(step, p, windows[p.lanes_per_stage], edges.repeated(p.lanes_per_stage)) for p in plans]
     microbatches = config.microbatches

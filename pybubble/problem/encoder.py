@@ -34,14 +34,8 @@ from ..config.models import EncoderConfig
 from ..costs.kernels import PHASES, RESOURCES, decompose_layer
 from ..costs.memory import encoder_layer_bytes, recompute_bytes
 from ..costs.roofline import CostModel
+from ..llm.step import even_split
 from .arrays import Tasks
-
-
-def even_split(total: int, parts: int) -> list[int]:
-    """`total` split into `parts` whole shares as even as possible, the first ones taking the
-    remainder (layers over encoder stages, microbatches over encoder pipelines)."""
-    q, r = divmod(integer(total, "total", minimum=0), positive_int(parts, "parts"))
-    return [q + (i < r) for i in range(parts)]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -311,4 +305,4 @@ def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: En
     return work.tasks(partition).to_dicts()
 
 
-__all__ = ["EncoderPlan", "EncoderWork", "encoder_tasks", "even_split"]
+__all__ = ["EncoderPlan", "EncoderWork", "encoder_tasks"]

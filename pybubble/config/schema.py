@@ -6,7 +6,7 @@ cluster: {gpus: 3072, gpu: h100, gpus_per_node: 8}
             # optional: calibration: FILE (a pybubble.calibration/1 file, relative to this config)
 llm: {preset: gpt-175b}            # or explicit layers/hidden/heads/ffn_hidden/vocab/seq_len
 encoders:                          # one or more
-  - {preset: vit-22b, tokens_per_sample: 2304, frozen: false}   # 9 images of 256 tokens
+  - {preset: vit-22b, tokens_per_sample: 2048, frozen: false}   # 8 images of 256 tokens
 training: {global_batch: 1536, micro_batch: 2, seq_len: 2048, recompute: full}
 llm_plan: {dp: 48, pp: 8, tp: 8, vpp: 12, schedule: interleaved_1f1b}
 baselines:                         # optional: a baseline's own LLM plan (default: llm_plan)
@@ -308,4 +308,7 @@ def _plan(section: Mapping[str, Any], where: str, default: LLMPlan | None = None
         schedule = str(section.get("schedule", default.schedule))
         if "vpp" not in given and schedule not in ("interleaved_1f1b", "zbv"):
             sizes["vpp"] = 1
-    return LLMPlan(schedule=schedule, **sizes)
+    try:
+        return LLMPlan(schedule=schedule, **sizes)
+    except ValueError as e:  # LLMPlan names its fields as llm_plan's
+        raise ValueError(str(e).replace("llm_plan", where, 1)) from None

@@ -186,31 +186,41 @@ def separate(step: LLMStep) -> Separate:
     """The best non-colocated layout: the encoder on ``dp · n · pp_enc · tp_enc`` GPUs of its own
     (pp_enc dividing the encoders' layers up to PP_llm, tp_enc up to a node, n pipelines per LLM
     replica up to the microbatches), chosen for the least GPU time (step time x all GPUs), within
-    memory. Its output and gradient cross to and from LLM rank 0 as pipeline sends."""
+    memory. Its output and gradient cross to and from LLM rank 0 as pipeline sends. An option is
+    scheduled only when its bound, ``max(horizon, the busiest lane's compute)`` x its GPUs, beats
+    the best GPU time so far; more pipelines stop once the horizon alone x their GPUs cannot."""
     config, timeline = step.config, step.timeline
     p, horizon = config.llm_plan, timeline.step_time
     layers = min(e.model.layers for e in config.encoders)
     best: Separate | None = None
+
+    def best_cost() -> float:
+        return best.step_time * (config.cluster.gpus + best.extra_gpus) if best is not None else np.inf
+
     for pp_enc in (d for d in range(1, p.pp + 1) if layers >= d):
         for tp_enc in (d for d in (1, 2, 4, 8, 16) if d <= config.cluster.gpus_per_node and encoder_tp_ok(config, d)):
             n = 1
             while n <= config.microbatches:
+                lanes = pp_enc * n
+                extra = p.dp * lanes * tp_enc
+                if horizon * (config.cluster.gpus + extra) >= best_cost():
+                    break  # more pipelines only add GPUs to a step no shorter than the horizon
                 plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
                 partition = even_split(config.microbatches, n)
                 work = encoder_work(step, plan, separate=True)
                 memory = float(work.lane_bytes(partition).max())
-                if memory <= config.memory_gb * GB:
-                    lanes = pp_enc * n
+                one = work.microbatch_tasks(0)  # every pipeline's microbatch is alike
+                compute = one.resource == 0
+                busiest = float(np.bincount(one.lane[compute], weights=one.duration[compute]).max()) * max(partition)
+                if memory <= config.memory_gb * GB and max(horizon, busiest) * (config.cluster.gpus + extra) < best_cost():
                     whole = Windows.whole(lanes, 0.0, horizon)
                     problem = Problem.on_timeline(
                         timeline, work.tasks(partition), windows=(whole, whole),
                         lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
                     cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem),
                                      memory_bytes=memory)
-                    extra = p.dp * lanes * tp_enc
                     option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
-                    cost = option.step_time * (config.cluster.gpus + extra)
-                    if best is None or cost < best.step_time * (config.cluster.gpus + best.extra_gpus):
+                    if option.step_time * (config.cluster.gpus + extra) < best_cost():
                         best = option
                     if cand.step_time <= horizon * (1 + 1e-9):
                         break  # all hidden: more pipelines only add GPUs

@@ -1,7 +1,7 @@
 """How fast the planner is, and how close its local search comes to enumerating every partition.
 
-Speed: `pybubble.plan` on a config, median of --repeats runs, split into the search, the baselines
-and the non-colocated layout; 1 thread against 2. Quality: for each encoder plan with at most
+Speed: `pybubble.plan` on a config, median and range of --repeats runs, split into the search, the
+baselines (each on its own LLM plan) and the non-colocated layout; 1 thread against 2. Quality: for each encoder plan with at most
 --max-pipelines pipelines, the local search's best partition against the best of all partitions
 (every composition scheduled), both from the same search code.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -32,17 +33,24 @@ def main() -> None:
     args = parser.parse_args()
     cfg = pybubble.load_config(args.config)
     pybubble.plan(cfg)  # warm caches (imports, first allocations)
-    whole = median_time(lambda: pybubble.plan(cfg), args.repeats)
+    runs = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        pybubble.plan(cfg)
+        runs.append(time.perf_counter() - t0)
+    whole = statistics.median(runs)
     llm = median_time(lambda: LLMStep.of(cfg), args.repeats)
     step = LLMStep.of(cfg)
     one = median_time(lambda: planner.search(step, workers=1), args.repeats)
     two = median_time(lambda: planner.search(step, workers=2), args.repeats)
-    base = median_time(lambda: (layouts.megatron(step), layouts.megatron_balanced(step)), args.repeats)
+    base = median_time(lambda: (layouts.megatron(step.with_plan(cfg.baseline_plan("megatron"))),
+                                layouts.megatron_balanced(step.with_plan(cfg.baseline_plan("megatron_balanced")))),
+                       args.repeats)
     sep = median_time(lambda: layouts.separate(step), args.repeats)
     found = planner.search(step)
     print(f"{Path(args.config).name}: {cfg.cluster.gpus} GPUs, {cfg.microbatches} microbatches, "
           f"{found.stats.plans} encoder plans, {found.stats.scheduled} partitions scheduled")
-    print(f"plan (all)          median {whole:.3f} s")
+    print(f"plan (all)          median {whole:.3f} s (range {min(runs):.3f}-{max(runs):.3f} s, {len(runs)} runs)")
     print(f"  LLM step          median {llm:.3f} s")
     print(f"  search, 1 thread  median {one:.3f} s")
     print(f"  search, 2 threads median {two:.3f} s   (1 thread / 2 threads = {one / two:.2f}x)")

@@ -16,7 +16,7 @@ from pybubble.costs.kernels import decompose_layer, layer_flops
 from pybubble.costs.memory import activation_bytes, recompute_bytes
 from pybubble.costs.roofline import CostModel
 from pybubble.llm.step import LLMStep
-from pybubble.planner.report import model_flops, plan
+from pybubble.planner.report import encoder_flops, llm_flops, model_flops, plan
 
 OPTIMUS = Path(__file__).resolve().parent.parent / "examples" / "optimus"
 
@@ -58,6 +58,9 @@ def test_the_shipped_3072_gpu_config_counts_the_papers_flops_per_step():
     # the encoder load comes from 866.3 PFLOP/s x 5.91 s = 5.12e18 FLOPs per step (docs/reproduction.md)
     cfg = load_config(OPTIMUS / "strong_3072.yaml")
     assert cfg.training.recompute == "full" and cfg.encoders[0].images_per_sample == 8
+    gpt = cfg.llm
+    assert llm_flops(cfg) == pytest.approx(megatron_four_pass(1536, 2048, gpt.layers, gpt.hidden, gpt.vocab), rel=2e-3)
+    assert model_flops(cfg) == pytest.approx(llm_flops(cfg) + encoder_flops(cfg))
     assert model_flops(cfg) == pytest.approx(866.3e15 * 5.91, rel=0.02)
     no_recompute = load_config({**_doc(OPTIMUS / "strong_3072.yaml"), "training": {
         "global_batch": 1536, "micro_batch": 2, "seq_len": 2048, "recompute": "none"}})

@@ -34,21 +34,31 @@ BASELINES = ("megatron", "megatron_balanced", "coarse")
 """The baselines of the comparison, in the order they are printed."""
 
 
-def model_flops(config: Config) -> float:
-    """FLOPs of one training step over the whole cluster, as MFU counts them (see the module
-    docstring): every layer's kernels, forward and backward with the recomputed forward work of
-    ``training.recompute`` (a frozen encoder's forward only), and the LLM's output layer (its logits
-    GEMM, forward and backward, never recomputed), per sample, times the global batch."""
+def llm_flops(config: Config) -> float:
+    """The LLM's part of :func:`model_flops`: every layer forward and backward with its recomputed
+    forward work, and the output layer's logits GEMM forward and backward (never recomputed), per
+    sample, times the global batch."""
     llm, tr = config.llm, config.training
+    per_layer = sum(layer_flops(llm, 1, tr.seq_len, phase=ph, recompute=tr.recompute) for ph in ("fwd", "bwd"))
+    return (llm.layers * per_layer + 3 * 2.0 * tr.seq_len * llm.hidden * llm.vocab) * tr.global_batch
 
-    def layer(model, tokens: int, phases: tuple[str, ...]) -> float:
-        return sum(layer_flops(model, 1, tokens, phase=ph, recompute=tr.recompute) for ph in phases)
 
-    per_sample = llm.layers * layer(llm, tr.seq_len, ("fwd", "bwd")) + 3 * 2.0 * tr.seq_len * llm.hidden * llm.vocab
+def encoder_flops(config: Config) -> float:
+    """The encoders' part of :func:`model_flops`: each image through each layer, forward and (unless
+    frozen) backward with its recomputed forward work, times the images of the global batch."""
+    tr = config.training
+    total = 0.0
     for enc in config.encoders:
         phases = ("fwd",) if enc.frozen else ("fwd", "bwd")
-        per_sample += enc.images_per_sample * enc.model.layers * layer(enc.model, enc.model.tokens, phases)
-    return per_sample * tr.global_batch
+        per_image = sum(layer_flops(enc.model, 1, enc.model.tokens, phase=ph, recompute=tr.recompute) for ph in phases)
+        total += enc.images_per_sample * enc.model.layers * per_image * tr.global_batch
+    return total
+
+
+def model_flops(config: Config) -> float:
+    """FLOPs of one training step over the whole cluster, as MFU counts them (see the module
+    docstring): :func:`llm_flops` plus :func:`encoder_flops`."""
+    return llm_flops(config) + encoder_flops(config)
 
 
 def mfu(config: Config, step_time: float, costs: CostModel, gpus: int | None = None) -> float:
@@ -175,4 +185,4 @@ def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], Non
                       planner_seconds=time.perf_counter() - t0)
 
 
-__all__ = ["BASELINES", "PlanReport", "Row", "describe", "mfu", "model_flops", "plan"]
+__all__ = ["BASELINES", "PlanReport", "Row", "describe", "encoder_flops", "llm_flops", "mfu", "model_flops", "plan"]

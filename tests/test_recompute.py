@@ -210,3 +210,23 @@ def test_a_bad_calibration_changes_nothing():
     with pytest.raises(ValueError, match="kinds.gemm.compute_efficiency: 2.0"):
         costs.load_calibration(bad)
     assert (costs.compute_factor, dict(costs.hardware.efficiency)) == before
+
+
+def test_encoder_lane_bytes_with_and_without_recomputation():
+    from pybubble.problem.encoder import EncoderPlan, EncoderWork
+
+    vit = presets.encoder("vit-l-14")
+    plan = EncoderPlan(pp_enc=2, tp_enc=1, pp_llm=4, tp_llm=2)  # 4 pipelines, 12 layers per stage
+
+    def lanes(mode, partition):
+        return EncoderWork(vit, plan=plan, micro_batch=8, costs=CostModel("h100"), recompute=mode).lane_bytes(partition)
+
+    states = 6 * vit.params_per_layer * 12
+    held = {mode: activation_bytes(vit, 8, vit.tokens, 1, mode) for mode in ("none", "full")}
+    for mode in ("none", "full"):
+        got = lanes(mode, [3, 0, 1, 0])
+        busy = plan.lane(0, 0)  # pipeline 0's first stage: 3 microbatches held at once
+        idle = plan.lane(1, 0)  # pipeline 1 runs none: its weights only
+        assert got[busy] == pytest.approx(states + 3 * 12 * held[mode] + recompute_bytes(vit, 8, vit.tokens, 1, mode))
+        assert got[idle] == pytest.approx(states)
+    assert lanes("full", [3, 0, 1, 0]).max() < lanes("none", [3, 0, 1, 0]).max()

@@ -138,6 +138,7 @@ class EncoderWork:
             self._layer_cost.append((per_phase, send, plan.stage_layers(mdl.layers)))
         self._flags = flags
         self._templates: dict[bool, dict[str, np.ndarray]] = {}
+        self._bytes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._blocks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def _template(self, to_llm: bool) -> dict[str, np.ndarray]:
@@ -266,24 +267,34 @@ class EncoderWork:
         out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("after_counts"))]).astype(np.int64)
         return Tasks(**out)
 
+    def _lane_bytes_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per lane, the model states; per pipeline and lane, the activations of one microbatch and the
+        memory full recomputation rebuilds (computed once)."""
+        if self._bytes is None:
+            plan = self.plan
+            lanes = plan.pp_llm * plan.lanes_per_stage
+            states, act, rebuild = np.zeros(lanes), np.zeros((plan.pipelines, lanes)), np.zeros((plan.pipelines, lanes))
+            for model, frozen, images in zip(self._models, self._flags, self._images):
+                s_bytes, a_bytes = encoder_layer_bytes(model, images, plan.tp_enc, frozen, self._recompute)
+                rebuilt = 0.0 if frozen else recompute_bytes(model, images, model.tokens, plan.tp_enc, self._recompute)
+                for e, layers in enumerate(plan.stage_layers(model.layers)):
+                    for pipeline in range(plan.pipelines):
+                        lane = plan.lane(pipeline, e)
+                        states[lane] += layers * s_bytes
+                        act[pipeline, lane] += layers * a_bytes
+                        if layers:
+                            rebuild[pipeline, lane] = max(rebuild[pipeline, lane], rebuilt)
+            self._bytes = (states, act, rebuild)
+        return self._bytes
+
     def lane_bytes(self, partition: Sequence[int]) -> np.ndarray:
         """Per lane, the encoders' model states and worst-case activations on one GPU of that lane's
         TP group under `partition` (every microbatch of a pipeline held at once: bubble scheduling
-        may run all forwards before the first backward)."""
-        plan = self.plan
-        out = np.zeros(plan.pp_llm * plan.lanes_per_stage)
-        working = np.zeros_like(out)  # full recomputation: one layer's rebuilt activations, the largest
-        counts = self._partition(partition)
-        for model, frozen, images in zip(self._models, self._flags, self._images):
-            s_bytes, a_bytes = encoder_layer_bytes(model, images, plan.tp_enc, frozen, self._recompute)
-            rebuilt = 0.0 if frozen else recompute_bytes(model, images, model.tokens, plan.tp_enc, self._recompute)
-            for pipeline, count in enumerate(counts):
-                for e, layers in enumerate(plan.stage_layers(model.layers)):
-                    lane = plan.lane(pipeline, e)
-                    out[lane] += layers * (s_bytes + a_bytes * count)
-                    if count and layers:
-                        working[lane] = max(working[lane], rebuilt)
-        return out + working
+        may run all forwards before the first backward), and under full recomputation the largest
+        layer's activations rebuilt during its backward."""
+        counts = np.array(self._partition(partition), np.float64)
+        states, act, rebuild = self._lane_bytes_terms()
+        return states + counts @ act + (rebuild * (counts > 0)[:, None]).max(axis=0)
 
 
 def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,

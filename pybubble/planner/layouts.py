@@ -186,45 +186,64 @@ def separate(step: LLMStep) -> Separate:
     """The best non-colocated layout: the encoder on ``dp · n · pp_enc · tp_enc`` GPUs of its own
     (pp_enc dividing the encoders' layers up to PP_llm, tp_enc up to a node, n pipelines per LLM
     replica up to the microbatches), chosen for the least GPU time (step time x all GPUs), within
-    memory. Its output and gradient cross to and from LLM rank 0 as pipeline sends. An option is
-    scheduled only when its bound, ``max(horizon, the busiest lane's compute)`` x its GPUs, beats
-    the best GPU time so far; more pipelines stop once the horizon alone x their GPUs cannot."""
+    memory. Its output and gradient cross to and from LLM rank 0 as pipeline sends. Options are
+    scheduled best bound first and only while their bound beats the best GPU time found: their
+    GPUs x the larger of the busiest lane's compute and the horizon grown by the encoder forwards
+    that cannot be done by their ``forward_needed`` and the backwards that cannot be done after their
+    ``grad_ready`` (the k-th earliest forward needs one microbatch's chain through every layer plus
+    ``ceil(k / n) - 1`` more passes through the slowest stage; the backward likewise)."""
     config, timeline = step.config, step.timeline
     p, horizon = config.llm_plan, timeline.step_time
+    gpus, recompute = config.cluster.gpus, config.training.recompute
     layers = min(e.model.layers for e in config.encoders)
-    best: Separate | None = None
+    per_layer: dict[int, list[tuple[float, float]]] = {}  # per tp_enc and encoder: one layer's compute, fwd and bwd
+    needed = np.sort(timeline.forward_needed)
+    ready = np.sort(timeline.grad_ready)[::-1]
+    rank = np.arange(len(needed))  # the k-th earliest forward_needed, the k-th latest grad_ready
 
-    def best_cost() -> float:
-        return best.step_time * (config.cluster.gpus + best.extra_gpus) if best is not None else np.inf
+    def layer_compute(tp_enc: int) -> list[tuple[float, float]]:
+        if tp_enc not in per_layer:
+            per_layer[tp_enc] = [
+                (step.costs.compute_time(e.model, images, e.model.tokens, tp=tp_enc),
+                 0.0 if e.frozen else step.costs.compute_time(e.model, images, e.model.tokens, tp=tp_enc,
+                                                              phase="bwd", recompute=recompute))
+                for e, images in zip(config.encoders, config.encoder_images)]
+        return per_layer[tp_enc]
 
+    options = []
     for pp_enc in (d for d in range(1, p.pp + 1) if layers >= d):
         for tp_enc in (d for d in (1, 2, 4, 8, 16) if d <= config.cluster.gpus_per_node and encoder_tp_ok(config, d)):
+            times = layer_compute(tp_enc)
+            stages = [[sum(t[i] * even_split(e.model.layers, pp_enc)[k] for e, t in zip(config.encoders, times))
+                       for k in range(pp_enc)] for i in (0, 1)]  # per phase, each stage's work for a microbatch
+            chains = [max(e.model.layers * t[i] for e, t in zip(config.encoders, times)) for i in (0, 1)]
             n = 1
             while n <= config.microbatches:
-                lanes = pp_enc * n
-                extra = p.dp * lanes * tp_enc
-                if horizon * (config.cluster.gpus + extra) >= best_cost():
-                    break  # more pipelines only add GPUs to a step no shorter than the horizon
-                plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
-                partition = even_split(config.microbatches, n)
-                work = encoder_work(step, plan, separate=True)
-                memory = float(work.lane_bytes(partition).max())
-                one = work.microbatch_tasks(0)  # every pipeline's microbatch is alike
-                compute = one.resource == 0
-                busiest = float(np.bincount(one.lane[compute], weights=one.duration[compute]).max()) * max(partition)
-                if memory <= config.memory_gb * GB and max(horizon, busiest) * (config.cluster.gpus + extra) < best_cost():
-                    whole = Windows.whole(lanes, 0.0, horizon)
-                    problem = Problem.on_timeline(
-                        timeline, work.tasks(partition), windows=(whole, whole),
-                        lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
-                    cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem),
-                                     memory_bytes=memory)
-                    option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
-                    if option.step_time * (config.cluster.gpus + extra) < best_cost():
-                        best = option
-                    if cand.step_time <= horizon * (1 + 1e-9):
-                        break  # all hidden: more pipelines only add GPUs
+                extra = p.dp * pp_enc * n * tp_enc
+                passes = -(-(rank + 1) // n) - 1  # microbatches ahead of the k-th on its pipeline's slowest stage
+                front = max(0.0, float((chains[0] + passes * max(stages[0]) - needed).max()))
+                back = max(0.0, float((ready + chains[1] + passes * max(stages[1]) - horizon).max()))
+                busiest = max(f + b for f, b in zip(*stages)) * -(-config.microbatches // n)
+                options.append((max(horizon + front + back, busiest) * (gpus + extra), pp_enc, tp_enc, n, extra))
                 n *= 2
+    best: Separate | None = None
+    for bound, pp_enc, tp_enc, n, extra in sorted(options):
+        if best is not None and bound >= best.step_time * (gpus + best.extra_gpus):
+            break  # every option left is bounded no better
+        plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
+        partition = even_split(config.microbatches, n)
+        work = encoder_work(step, plan, separate=True)
+        memory = float(work.lane_bytes(partition).max())
+        if memory > config.memory_gb * GB:
+            continue
+        whole = Windows.whole(pp_enc * n, 0.0, horizon)
+        problem = Problem.on_timeline(timeline, work.tasks(partition), windows=(whole, whole),
+                                      lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
+        cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem),
+                         memory_bytes=memory)
+        option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
+        if best is None or option.step_time * (gpus + extra) < best.step_time * (gpus + best.extra_gpus):
+            best = option
     if best is None:
         raise ValueError(f"memory_gb: no non-colocated encoder layout fits in {config.memory_gb:g} GB per GPU")
     return best

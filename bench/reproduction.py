@@ -346,7 +346,8 @@ def main() -> int:
     if args.write or args.output:
         target = DOC if args.write else Path(args.output)
         write_text(target, text)
-        print(f"wrote {target}", file=sys.stderr)
+        print(f"wrote {target.resolve().relative_to(ROOT) if target.resolve().is_relative_to(ROOT) else target}",
+              file=sys.stderr)
     else:
         sys.stdout.write(text)
     return 0

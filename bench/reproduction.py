@@ -87,6 +87,12 @@ def recalibrated(config: Config, path: Path) -> Config:
     return dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, calibration=str(path)))
 
 
+def sci(value: float) -> str:
+    """`value` as e.g. ``5.51e17``."""
+    mantissa, exponent = f"{value:.2e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
 def pct(ours: float, theirs: float) -> str:
     """The difference of `ours` from `theirs`, in percent."""
     return f"{100 * (ours / theirs - 1):+.1f}%"
@@ -194,7 +200,7 @@ def render(results: dict[str, tuple[Figures, Figures]], shipped: str, alternativ
     out += ["", f"pybubble's step is no worse than the best baseline on {len(SETTINGS) - len(worse)} of "
             f"{len(SETTINGS)} settings" + (f" (worse on {', '.join(worse)})." if worse else "."),
             f"Planner wall time per setting (2 threads, this run): median {statistics.median(seconds):.2f} s, "
-            f"max {max(seconds):.2f} s; the timings reported in bench/README.md are taken on a quiet machine.", "",
+            f"max {max(seconds):.2f} s; bench/README.md has the timings taken under the quiet lock.", "",
             "## Remaining gaps and their causes", "", gap_text]
     return "\n".join(out) + "\n"
 
@@ -267,13 +273,13 @@ def gaps(results: dict[str, tuple[Figures, Figures]], shipped: Fit, alternative:
         f"over Megatron-LM ({min(speedups):.2f}-{max(speedups):.2f}x against 1.21-1.27x).** The paper's Megatron-LM row "
         f"does not fit the encoder load its own FLOP count implies, under the baseline it describes (the encoders in "
         f"stage 0's pre-process). Megatron-LM runs the whole encoder of each microbatch on the first pipeline stage: "
-        f"{encoder_flops(cfg):.3g} encoder FLOPs per step over {cfg.llm_plan.dp} replicas and {cfg.llm_plan.tp} GPUs "
-        f"per stage is {stage0:.3g} FLOPs on each stage-0 GPU, serial with its LLM layers, while Optimus spreads the "
-        f"encoder over every GPU and leaves {1 - paper.EFFICIENCY['strong_3072']['fine']:.0%} of it ({unhidden:.2g} "
-        f"FLOPs per GPU) outside the bubbles. The paper's two steps differ by {difference:.2f} s; stage 0 had at most "
-        f"its pipeline bubbles, about {idle_slow:.2f} s, to absorb work in, so its GPUs would have had to run the "
-        f"encoder at {rate:.3g} FLOP/s or more, {rate / paper.PEAK_FLOPS:.0%} of the H100's peak, with every kernel "
-        f"at once. The cost model says the same: at the roofline's own efficiencies our Megatron-LM step is "
+        f"{sci(encoder_flops(cfg))} encoder FLOPs per step over {cfg.llm_plan.dp} replicas and {cfg.llm_plan.tp} GPUs "
+        f"per stage is {sci(stage0)} FLOPs on each stage-0 GPU, serial with its LLM layers, while Optimus spreads the "
+        f"encoder over every GPU and leaves {1 - paper.EFFICIENCY['strong_3072']['fine']:.0%} of it ({sci(unhidden)} "
+        f"FLOPs per GPU) outside the bubbles. The paper's two steps differ by {difference:.2f} s, and stage 0 had at "
+        f"most its pipeline bubbles, about {idle_slow:.2f} s, to absorb the rest in: its GPUs would have had to run the "
+        f"encoder at {sci(rate)} FLOP/s or more, {rate / paper.PEAK_FLOPS:.0%} of the H100's peak. The cost model "
+        f"says the same: at the roofline's own efficiencies our Megatron-LM step is "
         f"{step_time(cfg, 'megatron', 1.0, shipped.comm_factor):.2f} s"
         + (f", and an exact fit needs {exact}, every compute kernel faster than it runs alone. The fit therefore stops "
            f"at the bound" if stopped else "")
@@ -309,7 +315,7 @@ def gaps(results: dict[str, tuple[Figures, Figures]], shipped: Fit, alternative:
         + " at " + " / ".join(str(results[n][0].report.config.cluster.gpus) for n in paper.EFFICIENCY)
         + f" GPUs against the paper's flat ~{paper.MFU_FLAT:.1%}).",
         "**Planner run time.** Not a gap: pybubble plans each setting in a second or two where Optimus's search "
-        "takes 15.1-322.2 s on one core (Table 7); quiet-machine timings are in bench/README.md.",
+        "takes 15.1-322.2 s on one core (Table 7); timings taken under the quiet lock are in bench/README.md.",
     ]
     return "\n\n".join(out)
 

@@ -107,7 +107,7 @@ def fit(config: Config, row: str, comm_factor: float = 1.0, tolerance: float = 1
 def describe(f: Fit) -> str:
     """The fit in one paragraph."""
     what = "Megatron-LM's" if f.row == "megatron" else "Optimus's (pybubble's plan)"
-    text = (f"fitted to {what} 3072-GPU step, {f.target_s:.2f} s: compute_factor {f.compute_factor:.3f}, "
+    text = (f"Fitted to {what} 3072-GPU step, {f.target_s:.2f} s: compute_factor {f.compute_factor:.3f}, "
             f"comm_factor {f.comm_factor:.3f} (held); the model gives {f.model_s:.3f} s "
             f"({100 * (f.model_s / f.target_s - 1):+.1f}%) after {f.evaluations} evaluations")
     if f.compute_factor == 1.0 and f.model_s > f.target_s * (1 + 1e-9):

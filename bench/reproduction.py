@@ -331,7 +331,7 @@ def main() -> int:
     costs = cost_model(anchor)
     shipped = f"compute_factor {costs.compute_factor:.3f}, comm_factor {costs.comm_factor:.3f}"
     alt_fit = fit(anchor, "optimus")
-    print(f"diagnostic fit: {describe(alt_fit)}", file=sys.stderr, flush=True)
+    print(f"diagnostic: {describe(alt_fit)}", file=sys.stderr, flush=True)
     results: dict[str, tuple[Figures, Figures]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         alt = Path(tmp) / "optimus_row.json"

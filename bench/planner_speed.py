@@ -1,7 +1,7 @@
 """How fast the planner is, and how close its local search comes to enumerating every partition.
 
-Speed: `pybubble.plan` on a config, median of --repeats runs, split into the search, the baselines
-and the non-colocated layout; 1 thread against 2. Quality: for each encoder plan with at most
+Speed: `pybubble.plan` on a config, median and range of --repeats runs, split into the search, the
+baselines (each on its own LLM plan) and the non-colocated layout; 1 thread against 2. Quality: for each encoder plan with at most
 --max-pipelines pipelines, the local search's best partition against the best of all partitions
 (every composition scheduled), both from the same search code.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -34,20 +35,29 @@ def main() -> None:
     cfg = pybubble.load_config(args.config)
     pybubble.plan(cfg)  # warm caches (imports, first allocations)
     step = LLMStep.of(cfg)
-    parts = {"whole": lambda: pybubble.plan(cfg), "llm": lambda: LLMStep.of(cfg),
+    runs: list[float] = []
+
+    def whole_plan() -> None:
+        t0 = time.perf_counter()
+        pybubble.plan(cfg)
+        runs.append(time.perf_counter() - t0)
+
+    parts = {"whole": whole_plan, "llm": lambda: LLMStep.of(cfg),
              "one": lambda: planner.search(step, workers=1), "two": lambda: planner.search(step, workers=2),
-             "base": lambda: (layouts.megatron(step), layouts.megatron_balanced(step)),
+             "base": lambda: (layouts.megatron(step.with_plan(cfg.baseline_plan("megatron"))),
+                              layouts.megatron_balanced(step.with_plan(cfg.baseline_plan("megatron_balanced")))),
              "sep": lambda: layouts.separate(step)}
     medians = {}
     with progress_bar("timing the planner's parts", total=len(parts)) as update:  # redrawn between timings only
         for done, (name, fn) in enumerate(parts.items()):
             medians[name] = median_time(fn, args.repeats)
             update(done + 1)
-    whole, llm, one, two, base, sep = medians.values()
+    _, llm, one, two, base, sep = medians.values()
+    whole = statistics.median(runs)
     found = planner.search(step)
     print(f"{Path(args.config).name}: {cfg.cluster.gpus} GPUs, {cfg.microbatches} microbatches, "
           f"{found.stats.plans} encoder plans, {found.stats.scheduled} partitions scheduled")
-    print(f"plan (all)          median {whole:.3f} s")
+    print(f"plan (all)          median {whole:.3f} s (range {min(runs):.3f}-{max(runs):.3f} s, {len(runs)} runs)")
     print(f"  LLM step          median {llm:.3f} s")
     print(f"  search, 1 thread  median {one:.3f} s")
     print(f"  search, 2 threads median {two:.3f} s   (1 thread / 2 threads = {one / two:.2f}x)")
@@ -62,7 +72,7 @@ def main() -> None:
         if plan.pipelines > args.max_pipelines or plan.pipelines == 1:
             continue
         lps = plan.lanes_per_stage
-        space = planner._PlanSpace(step, plan, (tl.compute_free.repeated(lps), tl.link_free.repeated(lps)))
+        space = planner._PlanSpace(step, plan, step.encoder_windows(lps))
         t0 = time.perf_counter()
         every = min(space.candidate(p).step_time for p in planner.compositions(m, plan.pipelines)
                     if space.memory(p) <= space.memory_limit)

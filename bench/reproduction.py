@@ -1,132 +1,362 @@
-"""Plans every Optimus evaluation config in examples/optimus/ and writes docs/reproduction.md: our
-predicted step times, speedups and hidden fractions beside the figures the Optimus paper reports.
+"""Plans every Optimus evaluation config in examples/optimus/ and renders docs/reproduction.md: every
+figure the Optimus paper publishes for a setting beside pybubble's prediction, with the difference,
+the calibration's fitted factors, and a paragraph per remaining gap.
 
-Usage: python bench/reproduction.py [--output docs/reproduction.md]
+Each setting is planned twice: with the calibration the configs name (h100_cluster.json, fitted to
+the paper's 3072-GPU Megatron-LM step by bench/calibrate_to_paper.py), and, as a diagnostic, with
+the two factors fitted to the paper's 3072-GPU Optimus step instead (computed here, never written).
+A progress line per setting goes to stderr. The Markdown goes to stdout, or with --write to
+docs/reproduction.md (--output PATH writes elsewhere); nothing is overwritten unless asked.
+
+Usage: python bench/reproduction.py [--write | --output PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import pybubble
-from pybubble.planner.report import PlanReport
+from pybubble.config.documents import write_document, write_text
+from pybubble.config.schema import Config
+from pybubble.costs.roofline import CALIBRATION_FORMAT
+from pybubble.llm.step import cost_model
+from pybubble.planner.report import PlanReport, encoder_flops, model_flops
+
+import optimus_paper as paper  # bench/ is the script's folder
+from calibrate_to_paper import Fit, describe, fit, step_time
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "examples" / "optimus"
+DOC = ROOT / "docs" / "reproduction.md"
+SETTINGS = ("strong_3072", "strong_2048", "strong_1536", "weak_a", "weak_b", "weak_c", "weak_d",
+            "dual_1", "dual_2", "dual_3", "a100_vit3b_gpt11b")
+"""The configs, in the order the document shows them."""
 
-# What the paper reports for each group of settings (Feng et al., USENIX ATC'25).
-PAPER = {
-    "weak": "up to 1.22x (across A-D)",
-    "strong": "1.21x at 3072 GPUs (20.5-21.3% faster)",
-    "dual": "1.25-1.27x",
-    "a100": "(no single figure quoted for this setting)",
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class Figures:
+    """What pybubble predicts for one setting under one calibration."""
+
+    report: PlanReport
+    """The plan."""
+    step: dict[str, float]
+    """Step time (s) per layout: megatron, megatron_balanced, coarse, pybubble."""
+    mfu: dict[str, float]
+    """MFU per layout."""
+    pflops: dict[str, float]
+    """Aggregate PFLOP/s per layout."""
+    coarse: float
+    """Scheduling efficiency with coarse-grained exploitation only (the coarse baseline's hidden share)."""
+    fine: float
+    """Scheduling efficiency of pybubble's plan."""
+    planner_s: float
+    """Planner wall time (s): search, baselines and the non-colocated layout, 2 threads."""
+
+    @property
+    def speedup(self) -> float:
+        """Megatron-LM's step over pybubble's."""
+        return self.step["megatron"] / self.step["pybubble"]
+
+    @property
+    def over_balanced(self) -> float:
+        """Megatron balanced's step over pybubble's."""
+        return self.step["megatron_balanced"] / self.step["pybubble"]
+
+
+def predict(config: Config) -> Figures:
+    """Plans `config` and reads off the figures the paper publishes."""
+    report = pybubble.plan(config)
+    step = {name: b.step_time * 1e-6 for name, b in report.baselines.items()}
+    step["pybubble"] = report.best.step_time * 1e-6
+    flops = model_flops(config)
+    return Figures(report=report, step=step, mfu={k: report.mfu(v * 1e6) for k, v in step.items()},
+                   pflops={k: flops / v * 1e-15 for k, v in step.items()},
+                   coarse=report.search.coarse.hidden_fraction, fine=report.best.hidden_fraction,
+                   planner_s=report.planner_seconds)
+
+
+def recalibrated(config: Config, path: Path) -> Config:
+    """`config` with the calibration file `path` (configs without a calibration keep none)."""
+    if not config.cluster.calibration:
+        return config
+    return dataclasses.replace(config, cluster=dataclasses.replace(config.cluster, calibration=str(path)))
+
+
+def sci(value: float) -> str:
+    """`value` as e.g. ``5.51e17``."""
+    mantissa, exponent = f"{value:.2e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def pct(ours: float, theirs: float) -> str:
+    """The difference of `ours` from `theirs`, in percent."""
+    return f"{100 * (ours / theirs - 1):+.1f}%"
+
+
+def points(ours: float, theirs: float) -> str:
+    """The difference of two shares, in percentage points, and in percent."""
+    return f"{100 * (ours - theirs):+.1f} pt ({pct(ours, theirs)})"
+
+
+def figure_rows(name: str, f: Figures, g: Figures) -> list[tuple[str, str, str, str, str, str]]:
+    """(figure, paper, ours, difference, ours with the Optimus-row fit, difference) for every
+    figure the paper publishes for setting `name`."""
+    rows = []
+
+    def add(label: str, theirs: float, mine: float, alt: float, kind: str) -> None:
+        if kind == "s":
+            fmt, diff = (lambda v: f"{v:.2f} s"), pct
+        elif kind == "x":
+            fmt, diff = (lambda v: f"{v:.3f}x"), pct
+        elif kind == "pf":
+            fmt, diff = (lambda v: f"{v:,.1f}"), pct
+        else:
+            fmt, diff = (lambda v: f"{100 * v:.1f}%"), points
+        rows.append((label, fmt(theirs), fmt(mine), diff(mine, theirs), fmt(alt), diff(alt, theirs)))
+
+    if name == "strong_3072":
+        for layout, label in (("megatron", "Megatron-LM"), ("megatron_balanced", "Megatron-LM balanced"),
+                              ("pybubble", "Optimus / pybubble")):
+            row = paper.STRONG_3072["optimus" if layout == "pybubble" else layout]
+            add(f"{label} iteration", row["step_s"], f.step[layout], g.step[layout], "s")
+            add(f"{label} MFU", row["mfu"], f.mfu[layout], g.mfu[layout], "%")
+            add(f"{label} PFLOP/s", row["pflops"], f.pflops[layout], g.pflops[layout], "pf")
+        published = paper.STRONG_3072["megatron"]["step_s"] / paper.STRONG_3072["optimus"]["step_s"]
+        add("speed-up over Megatron-LM", published, f.speedup, g.speedup, "x")
+        published = paper.STRONG_3072["megatron_balanced"]["step_s"] / paper.STRONG_3072["optimus"]["step_s"]
+        add("speed-up over Megatron-LM balanced", published, f.over_balanced, g.over_balanced, "x")
+    if name in paper.EFFICIENCY:
+        eff = paper.EFFICIENCY[name]
+        add(f"Eff coarse ({eff['microbatches']} microbatches)", eff["coarse"], f.coarse, g.coarse, "%")
+        add(f"Eff fine ({eff['microbatches']} microbatches)", eff["fine"], f.fine, g.fine, "%")
+        add("Optimus MFU (about flat over the scales)", paper.MFU_FLAT, f.mfu["pybubble"], g.mfu["pybubble"], "%")
+        add("plan search run time", eff["scheduler_s"], f.planner_s, g.planner_s, "s")
+    if name in paper.DUAL_SPEEDUP:
+        add("speed-up over Megatron-LM", paper.DUAL_SPEEDUP[name], f.speedup, g.speedup, "x")
+    return rows
+
+
+def table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> list[str]:
+    """A Markdown table."""
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"]
+    return out + ["| " + " | ".join(r) + " |" for r in rows]
+
+
+def render(results: dict[str, tuple[Figures, Figures]], shipped: str, alternative: str, gap_text: str) -> str:
+    """The whole document."""
+    out = ["# Reproducing the Optimus evaluation", "",
+           "Generated by `python bench/reproduction.py --write` from the configs in `examples/optimus/`. Every "
+           "figure of ours is predicted by pybubble (simulator + cost model), none is measured. \"ours\" uses the "
+           "calibration the configs name (`examples/optimus/h100_cluster.json`); \"ours, Optimus-row fit\" is a "
+           "diagnostic with the same two factors fitted to the paper's 3072-GPU Optimus step instead. Differences "
+           "are ours against the paper, in % (and in percentage points for shares).", "",
+           "## Settings and choices", "", SETTINGS_TEXT, "",
+           "## Calibration", "", f"- Shipped (`bench/calibrate_to_paper.py --write`): {shipped}",
+           f"- Diagnostic (`bench/calibrate_to_paper.py --row optimus`): {alternative}", "", CALIBRATION_TEXT, ""]
+    out += ["## Published figures beside ours", ""]
+    for name in SETTINGS:
+        f, g = results[name]
+        rows = figure_rows(name, f, g)
+        cfg = f.report.config
+        models = " + ".join(e.model.name for e in cfg.encoders) + f" + {cfg.llm.name}"
+        out += [f"### {name}: {models}, {cfg.cluster.gpus} GPUs, {cfg.microbatches} microbatches", ""]
+        if rows:
+            out += table(("figure", "paper", "ours", "difference", "ours, Optimus-row fit", "difference"), rows)
+        else:
+            out.append(NO_FIGURE.get(name[:4], "The paper publishes no per-setting figure here."))
+        out.append("")
+    weak = [results[n] for n in ("weak_a", "weak_b", "weak_c", "weak_d")]
+    out += ["### Weak scaling, best over settings A-D", ""]
+    rows = []
+    for layout, label in (("megatron", "best speed-up over Megatron-LM"),
+                          ("megatron_balanced", "best speed-up over Megatron-LM balanced")):
+        mine = max(f.step[layout] / f.step["pybubble"] for f, _ in weak)
+        alt = max(g.step[layout] / g.step["pybubble"] for _, g in weak)
+        theirs = paper.WEAK_BEST[layout]
+        rows.append((label, f"{theirs:.3f}x", f"{mine:.3f}x", pct(mine, theirs), f"{alt:.3f}x", pct(alt, theirs)))
+    out += table(("figure", "paper", "ours", "difference", "ours, Optimus-row fit", "difference"), rows) + [""]
+
+    out += ["## Every layout we predict", "",
+            "Step times in seconds with the shipped calibration (the Optimus-row fit in brackets); hidden = "
+            "share of the encoder's compute inside LLM bubbles.", ""]
+    rows = []
+    for name in SETTINGS:
+        f, g = results[name]
+        s = {k: f"{f.step[k]:.2f} ({g.step[k]:.2f})" for k in f.step}
+        rows.append((name, f"{f.report.search.timeline.step_time * 1e-6:.2f}", s["megatron"], s["megatron_balanced"],
+                     s["coarse"], s["pybubble"], f"{f.speedup:.2f}x ({g.speedup:.2f}x)",
+                     f"{f.coarse:.0%} / {f.fine:.0%}", f"{f.mfu['pybubble']:.1%} ({g.mfu['pybubble']:.1%})",
+                     f"{f.planner_s:.2f}"))
+    out += table(("config", "LLM alone", "megatron", "megatron_balanced", "coarse", "pybubble", "vs megatron",
+                  "hidden coarse / fine", "pybubble MFU", "planner (s)"), rows)
+    worse = [n for n in SETTINGS if results[n][0].report.best.step_time
+             > min(b.step_time for b in results[n][0].report.baselines.values()) * (1 + 1e-12)]
+    seconds = [results[n][0].planner_s for n in SETTINGS]
+    out += ["", f"pybubble's step is no worse than the best baseline on {len(SETTINGS) - len(worse)} of "
+            f"{len(SETTINGS)} settings" + (f" (worse on {', '.join(worse)})." if worse else "."),
+            f"Planner wall time per setting (2 threads, this run): median {statistics.median(seconds):.2f} s, "
+            f"max {max(seconds):.2f} s; bench/README.md has the timings taken under the quiet lock.", "",
+            "## Remaining gaps and their causes", "", gap_text]
+    return "\n".join(out) + "\n"
+
+
+SETTINGS_TEXT = """\
+- **Models** (Tables 8, 9): the presets `vit-3b` ... `vit-22b` (48 layers, head dim 128, 256 tokens
+  per image), `llama-70b`, `gpt-175b`, `gpt-11b` (80 layers, width 3072, 24 heads). H100 80 GB,
+  8 per node; sequence length 2048 and micro batch size 2 everywhere.
+- **Plans** (Tables 11, 12): each baseline has the plan the paper gives it (`baselines:` in the
+  configs). Plain Megatron-LM is non-interleaved 1F1B where the paper gives it no V (weak A-D, strong
+  1536, the dual settings) and V12 where it does (strong 2048 and 3072); Megatron-LM balanced uses
+  the paper's V (V6 for LLaMA-70B, whose 80 layers its partitioner splits unevenly over the 24
+  virtual stages; V12 for GPT-175B). pybubble keeps the paper's DP x PP x TP and interleaves the
+  LLM: V12 for GPT-175B, V5 for LLaMA-70B and GPT-11B (the nearest to V6 that splits 80 layers
+  evenly). The paper gives no plan for the 8-A100 setting: DP1 PP4 TP2 (V5 for pybubble).
+- **Encoder load: 8 images of 256 tokens per sample** (`tokens_per_sample: 2048`, for every encoder
+  in every setting). The paper's aggregate PFLOP/s times its iteration time is the FLOPs it counts
+  per step: 866.3e15 x 5.91 s = 1051.3e15 x 4.87 s = 5.12e18 at 3072 GPUs. GPT-175B under
+  Megatron-LM's four-pass count, 96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h)) with B = 1536, s = 2048,
+  l = 96, h = 12288, V = 51200, is 4.51e18, leaving 0.61e18 for the encoder. One 256-token image
+  through ViT-22B under the same four-pass count is 48 x 256 x 4 x (24·6144² + 4·256·6144) =
+  4.48e13 FLOPs, 6.89e16 per image per sample over the batch: 0.61e18 / 6.89e16 = 8.8 images, about
+  2,260 image tokens per sample. We take 8 images, 2048 image tokens: as many as the sequence
+  length, which the paper fixes at 2048 everywhere. 8 images put our count at 5.06e18 per step,
+  1.2% under the paper's; 9 would be 0.2% over. The paper's ViT-22B layer time (about 1.4 ms
+  forward, 2.0 ms backward, at its micro batch 2 and TP 8) does not decide between them: our cost
+  model gives 1.33 / 1.77 ms for 16 images and 1.49 / 1.98 ms for 18 (docs/costmodel.md). Without
+  recomputation in the count the remainder would need about 8,500 tokens per sample, four times
+  the sequence.
+- **Activation recomputation: full** (`training.recompute: full`), for the LLM and the encoders:
+  the four-pass count above is Megatron-LM's convention under full recomputation, and GPT-175B
+  at this scale is trained with it. MFU counts the FLOPs the step executes, the recomputed forward
+  included, as Megatron-LM's throughput and the paper's MFU do (5.12e18 per step here).
+- **The encoders' own microbatch**: the LLM micro batch's images (16), one encoder microbatch per LLM
+  microbatch; with two encoders, each reads every image of the sample."""
+
+CALIBRATION_TEXT = """\
+One published step time pins one factor, so the fit solves for `compute_factor` (the achieved
+fraction of the roofline for compute kernels) and holds `comm_factor` (that of the links'
+bandwidth) at 1.0, the datasheet links. Both are achieved fractions and stay in (0, 1]: a step's
+kernels do not run faster than the same kernels alone. Everything else in the tables is predicted."""
+
+NO_FIGURE = {
+    "weak": "The paper gives the weak-scaling speed-ups per setting only in a bar chart; its best over "
+            "A-D is compared below.",
+    "a100": f"The paper compares Optimus here with Alpa ({paper.A100['vs_alpa']}x faster) and PyTorch FSDP "
+            f"({paper.A100['vs_fsdp']:.3f}x), baselines pybubble does not model; no per-step figure to compare.",
 }
-EFFICIENCY = {32: 57.5, 24: 69.3, 16: 85.0}
-"""Optimus's scheduling efficiency (share of encoder work hidden, %) per microbatch count."""
 
-ACCOUNT = """\
-## What differs from the paper, and why
-
-- **The configs are our reconstruction.** The model shapes come from the paper's tables (our
-  presets `vit-3b` ... `vit-22b`, `gpt-175b`; `gpt-11b` is a Megatron-style GPT of that size, the
-  paper does not give its shape). The GPU counts, batch sizes, micro batch size (2), interleaving
-  (vpp 12) and the tokens per sample (256: one image) are our choices where the paper's text did
-  not pin them down for us; weak scaling grows the encoder (3B, 5B, 11B, 22B) with the cluster (384
-  to 3072 GPUs) at 16 microbatches per pipeline; strong scaling keeps the global batch at 1536, so
-  1536/2048/3072 GPUs give 32/24/16 microbatches, the three counts of the paper's scheduling
-  efficiency figures.
-- **Predicted, not measured.** Every number here comes from pybubble's simulator and cost model
-  (H100 or A100 roofline with fitted efficiencies, see docs/costmodel.md); the paper measured a
-  production cluster. Our LLM step has no straggler noise, no kernel-launch jitter and no
-  overlap of DP traffic beyond the exposed all-gather and reduce-scatter.
-- **The encoder is small here.** With one 256-token image per 2048-token sample, ViT-22B is under
-  2% of the step's FLOPs. Our speedups over Megatron come from removing the stage-0 straggler
-  (the encoder serialised in front of the first LLM chunk), which the interleaved schedule
-  amplifies; heavier image loads raise both the baseline's loss and pybubble's gain.
-- **Baselines.** `megatron` puts the encoders in stage 0's pre-process at the LLM's TP degree (or
-  the largest divisor of it that splits the encoder's heads); `megatron_balanced` cuts the
-  encoder and LLM layers into the 96 virtual stages to balance the slowest one, which cannot help
-  much when a virtual stage holds a single LLM layer, as here (it equals `megatron` in weak
-  setting A); `coarse` is the colocated encoder-before/after-the-LLM schedule under its best
-  plan. The paper's baselines are its own Megatron-LM variants; our speedups are over ours.
-- **Encoder data-parallel traffic** (its gradient reduce-scatter) is left out of every layout alike.
-- **Scheduling efficiency** is our hidden fraction: the share of the encoder's compute that runs
-  inside the LLM step's bubbles.
-"""
-
-
-def group(name: str) -> str:
-    return next(g for g in PAPER if name.startswith(g))
+def gaps(results: dict[str, tuple[Figures, Figures]], shipped: Fit, alternative: Fit) -> str:
+    """One paragraph per remaining gap, its figures taken from this run."""
+    f3, g3 = results["strong_3072"]
+    cfg = f3.report.config
+    row = paper.STRONG_3072
+    # the bound: Megatron-LM's stage 0 runs the whole encoder of its replica; Optimus spreads it and hides most
+    stage0 = encoder_flops(cfg) / (cfg.llm_plan.dp * cfg.llm_plan.tp)
+    unhidden = (1 - paper.EFFICIENCY["strong_3072"]["fine"]) * encoder_flops(cfg) / cfg.cluster.gpus
+    idle = sum(v for k, v in f3.report.search.timeline.bubble_time()[0].items() if k.startswith("pp_")) * 1e-6
+    idle_slow = idle / alternative.compute_factor  # pipeline bubbles grow with compute on the paper's cluster
+    difference = row["megatron"]["step_s"] - row["optimus"]["step_s"]
+    rate = (stage0 - unhidden) / (difference + idle_slow)
+    speedups = [results[n][0].speedup for n in SETTINGS if n != "a100_vit3b_gpt11b"]
+    balanced = [results[n][0].over_balanced for n in SETTINGS if n.startswith(("weak", "strong"))]
+    eff = {n: results[n] for n in paper.EFFICIENCY}
+    c = alternative.compute_factor
+    exact = (f"compute_factor {shipped.unbounded:.3f}" if shipped.unbounded is not None else "more than 2")
+    stopped = shipped.compute_factor == 1.0 and shipped.model_s > shipped.target_s
+    out = [
+        f"**Megatron-LM's step (3072 GPUs: {pct(f3.step['megatron'], row['megatron']['step_s'])}) and every speed-up "
+        f"over Megatron-LM ({min(speedups):.2f}-{max(speedups):.2f}x against 1.21-1.27x).** The paper's Megatron-LM row "
+        f"does not fit the encoder load its own FLOP count implies, under the baseline it describes (the encoders in "
+        f"stage 0's pre-process). Megatron-LM runs the whole encoder of each microbatch on the first pipeline stage: "
+        f"{sci(encoder_flops(cfg))} encoder FLOPs per step over {cfg.llm_plan.dp} replicas and {cfg.llm_plan.tp} GPUs "
+        f"per stage is {sci(stage0)} FLOPs on each stage-0 GPU, serial with its LLM layers, while Optimus spreads the "
+        f"encoder over every GPU and leaves {1 - paper.EFFICIENCY['strong_3072']['fine']:.0%} of it ({sci(unhidden)} "
+        f"FLOPs per GPU) outside the bubbles. The paper's two steps differ by {difference:.2f} s, and stage 0 had at "
+        f"most its pipeline bubbles, about {idle_slow:.2f} s, to absorb the rest in: its GPUs would have had to run the "
+        f"encoder at {sci(rate)} FLOP/s or more, {rate / paper.PEAK_FLOPS:.0%} of the H100's peak. The cost model "
+        f"says the same: at the roofline's own efficiencies our Megatron-LM step is "
+        f"{step_time(cfg, 'megatron', 1.0, shipped.comm_factor):.2f} s"
+        + (f", and an exact fit needs {exact}, every compute kernel faster than it runs alone. The fit therefore stops "
+           f"at the bound" if stopped else "")
+        + f", and the speed-ups over Megatron-LM are the stage-0 straggler's, about 2x. "
+        f"A load light enough to reproduce the speed-up would miss the paper's FLOP count, its per-layer ViT-22B "
+        f"time and its scheduling efficiencies.",
+        f"**Megatron-LM balanced (3072 GPUs: {pct(f3.step['megatron_balanced'], row['megatron_balanced']['step_s'])}; "
+        f"speed-up over it {min(balanced):.2f}-{max(balanced):.2f}x against 1.18x at best in weak scaling and 1.21x at "
+        f"3072 GPUs).** The encoder is as heavy as a pipeline stage of GPT-175B here (48 ViT-22B layers at 16 images "
+        f"are about 12 GPT-175B layers), so a partitioner that balances the virtual stages spreads it over several "
+        f"ranks: our balanced layout comes within {100 * (min(balanced) - 1):.0f}-{100 * (max(balanced) - 1):.0f}% of "
+        f"pybubble. The paper's balanced run is within 0.7% of its plain Megatron-LM run, which this load does not "
+        f"allow either (previous paragraph).",
+        f"**Scheduling efficiency with the shipped calibration (Table 7).** At the roofline's efficiencies the "
+        f"encoder's kernels are short against the LLM's communication-bound bubbles (TP collectives, the DP "
+        f"all-gather and reduce-scatter, which compute_factor does not stretch), so more of the encoder fits: coarse "
+        + " / ".join(f"{eff[n][0].coarse:.0%}" for n in paper.EFFICIENCY) + " and fine "
+        + " / ".join(f"{eff[n][0].fine:.0%}" for n in paper.EFFICIENCY)
+        + " at " + " / ".join(str(paper.EFFICIENCY[n]["microbatches"]) for n in paper.EFFICIENCY)
+        + f" microbatches against the paper's " + " / ".join(f"{paper.EFFICIENCY[n]['coarse']:.1%}" for n in paper.EFFICIENCY)
+        + " and " + " / ".join(f"{paper.EFFICIENCY[n]['fine']:.1%}" for n in paper.EFFICIENCY)
+        + f". With the compute factor the Optimus row implies ({c:.2f}) the encoder takes {1 / c:.2f}x as long against "
+        f"the same bubbles, and coarse lands at " + " / ".join(f"{eff[n][1].coarse:.0%}" for n in paper.EFFICIENCY)
+        + ", fine at " + " / ".join(f"{eff[n][1].fine:.0%}" for n in paper.EFFICIENCY)
+        + ". The efficiencies weigh the encoder's compute against the LLM's communication; they need the cluster's "
+        f"real compute speed, which the Megatron-LM row cannot give. Where fine still runs high at 32 microbatches, "
+        f"pybubble's filler packs TP bubbles kernel by kernel with no cost for switching streams and no SMs lost to "
+        f"the NCCL kernels that run the LLM's collectives; a real GPU gives up both.",
+        f"**Optimus's step and MFU with the shipped calibration ({f3.step['pybubble']:.2f} s, {f3.mfu['pybubble']:.1%} "
+        f"against {row['optimus']['step_s']} s, {row['optimus']['mfu']:.1%}).** Same cause: the shipped factors are the "
+        f"roofline's, and the cluster the paper measured computes at about {c:.2f} of it (the Optimus-row fit, which "
+        f"then gives an MFU of " + " / ".join(f"{results[n][1].mfu['pybubble']:.1%}" for n in paper.EFFICIENCY)
+        + " at " + " / ".join(str(results[n][0].report.config.cluster.gpus) for n in paper.EFFICIENCY)
+        + f" GPUs against the paper's flat ~{paper.MFU_FLAT:.1%}).",
+        "**Planner run time.** Not a gap: pybubble plans each setting in a second or two where Optimus's search "
+        "takes 15.1-322.2 s on one core (Table 7); timings taken under the quiet lock are in bench/README.md.",
+    ]
+    return "\n\n".join(out)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", default=str(ROOT / "docs" / "reproduction.md"))
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--write", action="store_true", help=f"write {DOC.relative_to(ROOT)}")
+    where.add_argument("--output", help="write the Markdown here")
     args = parser.parse_args()
-    rows, worse, planner_s = [], [], []
-    for path in sorted(CONFIGS.glob("*.yaml")):
-        config = pybubble.load_config(path)
-        t0 = time.perf_counter()
-        report: PlanReport = pybubble.plan(config)
-        took = time.perf_counter() - t0
-        planner_s.append(report.planner_seconds)
-        b = {k: v.step_time for k, v in report.baselines.items()}
-        best = report.best
-        best_baseline = min(b, key=b.get)
-        if best.step_time > b[best_baseline] * (1 + 1e-12):
-            worse.append(path.stem)
-        encoders = " + ".join(e.model.name for e in config.encoders)
-        rows.append((path.stem, group(path.stem), config, encoders, report, b, best_baseline, took))
-        print(f"{path.stem:18s} {config.cluster.gpus:5d} GPUs  megatron {b['megatron'] / 1e3:9.1f} ms  "
-              f"balanced {b['megatron_balanced'] / 1e3:9.1f}  coarse {b['coarse'] / 1e3:9.1f}  "
-              f"pybubble {best.step_time / 1e3:9.1f}  x{report.speedup_vs_megatron:.3f}  "
-              f"hidden {best.hidden_fraction:6.1%}  planner {report.planner_seconds:.2f} s", flush=True)
-
-    out = ["# Reproducing the Optimus evaluation", "",
-           "Generated by `python bench/reproduction.py` from the configs in `examples/optimus/`; "
-           "every step time is predicted by pybubble (simulator + cost model), none is measured. "
-           "Speedups are over our `megatron` baseline unless a column says otherwise.", "",
-           "| config | GPUs | models | microbatches | LLM alone (ms) | megatron (ms) | megatron_balanced (ms) "
-           "| coarse (ms) | pybubble (ms) | speedup vs megatron | vs best baseline | hidden | MFU | "
-           "planner (s) | paper |",
-           "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for stem, grp, config, encoders, report, b, best_baseline, _ in rows:
-        best = report.best
-        out.append(
-            f"| {stem} | {config.cluster.gpus} | {encoders} + {config.llm.name} | {config.microbatches} | "
-            f"{report.search.timeline.step_time / 1e3:,.1f} | {b['megatron'] / 1e3:,.1f} | "
-            f"{b['megatron_balanced'] / 1e3:,.1f} | {b['coarse'] / 1e3:,.1f} | {best.step_time / 1e3:,.1f} | "
-            f"{report.speedup_vs_megatron:.3f}x | {b[best_baseline] / best.step_time:.3f}x ({best_baseline}) | "
-            f"{best.hidden_fraction:.1%} | {report.mfu(best.step_time):.1%} | {report.planner_seconds:.2f} | "
-            f"{PAPER[grp]} |")
-    out += ["", "## Scheduling efficiency (strong scaling)", "",
-            "| microbatches | GPUs | pybubble hidden fraction | Optimus (paper) |", "|---:|---:|---:|---:|"]
-    for stem, grp, config, _, report, *_ in rows:
-        if grp == "strong":
-            m = config.microbatches
-            out.append(f"| {m} | {config.cluster.gpus} | {report.best.hidden_fraction:.1%} | "
-                       f"{EFFICIENCY.get(m, float('nan')):.1f}% |")
-    out += ["", "## Non-colocated placement", "",
-            "The encoder on GPUs of its own, sized for the least GPU time; more GPUs, so compare MFU.", "",
-            "| config | GPUs (colocated) | GPUs (non-colocated) | colocated step (ms) | non-colocated step (ms) "
-            "| colocated MFU | non-colocated MFU |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for stem, _, config, _, report, *_ in rows:
-        sep, g = report.separate, config.cluster.gpus
-        out.append(f"| {stem} | {g} | {g + sep.extra_gpus} | {report.best.step_time / 1e3:,.1f} | "
-                   f"{sep.step_time / 1e3:,.1f} | {report.mfu(report.best.step_time):.1%} | "
-                   f"{report.mfu(sep.step_time, g + sep.extra_gpus):.1%} |")
-    out += ["", f"pybubble's step is no worse than the best baseline on "
-            f"{len(rows) - len(worse)} of {len(rows)} configs"
-            + (f" (worse on: {', '.join(worse)})." if worse else "."),
-            f"Planner wall time (search, baselines and the non-colocated layout; 2 threads): median "
-            f"{statistics.median(planner_s):.2f} s, max {max(planner_s):.2f} s.", "", ACCOUNT]
-    Path(args.output).write_text("\n".join(out))
-    print(f"wrote {args.output}")
-    return 1 if worse else 0
+    configs = {name: pybubble.load_config(CONFIGS / f"{name}.yaml") for name in SETTINGS}
+    anchor = configs["strong_3072"]
+    costs = cost_model(anchor)
+    shipped = f"compute_factor {costs.compute_factor:.3f}, comm_factor {costs.comm_factor:.3f}"
+    alt_fit = fit(anchor, "optimus")
+    print(f"diagnostic: {describe(alt_fit)}", file=sys.stderr, flush=True)
+    results: dict[str, tuple[Figures, Figures]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        alt = Path(tmp) / "optimus_row.json"
+        write_document(alt, {"format": CALIBRATION_FORMAT, "hardware": anchor.cluster.gpu,
+                             "compute_factor": alt_fit.compute_factor, "comm_factor": alt_fit.comm_factor})
+        for name in SETTINGS:
+            f = predict(configs[name])
+            g = predict(recalibrated(configs[name], alt))
+            results[name] = (f, g)
+            print(f"{name:18s} {configs[name].cluster.gpus:5d} GPUs  megatron {f.step['megatron']:6.2f} s  "
+                  f"balanced {f.step['megatron_balanced']:6.2f}  coarse {f.step['coarse']:6.2f}  "
+                  f"pybubble {f.step['pybubble']:6.2f}  x{f.speedup:.3f}  hidden {f.coarse:.0%}/{f.fine:.0%}  "
+                  f"MFU {f.mfu['pybubble']:.1%}  planner {f.planner_s:.2f} s  "
+                  f"[Optimus-row fit: x{g.speedup:.3f} hidden {g.coarse:.0%}/{g.fine:.0%} MFU {g.mfu['pybubble']:.1%}]",
+                  file=sys.stderr, flush=True)
+    shipped_fit = fit(anchor, "megatron", costs.comm_factor)
+    text = render(results, f"{shipped}. {describe(shipped_fit)}", describe(alt_fit), gaps(results, shipped_fit, alt_fit))
+    if args.write or args.output:
+        target = DOC if args.write else Path(args.output)
+        write_text(target, text)
+        print(f"wrote {target.resolve().relative_to(ROOT) if target.resolve().is_relative_to(ROOT) else target}",
+              file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ def test_explicit_models_need_their_shape():
     (("cluster", "colour"), 1, r"cluster.colour: unknown key"),
     (("llm", "preset"), "gpt-5", r"llm: .*gpt-5"),
     (("llm_plan", "schedule"), "2f2b", r"llm_plan.schedule: '2f2b' is not one of"),
-    (("llm_plan", "vpp"), 5, r"does not divide the LLM's 96 layers"),
+    (("llm_plan", "vpp"), 13, r"llm_plan: pp x vpp = 104 is more than the LLM's 96 layers"),
     (("training", "global_batch"), 1000, r"training.global_batch: 1000 is not a multiple"),
     (("training", "micro_batch"), KeyError, r"training.micro_batch: missing"),
     (("encoders",), [], r"encoders: expected a non-empty list"),

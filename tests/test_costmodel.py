@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pybubble import presets
-from pybubble.costs.roofline import HARDWARE, CostModel, hardware
+from pybubble.costs.roofline import HARDWARE, CostModel, hardware, stream_schedule
 from pybubble.costs.kernels import Kernel, decompose_layer
 
 
@@ -62,8 +62,29 @@ def test_tp_splits_compute_and_adds_collectives():
     assert one / 9 < eight < one / 6
     comms = cm.tp_collective_times(m, 1, 2048, tp=8)
     assert len(comms) == 2 and all(t > 0 for t in comms)
-    assert len(cm.tp_collective_times(m, 1, 2048, tp=8, phase="bwd")) == 2
     assert cm.layer_time(m, 1, 2048, tp=8) == pytest.approx(eight + sum(comms))
+    # backward: both input-gradient all-reduces run under the (longer) weight-gradient GEMMs
+    assert cm.tp_collective_times(m, 1, 2048, tp=8, phase="bwd") == []
+    assert cm.layer_time(m, 1, 2048, tp=8, phase="bwd") == pytest.approx(cm.compute_time(m, 1, 2048, tp=8, phase="bwd"))
+    # full recomputation runs the forward again first, its two all-reduces exposed
+    again = cm.tp_collective_times(m, 1, 2048, tp=8, phase="bwd", recompute="full")
+    assert again == pytest.approx(comms)
+
+
+def test_stream_schedule_overlaps_a_collective_only_beside_independent_compute():
+    def k(name, resource, after=()):
+        return Kernel(name=name, phase="bwd", resource=resource, kind="collective" if resource == "comm" else "gemm",
+                      flops=1.0, bytes=1.0, after=after)
+
+    # dgrad (3) -> all-reduce (5) beside wgrad (2, independent of the all-reduce) -> next (1) waits for both
+    timed = [(k("dgrad", "compute"), 3.0), (k("wgrad", "compute"), 2.0), (k("ar", "comm", (0,)), 5.0),
+             (k("next", "compute", (2,)), 1.0)]
+    assert stream_schedule(timed) == (9.0, [3.0])  # the all-reduce outlasts wgrad by 3
+    timed[1] = (k("wgrad", "compute"), 6.0)
+    assert stream_schedule(timed) == (10.0, [])  # wgrad hides it whole
+    # a forward: the next kernel needs the collective: all of it is a gap, also at the end
+    fwd = [(k("gemm", "compute"), 2.0), (k("ar", "comm", (0,)), 4.0)]
+    assert stream_schedule(fwd) == (6.0, [4.0])
 
 
 def test_calibration_replaces_efficiencies(tmp_path):

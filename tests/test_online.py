@@ -65,7 +65,7 @@ def ranked():
 def test_ranked_candidates_are_the_best_plans_on_the_mean_batch(ranked):
     from pybubble.config.schema import load_config
     from pybubble.planner.search import encoder_plans, encoder_problem
-    from pybubble.problem.encoder import even_split
+    from pybubble.llm.step import even_split
 
     config = load_config(SMALL)
     step = pybubble.LLMStep.of(config)

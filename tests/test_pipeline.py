@@ -435,3 +435,20 @@ def test_tp_collectives_must_leave_compute():
         simulate_pipeline("1f1b", ranks=2, microbatches=2, fwd=10.0, bwd=20.0, tp_comm=(4, 2.0))
     with pytest.raises(ValueError, match=r"tp_comm.count: 1.5"):
         simulate_pipeline("1f1b", tp_comm=(1.5, 0.1))
+
+
+def test_nvlink_free_is_the_step_less_its_tp_collectives():
+    tl = simulate_pipeline("interleaved_1f1b", ranks=3, microbatches=3, chunks=2, fwd=10.0, bwd=20.0,
+                           tp_comm=(2, 1.0), dp_allgather=3.0, dp_reducescatter=4.0)
+    free = tl.nvlink_free
+    assert free.lanes == tl.ranks
+    for r in range(tl.ranks):
+        tp = sorted((b.start, b.end) for b in tl.bubbles if b.rank == r and b.kind == "tp")
+        windows = free.of(r)
+        # the windows and the TP collectives tile [0, step] in turn: window, collective, window, ...
+        edges = [x for w, c in zip(windows, tp + [None]) for x in (w, c) if x is not None]
+        assert edges[0][0] == 0.0 and edges[-1][1] == tl.step_time
+        assert all(a[1] == pytest.approx(b[0]) for a, b in zip(edges, edges[1:]))
+        # the DP collectives leave the links inside the node free (they cross nodes)
+        assert windows[0][1] > 3.0 and windows[-1][0] < tl.step_time - 4.0
+    assert len(simulate_pipeline("1f1b", ranks=2, microbatches=2).nvlink_free.of(0)) == 1  # no TP: one window

@@ -43,7 +43,9 @@ def test_plan_json_has_exactly_the_promised_keys(quickstart):
     doc = json.loads((out / "p.json").read_text())
     assert set(doc) == {"baselines", "pybubble", "speedup_vs_megatron", "planner_seconds"}
     assert set(doc["baselines"]) == {"megatron", "megatron_balanced", "coarse"}
-    assert all(set(b) == {"step_time_s"} and b["step_time_s"] > 0 for b in doc["baselines"].values())
+    assert all(set(b) == ({"step_time_s", "hidden_fraction"} if name == "coarse" else {"step_time_s"})
+               and b["step_time_s"] > 0 for name, b in doc["baselines"].items())
+    assert 0.0 <= doc["baselines"]["coarse"]["hidden_fraction"] <= 1.0
     pb = doc["pybubble"]
     assert set(pb) == {"step_time_s", "encoder_plan", "partition", "hidden_fraction", "mfu"}
     assert set(pb["encoder_plan"]) == {"dp", "pp", "tp"}
@@ -122,17 +124,13 @@ def test_plan_derives_the_llm_step_once(monkeypatch):
     from pybubble.llm import step as llm_step
 
     config = load_config(QUICKSTART)
-    calls = {"llm_layer_time": 0, "llm_tp_collectives": 0, "steps": 0, "timelines": 0, "memory": 0}
-    layer_time, collectives = CostModel.layer_time, CostModel.tp_collective_times
+    calls = {"llm_layer_kernels": 0, "steps": 0, "timelines": 0, "memory": 0}
+    layer_kernels = CostModel.layer_kernels
     of, simulate, memory = llm_step.LLMStep.of.__func__, llm_step._simulate, llm_step._stage_memory
 
-    def counted_layer_time(self, model, *args, **kwargs):
-        calls["llm_layer_time"] += model is config.llm
-        return layer_time(self, model, *args, **kwargs)
-
-    def counted_collectives(self, model, *args, **kwargs):
-        calls["llm_tp_collectives"] += model is config.llm
-        return collectives(self, model, *args, **kwargs)
+    def counted_layer_kernels(self, model, *args, **kwargs):
+        calls["llm_layer_kernels"] += model is config.llm
+        return layer_kernels(self, model, *args, **kwargs)
 
     def counted(name, fn):
         def wrapper(*args, **kwargs):
@@ -140,12 +138,11 @@ def test_plan_derives_the_llm_step_once(monkeypatch):
             return fn(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(CostModel, "layer_time", counted_layer_time)
-    monkeypatch.setattr(CostModel, "tp_collective_times", counted_collectives)
+    monkeypatch.setattr(CostModel, "layer_kernels", counted_layer_kernels)
     monkeypatch.setattr(llm_step.LLMStep, "of", classmethod(counted("steps", of)))
     monkeypatch.setattr(llm_step, "_simulate", counted("timelines", simulate))
     monkeypatch.setattr(llm_step, "_stage_memory", counted("memory", memory))
     plan(config, workers=1)
-    # one LLM step: its layer's forward and backward, its TP collectives; then the two Megatron
-    # layouts simulate their own steps (encoder layers added) and count their own memory
-    assert calls == {"llm_layer_time": 2, "llm_tp_collectives": 1, "steps": 1, "timelines": 3, "memory": 3}
+    # one LLM step: its layer's forward and backward kernels (times and TP collectives); then the two
+    # Megatron layouts simulate their own steps (encoder layers added) and count their own memory
+    assert calls == {"llm_layer_kernels": 2, "steps": 1, "timelines": 3, "memory": 3}

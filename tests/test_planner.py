@@ -16,7 +16,7 @@ from pybubble.llm.step import LLMStep
 from pybubble.planner import layouts, report
 from pybubble.planner import search as planner
 from pybubble.planner.search import compositions, encoder_plans, encoder_problem
-from pybubble.problem.encoder import even_split
+from pybubble.llm.step import even_split
 
 
 def search(cfg, **kwargs):
@@ -120,7 +120,7 @@ def space():
     tl = step.timeline
     plan = [p for p in encoder_plans(cfg) if (p.pp_enc, p.tp_enc) == (2, 1)][0]
     lps = plan.lanes_per_stage
-    return planner._PlanSpace(step, plan, (tl.compute_free.repeated(lps), tl.link_free.repeated(lps)))
+    return planner._PlanSpace(step, plan, step.encoder_windows(lps))
 
 
 @settings(max_examples=25, deadline=None)
@@ -135,7 +135,8 @@ def test_partition_bound_never_exceeds_the_scheduled_step(space, cuts):
 
 def test_memory_prunes_plans_and_a_too_small_budget_is_an_error():
     cfg = load_config(SMALL)
-    full = search(cfg)
+    full = search(cfg, keep=len(encoder_plans(cfg)))  # no plan pruned: top holds every plan's best
+    assert len(full.top) == len(encoder_plans(cfg))
     need = [c.memory_bytes for c in full.top]
     # a budget between the leanest and the hungriest plan: the hungriest ones go
     limit = (min(need) + max(need)) / 2 / GB
@@ -174,3 +175,30 @@ def test_mfu_counts_the_model_flops():
     h100 = CostModel("h100")
     assert report.mfu(cfg, step, h100) == pytest.approx(flops / (cfg.cluster.gpus * 989.4e12))
     assert np.isclose(report.mfu(cfg, step, h100, gpus=32), report.mfu(cfg, step, h100) / 2)
+
+
+def test_edge_windows_are_the_bubbles_before_and_after_each_ranks_llm_work():
+    step = LLMStep.of(load_config(SMALL))
+    tl = step.timeline
+    edges = planner.edge_windows(tl)
+    for r in range(tl.ranks):
+        ops = [o for o in tl.ops if o.rank == r]
+        first, last = min(o.start for o in ops), max(o.end for o in ops)
+        kept = edges.of(r)
+        assert kept and all(e <= first or s >= last for s, e in kept)
+        assert [w for w in tl.compute_free.of(r) if w[1] <= first or w[0] >= last] == kept
+    assert edges.free_time().sum() < tl.compute_free.free_time().sum()  # the TP and steady bubbles left out
+
+
+def test_coarse_fills_only_the_edge_bubbles_and_the_plan_is_never_worse():
+    heavy = {**SMALL, "encoders": [{"preset": "vit-l-14", "tokens_per_sample": 16 * 257}]}
+    found = search(load_config(heavy))
+    coarse, tl = found.coarse, found.timeline
+    t = coarse.problem.arrays().tasks
+    start, end = coarse.schedule.start, coarse.schedule.start + t.duration
+    inside = (t.resource == 0) & (start >= 0) & (end <= tl.step_time) & (t.duration > 0)
+    edges = planner.edge_windows(tl).repeated(coarse.plan.lanes_per_stage)
+    for i in np.flatnonzero(inside):
+        assert any(s <= start[i] and end[i] <= e + 1e-6 for s, e in edges.of(int(t.lane[i])))
+    assert 0.0 < coarse.hidden_fraction < 1.0
+    assert found.best.step_time <= coarse.step_time * (1 + 1e-12)

@@ -56,9 +56,8 @@ _ENCODERS: dict[str, Callable[[], EncoderConfig]] = {
 }
 
 _LLMS: dict[str, Callable[[], LLMConfig]] = {
-    # Optimus Table 9 names an 11B GPT; the shape here (36 layers, width 5120, 40 heads:
-    # 12 * 36 * 5120^2 = 11.3e9 parameters) is a Megatron-style GPT of that size.
-    "gpt-11b": lambda: LLMConfig(name="gpt-11b", layers=36, hidden=5120, heads=40, seq_len=2048,
+    # Optimus Table 9: GPT-11B, 80 layers, width 3072, 24 heads (MLP 4x, GPT-2 vocabulary).
+    "gpt-11b": lambda: LLMConfig(name="gpt-11b", layers=80, hidden=3072, heads=24, seq_len=2048,
                                  vocab=50257),
     # Llama 2 70B (Touvron et al. 2023, Table 1 / HF meta-llama/Llama-2-70b config): 80 layers,
     # width 8192, 64 heads, 8 KV heads, SwiGLU 28672, vocab 32000, context 4096.

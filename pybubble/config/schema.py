@@ -3,20 +3,27 @@ from YAML (or a dict) and checked, with errors that name the key.
 
 ```yaml
 cluster: {gpus: 3072, gpu: h100, gpus_per_node: 8}
+            # optional: calibration: FILE (a pybubble.calibration/1 file, relative to this config)
 llm: {preset: gpt-175b}            # or explicit layers/hidden/heads/ffn_hidden/vocab/seq_len
 encoders:                          # one or more
-  - {preset: vit-22b, tokens_per_sample: 256, frozen: false}
-training: {global_batch: 1536, micro_batch: 2, seq_len: 2048}
+  - {preset: vit-22b, tokens_per_sample: 2048, frozen: false}   # 8 images of 256 tokens
+training: {global_batch: 1536, micro_batch: 2, seq_len: 2048, recompute: full}
 llm_plan: {dp: 48, pp: 8, tp: 8, vpp: 12, schedule: interleaved_1f1b}
+baselines:                         # optional: a baseline's own LLM plan (default: llm_plan)
+  megatron: {vpp: 1, schedule: 1f1b}
 memory_gb: 80
 ```
+
+The encoder load is one field, ``tokens_per_sample`` of each encoder (a whole number of images of
+the model's ``tokens``): everything that needs it (cost model, memory model, planner, dynamic
+workloads, MFU) reads it through :attr:`Encoder.images_per_sample` and :meth:`Config.encoder_images`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,12 @@ GPUS = ("h100", "h200", "a100-80gb", "cpu")
 """GPU kinds a config may name (the cost model's hardware)."""
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv")
 """Pipeline schedules of the LLM (the action tables of :mod:`pybubble.llm.tables`)."""
+RECOMPUTE = ("none", "selective", "full")
+"""Activation recomputation (Megatron-LM's ``--recompute-granularity``): ``none``; ``selective``:
+each layer's core attention runs again inside its backward; ``full``: each layer's whole forward
+runs again inside its backward, from its saved input."""
+PLAN_BASELINES = ("megatron", "megatron_balanced")
+"""The baselines whose LLM plan a config may set apart from ``llm_plan`` (``baselines:``)."""
 
 
 def _value(section: Mapping[str, Any], key: str, where: str, default: Any = None) -> Any:
@@ -53,6 +66,9 @@ class Cluster:
     """GPU kind, one of GPUS (the cost model's hardware)."""
     gpus_per_node: int = 8
     """GPUs per node (NVLink domain): TP groups stay inside a node."""
+    calibration: str = ""
+    """A pybubble.calibration/1 file for the cost model (per-kind efficiencies and/or the cluster's
+    compute and network factors), resolved against the config's folder; empty: none."""
 
     def __post_init__(self) -> None:
         positive_int(self.gpus, "cluster.gpus", MAX_GPUS)
@@ -69,7 +85,8 @@ class Encoder:
     model: EncoderConfig
     """The encoder's shape."""
     tokens_per_sample: int
-    """Encoder tokens per training sample (images per sample x tokens per image)."""
+    """Encoder tokens per training sample: the encoder load, a whole number of images (or frames)
+    of ``model.tokens`` tokens each."""
     frozen: bool = False
     """A frozen encoder runs no backward."""
 
@@ -78,12 +95,14 @@ class Encoder:
             raise ValueError(f"model: {shown(self.model)} is not an EncoderConfig")
         positive_int(self.tokens_per_sample, "tokens_per_sample", MAX_TOKENS)
         flag(self.frozen, "frozen")
+        if self.tokens_per_sample % self.model.tokens:
+            raise ValueError(f"tokens_per_sample: {self.tokens_per_sample} is not a whole number of images of "
+                             f"{self.model.tokens} tokens ({self.model.name})")
 
     @property
     def images_per_sample(self) -> int:
-        """Images (or frames) per training sample: tokens per sample over the model's tokens per
-        image, at least one."""
-        return max(1, self.tokens_per_sample // self.model.tokens)
+        """Images (or frames) per training sample: tokens per sample over the model's tokens per image."""
+        return self.tokens_per_sample // self.model.tokens
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,11 +115,14 @@ class Training:
     """Samples per microbatch."""
     seq_len: int
     """LLM tokens per sample."""
+    recompute: str = "none"
+    """Activation recomputation of the LLM and the encoders, one of RECOMPUTE."""
 
     def __post_init__(self) -> None:
         positive_int(self.global_batch, "training.global_batch", MAX_BATCH)
         positive_int(self.micro_batch, "training.micro_batch", MAX_BATCH)
         positive_int(self.seq_len, "training.seq_len", MAX_TOKENS)
+        one_of(self.recompute, RECOMPUTE, "training.recompute")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -144,30 +166,49 @@ class Config:
     training: Training
     """The batch of one step."""
     llm_plan: LLMPlan
-    """The LLM's 3D-parallel plan."""
+    """The LLM's 3D-parallel plan (pybubble's, and every baseline's without one of its own)."""
+    baseline_plans: dict[str, LLMPlan] = field(default_factory=dict)
+    """A baseline's own LLM plan, by name (one of PLAN_BASELINES), where it differs from ``llm_plan``."""
     memory_gb: float = 80.0
     """Memory per GPU available to model states and activations (GB)."""
     source: str = field(default="")
     """Where the config was read from (for messages)."""
 
     def __post_init__(self) -> None:
-        p, c, t = self.llm_plan, self.cluster, self.training
-        if p.dp * p.pp * p.tp != c.gpus:
-            raise ValueError(f"llm_plan: dp x pp x tp = {p.dp} x {p.pp} x {p.tp} = {p.dp * p.pp * p.tp}, "
-                             f"not cluster.gpus ({c.gpus})")
-        if p.tp > c.gpus_per_node:
-            raise ValueError(f"llm_plan.tp: {p.tp} is more than cluster.gpus_per_node ({c.gpus_per_node})")
-        if t.global_batch % (p.dp * t.micro_batch):
-            raise ValueError(f"training.global_batch: {t.global_batch} is not a multiple of "
-                             f"llm_plan.dp x training.micro_batch ({p.dp} x {t.micro_batch})")
-        if self.llm.layers % (p.pp * p.vpp):
-            raise ValueError(f"llm_plan: pp x vpp = {p.pp * p.vpp} does not divide the LLM's {self.llm.layers} layers")
+        self._check_plan(self.llm_plan, "llm_plan")
+        for name, plan in self.baseline_plans.items():
+            one_of(name, PLAN_BASELINES, "baselines")
+            self._check_plan(plan, f"baselines.{name}")
+            if plan.dp != self.llm_plan.dp:
+                raise ValueError(f"baselines.{name}.dp: {plan.dp} differs from llm_plan.dp ({self.llm_plan.dp}): "
+                                 "the baselines train the same microbatches per pipeline")
         if not self.encoders:
             raise ValueError("encoders: at least one encoder is needed")
         positive(self.memory_gb, "memory_gb")
         if self.microbatches > MAX_MICROBATCHES:
-            raise ValueError(f"training.global_batch: {t.global_batch:,} samples give {self.microbatches:,} "
+            raise ValueError(f"training.global_batch: {self.training.global_batch:,} samples give {self.microbatches:,} "
                              f"microbatches per pipeline, more than the limit of {MAX_MICROBATCHES:,}")
+
+    def _check_plan(self, p: LLMPlan, where: str) -> None:
+        c, t = self.cluster, self.training
+        if p.dp * p.pp * p.tp != c.gpus:
+            raise ValueError(f"{where}: dp x pp x tp = {p.dp} x {p.pp} x {p.tp} = {p.dp * p.pp * p.tp}, "
+                             f"not cluster.gpus ({c.gpus})")
+        if p.tp > c.gpus_per_node:
+            raise ValueError(f"{where}.tp: {p.tp} is more than cluster.gpus_per_node ({c.gpus_per_node})")
+        if t.global_batch % (p.dp * t.micro_batch):
+            raise ValueError(f"training.global_batch: {t.global_batch} is not a multiple of "
+                             f"{where}.dp x training.micro_batch ({p.dp} x {t.micro_batch})")
+        if p.pp * p.vpp > self.llm.layers:
+            raise ValueError(f"{where}: pp x vpp = {p.pp * p.vpp} is more than the LLM's {self.llm.layers} layers")
+
+    def baseline_plan(self, name: str) -> LLMPlan:
+        """The LLM plan of baseline `name`: its own where the config gives one, else ``llm_plan``."""
+        return self.baseline_plans.get(one_of(name, PLAN_BASELINES, "baseline"), self.llm_plan)
+
+    def with_plan(self, plan: LLMPlan) -> "Config":
+        """This config with `plan` as its LLM plan (checked as ``llm_plan``)."""
+        return replace(self, llm_plan=plan)
 
     @property
     def microbatches(self) -> int:
@@ -175,10 +216,10 @@ class Config:
         return self.training.global_batch // (self.llm_plan.dp * self.training.micro_batch)
 
     @property
-    def encoder_images(self) -> int:
-        """Images in one encoder microbatch: the LLM micro batch times the images per sample (the
-        largest over the encoders)."""
-        return self.training.micro_batch * max(e.images_per_sample for e in self.encoders)
+    def encoder_images(self) -> list[int]:
+        """Per encoder, the images in one encoder microbatch: the LLM micro batch times the
+        encoder's images per sample."""
+        return [self.training.micro_batch * e.images_per_sample for e in self.encoders]
 
 
 _LLM_KEYS = ("preset", "name", "layers", "hidden", "heads", "head_dim", "kv_heads", "ffn_hidden",
@@ -219,11 +260,17 @@ def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> Config:
 
 
 def _config(doc: Mapping[str, Any], source: str) -> Config:
-    known_keys(doc, ("cluster", "llm", "encoders", "training", "llm_plan", "memory_gb"), "config")
+    known_keys(doc, ("cluster", "llm", "encoders", "training", "llm_plan", "baselines", "memory_gb"), "config")
     cl = _section(doc, "cluster")
-    known_keys(cl, ("gpus", "gpu", "gpus_per_node"), "cluster")
+    known_keys(cl, ("gpus", "gpu", "gpus_per_node", "calibration"), "cluster")
+    calibration = ""
+    if "calibration" in cl:
+        if not isinstance(cl["calibration"], str) or not cl["calibration"]:
+            raise ValueError(f"cluster.calibration: {shown(cl['calibration'])} is not a file name")
+        base = Path(source).parent if source else Path.cwd()
+        calibration = str(base / cl["calibration"])
     cluster = Cluster(gpus=_value(cl, "gpus", "cluster"), gpu=cl.get("gpu", "h100"),
-                      gpus_per_node=_value(cl, "gpus_per_node", "cluster", 8))
+                      gpus_per_node=_value(cl, "gpus_per_node", "cluster", 8), calibration=calibration)
     llm = _model(_section(doc, "llm"), "llm", "llm")
     encs = doc.get("encoders")
     if not isinstance(encs, list) or not encs:
@@ -240,13 +287,37 @@ def _config(doc: Mapping[str, Any], source: str) -> Config:
         except ValueError as err:
             raise ValueError(f"{where}.{err}") from None
     tr = _section(doc, "training")
-    known_keys(tr, ("global_batch", "micro_batch", "seq_len"), "training")
+    known_keys(tr, ("global_batch", "micro_batch", "seq_len", "recompute"), "training")
     training = Training(global_batch=_value(tr, "global_batch", "training"),
                         micro_batch=_value(tr, "micro_batch", "training"),
-                        seq_len=_value(tr, "seq_len", "training", llm.seq_len))
-    pl = _section(doc, "llm_plan")
-    known_keys(pl, ("dp", "pp", "tp", "vpp", "schedule"), "llm_plan")
-    plan = LLMPlan(dp=_value(pl, "dp", "llm_plan"), pp=_value(pl, "pp", "llm_plan"), tp=_value(pl, "tp", "llm_plan"),
-                   vpp=_value(pl, "vpp", "llm_plan", 1), schedule=pl.get("schedule", "1f1b"))
+                        seq_len=_value(tr, "seq_len", "training", llm.seq_len),
+                        recompute=tr.get("recompute", "none"))
+    plan = _plan(_section(doc, "llm_plan"), "llm_plan")
+    baselines = {}
+    if "baselines" in doc:
+        for key, section in mapping(doc["baselines"], "baselines").items():
+            one_of(key, PLAN_BASELINES, "baselines")
+            where = f"baselines.{key}"
+            baselines[key] = _plan(mapping(section, where), where, default=plan)
     return Config(cluster=cluster, llm=llm, encoders=encoders, training=training, llm_plan=plan,
-                  memory_gb=positive(doc.get("memory_gb", 80.0), "memory_gb"), source=source)
+                  baseline_plans=baselines, memory_gb=positive(doc.get("memory_gb", 80.0), "memory_gb"),
+                  source=source)
+
+
+def _plan(section: Mapping[str, Any], where: str, default: LLMPlan | None = None) -> LLMPlan:
+    """An LLM plan section; keys it leaves out come from `default` (a baseline's plan from llm_plan;
+    its vpp goes back to 1 when the section names a schedule that is not interleaved)."""
+    known_keys(section, ("dp", "pp", "tp", "vpp", "schedule"), where)
+    if default is None:
+        sizes = {k: _value(section, k, where) for k in ("dp", "pp", "tp")}
+        sizes["vpp"] = _value(section, "vpp", where, 1)
+        schedule = section.get("schedule", "1f1b")
+    else:
+        sizes = {k: section.get(k, getattr(default, k)) for k in ("dp", "pp", "tp", "vpp")}
+        schedule = section.get("schedule", default.schedule)
+        if "vpp" not in section and schedule not in ("interleaved_1f1b", "zbv"):
+            sizes["vpp"] = 1
+    try:
+        return LLMPlan(schedule=schedule, **sizes)
+    except ValueError as e:  # LLMPlan names its fields as llm_plan's
+        raise ValueError(str(e).replace("llm_plan", where, 1)) from None

@@ -11,6 +11,13 @@ of the forward's size, and attention backward counts its four gradient matmuls. 
 recomputes QK^T in the backward; that extra work is not in ``flops`` but in the lower efficiency the
 cost model gives the ``attention_bwd`` kind. For MLP ratio 4 and multi-head attention a layer's
 forward is 24·b·s·h² + 4·b·s²·h FLOPs plus the small element-wise terms.
+
+Activation recomputation (``recompute``, Megatron-LM's ``--recompute-granularity``) puts forward work
+inside the backward: ``full`` runs the layer's whole forward again (its TP collectives included)
+before the layer's backward kernels, from the layer input saved in the forward, so a layer's
+backward is three forwards' worth of FLOPs and a training step counts four passes, Megatron-LM's
+96·b·s·l·h²·(1 + s/(6h)) per step for such layers; ``selective`` runs only the core attention
+again, just before its gradient. Recomputed kernels are named ``recompute_<forward name>``.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from dataclasses import dataclass
 
 from ..config.checks import one_of, positive_int, shown
 from ..config.models import EncoderConfig, LLMConfig, TransformerShape
+from ..config.schema import RECOMPUTE
 
 PHASES = ("fwd", "bwd")
 """The encoder's passes: a kernel belongs to the forward or to the backward."""
@@ -61,12 +69,14 @@ def splits_heads(model: TransformerShape, tp: int) -> bool:
     return model.heads % tp == 0 and (model.kv_heads % tp == 0 or tp % model.kv_heads == 0)
 
 
-def _check_args(model: TransformerShape, micro_batch: int, seq_len: int, tp: int, phase: str) -> None:
+def _check_args(model: TransformerShape, micro_batch: int, seq_len: int, tp: int, phase: str,
+                recompute: str) -> None:
     if not isinstance(model, TransformerShape):
         raise ValueError(f"model: {shown(model)} is not an EncoderConfig or LLMConfig")
     for name, value in (("micro_batch", micro_batch), ("seq_len", seq_len), ("tp", tp)):
         positive_int(value, name)
     one_of(phase, PHASES, "phase")
+    one_of(recompute, RECOMPUTE, "recompute")
     if not splits_heads(model, tp):
         raise ValueError(f"tp: {tp} does not divide the heads ({model.heads}, kv {model.kv_heads}) of {model.name}")
     if model.ffn_hidden % tp:
@@ -80,7 +90,8 @@ def _gemm(name: str, phase: str, m: float, k: float, n: float, dtype: int, after
 
 
 def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_batch: int, seq_len: int,
-                    tp: int = 1, sequence_parallel: bool = False, phase: str = "fwd") -> list[Kernel]:
+                    tp: int = 1, sequence_parallel: bool = False, phase: str = "fwd",
+                    recompute: str = "none") -> list[Kernel]:
     """The kernels of one layer of `model` for `micro_batch` sequences of `seq_len` tokens on one
     rank of a TP group of `tp` (Megatron column/row-parallel split: attention heads and the MLP's
     inner width are divided by `tp`).
@@ -89,9 +100,11 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
     with an all-gather and ends with a reduce-scatter, and the norms and residuals work on
     ``seq_len / tp`` tokens. Kernels are listed in dependency order: ``after`` of each names earlier
     kernels only. Backward kernels run in reverse layer order; the weight-gradient GEMMs hang off the
-    chain (nothing in the layer waits for them) so a scheduler may place them apart.
+    chain (nothing in the layer waits for them) so a scheduler may place them apart. `recompute`
+    (one of ``RECOMPUTE``) adds the recomputed forward kernels to the backward (see the module
+    docstring); it changes nothing in the forward.
     """
-    _check_args(model, micro_batch, seq_len, tp, phase)
+    _check_args(model, micro_batch, seq_len, tp, phase, recompute)
     if sequence_parallel and seq_len % tp:
         raise ValueError(f"seq_len: {seq_len} is not divisible by tp ({tp}) under sequence parallelism")
     b, s, h, d = micro_batch, seq_len, model.hidden, model.dtype_bytes
@@ -163,6 +176,13 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
         if on_chain:
             chain = len(bwd) - 1
 
+    def again(k: Kernel) -> Kernel:
+        return Kernel(name=f"recompute_{k.name}", phase="bwd", resource=k.resource, kind=k.kind, flops=k.flops,
+                      bytes=k.bytes, after=(), collective=k.collective, group=k.group)
+
+    if recompute == "full":  # the layer's forward again, from its saved input, before its backward
+        for k in fwd:
+            push(again(k))
     for k in reversed(fwd):
         base = k.name.removesuffix("_gemm")
         if k.kind == "gemm":
@@ -178,6 +198,8 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
                 block = "attn" if base == "qkv" else "mlp"
                 push(comm(f"{block}_all_reduce_bwd", "bwd", "all_reduce", ()))
         elif k.kind == "attention":
+            if recompute == "selective":  # the core attention again, just before its gradient
+                push(again(k))
             push(Kernel(name="attention_bwd", phase="bwd", resource="compute", kind="attention_bwd",
                         flops=2.0 * k.flops, bytes=2.0 * k.bytes, after=()))
         elif k.kind == "collective":
@@ -196,6 +218,6 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
 
 
 def layer_flops(model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
-                phase: str = "fwd") -> float:
+                phase: str = "fwd", recompute: str = "none") -> float:
     """Sum of the FLOPs of :func:`decompose_layer`'s kernels."""
-    return sum(k.flops for k in decompose_layer(model, micro_batch, seq_len, tp=tp, phase=phase))
+    return sum(k.flops for k in decompose_layer(model, micro_batch, seq_len, tp=tp, phase=phase, recompute=recompute))

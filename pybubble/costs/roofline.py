@@ -7,6 +7,13 @@ kernels slower than peak: the achieved efficiency is ``compute_efficiency · F /
 efficiencies below are literature values; ``pybubble calibrate`` measures them on the hardware at
 hand and :meth:`CostModel.load_calibration` replaces them.
 
+A cluster at scale runs slower than one GPU's kernels in isolation (clock and power limits, stragglers
+waiting on each other, NCCL reaching less than the links' nominal bandwidth). A calibration file may
+carry two global factors for that, fitted to a measured step (see docs/formats.md): ``compute_factor``,
+the achieved fraction of the roofline for every compute kernel (its time, less the fixed overhead, is
+divided by it), and ``comm_factor``, the achieved fraction of the nominal link bandwidth for every
+collective and point-to-point send.
+
 Collectives use the ring model: ``alpha·(n-1) + (n-1)/n · bytes / bw`` for an all-gather or a
 reduce-scatter, twice that for an all-reduce; ``bw`` is NVLink inside a node, the network across.
 All times are microseconds.
@@ -26,6 +33,9 @@ from ..config.models import TransformerShape
 from .kernels import KINDS, Kernel, decompose_layer
 
 CALIBRATION_FORMAT = "pybubble.calibration/1"
+"""The format key of a calibration file (per-kind efficiencies, cluster factors, or both)."""
+FACTORS = ("compute_factor", "comm_factor")
+"""The cluster factors a calibration file may set, each in (0, 1]."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -148,37 +158,62 @@ class CostModel:
         missing = [k for k in KINDS if k not in self.hardware.efficiency]
         if missing:
             raise ValueError(f"efficiency: no entry for kind(s) {', '.join(missing)}")
+        self.compute_factor = 1.0
+        """Achieved fraction of the roofline for compute kernels (a calibration's ``compute_factor``)."""
+        self.comm_factor = 1.0
+        """Achieved fraction of the links' bandwidth for collectives and sends (``comm_factor``)."""
         if calibration is not None:
             self.load_calibration(calibration)
 
     def load_calibration(self, source: str | os.PathLike[str] | Mapping[str, Any]) -> None:
-        """Replaces the efficiencies of the kinds that a ``pybubble.calibration/1`` file fitted, and the
-        peak FLOP/s and memory bandwidth where the file measured higher ones."""
+        """Applies a ``pybubble.calibration/1`` file (a path or a parsed document): the efficiencies of
+        the kinds it fitted, the peak FLOP/s and memory bandwidth where it measured higher ones, and
+        its cluster factors (:data:`FACTORS`). ValueError naming the file and the field when the file
+        is missing, not JSON, of another format, malformed, or calibrates nothing."""
         doc = read_document(source, CALIBRATION_FORMAT)
-        with naming(source):
-            for name in ("peak_flops", "memory_bandwidth"):
-                if name in doc:
-                    setattr(self.hardware, name, positive(doc[name], name))
-            kinds = mapping(doc.get("kinds"), "kinds")
-            for kind, fit in kinds.items():
-                if kind not in KINDS:
-                    raise ValueError(f"kinds: unknown kind {shown(kind)}; known: {', '.join(KINDS)}")
-                where = f"kinds.{kind}"
-                fit = mapping(fit, where)
-                values = {name: number(required(fit, name, where), f"{where}.{name}")
-                          for name in ("compute_efficiency", "memory_efficiency", "overhead_us")}
-                try:
-                    self.hardware.efficiency[kind] = Efficiency(**values)
-                except ValueError as e:
-                    raise ValueError(f"{where}.{e}") from None
+        with naming(source if not isinstance(source, Mapping) else "calibration"):
+            self._load_calibration(doc)
+
+    def _load_calibration(self, doc: Mapping[str, Any]) -> None:
+        """Checks the whole document first, then applies it: a bad field changes nothing."""
+        if "kinds" not in doc and not any(name in doc for name in FACTORS):
+            raise ValueError(f"calibrates nothing: no kinds and none of {', '.join(FACTORS)}")
+        if "hardware" in doc and doc["hardware"] != self.hardware.name:
+            raise ValueError(f"hardware: {shown(doc['hardware'])} is not this cost model's {self.hardware.name!r}")
+        factors = {}
+        for name in FACTORS:
+            if name in doc:
+                value = number(doc[name], name)
+                if not 0.0 < value <= 1.0:
+                    raise ValueError(f"{name}: {value!r} is not in (0, 1]")
+                factors[name] = value
+        peaks = {name: positive(doc[name], name) for name in ("peak_flops", "memory_bandwidth") if name in doc}
+        efficiency = {}
+        for kind, fit in mapping(doc.get("kinds", {}), "kinds").items():
+            if kind not in KINDS:
+                raise ValueError(f"kinds: unknown kind {shown(kind)}; known: {', '.join(KINDS)}")
+            where = f"kinds.{kind}"
+            fit = mapping(fit, where)
+            values = {name: number(required(fit, name, where), f"{where}.{name}")
+                      for name in ("compute_efficiency", "memory_efficiency", "overhead_us")}
+            try:
+                efficiency[kind] = Efficiency(**values)
+            except ValueError as e:
+                raise ValueError(f"{where}.{e}") from None
+        for name, value in factors.items():
+            setattr(self, name, value)
+        for name, value in peaks.items():
+            setattr(self.hardware, name, value)
+        self.hardware.efficiency.update(efficiency)
 
     # --- kernels ---------------------------------------------------------------------------
 
     def efficiency(self, kind: str, flops: float) -> float:
         """Achieved fraction of peak FLOP/s for a compute-bound kernel of `kind` and size `flops`."""
         e = self.hardware.efficiency[kind]
-        best = self.hardware.peak_flops * e.compute_efficiency
-        return e.compute_efficiency * flops / (flops + e.overhead_us * 1e-6 * best) if flops > 0 else 0.0
+        peak = e.compute_efficiency * self.compute_factor
+        best = self.hardware.peak_flops * peak
+        return peak * flops / (flops + e.overhead_us * 1e-6 * best) if flops > 0 else 0.0
 
     def bound(self, kernel: Kernel) -> str:
         """``compute``, ``memory``, ``nvlink`` or ``network``: which roof limits `kernel` (a
@@ -197,16 +232,17 @@ class CostModel:
         e = self.hardware.efficiency[kernel.kind]
         compute = kernel.flops / (self.hardware.peak_flops * e.compute_efficiency)
         memory = kernel.bytes / (self.hardware.memory_bandwidth * e.memory_efficiency)
-        return e.overhead_us + 1e6 * max(compute, memory)
+        return e.overhead_us + 1e6 * max(compute, memory) / self.compute_factor
 
     def collective_time(self, op: str, nbytes: float, group: int) -> float:
         """Ring `op` (``all_reduce``, ``all_gather``, ``reduce_scatter``) of a `nbytes` tensor over
-        `group` ranks: ``alpha·(n-1) + (n-1)/n · bytes / bw`` per phase; an all-reduce has two."""
+        `group` ranks: ``alpha·(n-1) + (n-1)/n · bytes / bw`` per phase; an all-reduce has two. ``bw``
+        is the link's bandwidth times :attr:`comm_factor`."""
         if group <= 1:
             return 0.0
         hw = self.hardware
         inside = group <= hw.gpus_per_node
-        bw = hw.nvlink_bandwidth if inside else hw.network_bandwidth
+        bw = (hw.nvlink_bandwidth if inside else hw.network_bandwidth) * self.comm_factor
         alpha = hw.nvlink_latency_us if inside else hw.network_latency_us
         one = alpha * (group - 1) + 1e6 * (group - 1) / group * nbytes / bw
         if op == "all_reduce":
@@ -216,34 +252,67 @@ class CostModel:
         raise ValueError(f"collective: {op!r} is not all_reduce, all_gather or reduce_scatter")
 
     def p2p_time(self, nbytes: float, across_nodes: bool = True) -> float:
-        """A pipeline send of `nbytes` between neighbouring stages (one ring step)."""
+        """A pipeline send of `nbytes` between neighbouring stages (one ring step; bandwidth times
+        :attr:`comm_factor`)."""
         hw = self.hardware
         if across_nodes:
-            return hw.network_latency_us + 1e6 * nbytes / hw.network_bandwidth
-        return hw.nvlink_latency_us + 1e6 * nbytes / hw.nvlink_bandwidth
+            return hw.network_latency_us + 1e6 * nbytes / (hw.network_bandwidth * self.comm_factor)
+        return hw.nvlink_latency_us + 1e6 * nbytes / (hw.nvlink_bandwidth * self.comm_factor)
 
     # --- layers ----------------------------------------------------------------------------
 
     def layer_kernels(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
-                      sequence_parallel: bool = False, phase: str = "fwd") -> list[tuple[Kernel, float]]:
-        """The kernels of one layer with their predicted durations."""
+                      sequence_parallel: bool = False, phase: str = "fwd",
+                      recompute: str = "none") -> list[tuple[Kernel, float]]:
+        """The kernels of one layer with their predicted durations (arguments as
+        :func:`~pybubble.costs.kernels.decompose_layer`)."""
         kernels = decompose_layer(model, micro_batch, seq_len, tp=tp, sequence_parallel=sequence_parallel,
-                                  phase=phase)
+                                  phase=phase, recompute=recompute)
         return [(k, self.kernel_time(k)) for k in kernels]
 
     def layer_time(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
-                   sequence_parallel: bool = False, phase: str = "fwd") -> float:
-        """One layer's time on one rank, collectives not overlapped with compute (Megatron default)."""
-        return sum(t for _, t in self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase))
+                   sequence_parallel: bool = False, phase: str = "fwd", recompute: str = "none") -> float:
+        """One layer's time on one rank, as Megatron-LM runs it (:func:`stream_schedule`): a
+        collective that the next compute kernel needs is exposed, one that only the kernels after
+        an independent one need (the backward's input-gradient all-reduce beside the weight-gradient
+        GEMM) runs under it. A backward includes its recomputed forward work."""
+        return stream_schedule(self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase,
+                                                  recompute))[0]
 
     def compute_time(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
-                     sequence_parallel: bool = False, phase: str = "fwd") -> float:
+                     sequence_parallel: bool = False, phase: str = "fwd", recompute: str = "none") -> float:
         """One layer's compute-kernel time (the layer time less its TP collectives)."""
-        return sum(t for k, t in self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase)
+        return sum(t for k, t in self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase,
+                                                    recompute)
                    if k.resource == "compute")
 
     def tp_collective_times(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int,
-                            sequence_parallel: bool = False, phase: str = "fwd") -> list[float]:
-        """The TP collectives of one layer, in order: the compute stream's TP bubbles."""
-        return [t for k, t in self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase)
-                if k.resource == "comm"]
+                            sequence_parallel: bool = False, phase: str = "fwd",
+                            recompute: str = "none") -> list[float]:
+        """The exposed part of each TP collective of one layer, in order, where it is not zero: the
+        compute stream's TP bubbles (:func:`stream_schedule`)."""
+        return stream_schedule(self.layer_kernels(model, micro_batch, seq_len, tp, sequence_parallel, phase,
+                                                  recompute))[1]
+
+
+def stream_schedule(timed: list[tuple[Kernel, float]]) -> tuple[float, list[float]]:
+    """One layer's kernels (with their durations) on one GPU as Megatron-LM issues them: in list
+    order, compute kernels one after another on the compute stream and collectives one after another
+    on the communication stream, each starting when its stream is free and its ``after`` kernels have
+    ended. Returns the layer's time (the last end) and the compute stream's idle gaps, in order: the
+    TP bubbles. In a forward every collective leaves a gap of its length; in a backward the
+    input-gradient all-reduce runs beside the weight-gradient GEMM (Megatron's asynchronous
+    tensor-parallel all-reduce), so only what outlasts that GEMM is a gap."""
+    end = [0.0] * len(timed)
+    free = {"compute": 0.0, "comm": 0.0}
+    gaps: list[float] = []
+    for i, (k, t) in enumerate(timed):
+        start = max([free[k.resource]] + [end[j] for j in k.after])
+        if k.resource == "compute" and start > free["compute"]:
+            gaps.append(start - free["compute"])
+        end[i] = start + t
+        free[k.resource] = end[i]
+    last = max(end, default=0.0)
+    if last > free["compute"]:
+        gaps.append(last - free["compute"])
+    return last, gaps

@@ -5,6 +5,23 @@ and the memory each pipeline rank needs for the LLM alone.
 Everything later in the data flow (the planner's search, the baselines, the report, dynamic data)
 takes an :class:`LLMStep` instead of re-deriving these from the config. Times are microseconds,
 memory in bytes.
+
+What the simulated step holds, as Megatron-LM runs it:
+
+- each pipeline action is its chunk's layers (forward; backward with the recomputed forward work of
+  ``training.recompute``); the embedding lookup and the output layer are left out (GPT-175B's
+  logits add a third of a layer to the last stage's work);
+- the TP collectives of each action open as ``tp`` bubbles where they leave the compute stream
+  idle (:func:`~pybubble.costs.roofline.stream_schedule`: every forward collective, recomputed ones
+  included; the backward's input-gradient all-reduces run under the weight-gradient GEMMs, as
+  Megatron-LM's asynchronous TP all-reduce does). The core takes one count and one duration for
+  every action, so a layer's forward and backward gaps are averaged into
+  ``round((n_fwd + n_bwd) / 2)`` gaps of equal length, which keeps their total per forward-backward
+  pair;
+- pipeline sends of one microbatch's activations between stages (across nodes);
+- the distributed optimizer's exposed parameter all-gather (bf16) at the step's start and gradient
+  reduce-scatter at its end, over the data-parallel group; gradients are reduced in fp32 (Megatron-LM
+  keeps bf16 training's main gradients in fp32), so the reduce-scatter moves twice the bytes.
 """
 
 from __future__ import annotations
@@ -13,10 +30,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.schema import Config
-from ..costs.memory import activation_bytes, encoder_layer_bytes, state_bytes
-from ..costs.roofline import CostModel
-from .timeline import Timeline, simulate_pipeline
+from ..config.checks import integer, positive_int
+from ..config.schema import Config, LLMPlan
+from ..costs.memory import activation_bytes, encoder_layer_bytes, recompute_bytes, state_bytes
+from ..costs.roofline import CostModel, stream_schedule
+from .timeline import Timeline, Windows, simulate_pipeline
+
+GRAD_BYTES = 4
+"""Bytes per gradient element in the data-parallel reduce-scatter (fp32 main gradients)."""
 
 
 def activation_peak(timeline: Timeline, held: np.ndarray) -> np.ndarray:
@@ -41,17 +62,48 @@ def activation_peak(timeline: Timeline, held: np.ndarray) -> np.ndarray:
     return peak
 
 
+def cost_model(config: Config) -> CostModel:
+    """The cost model of `config`'s GPU with the calibration file the config names (a ValueError
+    naming ``cluster.calibration`` when that file is missing or malformed)."""
+    if not config.cluster.calibration:
+        return CostModel(config.cluster.gpu)
+    try:
+        return CostModel(config.cluster.gpu, calibration=config.cluster.calibration)
+    except ValueError as e:
+        raise ValueError(f"cluster.calibration: {e}") from None
+
+
+def even_split(total: int, parts: int) -> list[int]:
+    """`total` split into `parts` whole shares as even as possible, the first ones taking the
+    remainder (layers over pipeline stages, microbatches over encoder pipelines)."""
+    q, r = divmod(integer(total, "total", minimum=0), positive_int(parts, "parts"))
+    return [q + (i < r) for i in range(parts)]
+
+
+def chunk_layers(plan: LLMPlan, layers: int) -> np.ndarray:
+    """LLM layers per (rank, chunk) of the even layout: the layers split over the plan's ``pp x vpp``
+    stages as evenly as they go, the first stages taking one more where they do not divide (stage
+    ``rank + chunk x pp``; under zbv, ``rank`` and ``2 pp - 1 - rank``)."""
+    per_stage = even_split(layers, plan.pp * plan.vpp)
+    out = np.zeros((plan.pp, plan.vpp), np.int64)
+    for r in range(plan.pp):
+        for c in range(plan.vpp):
+            stage = (r if c == 0 else 2 * plan.pp - 1 - r) if plan.schedule == "zbv" else r + c * plan.pp
+            out[r, c] = per_stage[stage]
+    return out
+
+
 def _simulate(config: Config, costs: CostModel, fwd: float | np.ndarray, bwd: float | np.ndarray,
               tp_comm: tuple[int, float] | None) -> Timeline:
     llm, plan, tr = config.llm, config.llm_plan, config.training
     activation = float(llm.dtype_bytes * tr.micro_batch * tr.seq_len * llm.hidden) / plan.tp
     p2p = costs.p2p_time(activation) if plan.pp > 1 else 0.0
     # Each DP rank holds 1/dp of its stage's parameters (bf16) and gathers the rest; gradients
-    # are reduce-scattered the same way.
-    stage_params = float(llm.params_per_layer * (llm.layers // plan.pp) * llm.dtype_bytes) / plan.tp
+    # (fp32) are reduce-scattered the same way. The rank with the most layers sets the time.
+    stage_params = float(llm.params_per_layer * chunk_layers(plan, llm.layers).sum(axis=1).max()) / plan.tp
     dp = plan.dp
-    gather = costs.collective_time("all_gather", stage_params, dp) if dp > 1 else 0.0
-    scatter = costs.collective_time("reduce_scatter", stage_params, dp) if dp > 1 else 0.0
+    gather = costs.collective_time("all_gather", stage_params * llm.dtype_bytes, dp) if dp > 1 else 0.0
+    scatter = costs.collective_time("reduce_scatter", stage_params * GRAD_BYTES, dp) if dp > 1 else 0.0
     return simulate_pipeline(plan.schedule, ranks=plan.pp, microbatches=config.microbatches,
                              chunks=plan.vpp, fwd=fwd, bwd=bwd, p2p=p2p, tp_comm=tp_comm,
                              dp_allgather=gather, dp_reducescatter=scatter)
@@ -60,21 +112,27 @@ def _simulate(config: Config, costs: CostModel, fwd: float | np.ndarray, bwd: fl
 def _stage_memory(config: Config, timeline: Timeline, encoder_layers: np.ndarray | None = None,
                   llm_layers: np.ndarray | None = None, encoder_tp: int | None = None) -> np.ndarray:
     llm, plan, tr = config.llm, config.llm_plan, config.training
+    recompute = tr.recompute
     shape = (timeline.ranks, timeline.chunks)
     if llm_layers is None:
-        llm_layers = np.full(shape, llm.layers // (timeline.ranks * timeline.chunks))
+        llm_layers = chunk_layers(plan, llm.layers)
     if encoder_layers is None:
         encoder_layers = np.zeros(shape)
     states = state_bytes(llm, plan.tp) * llm_layers
-    held = activation_bytes(llm, tr.micro_batch, tr.seq_len, plan.tp) * llm_layers
-    images = config.encoder_images
-    for enc in config.encoders:
+    held = activation_bytes(llm, tr.micro_batch, tr.seq_len, plan.tp, recompute) * llm_layers
+    working = np.where(llm_layers.sum(axis=1) > 0,
+                       recompute_bytes(llm, tr.micro_batch, tr.seq_len, plan.tp, recompute), 0.0)
+    total_layers = sum(e.model.layers for e in config.encoders)
+    for enc, images in zip(config.encoders, config.encoder_images):
         s_bytes = encoder_layer_bytes(enc.model, images, encoder_tp or plan.tp, enc.frozen)[0]
-        a_bytes = encoder_layer_bytes(enc.model, images, plan.tp, enc.frozen)[1]
-        share = enc.model.layers / sum(e.model.layers for e in config.encoders)
+        a_bytes = encoder_layer_bytes(enc.model, images, plan.tp, enc.frozen, recompute)[1]
+        share = enc.model.layers / total_layers
         states = states + s_bytes * share * encoder_layers
         held = held + a_bytes * share * encoder_layers
-    return states.sum(axis=1) + activation_peak(timeline, held)
+        if not enc.frozen:
+            rebuilt = recompute_bytes(enc.model, images, enc.model.tokens, plan.tp, recompute)
+            working = np.maximum(working, np.where(encoder_layers.sum(axis=1) > 0, rebuilt, 0.0))
+    return states.sum(axis=1) + activation_peak(timeline, held) + working
 
 
 @dataclass(kw_only=True, slots=True, eq=False)
@@ -85,11 +143,14 @@ class LLMStep:
     config: Config
     """The config it was derived from."""
     costs: CostModel
-    """The cost model of the config's GPU."""
+    """The cost model of the config's GPU and calibration."""
     layer_fwd: float
-    """One LLM layer's forward for one microbatch on one GPU, TP collectives included (us)."""
+    """One LLM layer's forward for one microbatch on one GPU, its exposed TP collectives included (us)."""
     layer_bwd: float
-    """One LLM layer's backward, likewise (us)."""
+    """One LLM layer's backward, likewise, with its recomputed forward work (us)."""
+    tp_comm: tuple[int, float] | None
+    """TP bubbles per layer and action as the simulator opens them: (count, duration), or None
+    without TP."""
     timeline: Timeline
     """The simulated LLM-only step: even layer layout, TP collectives opened as ``tp`` bubbles."""
     memory: np.ndarray
@@ -97,25 +158,44 @@ class LLMStep:
 
     @classmethod
     def of(cls, config: Config, costs: CostModel | None = None) -> "LLMStep":
-        """Derives the step of `config` (with `costs`, default: the config's GPU's cost model)."""
-        costs = costs or CostModel(config.cluster.gpu)
+        """Derives the step of `config` (with `costs`, default: :func:`cost_model` of the config)."""
+        costs = costs or cost_model(config)
         llm, plan, tr = config.llm, config.llm_plan, config.training
-        fwd = costs.layer_time(llm, tr.micro_batch, tr.seq_len, tp=plan.tp, phase="fwd")
-        bwd = costs.layer_time(llm, tr.micro_batch, tr.seq_len, tp=plan.tp, phase="bwd")
-        per_chunk = llm.layers // (plan.pp * plan.vpp)
-        collectives = costs.tp_collective_times(llm, tr.micro_batch, tr.seq_len, tp=plan.tp, phase="fwd")
+        (fwd, fwd_gaps), (bwd, bwd_gaps) = (stream_schedule(costs.layer_kernels(
+            llm, tr.micro_batch, tr.seq_len, tp=plan.tp, phase=phase, recompute=tr.recompute)) for phase in ("fwd", "bwd"))
+        gaps = fwd_gaps + bwd_gaps
         tp_comm = None
-        if plan.tp > 1 and collectives:
-            tp_comm = (per_chunk * len(collectives), sum(collectives) / len(collectives))
-        timeline = _simulate(config, costs, per_chunk * fwd, per_chunk * bwd, tp_comm)
-        return cls(config=config, costs=costs, layer_fwd=fwd, layer_bwd=bwd, timeline=timeline,
+        if plan.tp > 1 and gaps:
+            count = max(1, round(len(gaps) / 2))
+            tp_comm = (count, sum(gaps) / (2 * count))
+        layers = chunk_layers(plan, llm.layers)
+        # the core opens one count of TP gaps in every action: the mean chunk's
+        timeline = _simulate(config, costs, layers * fwd, layers * bwd,
+                             (round(layers.mean() * tp_comm[0]), tp_comm[1]) if tp_comm else None)
+        return cls(config=config, costs=costs, layer_fwd=fwd, layer_bwd=bwd, tp_comm=tp_comm, timeline=timeline,
                    memory=_stage_memory(config, timeline))
 
+    def with_plan(self, plan: LLMPlan) -> "LLMStep":
+        """The step of the same config and cost model under another LLM plan (this step when it is
+        the same plan)."""
+        if plan == self.config.llm_plan:
+            return self
+        return LLMStep.of(self.config.with_plan(plan), self.costs)
+
     @property
-    def layers_per_chunk(self) -> int:
-        """LLM layers on each (rank, chunk) of the even layout."""
-        p = self.config.llm_plan
-        return self.config.llm.layers // (p.pp * p.vpp)
+    def chunk_layers(self) -> np.ndarray:
+        """LLM layers per (rank, chunk) of the even layout (:func:`chunk_layers`)."""
+        return chunk_layers(self.config.llm_plan, self.config.llm.layers)
+
+    def encoder_windows(self, lanes_per_stage: int = 1) -> tuple[Windows, Windows]:
+        """The (compute_free, link_free) windows of each encoder lane colocated on the LLM's GPUs,
+        `lanes_per_stage` lanes per pipeline rank: the rank's bubbles, and its links inside the node
+        free of the LLM's TP collectives (:attr:`Timeline.nvlink_free`). The encoder's
+        communication is its TP collectives, inside a node, and a few pipeline sends per microbatch;
+        those sends are treated alike, so they may overlap the LLM's DP collectives (sharing the
+        network with them) and wait out its TP collectives (which do not use the network)."""
+        tl = self.timeline
+        return tl.compute_free.repeated(lanes_per_stage), tl.nvlink_free.repeated(lanes_per_stage)
 
     def simulate(self, fwd: float | np.ndarray, bwd: float | np.ndarray,
                  tp_comm: tuple[int, float] | None = None) -> Timeline:
@@ -132,8 +212,9 @@ class LLMStep:
         encoders, on `timeline`. The encoders' weights are split over `encoder_tp` GPUs (default:
         the LLM's TP); their activations over all of the rank's GPUs (TP groups below the LLM's split
         the images). With several encoders, an encoder layer's bytes are their average weighted by
-        layer count. Default: the LLM's even layout and no encoder."""
+        layer count. Full recomputation adds one layer's rebuilt activations (the largest kind on the
+        rank). Default: the LLM's even layout and no encoder."""
         return _stage_memory(self.config, timeline, encoder_layers, llm_layers, encoder_tp)
 
 
-__all__ = ["LLMStep", "activation_peak"]
+__all__ = ["GRAD_BYTES", "LLMStep", "activation_peak", "chunk_layers", "cost_model", "even_split"]

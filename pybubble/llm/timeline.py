@@ -171,6 +171,26 @@ class Timeline:
         """Per rank, the windows where it leaves the network idle: all but TP and DP collectives."""
         return self._windows("link_free")
 
+    @property
+    def nvlink_free(self) -> Windows:
+        """Per rank, the windows where it leaves the links inside its node idle: [0, step_time] less
+        its TP collectives (the DP collectives and pipeline sends cross nodes, on the network)."""
+        a = self._arrays
+        tp = a["bubble_kind"] == BUBBLE_KINDS.index("tp")
+        rank, start, end = a["bubble_rank"][tp], a["bubble_start"][tp], a["bubble_end"][tp]
+        order = np.lexsort((start, rank))  # TP gaps sit inside ops: disjoint within a rank
+        rank, start, end = rank[order], start[order], end[order]
+        first = np.searchsorted(rank, np.arange(self.ranks))  # each rank's first gap
+        last = np.searchsorted(rank, np.arange(self.ranks), side="right")
+        # the free windows of rank r: [0, s0), [e0, s1), ..., [e_last, step_time)
+        lo = np.insert(end, first, 0.0)
+        hi = np.insert(start, last, self.step_time)
+        owner = np.insert(rank, first, np.arange(self.ranks))
+        keep = hi > lo
+        counts = np.bincount(owner[keep], minlength=self.ranks)
+        return Windows(offset=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                       start=lo[keep].astype(np.float64), end=hi[keep].astype(np.float64))
+
     def __repr__(self) -> str:
         return (f"Timeline(step_time={self.step_time}, ranks={self.ranks}, chunks={self.chunks}, "
                 f"microbatches={self.microbatches})")

@@ -48,7 +48,7 @@ def ranked_candidates(step: LLMStep, k: int) -> list[Candidate]:
     """The `k` encoder plans whose best partition (the planner's search, within memory) gives the
     shortest step on the mean batch, best first."""
     integer(k, "candidates", minimum=1)
-    return search(step).top[:k]
+    return search(step, keep=k).top[:k]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -120,7 +120,8 @@ def encoder_costs(batch: Batch, config: Config, costs: CostModel) -> np.ndarray:
     """N x 2: per sample, the encoder cost summed over the config's encoders and the LLM cost."""
     out = None
     for enc in config.encoders:
-        c = sample_costs(batch, encoder=enc.model, llm=config.llm, costs=costs, frozen=enc.frozen)
+        c = sample_costs(batch, encoder=enc.model, llm=config.llm, costs=costs, frozen=enc.frozen,
+                         recompute=config.training.recompute)
         if out is None:
             out = c
         else:

@@ -7,13 +7,17 @@
   stages so that the slowest virtual stage is as fast as it can be (contiguous cuts, encoder layers
   first, every virtual stage non-empty); virtual stage ``c`` is chunk ``c // pp`` of rank
   ``c % pp``;
-- ``coarse`` (Megatron-Core's colocated MIMO schedule): the encoder, under its own parallel plan on
-  the same GPUs, runs its forward for the whole batch before the LLM and its backward after; the
-  planner reports the best plan under that policy (:attr:`pybubble.planner.search.Search.coarse`);
+- ``coarse`` (Optimus's coarse-grained bubble exploitation, and Megatron-Core's colocated MIMO
+  schedule): the encoder, under its own parallel plan on the same GPUs, runs its forward for the
+  whole batch before the LLM's work on each rank and its backward after it, in the leading and
+  trailing bubbles where they hold it; the planner reports the best plan under that policy
+  (:attr:`pybubble.planner.search.Search.coarse`);
 - non-colocated (:func:`separate`): the encoder on GPUs of its own, scheduled against the LLM step.
 
-The encoders' data-parallel gradient traffic is left out of every layout alike (it is the same
-bytes in each). Times are microseconds.
+Each Megatron layout runs on its own LLM plan where the config gives one (``baselines:``, e.g. plain
+Megatron-LM without interleaving): pass :meth:`LLMStep.with_plan` of it. The encoders'
+data-parallel gradient traffic is left out of every layout alike (it is the same bytes in each).
+Times are microseconds.
 """
 
 from __future__ import annotations
@@ -22,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.schema import Config
+from ..config.schema import Config, LLMPlan
 from ..costs.memory import GB
-from ..llm.step import LLMStep
+from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline, Windows
-from ..problem.encoder import EncoderPlan, even_split
+from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem
 from ..schedule.scheduler import schedule
 from .search import Candidate, encoder_tp_ok, encoder_work
@@ -48,6 +52,12 @@ class Baseline:
     """How the layers are placed, in words."""
 
 
+def plan_words(plan: LLMPlan) -> str:
+    """An LLM plan in a few words, e.g. ``DP 48 x PP 8 x TP 8, interleaved_1f1b V 12``."""
+    chunks = f" V {plan.vpp}" if plan.vpp > 1 else ""
+    return f"DP {plan.dp} x PP {plan.pp} x TP {plan.tp}, {plan.schedule}{chunks}"
+
+
 def encoder_tp(config: Config) -> int:
     """The encoders' TP degree in the Megatron layouts: the LLM's, or the largest divisor of it that
     splits every encoder's heads (Megatron's ``--encoder-tensor-model-parallel-size``)."""
@@ -58,16 +68,17 @@ def encoder_tp(config: Config) -> int:
 def encoder_layer_times(step: LLMStep) -> list[tuple[int, float, float]]:
     """Per encoder: (layers, forward, backward) of one layer for one microbatch on one LLM rank's
     GPUs, at :func:`encoder_tp`; with a TP degree below the LLM's, the rank's TP groups split the
-    microbatch's images (the slowest group's share counts). A frozen encoder's backward is 0."""
+    microbatch's images (the slowest group's share counts). The backward holds the recomputed
+    forward work of ``training.recompute``; a frozen encoder's backward is 0."""
     config, costs = step.config, step.costs
     tp = encoder_tp(config)
     groups = config.llm_plan.tp // tp
-    images = -(-config.encoder_images // groups)
     out = []
-    for enc in config.encoders:
-        m = enc.model
+    for enc, count in zip(config.encoders, config.encoder_images):
+        m, images = enc.model, -(-count // groups)
         f = costs.layer_time(m, images, m.tokens, tp=tp, phase="fwd")
-        b = 0.0 if enc.frozen else costs.layer_time(m, images, m.tokens, tp=tp, phase="bwd")
+        b = 0.0 if enc.frozen else costs.layer_time(m, images, m.tokens, tp=tp, phase="bwd",
+                                                    recompute=config.training.recompute)
         out.append((m.layers, f, b))
     return out
 
@@ -76,8 +87,8 @@ def megatron(step: LLMStep) -> Baseline:
     """Encoders in stage 0's pre-process."""
     config = step.config
     p = config.llm_plan
-    per_chunk = step.layers_per_chunk
-    fwd, bwd = np.full((p.pp, p.vpp), per_chunk * step.layer_fwd), np.full((p.pp, p.vpp), per_chunk * step.layer_bwd)
+    layers = step.chunk_layers
+    fwd, bwd = layers * step.layer_fwd, layers * step.layer_bwd
     enc = encoder_layer_times(step)
     fwd[0, 0] += sum(n * f for n, f, _ in enc)
     bwd[0, 0] += sum(n * b for n, _, b in enc)
@@ -86,7 +97,7 @@ def megatron(step: LLMStep) -> Baseline:
     enc_layers[0, 0] = sum(n for n, _, _ in enc)
     mem = step.stage_memory(tl, encoder_layers=enc_layers, encoder_tp=encoder_tp(config))
     return Baseline(name="megatron", step_time=tl.step_time, memory_bytes=float(mem.max()), timeline=tl,
-                    layout=f"encoders on stage 0 (TP {encoder_tp(config)})")
+                    layout=f"encoders on stage 0 (TP {encoder_tp(config)}); LLM {plan_words(p)}")
 
 
 def balanced_cuts(costs: np.ndarray, parts: int) -> np.ndarray:
@@ -151,7 +162,7 @@ def megatron_balanced(step: LLMStep) -> Baseline:
     stages_with_encoder = int((enc_layers.sum(axis=1) > 0).sum())
     return Baseline(name="megatron_balanced", step_time=tl.step_time, memory_bytes=float(mem.max()),
                     timeline=tl, layout=f"layers balanced over {v} virtual stages; encoders on "
-                                        f"{stages_with_encoder} stage(s)")
+                                        f"{stages_with_encoder} stage(s); LLM {plan_words(p)}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -175,39 +186,68 @@ def separate(step: LLMStep) -> Separate:
     """The best non-colocated layout: the encoder on ``dp · n · pp_enc · tp_enc`` GPUs of its own
     (pp_enc dividing the encoders' layers up to PP_llm, tp_enc up to a node, n pipelines per LLM
     replica up to the microbatches), chosen for the least GPU time (step time x all GPUs), within
-    memory. Its output and gradient cross to and from LLM rank 0 as pipeline sends."""
+    memory. Its output and gradient cross to and from LLM rank 0 as pipeline sends. Options are
+    scheduled best bound first and only while their bound beats the best GPU time found: their
+    GPUs x the larger of the busiest lane's compute and the horizon grown by the encoder forwards
+    that cannot be done by their ``forward_needed`` and the backwards that cannot be done after their
+    ``grad_ready`` (the k-th earliest forward needs one microbatch's chain through every layer plus
+    ``ceil(k / n) - 1`` more passes through the slowest stage; the backward likewise)."""
     config, timeline = step.config, step.timeline
     p, horizon = config.llm_plan, timeline.step_time
+    gpus, recompute = config.cluster.gpus, config.training.recompute
     layers = min(e.model.layers for e in config.encoders)
-    best: Separate | None = None
+    per_layer: dict[int, list[tuple[float, float]]] = {}  # per tp_enc and encoder: one layer's compute, fwd and bwd
+    needed = np.sort(timeline.forward_needed)
+    ready = np.sort(timeline.grad_ready)[::-1]
+    rank = np.arange(len(needed))  # the k-th earliest forward_needed, the k-th latest grad_ready
+
+    def layer_compute(tp_enc: int) -> list[tuple[float, float]]:
+        if tp_enc not in per_layer:
+            per_layer[tp_enc] = [
+                (step.costs.compute_time(e.model, images, e.model.tokens, tp=tp_enc),
+                 0.0 if e.frozen else step.costs.compute_time(e.model, images, e.model.tokens, tp=tp_enc,
+                                                              phase="bwd", recompute=recompute))
+                for e, images in zip(config.encoders, config.encoder_images)]
+        return per_layer[tp_enc]
+
+    options = []
     for pp_enc in (d for d in range(1, p.pp + 1) if layers >= d):
         for tp_enc in (d for d in (1, 2, 4, 8, 16) if d <= config.cluster.gpus_per_node and encoder_tp_ok(config, d)):
+            times = layer_compute(tp_enc)
+            stages = [[sum(t[i] * even_split(e.model.layers, pp_enc)[k] for e, t in zip(config.encoders, times))
+                       for k in range(pp_enc)] for i in (0, 1)]  # per phase, each stage's work for a microbatch
+            chains = [max(e.model.layers * t[i] for e, t in zip(config.encoders, times)) for i in (0, 1)]
             n = 1
             while n <= config.microbatches:
-                plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
-                partition = even_split(config.microbatches, n)
-                work = encoder_work(step, plan, separate=True)
-                memory = float(work.lane_bytes(partition).max())
-                if memory <= config.memory_gb * GB:
-                    lanes = pp_enc * n
-                    whole = Windows.whole(lanes, 0.0, horizon)
-                    problem = Problem.on_timeline(
-                        timeline, work.tasks(partition), windows=(whole, whole),
-                        lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
-                    cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem),
-                                     memory_bytes=memory)
-                    extra = p.dp * lanes * tp_enc
-                    option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
-                    cost = option.step_time * (config.cluster.gpus + extra)
-                    if best is None or cost < best.step_time * (config.cluster.gpus + best.extra_gpus):
-                        best = option
-                    if cand.step_time <= horizon * (1 + 1e-9):
-                        break  # all hidden: more pipelines only add GPUs
+                extra = p.dp * pp_enc * n * tp_enc
+                passes = -(-(rank + 1) // n) - 1  # microbatches ahead of the k-th on its pipeline's slowest stage
+                front = max(0.0, float((chains[0] + passes * max(stages[0]) - needed).max()))
+                back = max(0.0, float((ready + chains[1] + passes * max(stages[1]) - horizon).max()))
+                busiest = max(f + b for f, b in zip(*stages)) * -(-config.microbatches // n)
+                options.append((max(horizon + front + back, busiest) * (gpus + extra), pp_enc, tp_enc, n, extra))
                 n *= 2
+    best: Separate | None = None
+    for bound, pp_enc, tp_enc, n, extra in sorted(options):
+        if best is not None and bound >= best.step_time * (gpus + best.extra_gpus):
+            break  # every option left is bounded no better
+        plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
+        partition = even_split(config.microbatches, n)
+        work = encoder_work(step, plan, separate=True)
+        memory = float(work.lane_bytes(partition).max())
+        if memory > config.memory_gb * GB:
+            continue
+        whole = Windows.whole(pp_enc * n, 0.0, horizon)
+        problem = Problem.on_timeline(timeline, work.tasks(partition), windows=(whole, whole),
+                                      lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
+        cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem),
+                         memory_bytes=memory)
+        option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
+        if best is None or option.step_time * (gpus + extra) < best.step_time * (gpus + best.extra_gpus):
+            best = option
     if best is None:
         raise ValueError(f"memory_gb: no non-colocated encoder layout fits in {config.memory_gb:g} GB per GPU")
     return best
 
 
 __all__ = ["Baseline", "Separate", "balanced_cuts", "encoder_layer_times", "encoder_tp", "megatron",
-           "megatron_balanced", "separate"]
+           "megatron_balanced", "plan_words", "separate"]

@@ -61,7 +61,7 @@ import numpy as np
 from ..config.checks import finite, integer, real_array
 from ..llm.step import LLMStep
 from ..llm.timeline import Timeline, simulate_pipeline
-from ..problem.encoder import even_split
+from ..llm.step import even_split
 from .layouts import encoder_layer_times
 
 SCHEDULE = "1f1b"

@@ -3,8 +3,14 @@ plan and schedule beside the baselines, with step time, speedup, MFU, hidden sha
 
 ``plan(config)`` derives the LLM step once (:class:`pybubble.llm.step.LLMStep`), runs the search
 (:mod:`pybubble.planner.search`), the baselines and the non-colocated layout
-(:mod:`pybubble.planner.layouts`) on it, and returns a :class:`PlanReport`. MFU counts the model FLOPs
-of the step (:func:`model_flops`) over the step time and the GPUs' peak.
+(:mod:`pybubble.planner.layouts`) on it (a baseline with an LLM plan of its own gets that plan's
+step), and returns a :class:`PlanReport`.
+
+MFU counts the FLOPs that the step executes (:func:`model_flops`), recomputation included, over the
+step time and the GPUs' peak: the convention of Megatron-LM's reported throughput (its
+``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` under full recomputation) and of the Optimus paper's MFU.
+Without recomputation it is the plain model FLOPs. The hidden fraction of a layout is the paper's
+scheduling efficiency: the share of the encoder's compute time that runs inside the LLM's bubbles.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config.schema import Config
-from ..costs.kernels import decompose_layer
+from ..costs.kernels import layer_flops
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep
 from ..viz.gantt import save_gantt
@@ -29,20 +35,31 @@ BASELINES = ("megatron", "megatron_balanced", "coarse")
 """The baselines of the comparison, in the order they are printed."""
 
 
-def model_flops(config: Config) -> float:
-    """Model FLOPs of one training step over the whole cluster: every layer's kernels (forward and
-    backward; a frozen encoder's forward only) and the LLM's output layer, per sample, times the
-    global batch. Recomputation is not counted (the MFU convention)."""
-
-    def layer(model, tokens: int, phases: tuple[str, ...]) -> float:
-        return sum(k.flops for ph in phases for k in decompose_layer(model, 1, tokens, phase=ph))
-
+def llm_flops(config: Config) -> float:
+    """The LLM's part of :func:`model_flops`: every layer forward and backward with its recomputed
+    forward work, and the output layer's logits GEMM forward and backward (never recomputed), per
+    sample, times the global batch."""
     llm, tr = config.llm, config.training
-    per_sample = llm.layers * layer(llm, tr.seq_len, ("fwd", "bwd")) + 3 * 2.0 * tr.seq_len * llm.hidden * llm.vocab
+    per_layer = sum(layer_flops(llm, 1, tr.seq_len, phase=ph, recompute=tr.recompute) for ph in ("fwd", "bwd"))
+    return (llm.layers * per_layer + 3 * 2.0 * tr.seq_len * llm.hidden * llm.vocab) * tr.global_batch
+
+
+def encoder_flops(config: Config) -> float:
+    """The encoders' part of :func:`model_flops`: each image through each layer, forward and (unless
+    frozen) backward with its recomputed forward work, times the images of the global batch."""
+    tr = config.training
+    total = 0.0
     for enc in config.encoders:
         phases = ("fwd",) if enc.frozen else ("fwd", "bwd")
-        per_sample += enc.images_per_sample * enc.model.layers * layer(enc.model, enc.model.tokens, phases)
-    return per_sample * tr.global_batch
+        per_image = sum(layer_flops(enc.model, 1, enc.model.tokens, phase=ph, recompute=tr.recompute) for ph in phases)
+        total += enc.images_per_sample * enc.model.layers * per_image * tr.global_batch
+    return total
+
+
+def model_flops(config: Config) -> float:
+    """FLOPs of one training step over the whole cluster, as MFU counts them (see the module
+    docstring): :func:`llm_flops` plus :func:`encoder_flops`."""
+    return llm_flops(config) + encoder_flops(config)
 
 
 def mfu(config: Config, step_time: float, costs: CostModel, gpus: int | None = None) -> float:
@@ -101,7 +118,7 @@ class PlanReport:
     def rows(self) -> list[Row]:
         """The comparison, baselines first, pybubble colocated last but one, non-colocated last."""
         g = self.config.cluster.gpus
-        coarse = self.search.coarse.hidden_fraction  # 0 by construction: all of it outside the step
+        coarse = self.search.coarse.hidden_fraction
         out = [Row(name=b.name, step_time=b.step_time, gpus=g, memory_bytes=b.memory_bytes,
                    hidden_fraction=coarse if b.name == "coarse" else None, layout=b.layout)
                for b in self.baselines.values()]
@@ -123,8 +140,11 @@ class PlanReport:
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable report as a dict (what :meth:`to_json` writes)."""
         best = self.best
+        baselines: dict[str, dict[str, Any]] = {name: {"step_time_s": b.step_time * 1e-6}
+                                                for name, b in self.baselines.items()}
+        baselines["coarse"]["hidden_fraction"] = self.search.coarse.hidden_fraction
         return {
-            "baselines": {name: {"step_time_s": b.step_time * 1e-6} for name, b in self.baselines.items()},
+            "baselines": baselines,
             "pybubble": {"step_time_s": best.step_time * 1e-6, "encoder_plan": self.encoder_plan(),
                          "partition": list(best.partition), "hidden_fraction": best.hidden_fraction,
                          "mfu": self.mfu(best.step_time)},
@@ -168,11 +188,12 @@ def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], Non
     step = LLMStep.of(config)
     found = search(step, workers=workers, progress=progress)
     coarse = found.coarse
-    baselines = {"megatron": megatron(step), "megatron_balanced": megatron_balanced(step),
+    baselines = {"megatron": megatron(step.with_plan(config.baseline_plan("megatron"))),
+                 "megatron_balanced": megatron_balanced(step.with_plan(config.baseline_plan("megatron_balanced"))),
                  "coarse": Baseline(name="coarse", step_time=coarse.step_time, memory_bytes=coarse.memory_bytes,
-                                    layout=f"encoder before/after the LLM; {describe(coarse)}")}
+                                    layout=f"encoder before/after the LLM's work; {describe(coarse)}")}
     return PlanReport(config=config, search=found, baselines=baselines, separate=separate(step),
                       planner_seconds=time.perf_counter() - t0)
 
 
-__all__ = ["BASELINES", "PlanReport", "Row", "describe", "mfu", "model_flops", "plan"]
+__all__ = ["BASELINES", "PlanReport", "Row", "describe", "encoder_flops", "llm_flops", "mfu", "model_flops", "plan"]

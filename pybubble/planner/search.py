@@ -12,6 +12,13 @@ best. Two bounds cut the work:
 - a partition's bound: ``horizon + max over lanes (work on the lane - free time on the lane)``.
   A partition whose bound is no better than the best step so far is not scheduled.
 
+Coarse. Beside the search, every plan is also scheduled under coarse-grained exploitation only
+(Optimus §4.3's first step, the ``coarse`` baseline): the encoder's forward before the LLM's work and
+its backward after it on each rank, that is the same greedy filler restricted to each rank's
+leading and trailing bubbles (:func:`edge_windows`: the DP all-gather and PP warm-up; the PP
+cool-down and DP reduce-scatter), the rest outside the step. The plan's best is never worse than
+its coarse schedule.
+
 Partitions: all of them when there are few (at most ``EXHAUSTIVE`` compositions of M into m
 parts), otherwise a local search from the even partition that moves one microbatch at a time
 between pipelines, trying the moves in order of their bound, until no move improves the step.
@@ -29,13 +36,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..config.checks import integer
 from ..config.schema import Config
 from ..costs.kernels import splits_heads
 from ..costs.memory import GB
 from ..costs.roofline import CostModel
-from ..llm.step import LLMStep
+from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline, Windows
-from ..problem.encoder import EncoderPlan, EncoderWork, even_split
+from ..problem.encoder import EncoderPlan, EncoderWork
 from ..problem.problem import Problem
 from ..schedule.scheduler import Schedule, schedule
 
@@ -52,14 +60,32 @@ def encoder_work(step: LLMStep, plan: EncoderPlan, separate: bool = False) -> En
     """The config's encoders under `plan`: colocated on the LLM's GPUs, or on GPUs of their own."""
     config = step.config
     return EncoderWork([e.model for e in config.encoders], plan=plan, micro_batch=config.encoder_images,
-                       costs=step.costs, frozen=[e.frozen for e in config.encoders], separate=separate)
+                       costs=step.costs, frozen=[e.frozen for e in config.encoders], separate=separate,
+                       recompute=config.training.recompute)
 
 
 def encoder_problem(step: LLMStep, plan: EncoderPlan, partition: Sequence[int]) -> Problem:
     """The problem of placing every encoder's kernels, under `plan` and `partition`, into the
     bubbles of the LLM step (colocated: the encoder runs on the LLM's GPUs)."""
     return Problem.on_timeline(step.timeline, encoder_work(step, plan).tasks(partition),
-                               lanes_per_stage=plan.lanes_per_stage)
+                               lanes_per_stage=plan.lanes_per_stage, windows=step.encoder_windows(plan.lanes_per_stage))
+
+
+def edge_windows(timeline: Timeline) -> Windows:
+    """Per rank, the compute-free windows before its first LLM action starts and after its last one
+    ends: the bubbles that coarse-grained exploitation fills (the DP all-gather and PP warm-up; the PP
+    cool-down and DP reduce-scatter)."""
+    first = np.full(timeline.ranks, np.inf)
+    last = np.full(timeline.ranks, -np.inf)
+    for op in timeline.ops:
+        first[op.rank] = min(first[op.rank], op.start)
+        last[op.rank] = max(last[op.rank], op.end)
+    free = timeline.compute_free
+    rank = np.repeat(np.arange(free.lanes), np.diff(free.offset))
+    keep = (free.end <= first[rank]) | (free.start >= last[rank])
+    counts = np.bincount(rank[keep], minlength=free.lanes)
+    return Windows(offset=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+                   start=free.start[keep], end=free.end[keep])
 
 
 def encoder_plans(config: Config) -> list[EncoderPlan]:
@@ -134,7 +160,8 @@ class Search:
     coarse: Candidate
     """The best plan under the coarse policy (encoder before and after the LLM), even partition."""
     top: list[Candidate] = field(default_factory=list)
-    """The best candidate of each plan, best first."""
+    """The best candidate of each plan that the bounds did not prune, best first (the first
+    ``keep`` of them are the best plans)."""
     stats: SearchStats = field(default_factory=SearchStats)
     """What the search did."""
 
@@ -162,8 +189,10 @@ class Search:
 class _PlanSpace:
     """One encoder plan's partitions: bounds, memory, and scheduling."""
 
-    def __init__(self, step: LLMStep, plan: EncoderPlan, windows: tuple[Windows, Windows]):
+    def __init__(self, step: LLMStep, plan: EncoderPlan, windows: tuple[Windows, Windows],
+                 edges: Windows | None = None):
         self.step, self.plan, self.windows = step, plan, windows
+        self.edges = edges if edges is not None else edge_windows(step.timeline).repeated(plan.lanes_per_stage)
         self.work = encoder_work(step, plan)
         lanes = plan.pp_llm * plan.lanes_per_stage
         self.free = windows[0].free_time()
@@ -212,12 +241,22 @@ class _PlanSpace:
         lanes = self.work.lane_bytes(partition)
         return float((np.repeat(self.step.memory, self.plan.lanes_per_stage) + lanes).max())
 
-    def candidate(self, partition: Sequence[int], policy: str = "greedy", memory: float | None = None) -> Candidate:
-        """`partition` scheduled under `policy`; `memory`: its :meth:`memory`, when known already."""
+    def candidate(self, partition: Sequence[int], coarse: bool = False, memory: float | None = None) -> Candidate:
+        """`partition` scheduled by the greedy filler into every bubble, or with `coarse` into the
+        leading and trailing ones only (its problem then has those windows alone); `memory`: its
+        :meth:`memory`, when known already."""
+        windows = (self.edges, self.windows[1]) if coarse else self.windows
         problem = Problem.on_timeline(self.step.timeline, self.work.tasks(partition), self.plan.lanes_per_stage,
-                                      self.windows)
-        return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule(problem, policy),
+                                      windows)
+        return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule(problem),
                          memory_bytes=self.memory(partition) if memory is None else memory)
+
+    def in_every_bubble(self, cand: Candidate) -> Candidate:
+        """A coarse candidate with the problem of every bubble (its schedule is valid there too)."""
+        problem = Problem.on_timeline(self.step.timeline, self.work.tasks(cand.partition), self.plan.lanes_per_stage,
+                                      self.windows)
+        return Candidate(plan=cand.plan, partition=cand.partition, problem=problem, schedule=cand.schedule,
+                         memory_bytes=cand.memory_bytes)
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -279,13 +318,17 @@ def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], f
     return best
 
 
-def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None) -> Search:
+def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
+           keep: int = 1) -> Search:
     """Finds the encoder plan and partition with the shortest step on the LLM step `step` (see the
     module docstring).
 
     `workers`: threads (the machine's cores are a good choice). `progress(done, total)` is called
-    after each plan. ValueError when no plan fits the LLM's stages or memory.
+    after each plan. `keep`: the bounds prune against the `keep`-th best plan so far, so that the
+    best `keep` plans are all exact in :attr:`Search.top`. ValueError when no plan fits the LLM's
+    stages or memory.
     """
+    keep = integer(keep, "keep", minimum=1)
     t0 = time.perf_counter()
     config, timeline = step.config, step.timeline
     plans = encoder_plans(config)
@@ -294,9 +337,9 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     if step.memory.max() > config.memory_gb * GB:
         raise ValueError(f"memory_gb: the LLM alone needs {step.memory.max() / GB:.1f} GB on its busiest GPU, "
                          f"more than {config.memory_gb:g}")
-    windows = {lps: (timeline.compute_free.repeated(lps), timeline.link_free.repeated(lps))
-               for lps in {p.lanes_per_stage for p in plans}}
-    spaces = [_PlanSpace(step, p, windows[p.lanes_per_stage]) for p in plans]
+    windows = {lps: step.encoder_windows(lps) for lps in {p.lanes_per_stage for p in plans}}
+    edges = edge_windows(timeline)
+    spaces = [_PlanSpace(step, p, windows[p.lanes_per_stage], edges.repeated(p.lanes_per_stage)) for p in plans]
     microbatches = config.microbatches
     spaces.sort(key=lambda s: s.plan_bound(microbatches))
     stats = SearchStats(plans=len(plans))
@@ -307,18 +350,22 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
 
     def incumbent() -> float:
         with lock:
-            return min((c.step_time for c in results), default=math.inf)
+            if len(results) < keep:
+                return math.inf
+            return sorted(c.step_time for c in results)[keep - 1]
 
     def run(space: _PlanSpace) -> None:
         nonlocal done
         even = even_split(microbatches, space.plan.pipelines)
         memory = space.memory(even)
         fits = memory <= space.memory_limit
-        base = space.candidate(even, "coarse", memory)
+        base = space.candidate(even, coarse=True, memory=memory)
         if space.plan_bound(microbatches) >= incumbent():
             best, pruned = None, True
         else:
             best, pruned = _search_plan(space, microbatches, incumbent, stats, lock), False
+        if fits and base.step_time < (best.step_time if best is not None else incumbent()):
+            best = space.in_every_bubble(base)  # the greedy filler is a heuristic: keep the better
         with lock:
             coarse.append(base)
             if best is not None:
@@ -348,5 +395,5 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
                   stats=stats)
 
 
-__all__ = ["EXHAUSTIVE", "Candidate", "Search", "SearchStats", "compositions", "encoder_plans", "encoder_problem",
-           "encoder_tp_ok", "encoder_work", "search"]
+__all__ = ["EXHAUSTIVE", "Candidate", "Search", "SearchStats", "compositions", "edge_windows", "encoder_plans",
+           "encoder_problem", "encoder_tp_ok", "encoder_work", "search"]

@@ -102,21 +102,22 @@ def microbatch_loads(cost: np.ndarray, microbatches: int, assignment: np.ndarray
 
 
 def sample_costs(batch: Batch, *, encoder: EncoderConfig, llm: LLMConfig, costs: CostModel,
-                 encoder_tp: int = 1, llm_tp: int = 1, frozen: bool = False) -> np.ndarray:
+                 encoder_tp: int = 1, llm_tp: int = 1, frozen: bool = False, recompute: str = "none") -> np.ndarray:
     """N x 2 array: each sample's encoder time (all layers, forward + backward unless frozen, each
-    image at its own length) and LLM time (all layers, forward + backward), in microseconds."""
+    image at its own length) and LLM time (all layers, forward + backward), in microseconds; the
+    backwards hold the recomputed forward work of `recompute`."""
 
     @lru_cache(maxsize=None)
     def enc(tokens: int) -> float:
         t = costs.layer_time(encoder, 1, tokens, tp=encoder_tp, phase="fwd")
         if not frozen:
-            t += costs.layer_time(encoder, 1, tokens, tp=encoder_tp, phase="bwd")
+            t += costs.layer_time(encoder, 1, tokens, tp=encoder_tp, phase="bwd", recompute=recompute)
         return encoder.layers * t
 
     @lru_cache(maxsize=None)
     def lm(tokens: int) -> float:
         return llm.layers * (costs.layer_time(llm, 1, tokens, tp=llm_tp, phase="fwd")
-                             + costs.layer_time(llm, 1, tokens, tp=llm_tp, phase="bwd"))
+                             + costs.layer_time(llm, 1, tokens, tp=llm_tp, phase="bwd", recompute=recompute))
 
     out = np.empty((len(batch.image_tokens), 2))
     for i, tokens in enumerate(batch.image_tokens):

@@ -33,16 +33,10 @@ from ..config.checks import flag, integer, positive_int, shown
 from ..config.limits import MAX_TASKS
 from ..config.models import EncoderConfig
 from ..costs.kernels import PHASES, RESOURCES, decompose_layer
-from ..costs.memory import encoder_layer_bytes
+from ..costs.memory import encoder_layer_bytes, recompute_bytes
 from ..costs.roofline import CostModel
+from ..llm.step import even_split
 from .arrays import Tasks
-
-
-def even_split(total: int, parts: int) -> list[int]:
-    """`total` split into `parts` whole shares as even as possible, the first ones taking the
-    remainder (layers over encoder stages, microbatches over encoder pipelines)."""
-    q, r = divmod(integer(total, "total", minimum=0), positive_int(parts, "parts"))
-    return [q + (i < r) for i in range(parts)]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -109,9 +103,9 @@ class EncoderWork:
     """
 
     def __init__(self, encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
-                 micro_batch: int, costs: CostModel, tokens: int | None = None,
+                 micro_batch: int | Sequence[int], costs: CostModel, tokens: int | None = None,
                  frozen: bool | Sequence[bool] = False, sequence_parallel: bool = False,
-                 separate: bool = False):
+                 separate: bool = False, recompute: str = "none"):
         models = [encoders] if isinstance(encoders, EncoderConfig) else list(encoders)
         if not models:
             raise ValueError("encoders: empty")
@@ -122,25 +116,30 @@ class EncoderWork:
         if len(flags) != len(models):
             raise ValueError(f"frozen: {len(flags)} flags for {len(models)} encoders")
         flags = [flag(f, f"frozen[{i}]") for i, f in enumerate(flags)]
-        positive_int(micro_batch, "micro_batch")
+        images = [micro_batch] * len(models) if not isinstance(micro_batch, Sequence) else list(micro_batch)
+        if len(images) != len(models):
+            raise ValueError(f"micro_batch: {len(images)} counts for {len(models)} encoders")
+        images = [positive_int(n, f"micro_batch[{i}]" if isinstance(micro_batch, Sequence) else "micro_batch")
+                  for i, n in enumerate(images)]
         self.plan = plan
         """The encoder plan."""
         self.separate = separate
         """Whether the encoder runs on GPUs of its own."""
-        self._models, self._micro_batch = models, micro_batch
+        self._models, self._images, self._recompute = models, images, recompute
         # Per encoder: one layer's kernels with durations, forward and backward, computed once.
         self._layer_cost = []
-        for mdl in models:
+        for mdl, n in zip(models, images):
             s = tokens if tokens is not None else mdl.tokens
             per_phase = {}
             for phase in ("fwd", "bwd"):
-                kernels = decompose_layer(mdl, micro_batch, s, tp=plan.tp_enc,
-                                          sequence_parallel=sequence_parallel, phase=phase)
+                kernels = decompose_layer(mdl, n, s, tp=plan.tp_enc, sequence_parallel=sequence_parallel,
+                                          phase=phase, recompute=recompute)
                 per_phase[phase] = [(k, costs.kernel_time(k)) for k in kernels]
-            send = costs.p2p_time(float(mdl.dtype_bytes * micro_batch * s * mdl.hidden) / plan.tp_enc)
+            send = costs.p2p_time(float(mdl.dtype_bytes * n * s * mdl.hidden) / plan.tp_enc)
             self._layer_cost.append((per_phase, send, plan.stage_layers(mdl.layers)))
         self._flags = flags
         self._templates: dict[bool, dict[str, np.ndarray]] = {}
+        self._bytes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._blocks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
 
     def _template(self, to_llm: bool) -> dict[str, np.ndarray]:
@@ -278,36 +277,53 @@ class EncoderWork:
         out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("after_counts"))]).astype(np.int64)
         return Tasks(**out)
 
+    def _lane_bytes_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per lane, the model states; per pipeline and lane, the activations of one microbatch and the
+        memory full recomputation rebuilds (computed once)."""
+        if self._bytes is None:
+            plan = self.plan
+            lanes = plan.pp_llm * plan.lanes_per_stage
+            states, act, rebuild = np.zeros(lanes), np.zeros((plan.pipelines, lanes)), np.zeros((plan.pipelines, lanes))
+            for model, frozen, images in zip(self._models, self._flags, self._images):
+                s_bytes, a_bytes = encoder_layer_bytes(model, images, plan.tp_enc, frozen, self._recompute)
+                rebuilt = 0.0 if frozen else recompute_bytes(model, images, model.tokens, plan.tp_enc, self._recompute)
+                for e, layers in enumerate(plan.stage_layers(model.layers)):
+                    for pipeline in range(plan.pipelines):
+                        lane = plan.lane(pipeline, e)
+                        states[lane] += layers * s_bytes
+                        act[pipeline, lane] += layers * a_bytes
+                        if layers:
+                            rebuild[pipeline, lane] = max(rebuild[pipeline, lane], rebuilt)
+            self._bytes = (states, act, rebuild)
+        return self._bytes
+
     def lane_bytes(self, partition: Sequence[int]) -> np.ndarray:
         """Per lane, the encoders' model states and worst-case activations on one GPU of that lane's
         TP group under `partition` (every microbatch of a pipeline held at once: bubble scheduling
-        may run all forwards before the first backward)."""
-        plan = self.plan
-        out = np.zeros(plan.pp_llm * plan.lanes_per_stage)
-        for model, frozen in zip(self._models, self._flags):
-            s_bytes, a_bytes = encoder_layer_bytes(model, self._micro_batch, plan.tp_enc, frozen)
-            for pipeline, count in enumerate(self._partition(partition)):
-                for e, layers in enumerate(plan.stage_layers(model.layers)):
-                    out[plan.lane(pipeline, e)] += layers * (s_bytes + a_bytes * count)
-        return out
+        may run all forwards before the first backward), and under full recomputation the largest
+        layer's activations rebuilt during its backward."""
+        counts = np.array(self._partition(partition), np.float64)
+        states, act, rebuild = self._lane_bytes_terms()
+        return states + counts @ act + (rebuild * (counts > 0)[:, None]).max(axis=0)
 
 
 def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
-                  partition: Sequence[int], micro_batch: int, costs: CostModel,
+                  partition: Sequence[int], micro_batch: int | Sequence[int], costs: CostModel,
                   tokens: int | None = None, frozen: bool | Sequence[bool] = False,
-                  sequence_parallel: bool = False) -> list[dict[str, Any]]:
+                  sequence_parallel: bool = False, recompute: str = "none") -> list[dict[str, Any]]:
     """Kernel tasks of the encoder(s) for one training step, as problem/1 task dicts (no ``id``).
 
     `partition[i]` is the number of encoder microbatches that encoder pipeline ``i`` runs
     (``len(partition) == plan.pipelines``); microbatches are numbered pipeline by pipeline, so
     pipeline 0 runs ``j = 0 .. partition[0] - 1`` and so on. Each microbatch has `micro_batch`
-    images of `tokens` tokens (default: each encoder's own ``tokens``). `frozen` (one flag, or one
-    per encoder) drops the backward. Durations come from `costs`. :class:`EncoderWork` gives the
-    same tasks as arrays, fast, for many partitions.
+    images (one count, or one per encoder) of `tokens` tokens (default: each encoder's own
+    ``tokens``). `frozen` (one flag, or one per encoder) drops the backward; `recompute` adds the
+    recomputed forward work to each layer's backward. Durations come from `costs`.
+    :class:`EncoderWork` gives the same tasks as arrays, fast, for many partitions.
     """
     work = EncoderWork(encoders, plan=plan, micro_batch=micro_batch, costs=costs, tokens=tokens,
-                       frozen=frozen, sequence_parallel=sequence_parallel)
+                       frozen=frozen, sequence_parallel=sequence_parallel, recompute=recompute)
     return work.tasks(partition).to_dicts()
 
 
-__all__ = ["EncoderPlan", "EncoderWork", "encoder_tasks", "even_split"]
+__all__ = ["EncoderPlan", "EncoderWork", "encoder_tasks"]

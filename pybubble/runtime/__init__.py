@@ -7,11 +7,11 @@ from .encoder_step import EncoderStep
 from .filler import BubbleFiller, FillTask, WorkProbe
 from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits
 from .plan import MODES, MeasuredCosts, Plan, make_plan, predict_step_s
-from .segments import MicrobatchRun, Piece, ViTBlock, split_into_pieces
+from .segments import MicrobatchRun, Piece, split_into_pieces
 
 __all__ = [
     "BoundaryCommunicator", "BubbleFiller", "EncoderStep", "FillTask", "MODES", "MeasuredCosts",
-    "MicrobatchRun", "Piece", "Plan", "SUPPORTED_TORCH", "SideStream", "ViTBlock", "WorkProbe",
+    "MicrobatchRun", "Piece", "Plan", "SUPPORTED_TORCH", "SideStream", "WorkProbe",
     "check_torch_version", "fill_pipeline_waits", "llm_stream", "make_plan", "predict_step_s", "side_stream",
     "split_into_pieces",
 ]

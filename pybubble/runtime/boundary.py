@@ -92,6 +92,13 @@ class BoundaryCommunicator:
         j = self.encoder_microbatch[llm_microbatch]
         return j in self._outputs or (("out", j) in self._pending and self._pending["out", j][1].done())
 
+    def output_probe(self, llm_microbatch: int) -> WorkProbe | None:
+        """On the first stage: the receive of ``llm_microbatch``'s encoder output while it is
+        pending (None once it arrived, or when it is produced here)."""
+        j = self.encoder_microbatch[llm_microbatch]
+        pending = self._pending.get(("out", j))
+        return None if pending is None or pending[1].done() else pending[1]
+
     def output(self, llm_microbatch: int) -> torch.Tensor:
         """On the first stage: the encoder output that feeds ``llm_microbatch`` (waits for it)."""
         j = self.encoder_microbatch[llm_microbatch]

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from .cuda import SideStream
 
@@ -33,10 +34,12 @@ from .cuda import SideStream
 class WorkProbe:
     """Completion of one ``dist.Work`` that can be polled without blocking."""
 
-    __slots__ = ("work", "_done", "_error", "_thread")
+    __slots__ = ("work", "_done", "_error", "_thread", "done_at")
 
     def __init__(self, work: dist.Work):
         self.work = work
+        self.done_at = 0.0
+        """``time.perf_counter()`` when the work completed (its waiter thread returned)."""
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._wait, daemon=True)
@@ -47,6 +50,7 @@ class WorkProbe:
             self.work.wait()
         except BaseException as e:  # re-raised on the main thread by result()
             self._error = e
+        self.done_at = time.perf_counter()
         self._done.set()
 
     def done(self) -> bool:
@@ -76,8 +80,13 @@ class FillTask:
     """Blocks until ``ready()``."""
     needed_by: int | None = None
     """For forward tasks: the LLM microbatch whose first-stage forward needs this task's result."""
+    chain: int = 0
+    """Tasks of one chain (one encoder microbatch) run in plan order; another chain's task may run
+    while this chain's next one waits for its input or does not fit."""
     done: bool = field(default=False)
     """Ran (CPU) or was launched on the side stream (CUDA)."""
+    took_s: float = 0.0
+    """CPU: how long its run took (0 until it ran; on CUDA the launch is not its duration)."""
 
 
 @dataclass(slots=True)
@@ -89,6 +98,8 @@ class FillerStats:
     deferred: int = 0
     forced: int = 0
     waits: int = 0
+    waited_s: float = 0.0
+    """CPU: time spent blocked in waits with no task running (the rank's idle time)."""
 
 
 class BubbleFiller:
@@ -96,8 +107,10 @@ class BubbleFiller:
 
     ``gaps_s[n]``: predicted idle time before this rank's n-th pipeline op (the last entry: after
     its last op, up to the end of the step); ``next_ops[n]``: that op as (kind, microbatch).
-    Tasks planned before 0 run in :meth:`run_front`, tasks planned at or after ``horizon_s`` in
-    :meth:`drain`, the others inside waits.
+    ``op_starts_s[n]`` (CPU): when op n's input is predicted to arrive, seconds after the step's
+    frame origin (:meth:`begin_step`); without it a gap is predicted to end ``gaps_s[n]`` after it
+    opens. Tasks planned before 0 run in :meth:`run_front`; the others inside waits where they fit
+    (on CUDA only those planned inside the step), and what is left in :meth:`drain`.
 
     ``side``: None runs the tasks on the host (CPU path); a :class:`~pybubble.runtime.cuda.SideStream`
     (or any object with its ``launch``/``mark``/``join``/``drain``) launches them on it (CUDA
@@ -107,19 +120,25 @@ class BubbleFiller:
 
     def __init__(self, tasks: Sequence[FillTask], gaps_s: Sequence[float],
                  next_ops: Sequence[tuple[str, int]], horizon_s: float, fill: bool = True,
-                 side: SideStream | None = None):
+                 side: SideStream | None = None, op_starts_s: Sequence[float] | None = None):
         if len(gaps_s) != len(next_ops) + 1:
             raise ValueError(f"gaps_s: {len(gaps_s)} gaps for {len(next_ops)} ops (need ops + 1)")
+        if op_starts_s is not None and len(op_starts_s) != len(next_ops):
+            raise ValueError(f"op_starts_s: {len(op_starts_s)} starts for {len(next_ops)} ops")
         self.tasks = sorted(tasks, key=lambda t: t.planned_start_s)
         self.gaps_s = list(gaps_s)
         self.next_ops = list(next_ops)
+        self.op_starts_s = None if op_starts_s is None else list(op_starts_s)
         self.horizon_s = horizon_s
         self.fill = fill
         self.side = side
         self.stats = FillerStats()
         self._op = 0
         self._in_op = False
-        self._gap_start = 0.0
+        self._frame0 = time.perf_counter()
+        self._gap_start = self._frame0
+        self._drift = 0.0
+        """Seconds the last observed arrival came after its prediction (CPU)."""
         self._gap_launched_s = 0.0
         """CUDA: measured seconds of the tasks launched into the current gap."""
         self._forward_marks: list[tuple[int, object]] = []
@@ -128,16 +147,38 @@ class BubbleFiller:
         self.trace: list[tuple[str, float, float]] | None = None
         """When a list: (what, start, end) of every task, op and wait, perf_counter seconds."""
         self._op_start = 0.0
+        self._in_wait = False
+        self._excluded = 0.0
+        """Seconds of waits and tasks since the last op began (not the LLM's own work)."""
+        self._mark = self._frame0
+        self.op_busy_s: list[float] = [0.0] * len(self.next_ops)
+        """The LLM's own time of each op: from its start to the next op's start, less the waits
+        and encoder tasks in between (the schedule's bookkeeping after an op counts as its own)."""
+        self.lead_busy_s = 0.0
+        """The LLM's own time before the first op (the schedule's set-up)."""
 
     # -- step structure -------------------------------------------------------------------------
-    def begin_step(self) -> None:
-        """Marks frame 0: this rank enters the pipeline step."""
-        self._op, self._in_op, self._gap_start = 0, False, time.perf_counter()
+    def begin_step(self, frame0: float | None = None) -> None:
+        """Marks the frame origin (default: now): the time ``op_starts_s`` count from."""
+        now = time.perf_counter()
+        self._frame0 = now if frame0 is None else frame0
+        self._op, self._in_op, self._gap_start = 0, False, now
         self._gap_launched_s = 0.0
+        self._drift = 0.0
+        self._mark, self._excluded = now, 0.0
+
+    def _close_busy(self, now: float) -> None:
+        busy = max(0.0, now - self._mark - self._excluded)
+        if self._op == 0:
+            self.lead_busy_s = busy
+        elif self._op - 1 < len(self.op_busy_s):
+            self.op_busy_s[self._op - 1] = busy
+        self._mark, self._excluded = now, 0.0
 
     def op_begin(self) -> None:
         self._in_op = True
         self._op_start = time.perf_counter()
+        self._close_busy(self._op_start)
 
     def op_end(self) -> None:
         self._in_op = False
@@ -147,6 +188,10 @@ class BubbleFiller:
         self._op += 1
         self._gap_start = time.perf_counter()
         self._gap_launched_s = 0.0
+
+    def end_pipeline(self) -> None:
+        """Marks the end of the pipeline's part of the step (closes the last op's own time)."""
+        self._close_busy(time.perf_counter())
 
     # -- running tasks --------------------------------------------------------------------------
     def _run(self, task: FillTask) -> float:
@@ -162,6 +207,10 @@ class BubbleFiller:
             self._gap_launched_s += task.duration_s
         task.done = True
         end = time.perf_counter()
+        if self.side is None:
+            task.took_s = end - t
+        if not self._in_wait:
+            self._excluded += end - t
         if self.trace is not None:
             self.trace.append((task.name, t, end))  # on CUDA: the launch, not the kernels
         return end - t if self.side is None else task.duration_s
@@ -170,6 +219,33 @@ class BubbleFiller:
         while self._cursor < len(self.tasks) and self.tasks[self._cursor].done:
             self._cursor += 1
         return self.tasks[self._cursor] if self._cursor < len(self.tasks) else None
+
+    def _pick(self, room_s: float, look: int = 16) -> tuple[FillTask | None, bool]:
+        """The first task, in plan order among the next ``look`` not done, whose chain has no
+        earlier task left, whose input has arrived and that fits in ``room_s``; and whether one
+        was passed over for not fitting. On CUDA only tasks planned inside the step qualify."""
+        blocked: set[int] = set()
+        too_long = False
+        seen = 0
+        for i in range(self._cursor, len(self.tasks)):
+            task = self.tasks[i]
+            if task.done:
+                continue
+            seen += 1
+            if seen > look:
+                break
+            if task.chain in blocked:
+                continue
+            blocked.add(task.chain)
+            if task.planned_start_s < 0.0 or (self.side is not None and task.planned_start_s >= self.horizon_s):
+                continue
+            if not task.ready():
+                continue
+            if task.duration_s > room_s:
+                too_long = True
+                continue
+            return task, too_long
+        return None, too_long
 
     def _run_needed(self, needed_by: int) -> None:
         """Runs (launches, on CUDA) every forward task that LLM microbatches <= ``needed_by``
@@ -213,15 +289,69 @@ class BubbleFiller:
         """Waits for ``works``, running planned tasks while they are not complete (on CUDA: launches
         the tasks that fit in the gap, then the current stream waits on the works)."""
         works = [w for w in works if w is not None]
-        if not works:
-            return
+        if works:
+            self._accounted(lambda: self._wait(works))
+
+    def wait_for(self, probes: Sequence[WorkProbe], arrival_s: float | None) -> None:
+        """CPU: waits for ``probes`` inside an op (the first stage waiting for an encoder output
+        from another rank), running tasks that fit until they complete; ``arrival_s``: their
+        predicted completion after the frame origin."""
+        self._accounted(lambda: self._wait_probes(probes, arrival_s))
+
+    def _accounted(self, wait: Callable[[], None]) -> None:
         self.stats.waits += 1
         t = time.perf_counter()
+        self._in_wait = True
         try:
-            self._wait(works)
+            with record_function("pybubble:wait"):
+                wait()
         finally:
+            self._in_wait = False
+            end = time.perf_counter()
+            self._excluded += end - t
             if self.trace is not None:
-                self.trace.append(("wait", t, time.perf_counter()))
+                self.trace.append(("wait", t, end))
+
+    def _room(self, arrival_s: float | None, gap_s: float) -> Callable[[], float]:
+        """Seconds left of the current gap (CPU): to the predicted arrival (``arrival_s`` after the
+        frame origin, moved by the drift seen at this step's last arrival), or ``gap_s`` after the
+        gap opened. Past that point, while the works are still pending, as long again as the gap
+        has overrun its prediction: a gap that runs long is used, at the risk of a delay no
+        longer than the overrun itself."""
+        deadline = (self._gap_start + gap_s if arrival_s is None else self._frame0 + arrival_s + self._drift)
+
+        def room() -> float:
+            now = time.perf_counter()
+            return deadline - now if now < deadline else now - deadline
+        return room
+
+    def _wait_probes(self, probes: Sequence[WorkProbe], arrival_s: float | None, gap_s: float = 0.0) -> None:
+        """CPU: blocks until ``probes`` completed, running tasks that fit while they are pending
+        (the rank would idle there). ``arrival_s``: their predicted completion after the frame
+        origin; the drift is updated from what is seen."""
+        entered = time.perf_counter()
+        idle_from = entered
+        ran = 0.0
+        if self.fill and self.side is None:
+            room = self._room(arrival_s, gap_s)
+            pending = lambda: not all(p.done() for p in probes)  # noqa: E731
+            while pending():
+                task, too_long = self._pick(room())
+                if task is None:
+                    if too_long:
+                        self.stats.deferred += 1
+                    break
+                took = self._run(task)
+                ran += took
+                self.stats.filled_s += took
+                self.stats.filled += 1
+            idle_from = time.perf_counter()
+        for p in probes:
+            p.result()
+        arrived = max(p.done_at for p in probes)
+        self.stats.waited_s += max(0.0, time.perf_counter() - idle_from)
+        if arrival_s is not None and arrived > entered:
+            self._drift = arrived - (self._frame0 + arrival_s)
 
     def _wait(self, works: list[dist.Work]) -> None:
         if not self._in_op and self._op < len(self.next_ops):
@@ -229,36 +359,38 @@ class BubbleFiller:
             # The op after this wait may depend (through other ranks) on stage 0's forward of
             # microbatch mb: produce what it needs before blocking.
             self._run_needed(mb)
+        gap_s = self.gaps_s[min(self._op, len(self.gaps_s) - 1)]
+        if self.side is None:
+            arrival = None
+            if self.op_starts_s is not None and not self._in_op and self._op < len(self.op_starts_s):
+                arrival = self.op_starts_s[self._op]
+            fill = self.fill and not self._in_op
+            if fill:
+                self._wait_probes([WorkProbe(w) for w in works], arrival, gap_s)
+            else:
+                t = time.perf_counter()
+                for w in works:
+                    w.wait()
+                self.stats.waited_s += time.perf_counter() - t
+            return
         if self.fill and not self._in_op and self._next() is not None:
-            gap_s = self.gaps_s[min(self._op, len(self.gaps_s) - 1)]
-            if self.side is None:
-                # CPU: run tasks while the works are pending, each if it ends by the gap's end.
-                probes = [WorkProbe(w) for w in works]
-                deadline = self._gap_start + gap_s
-                self._fill(lambda: deadline - time.perf_counter(), lambda: not all(p.done() for p in probes))
-                for p in probes:
-                    p.result()
-                return
             # CUDA: the works are stream dependencies and the window opens here on the LLM's
             # stream: launch what fits in what the gap's earlier launches left of it.
-            self._fill(lambda: gap_s - self._gap_launched_s, lambda: True)
+            while True:
+                task, too_long = self._pick(gap_s - self._gap_launched_s)
+                if task is None:
+                    if too_long:
+                        self.stats.deferred += 1
+                    break
+                self.stats.filled_s += self._run(task)
+                self.stats.filled += 1
         for w in works:
             w.wait()
 
-    def _fill(self, room_s: Callable[[], float], pending: Callable[[], bool]) -> None:
-        """While ``pending()``: runs the next task in plan order if it is planned inside the step,
-        its input has arrived and its measured duration fits in ``room_s()`` (seconds left of the
-        gap); a task that does not fit is deferred and ends the filling, as does one that is not
-        ready."""
-        while pending():
-            task = self._next()
-            if task is None or not (0.0 <= task.planned_start_s < self.horizon_s) or not task.ready():
-                return
-            if task.duration_s > room_s():
-                self.stats.deferred += 1
-                return
-            self.stats.filled_s += self._run(task)
-            self.stats.filled += 1
+    def run_now(self, task: FillTask) -> None:
+        """Runs ``task`` at once, outside any wait (megatron: the encoder's backward inside the
+        first stage's backward); its time is not the LLM op's own."""
+        self._run(task)
 
     @property
     def remaining(self) -> int:

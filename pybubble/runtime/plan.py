@@ -37,7 +37,8 @@ class MeasuredCosts:
     piece_bwd_s: list[float]
     """Backward of each encoder piece."""
     optimizer_s: float = 0.0
-    """Optimizer step and what else each step does after the pipeline, per rank (max)."""
+    """What each step does outside the pipeline and the encoder, per rank (max): the optimizer
+    step, the trainer's own work between steps, the runtime's planning and synchronisation."""
     grad_sync_s: float = 0.0
     """All-reduce of the encoder's gradients (modes that spread the encoder over ranks)."""
 
@@ -130,22 +131,32 @@ def make_plan(mode: str, costs: MeasuredCosts, microbatches: int) -> Plan:
 def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int) -> float:
     """Predicted step time (s) of ``mode``: the simulated LLM step with the encoder where the mode
     puts it, plus what follows the pipeline (gradient sync of a spread encoder, optimizer)."""
-    plan = make_plan(check_mode(mode), costs, microbatches)
+    return plan_step_s(make_plan(check_mode(mode), costs, microbatches), costs)
+
+
+def plan_step_s(plan: Plan, costs: MeasuredCosts) -> float:
+    """The step ``plan`` predicts with ``costs`` (see :func:`predict_step_s`)."""
     step_us = plan.timeline.step_time if plan.schedule is None else plan.schedule.step_time
-    sync = 0.0 if mode == "megatron" else costs.grad_sync_s
+    sync = 0.0 if plan.mode == "megatron" else costs.grad_sync_s
     return step_us / US + sync + costs.optimizer_s
 
 
+def shift_front_s(plan: Plan) -> float:
+    """Seconds from the step's start to the LLM's frame 0 (the encoder work planned before it)."""
+    return 0.0 if plan.schedule is None else plan.schedule.shift_front / US
+
+
 def rank_filler(plan: Plan, rank: int, tasks: list[FillTask], side: SideStream | None = None) -> BubbleFiller:
-    """The filler of ``rank``: its ops' predicted gaps from the LLM timeline and its tasks (run on
-    the host, or launched on ``side`` on CUDA)."""
+    """The filler of ``rank``: its ops' predicted gaps and starts (seconds after the step's start)
+    from the LLM timeline, and its tasks (run on the host, or launched on ``side`` on CUDA)."""
     ops = sorted((op for op in plan.timeline.ops if op.stage == rank), key=lambda op: op.start)
     gaps, t = [], 0.0
     for op in ops:
         gaps.append((op.start - t) / US)
         t = op.end
     gaps.append((plan.timeline.step_time - t) / US)
+    front = shift_front_s(plan)
     return BubbleFiller(tasks, gaps, [(op.kind, op.microbatch) for op in ops], plan.timeline.step_time / US,
-                        fill=plan.mode == "pybubble", side=side)
+                        fill=plan.mode == "pybubble", side=side, op_starts_s=[front + op.start / US for op in ops])
 
 

@@ -5,6 +5,7 @@ pipeline's bubbles). User code of the runtime's API: the runtime does the profil
 the encoder's gradient sync and the process launch.
 
     python examples/mllm.py --ranks 2 --steps 20 --mode pybubble [--encoder vit|timm|clip] [--profile DIR]
+    pybubble measure DIR --predict DIR/plan.json
 """
 
 from __future__ import annotations
@@ -288,6 +289,8 @@ def train(rank: int, args: argparse.Namespace) -> dict:
                              grad_group=dist.group.WORLD if device.type == "cuda" else None)
     if rank == 0:
         stage_module.encoder_output = runtime.encoder_output
+    trace_path = os.environ.get("PYBUBBLE_TRACE")  # the last step's tasks, ops and waits per rank
+    runtime.trace = bool(trace_path)
     opt = torch.optim.SGD([*encoder.parameters(), *stage_module.parameters()], lr=cfg.lr)
     profiler = None
     if args.profile:
@@ -309,10 +312,15 @@ def train(rank: int, args: argparse.Namespace) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             ends.append(time.perf_counter())
+    if trace_path:
+        with open(f"{trace_path}.rank{rank}.json", "w") as f:
+            json.dump({"start": runtime.records[-1]["start"], "events": runtime.records[-1]["trace"]}, f)
     if profiler is not None:
         profiler.stop()
         os.makedirs(args.profile, exist_ok=True)
         profiler.export_chrome_trace(os.path.join(args.profile, f"rank{rank}.json"))
+        if rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
+            runtime.plan.timeline.save_trace(os.path.join(args.profile, "plan.json"))
     mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
             "predicted": [r["predicted_s"] for r in runtime.records],
             "checksum": checksum([stage_module] + ([encoder] if rank == 0 else [])),

@@ -253,6 +253,46 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_measure(args: argparse.Namespace) -> int:
+    import json
+
+    from .measure import KINDS, compare, measure, predicted_bubbles, save_plot, to_json
+
+    measured = measure(args.trace, args.min_gap_us)
+    predicted = predicted_bubbles(args.predict) if args.predict else None
+    comparison = compare(measured, predicted) if predicted else None
+    table = Table(title=f"{args.trace}: idle per rank (ms)" + (f" beside {args.predict}" if args.predict else ""))
+    for col in ("rank", "step span", "busy", "idle", *KINDS, "waiting", "transferring"):
+        table.add_column(col, justify="left" if col == "rank" else "right")
+    for i, r in enumerate(measured):
+        cells = [str(r.rank), f"{r.span / 1e3:.2f}", f"{r.busy / 1e3:.2f}", f"{r.idle / 1e3:.2f}",
+                 *(f"{r.idle_by_kind[k] / 1e3:.2f}" for k in KINDS),
+                 "-" if r.waiting is None else f"{r.waiting / 1e3:.2f}",
+                 "-" if r.transferring is None else f"{r.transferring / 1e3:.2f}"]
+        table.add_row(*cells)
+        if comparison is not None:
+            row = comparison["ranks"][i]
+            pred = [f"{row['kinds'][k]['predicted_us'] / 1e3:.2f}" for k in KINDS]
+            table.add_row("  predicted", f"{row['span_us']['predicted'] / 1e3:.2f}", "",
+                          f"{row['idle_us']['predicted'] / 1e3:.2f}", *pred, "", "", style="dim")
+            errs = [("-" if row["kinds"][k]["error"] is None else f"{row['kinds'][k]['error']:+.0%}") for k in KINDS]
+            err = row["idle_us"]["error"]
+            table.add_row("  error", f"{r.span / row['span_us']['predicted'] - 1:+.0%}", "",
+                          "-" if err is None else f"{err:+.0%}", *errs, "", "", style="dim")
+    Console(highlight=False, width=max(console.width, 130)).print(table)
+    if not all(r.phases_known for r in measured):
+        console.print("note: no pipeline op annotations (PP:<stage><F|B><mb>) in some traces: their idle outside "
+                      "collectives is all counted as steady")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(to_json(measured, comparison), f, indent=1)
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        save_plot(measured, args.plot, predicted)
+        console.print(f"wrote {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pybubble", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -334,6 +374,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="write the step time per batch here (.png, .svg)")
     p.add_argument("--json", help="write the pybubble.dynamic/1 JSON here")
     p.set_defaults(func=cmd_dynamic)
+
+    p = sub.add_parser("measure", help="idle time per rank and kind from torch.profiler traces of a pipeline run")
+    p.add_argument("trace", help="a Chrome trace (JSON) of one rank, or a folder with one per rank")
+    p.add_argument("--predict", help="a planning config (YAML) or a timeline's Chrome trace (JSON) to compare with")
+    p.add_argument("--json", help="write the pybubble.measure/1 JSON here")
+    p.add_argument("--plot", help="write idle per rank and kind as a bar chart here (.png, .svg)")
+    p.add_argument("--min-gap-us", type=float, default=100.0,
+                   help="gaps between busy events shorter than this are host glue, not idle (default 100)")
+    p.set_defaults(func=cmd_measure)
     return parser
 
 

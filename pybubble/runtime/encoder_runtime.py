@@ -103,6 +103,8 @@ class EncoderRuntime:
         self.trace = False
         """True: each step's filler keeps (what, start, end) of its tasks, ops and waits in
         ``records[-1]["trace"]``."""
+        self.plan = None
+        """The plan of the last step (its ``timeline``: the LLM step as predicted)."""
         self._work: EncoderStep | None = None
         self._returned: float | None = None
         self._last_sample: np.ndarray | None = None
@@ -172,7 +174,8 @@ class EncoderRuntime:
         sample[4] = entry - self._returned  # the trainer's own time between the two steps
         mine = torch.from_numpy(sample)
         every = [torch.zeros_like(mine) for _ in range(self.ranks)]
-        dist.all_gather(every, mine, group=self.group)
+        with record_function("pybubble:sync"):
+            dist.all_gather(every, mine, group=self.group)
         if self.device.type == "cpu" or self.steps == 1:
             self.history.add(torch.stack(every).numpy())
             self.costs = self.history.costs()
@@ -195,10 +198,12 @@ class EncoderRuntime:
             self._share_costs(entry)
         t = time.perf_counter()
         mode = self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
-        plan = make_plan(mode, self.costs, self.microbatches)
-        predicted = plan_step_s(plan, self.costs)
+        with record_function("pybubble:plan"):
+            plan = self.plan = make_plan(mode, self.costs, self.microbatches)
+            predicted = plan_step_s(plan, self.costs)
         plan_s = time.perf_counter() - t
-        dist.barrier(group=self.group)
+        with record_function("pybubble:sync"):
+            dist.barrier(group=self.group)
         start = time.perf_counter()
         m, inputs = self.microbatches, _inputs_of(encoder_input)
         chunks = [torch.tensor_split(x.to(self.device), m) for x in inputs]

@@ -52,10 +52,14 @@ class EncoderStep:
             run = self.runs[j] = MicrobatchRun(pieces, inputs(k))
             base = 2 * n * j  # task ids of j in plan.problem (see plan.encoder_tasks)
             fwd = []
+            needed_at = float("inf")
+            if plan.start_s is not None and producer != 0:
+                needed_at = shift_front_s(plan) + float(plan.timeline.forward_needed[k]) / 1e6 - costs.p2p_s
             for i in range(n):
                 start = 0.0 if plan.start_s is None else float(plan.start_s[base + i])
                 fwd.append(FillTask(name=f"e{j}f.{pieces[i].name}", duration_s=costs.piece_fwd_s[i],
-                                    planned_start_s=start, run=self._forward(run, j, i), needed_by=k, chain=j))
+                                    planned_start_s=start, run=self._forward(run, j, i), needed_by=k, chain=j,
+                                    needed_at_s=needed_at))
             tasks.extend(fwd)
             self.fwd_tasks[j] = fwd
             bwd = []

@@ -6,8 +6,8 @@ would overrun the gap is deferred to a later gap or to the end of the step; a fo
 later pipeline op depends on is forced before the rank blocks, so the step never deadlocks.
 
 gloo's send/recv ``Work.is_completed()`` stays False until ``wait()`` is called, so completion is
-observed by one waiter thread per work that blocks in ``wait()`` (which releases the GIL); the
-main thread polls that thread's flag. This works for every backend.
+observed by a waiter thread (of a shared pool) per work that blocks in ``wait()`` (which releases
+the GIL); the main thread polls its future. This works for every backend.
 
 CUDA path (NCCL, a :class:`~pybubble.runtime.cuda.SideStream`): the CPU does not block in
 ``wait()``, so the filler enqueues instead of running: at a wait, the next planned tasks go onto
@@ -20,48 +20,58 @@ into the gap on CUDA).
 
 from __future__ import annotations
 
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
 from .cuda import SideStream
 
 
-class WorkProbe:
-    """Completion of one ``dist.Work`` that can be polled without blocking."""
+_WAIT = "pybubble:wait"
+"""The profiler annotation of a wait (``pybubble measure`` counts the time in it as idle, less
+the tasks run in it)."""
 
-    __slots__ = ("work", "_done", "_error", "_thread", "done_at")
+
+class WorkProbe:
+    """Completion of one ``dist.Work`` that can be polled without blocking: a waiter thread of a
+    shared pool blocks in its ``wait()`` (which releases the GIL). The pool's threads live on, so
+    a probe costs a queue hand-off, not a thread start (which waits for the GIL: up to
+    ``sys.getswitchinterval()`` on a busy host)."""
+
+    __slots__ = ("work", "_future", "done_at")
+    _pool: ThreadPoolExecutor | None = None
 
     def __init__(self, work: dist.Work):
         self.work = work
         self.done_at = 0.0
-        """``time.perf_counter()`` when the work completed (its waiter thread returned)."""
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._wait, daemon=True)
-        self._thread.start()
+        """``time.perf_counter()`` when the work completed (its waiter returned)."""
+        if WorkProbe._pool is None:
+            # Enough waiters for every receive a step posts at once (each blocks one until it arrives).
+            WorkProbe._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="pybubble-probe")
+        self._future = WorkProbe._pool.submit(self._wait)
 
     def _wait(self) -> None:
         try:
             self.work.wait()
-        except BaseException as e:  # re-raised on the main thread by result()
-            self._error = e
-        self.done_at = time.perf_counter()
-        self._done.set()
+        finally:
+            self.done_at = time.perf_counter()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._future.done()
 
     def result(self, timeout: float | None = None) -> None:
         """Blocks until the work completed; raises what its ``wait()`` raised."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"work not completed within {timeout} s")
-        if self._error is not None:
-            raise self._error
+        try:
+            self._future.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"work not completed within {timeout} s") from None
 
 
 @dataclass(slots=True)
@@ -80,6 +90,9 @@ class FillTask:
     """Blocks until ``ready()``."""
     needed_by: int | None = None
     """For forward tasks: the LLM microbatch whose first-stage forward needs this task's result."""
+    needed_at_s: float = float("inf")
+    """For forward tasks on a rank other than the first stage's: when (seconds after the frame
+    origin) the first stage is planned to need this task's microbatch."""
     chain: int = 0
     """Tasks of one chain (one encoder microbatch) run in plan order; another chain's task may run
     while this chain's next one waits for its input or does not fit."""
@@ -99,7 +112,8 @@ class FillerStats:
     forced: int = 0
     waits: int = 0
     waited_s: float = 0.0
-    """CPU: time spent blocked in waits with no task running (the rank's idle time)."""
+    """CPU: time spent blocked with no task running (in waits, and for inputs from other ranks in
+    the front and the drain): the rank's idle time outside collectives."""
 
 
 class BubbleFiller:
@@ -158,6 +172,11 @@ class BubbleFiller:
         """The LLM's own time before the first op (the schedule's set-up)."""
 
     # -- step structure -------------------------------------------------------------------------
+    @property
+    def next_op(self) -> tuple[str, int] | None:
+        """The op this rank runs next (or is running), as (kind, microbatch); None after its last."""
+        return self.next_ops[self._op] if self._op < len(self.next_ops) else None
+
     def begin_step(self, frame0: float | None = None) -> None:
         """Marks the frame origin (default: now): the time ``op_starts_s`` count from."""
         now = time.perf_counter()
@@ -199,7 +218,9 @@ class BubbleFiller:
         from its window: measured on the CPU, its measured duration on CUDA."""
         t = time.perf_counter()
         if self.side is None:
-            task.run()
+            # Annotated for torch.profiler only while it records (pybubble measure counts it busy).
+            with record_function(f"pybubble:task:{task.name}") if torch.autograd._profiler_enabled() else nullcontext():
+                task.run()
         else:
             self.side.launch(task.run)
             if task.needed_by is not None:
@@ -247,11 +268,13 @@ class BubbleFiller:
             return task, too_long
         return None, too_long
 
-    def _run_needed(self, needed_by: int) -> None:
+    def _run_needed(self, needed_by: int, before_s: float = float("-inf")) -> None:
         """Runs (launches, on CUDA) every forward task that LLM microbatches <= ``needed_by``
-        depend on and that has not run, in plan order."""
+        depend on, or that the first stage is planned to need by ``before_s`` (frame seconds),
+        and that has not run, in plan order."""
         for task in self.tasks:
-            if not task.done and task.needed_by is not None and task.needed_by <= needed_by:
+            if not task.done and task.needed_by is not None and (task.needed_by <= needed_by
+                                                                 or task.needed_at_s <= before_s):
                 self.stats.forced += 1
                 self._run(task)
 
@@ -269,17 +292,27 @@ class BubbleFiller:
                     rest.append((mb, mark))
             self._forward_marks = rest
 
+    def _wait_ready(self, task: FillTask) -> None:
+        """Blocks until ``task``'s input is there (CPU: the time counts as waited)."""
+        if task.ready():
+            return
+        t = time.perf_counter()
+        with record_function(_WAIT):
+            task.wait_ready()
+        if self.side is None:
+            self.stats.waited_s += time.perf_counter() - t
+
     def run_front(self) -> None:
         """Runs the tasks planned before the step (the step grows by shift_front)."""
         while (task := self._next()) is not None and task.planned_start_s < 0.0:
-            task.wait_ready()
+            self._wait_ready(task)
             self._run(task)
 
     def drain(self) -> None:
         """Runs every task left, in plan order, waiting for inputs from other ranks. On CUDA the
         current stream then waits for everything launched on the side stream."""
         while (task := self._next()) is not None:
-            task.wait_ready()
+            self._wait_ready(task)
             self._run(task)
         if self.side is not None:
             self.side.drain()
@@ -303,7 +336,7 @@ class BubbleFiller:
         t = time.perf_counter()
         self._in_wait = True
         try:
-            with record_function("pybubble:wait"):
+            with record_function(_WAIT):
                 wait()
         finally:
             self._in_wait = False
@@ -357,8 +390,13 @@ class BubbleFiller:
         if not self._in_op and self._op < len(self.next_ops):
             kind, mb = self.next_ops[self._op]
             # The op after this wait may depend (through other ranks) on stage 0's forward of
-            # microbatch mb: produce what it needs before blocking.
-            self._run_needed(mb)
+            # microbatch mb: produce what it needs before blocking; and what the first stage is
+            # planned to need before this rank's op after next could start (it would wait for it
+            # while this rank runs its next op).
+            before = float("-inf")
+            if self.op_starts_s is not None:
+                before = self.op_starts_s[self._op + 1] if self._op + 1 < len(self.op_starts_s) else float("inf")
+            self._run_needed(mb, before)
         gap_s = self.gaps_s[min(self._op, len(self.gaps_s) - 1)]
         if self.side is None:
             arrival = None

@@ -182,6 +182,11 @@ def split_into_pieces(encoder: nn.Module, example: torch.Tensor | Sequence[torch
             index, has_kernel = index + 1, False
         part[node] = index
         has_kernel = has_kernel or target in KERNELS
+    if index > 0 and not has_kernel:  # a trailing norm (post-norm layers) joins the last kernel's piece
+        for node, k in part.items():
+            if k == index:
+                part[node] = index - 1
+        index -= 1
     count = index + 1
     # Where each value is last needed: a piece's outputs are the values later pieces (or the
     # encoder's output) read.

@@ -115,7 +115,7 @@ def trace_encoder(encoder: nn.Module, example: Sequence[torch.Tensor]) -> tuple[
     """The aten graph of one forward of ``encoder`` on ``example``; its first placeholders are the
     parameters and buffers (in ``named_parameters()``, ``named_buffers()`` order). Returns the
     graph and the count of those placeholders. Raises ``ValueError`` naming the module that cannot
-    be split (a trace error, a random op, a data-dependent value, an in-place write to a
+    be split (a trace error, e.g. control flow on a tensor's value; a random op; an in-place write to a
     parameter, buffer or input)."""
     params = dict(encoder.named_parameters())
     buffers = dict(encoder.named_buffers())
@@ -143,9 +143,6 @@ def trace_encoder(encoder: nn.Module, example: Sequence[torch.Tensor]) -> tuple[
         if any(name.startswith(r) for r in RANDOM):
             raise ValueError(f"{where} cannot be split: it draws random numbers ({name}); its pieces would "
                              f"not repeat the unsplit forward (set dropout to 0 or call eval())")
-        if name.startswith("_local_scalar_dense"):
-            raise ValueError(f"{where} cannot be split: its forward reads a tensor's value on the host "
-                             f"(.item() or control flow on data), which the pieces would freeze")
         schema = getattr(node.target, "_schema", None)
         if schema is not None and schema.is_mutable:
             written = [a for a, arg in zip(node.args, schema.arguments)

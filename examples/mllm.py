@@ -276,7 +276,8 @@ def train(rank: int, args: argparse.Namespace) -> dict:
     """One rank's training loop (the process group is set up by ``launch``)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    cfg, kind, ranks, m = SIZES[args.size], args.encoder, args.ranks, SIZES[args.size].microbatches
+    cfg, kind, ranks = config(args), args.encoder, args.ranks
+    m = cfg.microbatches
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     encoder = build_encoder(cfg, kind).to(device)
     stage_module = build_stages(cfg, ranks, kind)[rank].to(device)
@@ -350,12 +351,20 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
     }
 
 
+def config(args: argparse.Namespace) -> ModelConfig:
+    """The size's config, with ``--microbatches`` when given."""
+    cfg = SIZES[args.size]
+    if args.microbatches:
+        cfg = ModelConfig(**{**asdict(cfg), "microbatches": args.microbatches})
+    return cfg
+
+
 def run(args: argparse.Namespace) -> dict:
     """Launches the ranks and returns the report (raises ``RuntimeError`` when a rank failed)."""
     every = launch(train, args.ranks, args, backend="nccl" if args.device == "cuda" else "gloo", timeout=args.timeout)
     out = report(args, every)
     if args.reference:
-        out["reference_checksum"] = reference_checksum(SIZES[args.size], args.ranks, args.steps, args.encoder)
+        out["reference_checksum"] = reference_checksum(config(args), args.ranks, args.steps, args.encoder)
     return out
 
 
@@ -369,6 +378,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", help="write a torch.profiler Chrome trace of the last step per rank into this folder")
     p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
     p.add_argument("--size", default="small", help=f"model size: {', '.join(SIZES)}")
+    p.add_argument("--microbatches", type=int, default=0, help="microbatches per step (default: the size's)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits for a failed peer")
     p.add_argument("--fail-rank", type=int, default=-1, help="inject a fault on this rank (tests)")
     p.add_argument("--fail-step", type=int, default=0, help="... at this step")
@@ -399,8 +409,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"timeout: {args.timeout} is not > 0")
     if args.fail_rank >= args.ranks:
         raise ValueError(f"fail_rank: {args.fail_rank} is not a rank (< {args.ranks})")
-    if SIZES[args.size].microbatches < args.ranks:
-        raise ValueError(f"ranks: {args.ranks} exceeds the microbatches of size {args.size!r}")
+    if args.microbatches < 0:
+        raise ValueError(f"microbatches: {args.microbatches} is not >= 1")
+    if config(args).microbatches < args.ranks:
+        raise ValueError(f"ranks: {args.ranks} exceeds the {config(args).microbatches} microbatches of size "
+                         f"{args.size!r}")
 
 
 def main(argv: list[str] | None = None) -> int:

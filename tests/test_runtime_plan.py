@@ -41,10 +41,12 @@ def test_pybubble_predicts_a_shorter_step_than_coarse_and_megatron():
 
 
 def test_encoder_tasks_chain_forward_then_backward():
-    tasks = encoder_tasks(costs(piece_fwd_s=[1.0, 2.0], piece_bwd_s=[3.0, 4.0]), [1])
-    assert [(t["phase"], t["duration"], t["after"]) for t in tasks] == [
-        ("fwd", 1e6, []), ("fwd", 2e6, [0]), ("bwd", 4e6, [1]), ("bwd", 3e6, [2])]
-    assert all(t["lane"] == 1 and t["microbatch"] == 0 for t in tasks)
+    a = encoder_tasks(costs(piece_fwd_s=[1.0, 2.0], piece_bwd_s=[3.0, 4.0]), [1, 0])
+    assert a["phase"].tolist() == [0, 0, 1, 1] * 2  # fwd, fwd, bwd, bwd
+    assert a["duration"].tolist() == [1e6, 2e6, 4e6, 3e6] * 2
+    after = [a["after"][a["after_offset"][i]:a["after_offset"][i + 1]].tolist() for i in range(8)]
+    assert after == [[], [0], [1], [2], [], [4], [5], [6]]
+    assert a["lane"].tolist() == [1] * 4 + [0] * 4 and a["microbatch"].tolist() == [0] * 4 + [1] * 4
 
 
 def test_rank_filler_gaps_follow_the_timeline():

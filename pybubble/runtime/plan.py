@@ -84,18 +84,19 @@ def llm_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage
                              p2p=costs.p2p_s * US)
 
 
-def encoder_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> list[dict]:
-    """problem/1 task dicts (index = id): per encoder microbatch, its pieces' forwards in order,
-    then their backwards in reverse, on the lane (rank) of its producer."""
-    tasks: list[dict] = []
-    n = len(costs.piece_fwd_s)
-    for j, lane in enumerate(producer):
-        for phase, order, dur in (("fwd", range(n), costs.piece_fwd_s), ("bwd", range(n - 1, -1, -1), costs.piece_bwd_s)):
-            for i in order:
-                after = [len(tasks) - 1] if (phase == "bwd" or i > 0) else []
-                tasks.append({"lane": int(lane), "duration": dur[i] * US, "resource": "compute",
-                              "phase": phase, "microbatch": j, "after": after})
-    return tasks
+def encoder_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> dict[str, np.ndarray]:
+    """The encoder's tasks as problem/1 task arrays (index = id; see ``Timeline.to_problem``): per
+    encoder microbatch, its pieces' forwards in order, then their backwards in reverse, on the lane
+    (rank) of its producer, each after the one before (arrays: one re-plan per step stays cheap)."""
+    n, m = len(costs.piece_fwd_s), len(producer)
+    per = np.concatenate([np.asarray(costs.piece_fwd_s), np.asarray(costs.piece_bwd_s)[::-1]]) * US
+    count = 2 * n * m
+    first = np.arange(count) % (2 * n) == 0  # a microbatch's first forward waits for nothing
+    after = np.arange(count)[~first] - 1
+    return {"lane": np.repeat(np.asarray(producer, np.int64), 2 * n), "microbatch": np.repeat(np.arange(m), 2 * n),
+            "duration": np.tile(per, m), "resource": np.zeros(count, np.int64),
+            "phase": np.tile(np.repeat([0, 1], n), m),
+            "after_offset": np.concatenate([[0], np.cumsum(~first)]), "after": after}
 
 
 @dataclass(frozen=True, slots=True)

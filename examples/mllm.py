@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import sys
@@ -40,7 +41,7 @@ class ModelConfig:
     """Samples per microbatch."""
     patches: int = 128
     """Image patches per sample (vit: the encoder's sequence length); timm and clip cut a square
-    image of ``patches`` patches of ``patch`` x ``patch`` pixels."""
+    image into the largest square number of patches of ``patch`` x ``patch`` pixels that fits."""
     patch: int = 8
     """Patch side in pixels (vit: patch_dim = 3 * patch * patch)."""
     enc_dim: int = 128
@@ -137,11 +138,13 @@ class LastHidden(nn.Module):
         return self.tower(pixel_values=pixels).last_hidden_state
 
 
+def image_grid(cfg: ModelConfig) -> int:
+    """Patches per side of the square image timm and clip take: the most that ``patches`` allows."""
+    return math.isqrt(cfg.patches)
+
+
 def image_side(cfg: ModelConfig) -> int:
-    side = round(cfg.patches ** 0.5)
-    if side * side != cfg.patches:
-        raise ValueError(f"patches: {cfg.patches} is not a square (timm and clip cut a square image)")
-    return side * cfg.patch
+    return image_grid(cfg) * cfg.patch
 
 
 def build_encoder(cfg: ModelConfig, kind: str = "vit") -> nn.Module:
@@ -172,7 +175,7 @@ def build_encoder(cfg: ModelConfig, kind: str = "vit") -> nn.Module:
 
 def encoder_tokens(cfg: ModelConfig, kind: str) -> int:
     """Image tokens the encoder gives per sample (CLIP adds a class token)."""
-    return cfg.patches + (kind == "clip")
+    return cfg.patches if kind == "vit" else image_grid(cfg) ** 2 + (kind == "clip")
 
 
 class FirstStage(nn.Module):

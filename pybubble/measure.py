@@ -214,18 +214,11 @@ def rank_bubbles(doc: dict[str, Any], rank: int, peer_sends: list[tuple[float, f
 
 
 def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out = []
-    for s, e in a:
-        t = s
-        for bs, be in b:
-            if be <= t or bs >= e:
-                continue
-            if bs > t:
-                out.append((t, bs))
-            t = max(t, be)
-        if t < e:
-            out.append((t, e))
-    return out
+    """``a`` less ``b`` (unions of disjoint sorted intervals): ``a`` within ``b``'s complement."""
+    if not a:
+        return []
+    edges = [a[0][0], *(t for iv in _union(b) for t in iv), a[-1][1]]
+    return _overlap(a, [(s, e) for s, e in zip(edges[::2], edges[1::2]) if e > s])
 
 
 def _rank_of(path: Path, doc: dict[str, Any]) -> tuple[int | None, int | None]:

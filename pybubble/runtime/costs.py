@@ -4,6 +4,7 @@ running figures the next plan is made from."""
 from __future__ import annotations
 
 import statistics
+import warnings
 from collections import deque
 from collections.abc import Sequence
 
@@ -57,7 +58,8 @@ class CostHistory:
             return float(np.median(values)) if values.size else fallback
 
         c, n, k = self.initial, self.pieces, len(FIELDS)
-        with np.errstate(all="ignore"):
+        with warnings.catch_warnings():  # all-NaN columns (not measured) give NaN: kept from before
+            warnings.simplefilter("ignore", RuntimeWarning)
             piece = np.nanmean(h[:, :, k:], axis=1)  # steps x pieces: mean over the ranks that ran them
             other = h[:, :, 2] + np.nan_to_num(h[:, :, 4]) + h[:, :, 5]  # lead + outside + plan, per rank
             worst = np.nanmax(other, axis=1) if np.isfinite(other).any() else np.full(len(h), np.nan)

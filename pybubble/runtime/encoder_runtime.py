@@ -159,8 +159,9 @@ class EncoderRuntime:
         n = len(self.pieces)
         fwd_t = [[t.took_s for t in ts] for ts in work.fwd_tasks.values()]
         bwd_t = [[t.took_s for t in ts] for ts in work.bwd_tasks.values()]
-        piece_fwd = [statistics.mean(ts[i] for ts in fwd_t) if fwd_t else float("nan") for i in range(n)]
-        piece_bwd = [statistics.mean(ts[i] for ts in bwd_t) if bwd_t else float("nan") for i in range(n)]
+        timed = self.side is None  # on CUDA a task's launch is not its duration: the profile's stay
+        piece_fwd = [statistics.mean(ts[i] for ts in fwd_t) if fwd_t and timed else float("nan") for i in range(n)]
+        piece_bwd = [statistics.mean(ts[i] for ts in bwd_t) if bwd_t and timed else float("nan") for i in range(n)]
         return step_sample(fwd=[b for (k, _), b in zip(ops, f.op_busy_s) if k == "F"],
                            bwd=[b for (k, _), b in zip(ops, f.op_busy_s) if k == "B"], lead=f.lead_busy_s,
                            sync=sync_s if self.mode != "megatron" else float("nan"), outside=float("nan"),
@@ -215,6 +216,8 @@ class EncoderRuntime:
                                         boundary=boundary, inputs=lambda k: tuple(c[k] for c in chunks),
                                         side=self.side)
         filler = work.filler
+        if self.device.type == "cuda" and self.steps == 0:
+            filler.op_clock = self._now  # the profiling step times the GPU's ops
         if self.trace:
             filler.trace = []
         try:

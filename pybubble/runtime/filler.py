@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -65,6 +66,11 @@ class WorkProbe:
 
     def done(self) -> bool:
         return self._future.done()
+
+    @staticmethod
+    def wait_all(probes: Sequence["WorkProbe"], until: float) -> None:
+        """Blocks until every probe completed or ``time.perf_counter()`` reaches ``until``."""
+        futures_wait([p._future for p in probes], timeout=max(0.0, until - time.perf_counter()))
 
     def result(self, timeout: float | None = None) -> None:
         """Blocks until the work completed; raises what its ``wait()`` raised."""
@@ -170,6 +176,9 @@ class BubbleFiller:
         and encoder tasks in between (the schedule's bookkeeping after an op counts as its own)."""
         self.lead_busy_s = 0.0
         """The LLM's own time before the first op (the schedule's set-up)."""
+        self.op_clock: Callable[[], float] = time.perf_counter
+        """The clock of the ops' own time (on CUDA, for a profiling step: one that synchronizes
+        the device first)."""
 
     # -- step structure -------------------------------------------------------------------------
     @property
@@ -196,7 +205,7 @@ class BubbleFiller:
 
     def op_begin(self) -> None:
         self._in_op = True
-        self._op_start = time.perf_counter()
+        self._op_start = self.op_clock()
         self._close_busy(self._op_start)
 
     def op_end(self) -> None:
@@ -210,7 +219,7 @@ class BubbleFiller:
 
     def end_pipeline(self) -> None:
         """Marks the end of the pipeline's part of the step (closes the last op's own time)."""
-        self._close_busy(time.perf_counter())
+        self._close_busy(self.op_clock())
 
     # -- running tasks --------------------------------------------------------------------------
     def _run(self, task: FillTask) -> float:
@@ -241,12 +250,13 @@ class BubbleFiller:
             self._cursor += 1
         return self.tasks[self._cursor] if self._cursor < len(self.tasks) else None
 
-    def _pick(self, room_s: float, look: int = 16) -> tuple[FillTask | None, bool]:
+    def _pick(self, room_s: float, look: int = 16) -> tuple[FillTask | None, float | None]:
         """The first task, in plan order among the next ``look`` not done, whose chain has no
-        earlier task left, whose input has arrived and that fits in ``room_s``; and whether one
-        was passed over for not fitting. On CUDA only tasks planned inside the step qualify."""
+        earlier task left, whose input has arrived and that fits in ``room_s``; and the shortest
+        duration among those passed over for not fitting (None: none was). On CUDA only tasks
+        planned inside the step qualify."""
         blocked: set[int] = set()
-        too_long = False
+        too_long: float | None = None
         seen = 0
         for i in range(self._cursor, len(self.tasks)):
             task = self.tasks[i]
@@ -263,7 +273,7 @@ class BubbleFiller:
             if not task.ready():
                 continue
             if task.duration_s > room_s:
-                too_long = True
+                too_long = task.duration_s if too_long is None else min(too_long, task.duration_s)
                 continue
             return task, too_long
         return None, too_long
@@ -345,44 +355,48 @@ class BubbleFiller:
             if self.trace is not None:
                 self.trace.append(("wait", t, end))
 
-    def _room(self, arrival_s: float | None, gap_s: float) -> Callable[[], float]:
-        """Seconds left of the current gap (CPU): to the predicted arrival (``arrival_s`` after the
-        frame origin, moved by the drift seen at this step's last arrival), or ``gap_s`` after the
-        gap opened. Past that point, while the works are still pending, as long again as the gap
-        has overrun its prediction: a gap that runs long is used, at the risk of a delay no
-        longer than the overrun itself."""
-        deadline = (self._gap_start + gap_s if arrival_s is None else self._frame0 + arrival_s + self._drift)
+    def _deadline(self, arrival_s: float | None, gap_s: float) -> float:
+        """The predicted end of the current gap (CPU, perf_counter seconds): the predicted arrival
+        (``arrival_s`` after the frame origin, moved by the drift seen at this step's last
+        arrival), or ``gap_s`` after the gap opened."""
+        return self._gap_start + gap_s if arrival_s is None else self._frame0 + arrival_s + self._drift
 
-        def room() -> float:
-            now = time.perf_counter()
-            return deadline - now if now < deadline else now - deadline
-        return room
+    @staticmethod
+    def _room(deadline: float, now: float) -> float:
+        """Seconds of the gap a task may take: what is left to the deadline; past it, while the
+        works are still pending, as long again as the gap has overrun its prediction (a gap that
+        runs long is used, at the risk of a delay no longer than the overrun itself)."""
+        return deadline - now if now < deadline else now - deadline
 
     def _wait_probes(self, probes: Sequence[WorkProbe], arrival_s: float | None, gap_s: float = 0.0) -> None:
         """CPU: blocks until ``probes`` completed, running tasks that fit while they are pending
         (the rank would idle there). ``arrival_s``: their predicted completion after the frame
         origin; the drift is updated from what is seen."""
         entered = time.perf_counter()
-        idle_from = entered
         ran = 0.0
         if self.fill and self.side is None:
-            room = self._room(arrival_s, gap_s)
+            deadline = self._deadline(arrival_s, gap_s)
             pending = lambda: not all(p.done() for p in probes)  # noqa: E731
             while pending():
-                task, too_long = self._pick(room())
+                now = time.perf_counter()
+                task, too_long = self._pick(self._room(deadline, now))
                 if task is None:
-                    if too_long:
+                    if too_long is None:
+                        break  # nothing ready: wait
+                    # Nothing fits now; past the deadline the room grows with the overrun: look
+                    # again when the shortest candidate would fit, unless the works complete first.
+                    WorkProbe.wait_all(probes, until=max(deadline, now) + too_long)
+                    if not pending():
                         self.stats.deferred += 1
-                    break
+                    continue
                 took = self._run(task)
                 ran += took
                 self.stats.filled_s += took
                 self.stats.filled += 1
-            idle_from = time.perf_counter()
         for p in probes:
             p.result()
         arrived = max(p.done_at for p in probes)
-        self.stats.waited_s += max(0.0, time.perf_counter() - idle_from)
+        self.stats.waited_s += max(0.0, time.perf_counter() - entered - ran)
         if arrival_s is not None and arrived > entered:
             self._drift = arrived - (self._frame0 + arrival_s)
 
@@ -417,7 +431,7 @@ class BubbleFiller:
             while True:
                 task, too_long = self._pick(gap_s - self._gap_launched_s)
                 if task is None:
-                    if too_long:
+                    if too_long is not None:
                         self.stats.deferred += 1
                     break
                 self.stats.filled_s += self._run(task)

@@ -14,7 +14,8 @@ from .plan import MeasuredCosts
 
 FIELDS = ("fwd", "bwd", "lead", "sync", "outside", "plan")
 """One rank's figures of one step, seconds (NaN: not seen): the median of its LLM forward and
-backward ops' own time, the schedule's own time before its first op, the encoder's gradient sync,
+backward ops' own time, the schedule's own time before its first op, the encoder's gradient sync
+(the shortest over the ranks is taken: the others include waiting for the last rank),
 the trainer's time between two steps (optimizer, data), the runtime's planning; then each
 piece's forward and backward duration (mean over the microbatches the rank ran)."""
 
@@ -63,7 +64,9 @@ class CostHistory:
             piece = np.nanmean(h[:, :, k:], axis=1)  # steps x pieces: mean over the ranks that ran them
             other = h[:, :, 2] + np.nan_to_num(h[:, :, 4]) + h[:, :, 5]  # lead + outside + plan, per rank
             worst = np.nanmax(other, axis=1) if np.isfinite(other).any() else np.full(len(h), np.nan)
-            sync = np.nanmax(h[:, :, 3], axis=1) if np.isfinite(h[:, :, 3]).any() else np.full(len(h), np.nan)
+            # The gradient sum as the last rank to reach it saw it: the others also waited for that
+            # rank, which the plan's step already counts.
+            sync = np.nanmin(h[:, :, 3], axis=1) if np.isfinite(h[:, :, 3]).any() else np.full(len(h), np.nan)
         return MeasuredCosts(
             stage_fwd_s=[median(h[:, r, 0], c.stage_fwd_s[r]) for r in range(c.stages)],
             stage_bwd_s=[median(h[:, r, 1], c.stage_bwd_s[r]) for r in range(c.stages)],

@@ -7,7 +7,7 @@ No torch here: the traces are JSON. A rank's trace gives
   timeline's events;
 - busy time: the union of its compute events: on the CPU (gloo) the ``cpu_op`` events of its
   main thread (the thread with the most of them) and its annotations of work (pipeline ops, less
-  the waits annotated inside them; pybubble's ``pybubble:task:*`` and ``pybubble:plan``; any
+  the waits annotated inside them; pybubble's ``pybubble:task:*``, ``plan`` and ``setup``; any
   other annotation that is not a region: ``pybubble:wait``/``front``/``drain``/``grad_sync``/``sync``,
   ``ProfilerStep#``, gloo's collectives and transfers), on CUDA (NCCL) its GPU kernels except
   NCCL's;

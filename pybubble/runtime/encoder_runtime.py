@@ -206,15 +206,17 @@ class EncoderRuntime:
         with record_function("pybubble:sync"):
             dist.barrier(group=self.group)
         start = time.perf_counter()
-        m, inputs = self.microbatches, _inputs_of(encoder_input)
-        chunks = [torch.tensor_split(x.to(self.device), m) for x in inputs]
-        boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=0, producer=plan.producer,
-                                        assignment=plan.assignment, output_shape=self.output_shape,
-                                        dtype=self.output_dtype, device=self.device)
-        boundary.begin_step()
-        work = self._work = EncoderStep(plan=plan, rank=self.rank, pieces=self.pieces, costs=self.costs,
-                                        boundary=boundary, inputs=lambda k: tuple(c[k] for c in chunks),
-                                        side=self.side)
+        with record_function("pybubble:setup"):
+            m, inputs = self.microbatches, _inputs_of(encoder_input)
+            chunks = [torch.tensor_split(x.to(self.device), m) for x in inputs]
+            boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=0,
+                                            producer=plan.producer, assignment=plan.assignment,
+                                            output_shape=self.output_shape, dtype=self.output_dtype,
+                                            device=self.device)
+            boundary.begin_step()
+            work = self._work = EncoderStep(plan=plan, rank=self.rank, pieces=self.pieces, costs=self.costs,
+                                            boundary=boundary, inputs=lambda k: tuple(c[k] for c in chunks),
+                                            side=self.side)
         filler = work.filler
         if self.device.type == "cuda" and self.steps == 0:
             filler.op_clock = self._now  # the profiling step times the GPU's ops
@@ -237,7 +239,8 @@ class EncoderRuntime:
             with record_function("pybubble:grad_sync"):
                 sync_grads(self.encoder, self.grad_group)
         sync_s = self._now() - t
-        self._last_sample = self._sample(work, sync_s, plan_s)
+        with record_function("pybubble:setup"):
+            self._last_sample = self._sample(work, sync_s, plan_s)
         record = {"predicted_s": predicted, "start": start, "plan_s": plan_s, "sync_s": sync_s,
                   "filler": dataclasses.asdict(filler.stats)}
         if self.trace:

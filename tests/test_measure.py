@@ -149,3 +149,10 @@ def test_prediction_with_other_stages_is_refused(tmp_path):
     r = cli(tmp_path / "t", "--predict", tmp_path / "plan.json")
     assert r.returncode == 2
     assert r.stderr.strip() == "error: predict: 4 pipeline stages predicted, 2 ranks measured"
+
+
+def test_measure_does_not_import_torch():
+    code = "import sys, pybubble.measure, pybubble.cli; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=tempfile.gettempdir())
+    assert r.stdout.strip() == "False", r.stderr

@@ -369,12 +369,12 @@ def test_another_chains_task_runs_while_this_ones_input_is_missing():
     assert log == ["b"]  # a waits for its input, a2 comes after a in its chain
 
 
-def test_forwards_the_first_stage_needs_before_the_op_after_next_are_forced():
+def test_forwards_the_first_stage_needs_before_the_next_wait_are_forced():
     log = []
     tasks = [sleeper(log, "soon", 0.001, 0.0, needed_by=3, needed_at_s=0.05),
              sleeper(log, "later", 0.001, 0.01, needed_by=3, needed_at_s=0.5)]
     filler = BubbleFiller(tasks, [0.0, 0.0, 0.0], [("F", 0), ("B", 0)], horizon_s=10.0, fill=False,
-                          op_starts_s=[0.0, 0.1])
+                          op_starts_s=[0.0, 0.1], force_until_s=[0.2, 0.3])
     filler.begin_step()
     filler.wait([TimedWork(time.perf_counter())])
     assert log == ["soon"] and filler.stats.forced == 1

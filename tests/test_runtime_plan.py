@@ -55,6 +55,14 @@ def test_rank_filler_gaps_follow_the_timeline():
     assert len(f1.gaps_s) == 9 and f1.next_ops[0] == ("F", 0)
     assert f1.gaps_s[0] == pytest.approx(0.021)  # stage 0's first forward and one p2p
     assert f1.gaps_s[-1] > 0.0  # cool-down
+    # The last stage's backward follows its forward without a receive: a wait before F_k must
+    # produce what the first stage needs until that B_k ends.
+    ops = sorted((op for op in plan.timeline.ops if op.stage == 1), key=lambda op: op.start)
+    front = plan.schedule.shift_front / 1e6
+    assert f1.force_until_s[0] == pytest.approx(front + ops[1].end / 1e6)
+    # Stage 0's forwards take no receive: before F0, until F1 ends (B0 waits for a gradient).
+    ops0 = sorted((op for op in plan.timeline.ops if op.stage == 0), key=lambda op: op.start)
+    assert rank_filler(plan, 0, []).force_until_s[0] == pytest.approx(front + ops0[1].end / 1e6)
 
 
 def test_bad_costs_name_the_field():

@@ -140,11 +140,18 @@ class BubbleFiller:
 
     def __init__(self, tasks: Sequence[FillTask], gaps_s: Sequence[float],
                  next_ops: Sequence[tuple[str, int]], horizon_s: float, fill: bool = True,
-                 side: SideStream | None = None, op_starts_s: Sequence[float] | None = None):
+                 side: SideStream | None = None, op_starts_s: Sequence[float] | None = None,
+                 force_until_s: Sequence[float] | None = None):
         if len(gaps_s) != len(next_ops) + 1:
             raise ValueError(f"gaps_s: {len(gaps_s)} gaps for {len(next_ops)} ops (need ops + 1)")
         if op_starts_s is not None and len(op_starts_s) != len(next_ops):
             raise ValueError(f"op_starts_s: {len(op_starts_s)} starts for {len(next_ops)} ops")
+        if force_until_s is not None and len(force_until_s) != len(next_ops):
+            raise ValueError(f"force_until_s: {len(force_until_s)} times for {len(next_ops)} ops")
+        self.force_until_s = None if force_until_s is None else list(force_until_s)
+        """Per op: forward tasks the first stage is planned to need before this time (seconds after
+        the frame origin) run before the wait ahead of the op: the filler gets no control again
+        before then (the ops up to the next one that waits for a receive run back to back)."""
         self.tasks = sorted(tasks, key=lambda t: t.planned_start_s)
         self.gaps_s = list(gaps_s)
         self.next_ops = list(next_ops)
@@ -405,11 +412,8 @@ class BubbleFiller:
             kind, mb = self.next_ops[self._op]
             # The op after this wait may depend (through other ranks) on stage 0's forward of
             # microbatch mb: produce what it needs before blocking; and what the first stage is
-            # planned to need before this rank's op after next could start (it would wait for it
-            # while this rank runs its next op).
-            before = float("-inf")
-            if self.op_starts_s is not None:
-                before = self.op_starts_s[self._op + 1] if self._op + 1 < len(self.op_starts_s) else float("inf")
+            # planned to need before this rank's next chance (it would wait for it meanwhile).
+            before = float("-inf") if self.force_until_s is None else self.force_until_s[self._op]
             self._run_needed(mb, before)
         gap_s = self.gaps_s[min(self._op, len(self.gaps_s) - 1)]
         if self.side is None:

@@ -149,7 +149,9 @@ def shift_front_s(plan: Plan) -> float:
 
 def rank_filler(plan: Plan, rank: int, tasks: list[FillTask], side: SideStream | None = None) -> BubbleFiller:
     """The filler of ``rank``: its ops' predicted gaps and starts (seconds after the step's start)
-    from the LLM timeline, and its tasks (run on the host, or launched on ``side`` on CUDA)."""
+    from the LLM timeline, how far ahead each wait must produce the first stage's inputs (to the
+    end of the ops that follow it without a receive), and its tasks (run on the host, or launched
+    on ``side`` on CUDA)."""
     ops = sorted((op for op in plan.timeline.ops if op.stage == rank), key=lambda op: op.start)
     gaps, t = [], 0.0
     for op in ops:
@@ -157,7 +159,19 @@ def rank_filler(plan: Plan, rank: int, tasks: list[FillTask], side: SideStream |
         t = op.end
     gaps.append((plan.timeline.step_time - t) / US)
     front = shift_front_s(plan)
+    last = plan.timeline.stages - 1
+
+    def receives(op) -> bool:  # its input comes from a neighbour: the schedule waits before it
+        return (op.kind == "F" and op.stage > 0) or (op.kind in "BI" and op.stage < last)
+
+    until = []
+    for n in range(len(ops)):
+        k = n
+        while k + 1 < len(ops) and not receives(ops[k + 1]):
+            k += 1
+        until.append(front + ops[k].end / US)
     return BubbleFiller(tasks, gaps, [(op.kind, op.microbatch) for op in ops], plan.timeline.step_time / US,
-                        fill=plan.mode == "pybubble", side=side, op_starts_s=[front + op.start / US for op in ops])
+                        fill=plan.mode == "pybubble", side=side, op_starts_s=[front + op.start / US for op in ops],
+                        force_until_s=until)
 
 

@@ -320,8 +320,11 @@ class BubbleFiller:
             self.stats.waited_s += time.perf_counter() - t
 
     def run_front(self) -> None:
-        """Runs the tasks planned before the step (the step grows by shift_front)."""
-        while (task := self._next()) is not None and task.planned_start_s < 0.0:
+        """Runs the tasks planned before the step (the step grows by shift_front), the ones the
+        first stage needs soonest first: when they take longer than planned, the encoder output
+        needed next is late the least (a chain's tasks keep their order)."""
+        front = [t for t in self.tasks if not t.done and t.planned_start_s < 0.0]
+        for task in sorted(front, key=lambda t: (t.needed_at_s, t.planned_start_s)):
             self._wait_ready(task)
             self._run(task)
 

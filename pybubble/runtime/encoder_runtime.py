@@ -178,8 +178,9 @@ class EncoderRuntime:
         with record_function("pybubble:sync"):
             dist.all_gather(every, mine, group=self.group)
         if self.device.type == "cpu" or self.steps == 1:
-            self.history.add(torch.stack(every).numpy())
-            self.costs = self.history.costs()
+            with record_function("pybubble:plan"):
+                self.history.add(torch.stack(every).numpy())
+                self.costs = self.history.costs()
 
     # -- the step ------------------------------------------------------------------------------
     def encoder_output(self, microbatch: int) -> torch.Tensor:

@@ -6,8 +6,8 @@ No torch here: the traces are JSON. A rank's trace gives
 - its window: the last ``ProfilerStep#`` annotation when there is one, else the span of its
   timeline's events;
 - busy time: the union of its compute events: on the CPU (gloo) the ``cpu_op`` events of its
-  main thread (the thread with the most of them) and its annotations of work (pipeline ops, less
-  the waits annotated inside them; pybubble's ``pybubble:task:*``, ``plan`` and ``setup``; any
+  main thread (the thread with the most of them) and its annotations of work (pipeline ops and
+  pybubble's ``pybubble:schedule`` span of the whole schedule, less the waits annotated inside them; pybubble's ``pybubble:task:*``, ``plan`` and ``setup``; any
   other annotation that is not a region: ``pybubble:wait``/``front``/``drain``/``grad_sync``/``sync``,
   ``ProfilerStep#``, gloo's collectives and transfers), on CUDA (NCCL) its GPU kernels except
   NCCL's;
@@ -42,7 +42,8 @@ PREDICTED_KINDS = {"pp_warmup": "warmup", "pp_steady": "steady", "pp_cooldown": 
 _COLLECTIVE = re.compile(r"(all_?reduce|all_?gather|reduce_?scatter|barrier|broadcast|all_?to_?all)", re.I)
 _TRANSFER = re.compile(r"^(gloo:(send|recv)|nccl:(send|recv))|SendRecv|nccl.*(Send|Recv)", re.I)
 _OP = re.compile(r"^(?:PP:\d+([FBIW])\d+|(Forward|Backward) \d+)$")
-_REGION = re.compile(r"^(pybubble:(wait|front|drain|grad_sync|sync)|ProfilerStep#|gloo:|nccl:)")
+_REGION = re.compile(r"^(pybubble:(wait|front|drain|grad_sync|sync|schedule)|ProfilerStep#|gloo:|nccl:)")
+_SCHEDULE = "pybubble:schedule"
 _WAIT = "pybubble:wait"
 _SYNC_OP = re.compile(r"^c10d::(allreduce|allgather|barrier|reduce_scatter|broadcast|alltoall)", re.I)
 MIN_GAP_US = 100.0
@@ -161,7 +162,9 @@ def rank_bubbles(doc: dict[str, Any], rank: int, peer_sends: list[tuple[float, f
         work = [e for e in notes if not _OP.match(str(e.get("name", ""))) and not _REGION.match(str(e.get("name", "")))]
         waits = _union([iv(e) for e in notes if e.get("name") == _WAIT])
         busy_ev = [e for e in ops if (e.get("pid"), e.get("tid")) == main] + work
-        busy_extra = _subtract(_union([iv(e) for e in op_ev]), waits)
+        # Pipeline ops and the schedule's own code between them are busy, less the waits in them.
+        spans = [e for e in notes if e.get("name") == _SCHEDULE]
+        busy_extra = _subtract(_union([iv(e) for e in op_ev + spans]), waits)
     steps = [e for e in xs if str(e.get("name", "")).startswith("ProfilerStep#")]
     if steps:
         lo, hi = iv(max(steps, key=lambda e: float(e["ts"])))

@@ -227,7 +227,7 @@ class EncoderRuntime:
             with record_function("pybubble:front"):
                 filler.run_front()
             filler.begin_step(frame0=start)
-            with fill_pipeline_waits(filler, self.stage):
+            with fill_pipeline_waits(filler, self.stage), record_function("pybubble:schedule"):
                 result = self.schedule.step(*args, **kwargs)
             filler.end_pipeline()
             with record_function("pybubble:drain"):

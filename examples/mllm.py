@@ -328,7 +328,8 @@ def train(rank: int, args: argparse.Namespace) -> dict:
     mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
             "predicted": [r["predicted_s"] for r in runtime.records],
             "checksum": checksum([stage_module] + ([encoder] if rank == 0 else [])),
-            "filler": runtime.records[-1]["filler"], "costs": asdict(runtime.costs)}
+            "filler": runtime.records[-1]["filler"], "filled": [r["filler"]["filled"] for r in runtime.records],
+            "costs": asdict(runtime.costs)}
     every: list = [None] * ranks
     dist.all_gather_object(every, mine, group=runtime.group)
     return every
@@ -350,7 +351,7 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
         "median_step_s": statistics.median(step_times[s] for s in settled),
         "predicted_step_s": statistics.median(predicted[s] for s in settled),
         "param_checksum": sum(e["checksum"] for e in every), "costs": every[0]["costs"],
-        "filler": [e["filler"] for e in every],
+        "filler": [e["filler"] for e in every], "filled_per_step": [e["filled"] for e in every],
     }
 
 

@@ -378,6 +378,47 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_measure(args: argparse.Namespace) -> int:
+    """Measure the idle time per rank and kind in torch.profiler traces of a pipeline run."""
+    from .config.documents import write_document
+    from .measure.bubbles import IDLE_KINDS, compare, measure, predicted_bubbles, save_plot, to_dict
+
+    measured = measure(args.trace, args.min_gap_us)
+    predicted = predicted_bubbles(args.predict) if args.predict else None
+    comparison = compare(measured, predicted) if predicted else None
+    t = table(f"{args.trace}: idle per rank (ms)" + (f" beside {args.predict}" if args.predict else ""))
+    for col in ("rank", "span", "busy", "idle", *IDLE_KINDS, "waiting", "transferring"):
+        t.add_column(col, justify="left" if col == "rank" else "right")
+    for i, r in enumerate(measured):
+        t.add_row(str(r.rank), f"{r.span / 1e3:,.2f}", f"{r.busy / 1e3:,.2f}", f"{r.idle / 1e3:,.2f}",
+                  *(f"{r.idle_by_kind[k] / 1e3:,.2f}" for k in IDLE_KINDS),
+                  "-" if r.waiting is None else f"{r.waiting / 1e3:,.2f}",
+                  "-" if r.transferring is None else f"{r.transferring / 1e3:,.2f}")
+        if comparison is not None:
+            row = comparison["ranks"][i]
+            t.add_row("  predicted", f"{row['span_us']['predicted'] / 1e3:,.2f}", "",
+                      f"{row['idle_us']['predicted'] / 1e3:,.2f}",
+                      *(f"{row['kinds'][k]['predicted_us'] / 1e3:,.2f}" for k in IDLE_KINDS), "", "", style="dim")
+            err = row["idle_us"]["error"]
+            t.add_row("  error", f"{r.span / row['span_us']['predicted'] - 1:+.0%}", "",
+                      "-" if err is None else f"{err:+.0%}",
+                      *("-" if row["kinds"][k]["error"] is None else f"{row['kinds'][k]['error']:+.0%}"
+                        for k in IDLE_KINDS), "", "", style="dim")
+    console.print(t)
+    if not all(r.phases_known for r in measured):
+        console.print("note: no pipeline op annotations (PP:<stage><F|B><mb>) in some traces: their idle outside "
+                      "collectives is all counted as steady")
+    if args.json:
+        write_document(args.json, to_dict(measured, comparison))
+        console.print(f"wrote {args.json}")
+    if args.plot:
+        with drawing(args.plot):
+            save_plot(measured, args.plot, predicted)
+    summary("measure", ranks=len(measured), idle_ms=sum(r.idle for r in measured) / 1e3,
+            span_ms=max(r.span for r in measured) / 1e3)
+    return 0
+
+
 def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], about: str, example: str) -> Parser:
     """A subcommand: its help line (the function's docstring), what it does, and an example."""
     summary_line = (func.__doc__ or "").strip()
@@ -524,6 +565,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-ms", type=float, default=10.0, metavar="MS", help="time budget of one plan choice, ms")
     p.add_argument("--plot", metavar="FILE", help="write the chart of step times per mode here (.png or .svg)")
     p.add_argument("--json", metavar="FILE", help="write the run (pybubble.dynamic/1 JSON) here")
+
+    p = _command(sub, "measure", cmd_measure,
+                 "Reads torch.profiler Chrome traces of a pipeline run (a file, or a folder of one per rank)\n"
+                 "and prints per rank the step's span, busy and idle time, idle by kind (warm-up, steady,\n"
+                 "cool-down, collective) and, with every rank's trace, waiting versus transferring\n"
+                 "(docs/runtime.md).",
+                 "pybubble measure traces/ --predict examples/quickstart.yaml --plot idle.png")
+    p.add_argument("trace", help="a Chrome trace (JSON) of one rank, or a folder with one per rank")
+    p.add_argument("--predict", metavar="FILE",
+                   help="a planning config (YAML) or a timeline's Chrome trace (JSON) to compare with")
+    p.add_argument("--json", metavar="FILE", help="write the measurement (pybubble.measure/1 JSON) here")
+    p.add_argument("--plot", metavar="FILE", help="write idle per rank and kind as a bar chart here (.png or .svg)")
+    p.add_argument("--min-gap-us", type=float, default=100.0, metavar="US",
+                   help="gaps between busy events shorter than this are host glue, not idle, us")
     return parser
 
 

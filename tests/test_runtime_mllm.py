@@ -1,5 +1,5 @@
-"""The example trainer as real processes (tiny models, two ranks, a few steps); on CUDA where two
-GPUs are present."""
+"""The example trainer (examples/mllm.py, user code of pybubble.runtime.EncoderRuntime) as real
+gloo processes: tiny models, a few steps; on CUDA where two GPUs are present."""
 
 import json
 import subprocess
@@ -13,40 +13,78 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
+PLACEMENTS = ("megatron", "coarse", "pybubble")
 
-def mllm(*args, timeout=120):
+
+def mllm(*args, timeout=180):
     # Run outside the source tree so that the installed package (with its extension) is imported.
-    return subprocess.run([sys.executable, "-m", "pybubble.examples.mllm", *map(str, args)], capture_output=True,
-                          text=True, timeout=timeout, cwd=Path(tempfile.gettempdir()))
+    return subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=Path(tempfile.gettempdir()))
 
 
-def three_modes(tmp_path, device: str) -> tuple[dict[str, float], float]:
+def checksums(tmp_path, *args, modes=PLACEMENTS, device="cpu") -> tuple[dict[str, float], float]:
     """Each mode's parameter checksum after 3 steps, and the single-process reference's."""
     sums = {}
-    for mode in ("megatron", "coarse", "pybubble"):
+    for mode in modes:
         out = tmp_path / f"{mode}.json"
-        extra = ["--reference"] if mode == "pybubble" else []
-        r = mllm("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", mode, "--report", out, "--timeout", 30,
-                 "--device", device, *extra)
+        extra = ["--reference"] if mode == modes[-1] else []
+        r = mllm("--steps", 3, "--size", "tiny", "--mode", mode, "--report", out, "--timeout", 30, "--device", device,
+                 *args, *extra)
         assert r.returncode == 0, r.stderr
         report = json.loads(out.read_text())
         assert len(report["step_times_s"]) == 3 and report["median_step_s"] > 0 and report["predicted_step_s"] > 0
-        assert report["device"] == device
+        assert len(report["predicted_steps_s"]) == 3 and report["device"] == device
         sums[mode] = report["param_checksum"]
     return sums, report["reference_checksum"]
 
 
 def test_three_modes_reach_the_single_process_parameters(tmp_path):
-    sums, reference = three_modes(tmp_path, "cpu")
+    sums, reference = checksums(tmp_path, "--ranks", 2)
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
+
+
+def test_four_ranks_reach_the_single_process_parameters(tmp_path):
+    # More processes than this machine's cores: a correctness run.
+    sums, reference = checksums(tmp_path, "--ranks", 4, "--microbatches", 4)
+    for mode, s in sums.items():
+        assert s == pytest.approx(reference, rel=1e-6), mode
+
+
+@pytest.mark.parametrize("encoder", ["timm", "clip"])
+def test_real_encoders_reach_the_single_process_parameters(tmp_path, encoder):
+    sums, reference = checksums(tmp_path, "--ranks", 2, "--encoder", encoder, modes=("megatron", "pybubble"))
+    for mode, s in sums.items():
+        assert s == pytest.approx(reference, rel=1e-6), mode
+
+
+def test_profile_writes_traces_that_pybubble_measure_reads(tmp_path):
+    prof = tmp_path / "prof"
+    r = mllm("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", "coarse", "--profile", prof,
+             "--report", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in prof.iterdir()) == ["plan.json", "rank0.json", "rank1.json"]
+    out = subprocess.run([sys.executable, "-m", "pybubble", "measure", str(prof), "--predict", str(prof / "plan.json"),
+                          "--json", str(tmp_path / "m.json")], capture_output=True, text=True, timeout=60,
+                         cwd=Path(tempfile.gettempdir()))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    for rank in doc["ranks"]:
+        assert rank["phases_known"] and rank["busy"] > 0 and rank["idle"] >= 0
+        assert rank["idle"] == pytest.approx(sum(rank["idle_by_kind"].values()))
+        assert rank["waiting"] + rank["transferring"] == pytest.approx(rank["idle"])
+    assert len(doc["prediction"]["ranks"]) == 2
 
 
 STAND_IN_SIDE = textwrap.dedent("""
     # The trainer with the filler in its CUDA mode (launches, events, window budget by measured
     # durations) on CPU ranks: a stand-in side stream runs each launched task at once.
     import json, sys
-    import pybubble.examples.mllm as mllm
+    sys.path.insert(0, sys.argv[1])
+    import mllm
+    import pybubble.runtime.encoder_runtime as encoder_runtime
 
     class SynchronousSide:
         def log(self, what):
@@ -66,11 +104,10 @@ STAND_IN_SIDE = textwrap.dedent("""
         def drain(self):
             self.log("d")
 
-    mllm.side_stream = lambda device: SynchronousSide()  # also in the spawned ranks (they import this file)
+    encoder_runtime.side_stream = lambda device: SynchronousSide()  # also in the spawned ranks (they import this file)
 
     if __name__ == "__main__":
-        report = mllm.launch(mllm.parse_args(sys.argv[1:]))
-        print(json.dumps(report))
+        print(json.dumps(mllm.run(mllm.parse_args(sys.argv[2:]))))
 """)
 
 
@@ -78,10 +115,11 @@ def test_the_cuda_mode_filler_in_the_trainer_reaches_the_reference(tmp_path):
     script = tmp_path / "stand_in_side.py"
     script.write_text(STAND_IN_SIDE)
     args = ["--ranks", "2", "--steps", "3", "--size", "tiny", "--mode", "pybubble", "--timeout", "30", "--reference"]
-    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run([sys.executable, str(script), str(EXAMPLE.parent), *args], capture_output=True, text=True,
+                       timeout=180, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout.strip().splitlines()[-1])
-    assert sum(f["filled"] for f in report["filler"]) > 0  # tasks were launched into windows
+    assert sum(map(sum, report["filled_per_step"])) > 0  # tasks were launched into windows
     log = (tmp_path / "side.log").read_text()
     assert log.count("d") == 2 * 3 and "l" in log and "j" in log  # the stand-in ran every rank's tasks
     assert report["param_checksum"] == pytest.approx(report["reference_checksum"], rel=1e-6)
@@ -90,7 +128,7 @@ def test_the_cuda_mode_filler_in_the_trainer_reaches_the_reference(tmp_path):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (NCCL, one GPU per rank)")
 def test_three_modes_reach_the_same_parameters_on_cuda(tmp_path):
     # float32 on the GPU: other kernels and summation orders than the CPU reference's.
-    sums, reference = three_modes(tmp_path, "cuda")
+    sums, reference = checksums(tmp_path, "--ranks", 2, device="cuda")
     for mode, s in sums.items():
         assert s == pytest.approx(sums["megatron"], rel=1e-5), mode
         assert s == pytest.approx(reference, rel=1e-5), mode
@@ -111,8 +149,10 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout():
     (["--mode", "fast"], "error: mode: 'fast' is not one of megatron, coarse, pybubble"),
     (["--ranks", 1], "error: ranks: 1 is not >= 2"),
     (["--size", "huge"], "error: size: 'huge' is not one of small, tiny"),
+    (["--encoder", "resnet"], "error: encoder: 'resnet' is not one of vit, timm, clip"),
     (["--fail-rank", 5], "error: fail_rank: 5 is not a rank (< 2)"),
     (["--device", "tpu"], "error: device: 'tpu' is not one of cpu, cuda"),
+    (["--ranks", 4, "--size", "tiny"], "error: ranks: 4 exceeds the 2 microbatches of size 'tiny'"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message):
     r = mllm(*args)

@@ -1,15 +1,34 @@
-"""The encoder cut into kernel-level pieces gives the unsplit module's outputs and gradients."""
+"""The encoder cut into kernel-level pieces (traced with make_fx) gives the unsplit module's outputs
+and gradients, in float64, for the encoders users have: the example's ViT blocks,
+nn.TransformerEncoderLayer, timm VisionTransformer, Hugging Face CLIPVisionModel and
+SiglipVisionModel, torchvision's VisionTransformer (the class of vit_b_16)."""
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from pybubble.runtime import MicrobatchRun, ViTBlock, split_into_pieces  # noqa: E402
+from pybubble.runtime import MicrobatchRun, split_into_pieces  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def example():
+    """examples/mllm.py (user code, not in the package)."""
+    if "mllm" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("mllm", EXAMPLES / "mllm.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["mllm"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["mllm"]
 
 
 def split_run(encoder, x, grad):
-    pieces = split_into_pieces(encoder)
+    pieces = split_into_pieces(encoder, x)
     run = MicrobatchRun(pieces, (x,))
     for i in range(len(pieces)):
         run.forward_piece(i)
@@ -18,50 +37,101 @@ def split_run(encoder, x, grad):
     for i in range(len(pieces) - 1, -1, -1):
         run.backward_piece(i)
     assert run.backward_done
-    return out, [p.grad.clone() for p in encoder.parameters()]
+    return pieces, out, [None if p.grad is None else p.grad.clone() for p in encoder.parameters()]
 
 
-def unsplit_run(encoder, x, grad):
-    out = encoder(x)
-    out.backward(grad)
-    return out.detach(), [p.grad.clone() for p in encoder.parameters()]
+def first(out):
+    return out if isinstance(out, torch.Tensor) else out[0]
 
 
-ENCODERS = {
-    "vit_block": lambda: nn.Sequential(nn.Linear(12, 16), ViTBlock(16, 4), ViTBlock(16, 2), nn.LayerNorm(16)),
-    "encoder_layer_pre_norm": lambda: nn.Sequential(
-        nn.Linear(12, 16),
-        nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, norm_first=True),
-        nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, norm_first=True, activation="gelu")),
-    "encoder_layer_post_norm": lambda: nn.Sequential(
-        nn.TransformerEncoderLayer(12, 3, 24, dropout=0.0, batch_first=True, norm_first=False)),
-}
+def build(name):
+    mllm = example()
+    if name == "vit_blocks":
+        return nn.Sequential(nn.Linear(12, 16), mllm.ViTBlock(16, 4), mllm.ViTBlock(16, 2), nn.LayerNorm(16)), (3, 7, 12)
+    if name == "encoder_layer_pre_norm":
+        return nn.Sequential(
+            nn.Linear(12, 16),
+            nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, norm_first=True),
+            nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True, norm_first=True,
+                                       activation="gelu")), (3, 7, 12)
+    if name == "encoder_layer_post_norm":
+        return nn.TransformerEncoderLayer(12, 3, 24, dropout=0.0, batch_first=True), (3, 7, 12)
+    mllm.import_vision_libraries()
+    if name == "timm_vit":
+        from timm.models.vision_transformer import VisionTransformer
+
+        return VisionTransformer(img_size=16, patch_size=8, embed_dim=16, depth=2, num_heads=2, num_classes=0,
+                                 global_pool=""), (2, 3, 16, 16)
+    if name == "hf_clip":
+        from transformers import CLIPVisionConfig, CLIPVisionModel
+
+        return CLIPVisionModel(CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2, image_size=16, patch_size=8)), (2, 3, 16, 16)
+    if name == "hf_siglip":
+        from transformers import SiglipVisionConfig, SiglipVisionModel
+
+        return SiglipVisionModel(SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                    num_attention_heads=2, image_size=16, patch_size=8)), (2, 3, 16, 16)
+    if name == "torchvision_vit":
+        from torchvision.models.vision_transformer import VisionTransformer
+
+        return VisionTransformer(image_size=16, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
+                                 mlp_dim=32), (2, 3, 16, 16)
+    raise KeyError(name)
+
+
+ENCODERS = ["vit_blocks", "encoder_layer_pre_norm", "encoder_layer_post_norm", "timm_vit", "hf_clip", "hf_siglip",
+            "torchvision_vit"]
 
 
 @pytest.mark.parametrize("name", ENCODERS)
-def test_pieces_give_the_unsplit_gradients(name):
+def test_pieces_give_the_unsplit_outputs_and_gradients(name):
     torch.manual_seed(0)
-    encoder = ENCODERS[name]().double()
-    x = torch.randn(3, 7, 12, dtype=torch.float64)
-    width = 12 if name == "encoder_layer_post_norm" else 16
-    grad = torch.randn(3, 7, width, dtype=torch.float64)
-    out_ref, grads_ref = unsplit_run(encoder, x, grad)
+    encoder, shape = build(name)
+    encoder = encoder.double().train()
+    x = torch.randn(*shape, dtype=torch.float64)
+    out_ref = first(encoder(x))
+    grad = torch.randn_like(out_ref)
+    out_ref.backward(grad)
+    grads_ref = [None if p.grad is None else p.grad.clone() for p in encoder.parameters()]
     encoder.zero_grad(set_to_none=True)
-    out, grads = split_run(encoder, x, grad)
-    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
+    pieces, out, grads = split_run(encoder, x, grad)
+    # Kernel-level: about five pieces per transformer layer (norm + qkv, attention, projection,
+    # norm + first MLP half, second MLP half; HF projects q, k and v apart), a few for the embedding
+    # and the head.
+    layers = 1 if name == "encoder_layer_post_norm" else 2
+    assert 5 * layers <= len(pieces) <= 7 * layers + 3, [p.name for p in pieces]  # HF: q, k, v apart
+    torch.testing.assert_close(out, out_ref.detach(), rtol=1e-12, atol=1e-12)
     assert len(grads) == len(grads_ref)
     for g, r in zip(grads, grads_ref):
-        torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+        assert (g is None) == (r is None)
+        if r is not None:
+            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
 
 
-def test_blocks_are_cut_into_kernel_pieces():
-    names = [p.name for p in split_into_pieces(ENCODERS["vit_block"]())]
-    assert names == ["0", "1.qkv", "1.attn", "1.proj", "1.fc1", "1.fc2",
-                     "2.qkv", "2.attn", "2.proj", "2.fc1", "2.fc2", "3"]
+def test_pieces_are_named_after_their_modules_and_kernels():
+    encoder, shape = build("vit_blocks")
+    names = [p.name for p in split_into_pieces(encoder, torch.randn(*shape))]
+    assert names == ["0:addmm", "1.qkv:addmm", "1:_scaled_dot_product_flash_attention_for_cpu", "1.proj:addmm",
+                     "1.fc1:addmm", "1.fc2:addmm", "2.qkv:addmm", "2:_scaled_dot_product_flash_attention_for_cpu",
+                     "2.proj:addmm", "2.fc1:addmm", "2.fc2:addmm"]
+
+
+def test_torchvision_vit_b_16_splits_into_five_pieces_per_layer():
+    example().import_vision_libraries()
+    from torchvision.models import vit_b_16
+
+    torch.manual_seed(0)
+    encoder = vit_b_16(weights=None)
+    pieces = split_into_pieces(encoder, torch.randn(1, 3, 224, 224))
+    assert len(pieces) == 1 + 12 * 5 + 1  # patch embedding, 12 layers, the head
+    assert pieces[1].name == "encoder.layers.encoder_layer_0.self_attention:addmm"  # batch 1: qkv in one addmm
 
 
 def test_pieces_run_in_order():
-    run = MicrobatchRun(split_into_pieces(ENCODERS["vit_block"]()), (torch.randn(1, 2, 12),))
+    encoder, shape = build("vit_blocks")
+    x = torch.randn(1, *shape[1:])
+    run = MicrobatchRun(split_into_pieces(encoder, x), (x,))
     with pytest.raises(RuntimeError, match="out of order"):
         run.forward_piece(1)
     for i in range(len(run.pieces)):
@@ -70,10 +140,36 @@ def test_pieces_run_in_order():
         run.backward_piece(len(run.pieces) - 1)
 
 
-def test_bad_encoders_are_refused():
-    with pytest.raises(ValueError, match="encoder: ViTBlock is not an nn.Sequential"):
-        split_into_pieces(ViTBlock(8, 2))
-    with pytest.raises(ValueError, match=r"0.dropout: 0.1 is not 0"):
-        split_into_pieces(nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.1, batch_first=True)))
-    with pytest.raises(ValueError, match="batch_first=False"):
-        split_into_pieces(nn.Sequential(nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)))
+class ItemLoop(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * float(x.abs().max().item())
+
+
+class NotATensor(nn.Module):
+    def forward(self, x):
+        return {"x": x}
+
+
+@pytest.mark.parametrize("module, x, message", [
+    (lambda: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1)), (2, 4),
+     r"encoder.1 \(Dropout\) cannot be split: it draws random numbers"),
+    (lambda: nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)), (2, 3, 8, 8),
+     r"encoder.1 \(BatchNorm2d\) cannot be split: its forward writes a parameter, buffer or input in place"),
+    (lambda: nn.Sequential(nn.Identity(), ItemLoop()), (2, 4),
+     r"encoder.1 \(ItemLoop\) cannot be split: tracing its forward failed: RuntimeError: .*data-dependent"),
+    (lambda: NotATensor(), (2, 4), r"encoder: its forward returns dict, not a tensor"),
+])
+def test_a_module_that_cannot_be_split_is_named(module, x, message):
+    with pytest.raises(ValueError, match=message):
+        split_into_pieces(module(), torch.randn(*x))
+
+
+def test_bad_arguments_are_refused():
+    with pytest.raises(ValueError, match="encoder: function is not an nn.Module"):
+        split_into_pieces(lambda x: x, torch.randn(2))
+    with pytest.raises(ValueError, match=r"example: \['int'\] is not a tensor"):
+        split_into_pieces(nn.Linear(2, 2), (3,))

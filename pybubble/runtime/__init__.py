@@ -1,17 +1,23 @@
 """pybubble's runtime: runs the encoder's kernel-level tasks inside the bubbles of a real
-torch.distributed pipeline (the only part of pybubble that imports torch)."""
+torch.distributed pipeline (the only part of pybubble that imports torch).
+
+A trainer adopts :class:`EncoderRuntime` (and :func:`launch` to start its ranks); the other names
+are its parts, for those who build their own loop."""
 
 from .boundary import BoundaryCommunicator
+from .costs import CostHistory
 from .cuda import SideStream, llm_stream, side_stream
+from .encoder_runtime import EncoderRuntime, sync_grads
 from .encoder_step import EncoderStep
 from .filler import BubbleFiller, FillTask, WorkProbe
+from .launch import launch
 from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits
-from .plan import MODES, MeasuredCosts, Plan, make_plan, predict_step_s
-from .segments import MicrobatchRun, Piece, ViTBlock, split_into_pieces
+from .placement import PLACEMENTS, MeasuredCosts, Placement, make_placement, predict_step_s
+from .segments import MicrobatchRun, Piece, split_into_pieces
 
 __all__ = [
-    "BoundaryCommunicator", "BubbleFiller", "EncoderStep", "FillTask", "MODES", "MeasuredCosts",
-    "MicrobatchRun", "Piece", "Plan", "SUPPORTED_TORCH", "SideStream", "ViTBlock", "WorkProbe",
-    "check_torch_version", "fill_pipeline_waits", "llm_stream", "make_plan", "predict_step_s", "side_stream",
-    "split_into_pieces",
+    "BoundaryCommunicator", "BubbleFiller", "CostHistory", "EncoderRuntime", "EncoderStep", "FillTask", "PLACEMENTS",
+    "MeasuredCosts", "MicrobatchRun", "Piece", "Placement", "SUPPORTED_TORCH", "SideStream", "WorkProbe",
+    "check_torch_version", "fill_pipeline_waits", "launch", "llm_stream", "make_placement", "predict_step_s",
+    "side_stream", "split_into_pieces", "sync_grads",
 ]

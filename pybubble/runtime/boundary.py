@@ -89,8 +89,16 @@ class BoundaryCommunicator:
                                           group=self.group, tag=j))
 
     def has_output(self, llm_microbatch: int) -> bool:
+        """Whether the encoder output LLM microbatch `llm_microbatch` takes has arrived."""
         j = self.encoder_microbatch[llm_microbatch]
         return j in self._outputs or (("out", j) in self._pending and self._pending["out", j][1].done())
+
+    def output_probe(self, llm_microbatch: int) -> WorkProbe | None:
+        """On the first stage: the receive of ``llm_microbatch``'s encoder output while it is
+        pending (None once it arrived, or when it is produced here)."""
+        j = self.encoder_microbatch[llm_microbatch]
+        pending = self._pending.get(("out", j))
+        return None if pending is None or pending[1].done() else pending[1]
 
     def output(self, llm_microbatch: int) -> torch.Tensor:
         """On the first stage: the encoder output that feeds ``llm_microbatch`` (waits for it)."""
@@ -115,6 +123,7 @@ class BoundaryCommunicator:
         return j
 
     def grad_ready(self, j: int) -> bool:
+        """Whether the gradient of encoder microbatch `j`'s output has arrived."""
         return j in self._grads or (("grad", j) in self._pending and self._pending["grad", j][1].done())
 
     def grad(self, j: int) -> torch.Tensor:

@@ -6,8 +6,8 @@ would overrun the gap is deferred to a later gap or to the end of the step; a fo
 later pipeline op depends on is forced before the rank blocks, so the step never deadlocks.
 
 gloo's send/recv ``Work.is_completed()`` stays False until ``wait()`` is called, so completion is
-observed by one waiter thread per work that blocks in ``wait()`` (which releases the GIL); the
-main thread polls that thread's flag. This works for every backend.
+observed by a waiter thread (of a shared pool) per work that blocks in ``wait()`` (which releases
+the GIL); the main thread polls its future. This works for every backend.
 
 CUDA path (NCCL, a :class:`~pybubble.runtime.cuda.SideStream`): the CPU does not block in
 ``wait()``, so the filler enqueues instead of running: at a wait, the next planned tasks go onto
@@ -20,44 +20,65 @@ into the gap on CUDA).
 
 from __future__ import annotations
 
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as futures_wait
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from .cuda import SideStream
 
 
-class WorkProbe:
-    """Completion of one ``dist.Work`` that can be polled without blocking."""
+_WAIT = "pybubble:wait"
+"""The profiler annotation of a wait (``pybubble measure`` counts the time in it as idle, less
+the tasks run in it)."""
 
-    __slots__ = ("work", "_done", "_error", "_thread")
+
+class WorkProbe:
+    """Completion of one ``dist.Work`` that can be polled without blocking: a waiter thread of a
+    shared pool blocks in its ``wait()`` (which releases the GIL). The pool's threads live on, so
+    a probe costs a queue hand-off, not a thread start (which waits for the GIL: up to
+    ``sys.getswitchinterval()`` on a busy host)."""
+
+    __slots__ = ("work", "_future", "done_at")
+    _pool: ThreadPoolExecutor | None = None
 
     def __init__(self, work: dist.Work):
         self.work = work
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._wait, daemon=True)
-        self._thread.start()
+        self.done_at = 0.0
+        """``time.perf_counter()`` when the work completed (its waiter returned)."""
+        if WorkProbe._pool is None:
+            # Enough waiters for every receive a step posts at once (each blocks one until it arrives).
+            WorkProbe._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="pybubble-probe")
+        self._future = WorkProbe._pool.submit(self._wait)
 
     def _wait(self) -> None:
         try:
             self.work.wait()
-        except BaseException as e:  # re-raised on the main thread by result()
-            self._error = e
-        self._done.set()
+        finally:
+            self.done_at = time.perf_counter()
 
     def done(self) -> bool:
-        return self._done.is_set()
+        """Whether the awaited work has completed."""
+        return self._future.done()
+
+    @staticmethod
+    def wait_all(probes: Sequence["WorkProbe"], until: float) -> None:
+        """Blocks until every probe completed or ``time.perf_counter()`` reaches ``until``."""
+        futures_wait([p._future for p in probes], timeout=max(0.0, until - time.perf_counter()))
 
     def result(self, timeout: float | None = None) -> None:
         """Blocks until the work completed; raises what its ``wait()`` raised."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"work not completed within {timeout} s")
-        if self._error is not None:
-            raise self._error
+        try:
+            self._future.result(timeout)
+        except FutureTimeout:
+            raise TimeoutError(f"work not completed within {timeout} s") from None
 
 
 @dataclass(slots=True)
@@ -65,30 +86,48 @@ class FillTask:
     """One planned encoder task on this rank."""
 
     name: str
+    """A label for traces (the piece and microbatch)."""
     duration_s: float
     """Measured duration, used to decide whether it fits in what is left of a gap."""
     planned_start_s: float
     """Start in the plan, LLM frame (0 = this rank enters the pipeline step)."""
     run: Callable[[], None]
+    """Runs the task (launches it, on CUDA)."""
     ready: Callable[[], bool] = lambda: True
     """False while an input from another rank (an output gradient) has not arrived."""
     wait_ready: Callable[[], None] = lambda: None
     """Blocks until ``ready()``."""
     needed_by: int | None = None
     """For forward tasks: the LLM microbatch whose first-stage forward needs this task's result."""
+    needed_at_s: float = float("inf")
+    """For forward tasks on a rank other than the first stage's: when (seconds after the frame
+    origin) the first stage is planned to need this task's microbatch."""
+    chain: int = 0
+    """Tasks of one chain (one encoder microbatch) run in plan order; another chain's task may run
+    while this chain's next one waits for its input or does not fit."""
     done: bool = field(default=False)
     """Ran (CPU) or was launched on the side stream (CUDA)."""
+    took_s: float = 0.0
+    """CPU: how long its run took (0 until it ran; on CUDA the launch is not its duration)."""
 
 
 @dataclass(slots=True)
 class FillerStats:
+    """What one rank's filler did in a step."""
+
     filled: int = 0
     """Tasks run (launched, on CUDA) inside waits."""
     filled_s: float = 0.0
     """Their time: measured on the CPU; on CUDA their measured durations (the launch is not timed)."""
     deferred: int = 0
+    """Tasks that did not fit a gap and waited for a later one."""
     forced: int = 0
+    """Tasks run outside any gap because the LLM needed their result."""
     waits: int = 0
+    """Waits of the pipeline the filler saw."""
+    waited_s: float = 0.0
+    """CPU: time spent blocked with no task running (in waits, and for inputs from other ranks in
+    the front and the drain): the rank's idle time outside collectives."""
 
 
 class BubbleFiller:
@@ -96,8 +135,10 @@ class BubbleFiller:
 
     ``gaps_s[n]``: predicted idle time before this rank's n-th pipeline op (the last entry: after
     its last op, up to the end of the step); ``next_ops[n]``: that op as (kind, microbatch).
-    Tasks planned before 0 run in :meth:`run_front`, tasks planned at or after ``horizon_s`` in
-    :meth:`drain`, the others inside waits.
+    ``op_starts_s[n]`` (CPU): when op n's input is predicted to arrive, seconds after the step's
+    frame origin (:meth:`begin_step`); without it a gap is predicted to end ``gaps_s[n]`` after it
+    opens. Tasks planned before 0 run in :meth:`run_front`; the others inside waits where they fit
+    (on CUDA only those planned inside the step), and what is left in :meth:`drain`.
 
     ``side``: None runs the tasks on the host (CPU path); a :class:`~pybubble.runtime.cuda.SideStream`
     (or any object with its ``launch``/``mark``/``join``/``drain``) launches them on it (CUDA
@@ -107,19 +148,32 @@ class BubbleFiller:
 
     def __init__(self, tasks: Sequence[FillTask], gaps_s: Sequence[float],
                  next_ops: Sequence[tuple[str, int]], horizon_s: float, fill: bool = True,
-                 side: SideStream | None = None):
+                 side: SideStream | None = None, op_starts_s: Sequence[float] | None = None,
+                 force_until_s: Sequence[float] | None = None):
         if len(gaps_s) != len(next_ops) + 1:
             raise ValueError(f"gaps_s: {len(gaps_s)} gaps for {len(next_ops)} ops (need ops + 1)")
+        if op_starts_s is not None and len(op_starts_s) != len(next_ops):
+            raise ValueError(f"op_starts_s: {len(op_starts_s)} starts for {len(next_ops)} ops")
+        if force_until_s is not None and len(force_until_s) != len(next_ops):
+            raise ValueError(f"force_until_s: {len(force_until_s)} times for {len(next_ops)} ops")
+        self.force_until_s = None if force_until_s is None else list(force_until_s)
+        """Per op: forward tasks the first stage is planned to need before this time (seconds after
+        the frame origin) run before the wait ahead of the op: the filler gets no control again
+        before then (the ops up to the next one that waits for a receive run back to back)."""
         self.tasks = sorted(tasks, key=lambda t: t.planned_start_s)
         self.gaps_s = list(gaps_s)
         self.next_ops = list(next_ops)
+        self.op_starts_s = None if op_starts_s is None else list(op_starts_s)
         self.horizon_s = horizon_s
         self.fill = fill
         self.side = side
         self.stats = FillerStats()
         self._op = 0
         self._in_op = False
-        self._gap_start = 0.0
+        self._frame0 = time.perf_counter()
+        self._gap_start = self._frame0
+        self._drift = 0.0
+        """Seconds the last observed arrival came after its prediction (CPU)."""
         self._gap_launched_s = 0.0
         """CUDA: measured seconds of the tasks launched into the current gap."""
         self._forward_marks: list[tuple[int, object]] = []
@@ -128,18 +182,50 @@ class BubbleFiller:
         self.trace: list[tuple[str, float, float]] | None = None
         """When a list: (what, start, end) of every task, op and wait, perf_counter seconds."""
         self._op_start = 0.0
+        self._in_wait = False
+        self._excluded = 0.0
+        """Seconds of waits and tasks since the last op began (not the LLM's own work)."""
+        self._mark = self._frame0
+        self.op_busy_s: list[float] = [0.0] * len(self.next_ops)
+        """The LLM's own time of each op: from its start to the next op's start, less the waits
+        and encoder tasks in between (the schedule's bookkeeping after an op counts as its own)."""
+        self.lead_busy_s = 0.0
+        """The LLM's own time before the first op (the schedule's set-up)."""
+        self.op_clock: Callable[[], float] = time.perf_counter
+        """The clock of the ops' own time (on CUDA, for a profiling step: one that synchronizes
+        the device first)."""
 
     # -- step structure -------------------------------------------------------------------------
-    def begin_step(self) -> None:
-        """Marks frame 0: this rank enters the pipeline step."""
-        self._op, self._in_op, self._gap_start = 0, False, time.perf_counter()
+    @property
+    def next_op(self) -> tuple[str, int] | None:
+        """The op this rank runs next (or is running), as (kind, microbatch); None after its last."""
+        return self.next_ops[self._op] if self._op < len(self.next_ops) else None
+
+    def begin_step(self, frame0: float | None = None) -> None:
+        """Marks the frame origin (default: now): the time ``op_starts_s`` count from."""
+        now = time.perf_counter()
+        self._frame0 = now if frame0 is None else frame0
+        self._op, self._in_op, self._gap_start = 0, False, now
         self._gap_launched_s = 0.0
+        self._drift = 0.0
+        self._mark, self._excluded = now, 0.0
+
+    def _close_busy(self, now: float) -> None:
+        busy = max(0.0, now - self._mark - self._excluded)
+        if self._op == 0:
+            self.lead_busy_s = busy
+        elif self._op - 1 < len(self.op_busy_s):
+            self.op_busy_s[self._op - 1] = busy
+        self._mark, self._excluded = now, 0.0
 
     def op_begin(self) -> None:
+        """Marks the start of one of the LLM's ops (no task runs inside it)."""
         self._in_op = True
-        self._op_start = time.perf_counter()
+        self._op_start = self.op_clock()
+        self._close_busy(self._op_start)
 
     def op_end(self) -> None:
+        """Marks the end of one of the LLM's ops (the next gap begins)."""
         self._in_op = False
         if self.trace is not None and self._op < len(self.next_ops):
             kind, mb = self.next_ops[self._op]
@@ -148,13 +234,19 @@ class BubbleFiller:
         self._gap_start = time.perf_counter()
         self._gap_launched_s = 0.0
 
+    def end_pipeline(self) -> None:
+        """Marks the end of the pipeline's part of the step (closes the last op's own time)."""
+        self._close_busy(self.op_clock())
+
     # -- running tasks --------------------------------------------------------------------------
     def _run(self, task: FillTask) -> float:
         """Runs ``task`` (CPU) or launches it on the side stream (CUDA); returns the time it takes
         from its window: measured on the CPU, its measured duration on CUDA."""
         t = time.perf_counter()
         if self.side is None:
-            task.run()
+            # Annotated for torch.profiler only while it records (pybubble measure counts it busy).
+            with record_function(f"pybubble:task:{task.name}") if torch.autograd._profiler_enabled() else nullcontext():
+                task.run()
         else:
             self.side.launch(task.run)
             if task.needed_by is not None:
@@ -162,6 +254,10 @@ class BubbleFiller:
             self._gap_launched_s += task.duration_s
         task.done = True
         end = time.perf_counter()
+        if self.side is None:
+            task.took_s = end - t
+        if not self._in_wait:
+            self._excluded += end - t
         if self.trace is not None:
             self.trace.append((task.name, t, end))  # on CUDA: the launch, not the kernels
         return end - t if self.side is None else task.duration_s
@@ -171,11 +267,41 @@ class BubbleFiller:
             self._cursor += 1
         return self.tasks[self._cursor] if self._cursor < len(self.tasks) else None
 
-    def _run_needed(self, needed_by: int) -> None:
+    def _pick(self, room_s: float, look: int = 16) -> tuple[FillTask | None, float | None]:
+        """The first task, in plan order among the next ``look`` not done, whose chain has no
+        earlier task left, whose input has arrived and that fits in ``room_s``; and the shortest
+        duration among those passed over for not fitting (None: none was). On CUDA only tasks
+        planned inside the step qualify."""
+        blocked: set[int] = set()
+        too_long: float | None = None
+        seen = 0
+        for i in range(self._cursor, len(self.tasks)):
+            task = self.tasks[i]
+            if task.done:
+                continue
+            seen += 1
+            if seen > look:
+                break
+            if task.chain in blocked:
+                continue
+            blocked.add(task.chain)
+            if task.planned_start_s < 0.0 or (self.side is not None and task.planned_start_s >= self.horizon_s):
+                continue
+            if not task.ready():
+                continue
+            if task.duration_s > room_s:
+                too_long = task.duration_s if too_long is None else min(too_long, task.duration_s)
+                continue
+            return task, too_long
+        return None, too_long
+
+    def _run_needed(self, needed_by: int, before_s: float = float("-inf")) -> None:
         """Runs (launches, on CUDA) every forward task that LLM microbatches <= ``needed_by``
-        depend on and that has not run, in plan order."""
+        depend on, or that the first stage is planned to need by ``before_s`` (frame seconds),
+        and that has not run, in plan order."""
         for task in self.tasks:
-            if not task.done and task.needed_by is not None and task.needed_by <= needed_by:
+            if not task.done and task.needed_by is not None and (task.needed_by <= needed_by
+                                                                 or task.needed_at_s <= before_s):
                 self.stats.forced += 1
                 self._run(task)
 
@@ -193,17 +319,30 @@ class BubbleFiller:
                     rest.append((mb, mark))
             self._forward_marks = rest
 
-    def run_front(self) -> None:
-        """Runs the tasks planned before the step (the step grows by shift_front)."""
-        while (task := self._next()) is not None and task.planned_start_s < 0.0:
+    def _wait_ready(self, task: FillTask) -> None:
+        """Blocks until ``task``'s input is there (CPU: the time counts as waited)."""
+        if task.ready():
+            return
+        t = time.perf_counter()
+        with record_function(_WAIT):
             task.wait_ready()
+        if self.side is None:
+            self.stats.waited_s += time.perf_counter() - t
+
+    def run_front(self) -> None:
+        """Runs the tasks planned before the step (the step grows by shift_front), the ones the
+        first stage needs soonest first: when they take longer than planned, the encoder output
+        needed next is late the least (a chain's tasks keep their order)."""
+        front = [t for t in self.tasks if not t.done and t.planned_start_s < 0.0]
+        for task in sorted(front, key=lambda t: (t.needed_at_s, t.planned_start_s)):
+            self._wait_ready(task)
             self._run(task)
 
     def drain(self) -> None:
         """Runs every task left, in plan order, waiting for inputs from other ranks. On CUDA the
         current stream then waits for everything launched on the side stream."""
         while (task := self._next()) is not None:
-            task.wait_ready()
+            self._wait_ready(task)
             self._run(task)
         if self.side is not None:
             self.side.drain()
@@ -213,53 +352,116 @@ class BubbleFiller:
         """Waits for ``works``, running planned tasks while they are not complete (on CUDA: launches
         the tasks that fit in the gap, then the current stream waits on the works)."""
         works = [w for w in works if w is not None]
-        if not works:
-            return
+        if works:
+            self._accounted(lambda: self._wait(works))
+
+    def wait_for(self, probes: Sequence[WorkProbe], arrival_s: float | None) -> None:
+        """CPU: waits for ``probes`` inside an op (the first stage waiting for an encoder output
+        from another rank), running tasks that fit until they complete; ``arrival_s``: their
+        predicted completion after the frame origin."""
+        self._accounted(lambda: self._wait_probes(probes, arrival_s))
+
+    def _accounted(self, wait: Callable[[], None]) -> None:
         self.stats.waits += 1
         t = time.perf_counter()
+        self._in_wait = True
         try:
-            self._wait(works)
+            with record_function(_WAIT):
+                wait()
         finally:
+            self._in_wait = False
+            end = time.perf_counter()
+            self._excluded += end - t
             if self.trace is not None:
-                self.trace.append(("wait", t, time.perf_counter()))
+                self.trace.append(("wait", t, end))
+
+    def _deadline(self, arrival_s: float | None, gap_s: float) -> float:
+        """The predicted end of the current gap (CPU, perf_counter seconds): the predicted arrival
+        (``arrival_s`` after the frame origin, moved by the drift seen at this step's last
+        arrival), or ``gap_s`` after the gap opened."""
+        return self._gap_start + gap_s if arrival_s is None else self._frame0 + arrival_s + self._drift
+
+    @staticmethod
+    def _room(deadline: float, now: float) -> float:
+        """Seconds of the gap a task may take: what is left to the deadline; past it, while the
+        works are still pending, as long again as the gap has overrun its prediction (a gap that
+        runs long is used, at the risk of a delay no longer than the overrun itself)."""
+        return deadline - now if now < deadline else now - deadline
+
+    def _wait_probes(self, probes: Sequence[WorkProbe], arrival_s: float | None, gap_s: float = 0.0) -> None:
+        """CPU: blocks until ``probes`` completed, running tasks that fit while they are pending
+        (the rank would idle there). ``arrival_s``: their predicted completion after the frame
+        origin; the drift is updated from what is seen."""
+        entered = time.perf_counter()
+        ran = 0.0
+        if self.fill and self.side is None:
+            deadline = self._deadline(arrival_s, gap_s)
+            pending = lambda: not all(p.done() for p in probes)  # noqa: E731
+            while pending():
+                now = time.perf_counter()
+                task, too_long = self._pick(self._room(deadline, now))
+                if task is None:
+                    if too_long is None:
+                        break  # nothing ready: wait
+                    # Nothing fits now; past the deadline the room grows with the overrun: look
+                    # again when the shortest candidate would fit, unless the works complete first.
+                    WorkProbe.wait_all(probes, until=max(deadline, now) + too_long)
+                    if not pending():
+                        self.stats.deferred += 1
+                    continue
+                took = self._run(task)
+                ran += took
+                self.stats.filled_s += took
+                self.stats.filled += 1
+        for p in probes:
+            p.result()
+        arrived = max(p.done_at for p in probes)
+        self.stats.waited_s += max(0.0, time.perf_counter() - entered - ran)
+        if arrival_s is not None and arrived > entered:
+            self._drift = arrived - (self._frame0 + arrival_s)
 
     def _wait(self, works: list[dist.Work]) -> None:
         if not self._in_op and self._op < len(self.next_ops):
             kind, mb = self.next_ops[self._op]
             # The op after this wait may depend (through other ranks) on stage 0's forward of
-            # microbatch mb: produce what it needs before blocking.
-            self._run_needed(mb)
+            # microbatch mb: produce what it needs before blocking; and what the first stage is
+            # planned to need before this rank's next chance (it would wait for it meanwhile).
+            before = float("-inf") if self.force_until_s is None else self.force_until_s[self._op]
+            self._run_needed(mb, before)
+        gap_s = self.gaps_s[min(self._op, len(self.gaps_s) - 1)]
+        if self.side is None:
+            arrival = None
+            if self.op_starts_s is not None and not self._in_op and self._op < len(self.op_starts_s):
+                arrival = self.op_starts_s[self._op]
+            fill = self.fill and not self._in_op
+            if fill:
+                self._wait_probes([WorkProbe(w) for w in works], arrival, gap_s)
+            else:
+                t = time.perf_counter()
+                for w in works:
+                    w.wait()
+                self.stats.waited_s += time.perf_counter() - t
+            return
         if self.fill and not self._in_op and self._next() is not None:
-            gap_s = self.gaps_s[min(self._op, len(self.gaps_s) - 1)]
-            if self.side is None:
-                # CPU: run tasks while the works are pending, each if it ends by the gap's end.
-                probes = [WorkProbe(w) for w in works]
-                deadline = self._gap_start + gap_s
-                self._fill(lambda: deadline - time.perf_counter(), lambda: not all(p.done() for p in probes))
-                for p in probes:
-                    p.result()
-                return
             # CUDA: the works are stream dependencies and the window opens here on the LLM's
             # stream: launch what fits in what the gap's earlier launches left of it.
-            self._fill(lambda: gap_s - self._gap_launched_s, lambda: True)
+            while True:
+                task, too_long = self._pick(gap_s - self._gap_launched_s)
+                if task is None:
+                    if too_long is not None:
+                        self.stats.deferred += 1
+                    break
+                self.stats.filled_s += self._run(task)
+                self.stats.filled += 1
         for w in works:
             w.wait()
 
-    def _fill(self, room_s: Callable[[], float], pending: Callable[[], bool]) -> None:
-        """While ``pending()``: runs the next task in plan order if it is planned inside the step,
-        its input has arrived and its measured duration fits in ``room_s()`` (seconds left of the
-        gap); a task that does not fit is deferred and ends the filling, as does one that is not
-        ready."""
-        while pending():
-            task = self._next()
-            if task is None or not (0.0 <= task.planned_start_s < self.horizon_s) or not task.ready():
-                return
-            if task.duration_s > room_s():
-                self.stats.deferred += 1
-                return
-            self.stats.filled_s += self._run(task)
-            self.stats.filled += 1
+    def run_now(self, task: FillTask) -> None:
+        """Runs ``task`` at once, outside any wait (megatron: the encoder's backward inside the
+        first stage's backward); its time is not the LLM op's own."""
+        self._run(task)
 
     @property
     def remaining(self) -> int:
+        """Tasks not yet run."""
         return sum(not t.done for t in self.tasks)

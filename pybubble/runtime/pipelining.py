@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import torch
 from torch.distributed.pipelining import schedules as _schedules
+from torch.profiler import record_function
 
 from .filler import BubbleFiller
 
@@ -46,12 +47,17 @@ def fill_pipeline_waits(filler: BubbleFiller, stage) -> Iterator[BubbleFiller]:
     original_ops = {name: getattr(stage, name) for name in names}
     own = {name: stage.__dict__[name] for name in names if name in stage.__dict__}
 
+    stage_index = getattr(stage, "stage_index", 0)
+
     def marked(fn):
         @functools.wraps(fn)
         def op(*args, **kwargs):
+            kind, mb = filler.next_op or ("?", -1)
             filler.op_begin()
             try:
-                return fn(*args, **kwargs)
+                # Named as torch's own pipeline runtime names its actions in profiles.
+                with record_function(f"PP:{stage_index}{kind}{mb}"):
+                    return fn(*args, **kwargs)
             finally:
                 filler.op_end()
         return op

@@ -1,22 +1,54 @@
-"""The encoder cut into kernel-level pieces.
+"""The encoder cut into kernel-level pieces, found from the module itself.
 
-Each piece maps a tuple of tensors (the state between two kernels: the residual stream and the
-intermediate the next kernel needs) to the next tuple. A forward task runs one piece of one
-encoder microbatch on detached copies of the previous piece's outputs; the backward task of that
-piece later runs ``torch.autograd.backward`` from its outputs with the gradients the next piece
-left on its inputs. Chained, the pieces give the gradients of the unsplit module.
+:func:`split_into_pieces` traces one forward of the encoder with ``torch.fx``'s ``make_fx`` (real
+tensors, so Python control flow is resolved on the example input, and the graph holds the aten
+kernels with the glue between them: reshapes, attention, residual adds) and cuts the graph before
+each kernel: a matmul-like op (``addmm``, ``mm``, ``bmm``, a convolution, an attention kernel) or a
+norm, once the piece already holds a kernel. A ViT block gives five pieces: norm + qkv projection,
+attention, output projection + residual, norm + first MLP half, second MLP half + residual. Forward
+hooks on the submodules label the traced nodes with the module they come from (piece names, and the
+errors that name a module that cannot be split). Why ``make_fx`` and not forward hooks alone or
+``torch.fx.symbolic_trace``: hooks see submodule calls but cannot cut a forward between them (the
+glue runs inside the block's ``forward``); symbolic tracing stops at control flow on shapes and
+config (Hugging Face attention, ``nn.TransformerEncoderLayer``'s fast-path checks), and treats
+``nn.MultiheadAttention`` as one leaf. ``make_fx`` records what runs, so timm ``VisionTransformer``,
+Hugging Face ``CLIPVisionModel``/``SiglipVisionModel``, torchvision ``vit_b_16`` and
+``nn.TransformerEncoderLayer`` split the same way. The pieces are specialised to the example
+input's shapes.
+
+Each piece maps a tuple of tensors (the values live between two kernels) to the next tuple. A
+forward task runs one piece of one encoder microbatch on detached copies of the previous piece's
+outputs; the backward task of that piece later runs ``torch.autograd.backward`` from its outputs
+with the gradients the next piece left on its inputs. Chained, the pieces give the gradients of the
+unsplit module: the parameters are the module's own, passed to each piece at each call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+import torch.fx.traceback as fx_traceback
 from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.func import functional_call
 
 State = tuple[torch.Tensor, ...]
+
+_aten = torch.ops.aten
+KERNELS = frozenset(str(op) for op in (
+    _aten.addmm.default, _aten.mm.default, _aten.bmm.default, _aten.baddbmm.default, _aten.convolution.default,
+    _aten._scaled_dot_product_flash_attention_for_cpu.default, _aten._scaled_dot_product_flash_attention.default,
+    _aten._scaled_dot_product_efficient_attention.default, _aten._scaled_dot_product_cudnn_attention.default,
+))
+"""Ops that start a piece (once the piece holds one already)."""
+NORMS = frozenset(str(op) for op in (
+    _aten.native_layer_norm.default, _aten.native_group_norm.default, _aten._fused_rms_norm.default,
+))
+"""Norms start a piece too (a norm belongs with the kernel after it)."""
+RANDOM = ("native_dropout", "bernoulli", "rand", "randn", "randint", "normal", "uniform", "multinomial")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,113 +56,192 @@ class Piece:
     """One kernel-level task of the encoder: ``fn(*state) -> state``."""
 
     name: str
-    """Where it comes from, e.g. ``"1.attn"`` (layer 1, attention kernel)."""
+    """The module its kernel comes from and the kernel, e.g. ``"blocks.1.attn.qkv:addmm"``."""
     fn: Callable[..., State]
     """The piece's forward; its parameters are those of the module it was cut from."""
 
 
-class ViTBlock(nn.Module):
-    """A pre-norm transformer block written with ``nn.Linear`` and ``scaled_dot_product_attention``
-    (``causal=True`` for a GPT block)."""
-
-    def __init__(self, dim: int, heads: int, mlp_ratio: int = 4, causal: bool = False):
-        super().__init__()
-        if dim % heads:
-            raise ValueError(f"heads: {heads} does not divide dim {dim}")
-        self.heads = heads
-        self.causal = causal
-        self.norm1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.norm2 = nn.LayerNorm(dim)
-        self.fc1 = nn.Linear(dim, mlp_ratio * dim)
-        self.fc2 = nn.Linear(mlp_ratio * dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = _split_heads(self.qkv(self.norm1(x)), self.heads)
-        x = x + self.proj(_merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)))
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+def _first_tensor(out) -> torch.Tensor:
+    """The encoder's output: a tensor, or the first tensor of a tuple or a Hugging Face ModelOutput
+    (``last_hidden_state``)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    values = out.to_tuple() if hasattr(out, "to_tuple") else out
+    if isinstance(values, (tuple, list)) and values and isinstance(values[0], torch.Tensor):
+        return values[0]
+    raise ValueError(f"encoder: its forward returns {type(out).__name__}, not a tensor (or a tuple or "
+                     f"ModelOutput whose first item is one)")
 
 
-def _split_heads(qkv: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    b, t, three_d = qkv.shape
-    d = three_d // 3
-    qkv = qkv.view(b, t, 3, heads, d // heads).permute(2, 0, 3, 1, 4)
-    return qkv[0], qkv[1], qkv[2]
+@contextlib.contextmanager
+def _module_labels(encoder: nn.Module, current: list[str]) -> Iterator[None]:
+    """While active, nodes traced inside submodule ``name`` carry ``meta["custom"]["module"] ==
+    name`` and ``current[-1]`` is the innermost module running."""
+    def pre(name):
+        def hook(_m, _args):
+            current.append(name)
+            fx_traceback.current_meta["custom"] = {"module": name}
+        return hook
+
+    def post(_m, _args, _out):
+        current.pop()
+        fx_traceback.current_meta["custom"] = {"module": current[-1]}
+
+    handles = []
+    try:
+        for name, m in encoder.named_modules():
+            if name:
+                handles.append(m.register_forward_pre_hook(pre(name)))
+                handles.append(m.register_forward_hook(post))
+        with fx_traceback.preserve_node_meta():
+            fx_traceback.current_meta["custom"] = {"module": ""}
+            yield
+    finally:
+        for h in handles:
+            h.remove()
 
 
-def _merge_heads(a: torch.Tensor) -> torch.Tensor:
-    b, h, t, dh = a.shape
-    return a.transpose(1, 2).reshape(b, t, h * dh)
+def _module_of(node: torch.fx.Node) -> str:
+    return node.meta.get("custom", {}).get("module", "")
 
 
-def _vit_block_pieces(m: ViTBlock, name: str) -> list[Piece]:
-    def qkv(x):
-        return (x, *_split_heads(m.qkv(m.norm1(x)), m.heads))
-
-    def attn(x, q, k, v):
-        return x, _merge_heads(F.scaled_dot_product_attention(q, k, v, is_causal=m.causal))
-
-    def proj(x, a):
-        return (x + m.proj(a),)
-
-    def fc1(x):
-        return x, F.gelu(m.fc1(m.norm2(x)))
-
-    def fc2(x, h):
-        return (x + m.fc2(h),)
-
-    return [Piece(f"{name}.{f.__name__}", f) for f in (qkv, attn, proj, fc1, fc2)]
+def _module_label(encoder: nn.Module, name: str) -> str:
+    if not name:
+        return f"encoder ({type(encoder).__name__})"
+    return f"encoder.{name} ({type(encoder.get_submodule(name)).__name__})"
 
 
-def _encoder_layer_pieces(m: nn.TransformerEncoderLayer, name: str) -> list[Piece]:
-    mha = m.self_attn
-    if not mha.batch_first:
-        raise ValueError(f"{name}: nn.TransformerEncoderLayer with batch_first=False is not supported")
-    if not mha._qkv_same_embed_dim or mha.bias_k is not None or mha.add_zero_attn:
-        raise ValueError(f"{name}: nn.MultiheadAttention with separate q/k/v weights or bias_k is not supported")
-    for key, p in (("dropout", m.dropout.p), ("self_attn.dropout", mha.dropout)):
-        if p != 0.0:
-            raise ValueError(f"{name}.{key}: {p} is not 0 (the split pieces must be deterministic)")
-    heads = mha.num_heads
-    act = m.activation
+def trace_encoder(encoder: nn.Module, example: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, int]:
+    """The aten graph of one forward of ``encoder`` on ``example``; its first placeholders are the
+    parameters and buffers (in ``named_parameters()``, ``named_buffers()`` order). Returns the
+    graph and the count of those placeholders. Raises ``ValueError`` naming the module that cannot
+    be split (a trace error, e.g. control flow on a tensor's value; a random op; an in-place write to a
+    parameter, buffer or input)."""
+    params = dict(encoder.named_parameters())
+    buffers = dict(encoder.named_buffers())
+    current: list[str] = [""]
 
-    def qkv(x):
-        h = m.norm1(x) if m.norm_first else x
-        return (x, *_split_heads(F.linear(h, mha.in_proj_weight, mha.in_proj_bias), heads))
+    def forward(p, b, *inputs):
+        return _first_tensor(functional_call(encoder, {**p, **b}, inputs))
 
-    def attn(x, q, k, v):
-        return x, _merge_heads(F.scaled_dot_product_attention(q, k, v))
+    try:
+        with _module_labels(encoder, current):
+            gm = make_fx(forward, tracing_mode="real")(params, buffers, *example)
+    except ValueError:
+        raise
+    except Exception as e:  # what the module did that a trace cannot follow
+        raise ValueError(f"{_module_label(encoder, current[-1])} cannot be split: tracing its forward failed: "
+                         f"{type(e).__name__}: {e}") from e
+    gm.graph.eliminate_dead_code()  # autograd's detach() of saved outputs, unused
+    fixed = len(params) + len(buffers)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        where = _module_label(encoder, _module_of(node))
+        if any(name.startswith(r) for r in RANDOM):
+            raise ValueError(f"{where} cannot be split: it draws random numbers ({name}); its pieces would "
+                             f"not repeat the unsplit forward (set dropout to 0 or call eval())")
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None and schema.is_mutable:
+            written = [a for a, arg in zip(node.args, schema.arguments)
+                       if arg.alias_info is not None and arg.alias_info.is_write]
+            if any(isinstance(a, torch.fx.Node) and a in placeholders for a in written):
+                raise ValueError(f"{where} cannot be split: its forward writes a parameter, buffer or input "
+                                 f"in place ({name}), e.g. batch-norm statistics in training mode")
+    return gm, fixed
 
-    def proj(x, a):
-        y = x + mha.out_proj(a)
-        return (y if m.norm_first else m.norm1(y),)
 
-    def fc1(x):
-        return x, act(m.linear1(m.norm2(x) if m.norm_first else x))
-
-    def fc2(x, h):
-        y = x + m.linear2(h)
-        return (y if m.norm_first else m.norm2(y),)
-
-    return [Piece(f"{name}.{f.__name__}", f) for f in (qkv, attn, proj, fc1, fc2)]
-
-
-def split_into_pieces(encoder: nn.Sequential) -> list[Piece]:
-    """Cuts ``encoder`` into kernel-level pieces: each :class:`ViTBlock` and
-    ``nn.TransformerEncoderLayer`` (batch_first, no dropout) into qkv, attn, proj, fc1, fc2; any
-    other child module stays one piece."""
-    if not isinstance(encoder, nn.Sequential):
-        raise ValueError(f"encoder: {type(encoder).__name__} is not an nn.Sequential of layers")
+def split_into_pieces(encoder: nn.Module, example: torch.Tensor | Sequence[torch.Tensor]) -> list[Piece]:
+    """Cuts ``encoder`` (any ``nn.Module`` whose forward returns a tensor, or a tuple or
+    ModelOutput whose first item is one) into kernel-level pieces by tracing one forward on
+    ``example`` (one microbatch's inputs; the pieces only take inputs of these shapes). The
+    pieces run the module's own parameters: split after moving the encoder to its device."""
+    if not isinstance(encoder, nn.Module):
+        raise ValueError(f"encoder: {type(encoder).__name__} is not an nn.Module")
+    example = (example,) if isinstance(example, torch.Tensor) else tuple(example)
+    if not example or not all(isinstance(t, torch.Tensor) for t in example):
+        raise ValueError(f"example: {[type(t).__name__ for t in example]} is not a tensor or tuple of tensors")
+    gm, fixed = trace_encoder(encoder, example)
+    weights = [*encoder.parameters(), *encoder.buffers()]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fixed_nodes = {n: i for i, n in enumerate(placeholders[:fixed])}
+    inputs = placeholders[fixed:]
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    body = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
+    # The cut: a kernel or norm starts a new piece once the current one holds a kernel.
+    part: dict[torch.fx.Node, int] = {}
+    index, has_kernel = 0, False
+    for node in body:
+        target = str(node.target)
+        if node.op == "call_function" and (target in KERNELS or target in NORMS) and has_kernel:
+            index, has_kernel = index + 1, False
+        part[node] = index
+        has_kernel = has_kernel or target in KERNELS
+    if index > 0 and not has_kernel:  # a trailing norm (post-norm layers) joins the last kernel's piece
+        for node, k in part.items():
+            if k == index:
+                part[node] = index - 1
+        index -= 1
+    count = index + 1
+    # Where each value is last needed: a piece's outputs are the values later pieces (or the
+    # encoder's output) read.
+    last_use: dict[torch.fx.Node, int] = {}
+    for node in body:
+        for arg in node.all_input_nodes:
+            last_use[arg] = max(last_use.get(arg, -1), part[node])
+    result = output_node.args[0]
+    while isinstance(result, (list, tuple)):  # make_fx's output is a pytree of the one tensor
+        result = result[0]
+    last_use[result] = count  # read after the last piece
+    defined: dict[torch.fx.Node, int] = {n: -1 for n in inputs}
+    defined.update(part)
+    live_in: list[list[torch.fx.Node]] = [list(inputs)]
+    for k in range(1, count):
+        live_in.append([n for n in [*inputs, *body] if defined.get(n, count) < k <= last_use.get(n, -1)
+                        and n not in fixed_nodes and not (n.op == "get_attr")])
     pieces: list[Piece] = []
-    for name, child in encoder.named_children():
-        if isinstance(child, ViTBlock):
-            pieces.extend(_vit_block_pieces(child, name))
-        elif isinstance(child, nn.TransformerEncoderLayer):
-            pieces.extend(_encoder_layer_pieces(child, name))
-        else:
-            pieces.append(Piece(name, lambda *xs, _m=child: (_m(*xs),)))
+    for k in range(count):
+        outs = [result] if k == count - 1 else live_in[k + 1]
+        graph = torch.fx.Graph()
+        env: dict[torch.fx.Node, torch.fx.Node] = {}
+        used_fixed = sorted({fixed_nodes[a] for n in body if part[n] == k for a in n.all_input_nodes
+                             if a in fixed_nodes})
+        for i in used_fixed:
+            env[placeholders[i]] = graph.placeholder(f"w{i}")
+        for n in live_in[k]:
+            env[n] = graph.placeholder(n.name)
+        def arg(a: torch.fx.Node) -> torch.fx.Node:
+            if a not in env and a.op == "get_attr":  # a constant of the trace, used by several pieces
+                env[a] = graph.node_copy(a)
+            return env[a]
+
+        for node in body:
+            if part[node] == k and node not in env:
+                env[node] = graph.node_copy(node, arg)
+        for n in outs:
+            if n not in env:
+                raise ValueError(f"{_module_label(encoder, _module_of(n))} cannot be split: value {n.name} "
+                                 f"crosses a cut without passing through the piece before it")
+        graph.output(tuple(env[n] for n in outs))
+        piece_gm = torch.fx.GraphModule(gm, graph)
+        kernel = next((n for n in body if part[n] == k and str(n.target) in KERNELS), None)
+        label = kernel or next((n for n in body if part[n] == k), None)
+        module = _module_of(label) if label is not None else ""
+        op = getattr(label.target, "__name__", "op").split(".")[0] if label is not None else "identity"
+        for n in [*live_in[k], *outs]:
+            if "val" in n.meta and not isinstance(n.meta["val"], torch.Tensor):
+                raise ValueError(f"{_module_label(encoder, _module_of(n))} cannot be split: a "
+                                 f"{type(n.meta['val']).__name__} crosses the cut after piece {k}")
+        pieces.append(Piece(f"{module or 'encoder'}:{op}", _piece_fn(piece_gm, [weights[i] for i in used_fixed])))
     return pieces
+
+
+def _piece_fn(gm: torch.fx.GraphModule, weights: list[torch.Tensor]) -> Callable[..., State]:
+    def fn(*state: torch.Tensor) -> State:
+        return gm(*weights, *state)
+    return fn
 
 
 class MicrobatchRun:
@@ -150,10 +261,12 @@ class MicrobatchRun:
 
     @property
     def forward_done(self) -> bool:
+        """Whether every piece's forward has run."""
         return self._next_fwd == len(self.pieces)
 
     @property
     def backward_done(self) -> bool:
+        """Whether every piece's backward has run."""
         return self._next_bwd < 0
 
     def output(self) -> torch.Tensor:
@@ -167,7 +280,7 @@ class MicrobatchRun:
         if i != self._next_fwd:
             raise RuntimeError(f"forward piece {i} out of order (next is {self._next_fwd})")
         with torch.enable_grad():
-            self._outputs[i] = self.pieces[i].fn(*self._inputs[i])
+            self._outputs[i] = tuple(self.pieces[i].fn(*self._inputs[i]))
         if i + 1 < len(self.pieces):
             self._inputs[i + 1] = tuple(
                 t.detach().requires_grad_(t.requires_grad) for t in self._outputs[i])

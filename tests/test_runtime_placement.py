@@ -5,8 +5,8 @@ import pytest
 pytest.importorskip("torch")
 
 import pybubble  # noqa: E402
-from pybubble.runtime import MeasuredCosts, make_plan, predict_step_s  # noqa: E402
-from pybubble.runtime.plan import piece_tasks, rank_filler  # noqa: E402
+from pybubble.runtime import MeasuredCosts, make_placement, predict_step_s  # noqa: E402
+from pybubble.runtime.placement import piece_tasks, rank_filler  # noqa: E402
 
 
 def costs(**kw):
@@ -18,7 +18,7 @@ def costs(**kw):
 
 def test_megatron_puts_the_encoder_inside_stage_0():
     c = costs()
-    plan = make_plan("megatron", c, 4)
+    plan = make_placement("megatron", c, 4)
     assert plan.producer == [0, 0, 0, 0] and plan.schedule is None
     # Stage 0 does (0.02 + 0.02) + (0.04 + 0.04) per microbatch: the straggler.
     assert predict_step_s("megatron", c, 4) == pytest.approx(plan.timeline.step_time / 1e6 + 0.003)
@@ -28,7 +28,7 @@ def test_megatron_puts_the_encoder_inside_stage_0():
 @pytest.mark.parametrize("mode", ["coarse", "pybubble"])
 def test_spread_modes_schedule_valid_plans(mode):
     c = costs()
-    plan = make_plan(mode, c, 4)
+    plan = make_placement(mode, c, 4)
     assert plan.producer == [0, 1, 0, 1]
     assert pybubble.validate(plan.problem, plan.schedule) == []
     assert predict_step_s(mode, c, 4) == pytest.approx(plan.schedule.step_time / 1e6 + 0.013)
@@ -41,18 +41,27 @@ def test_pybubble_predicts_a_shorter_step_than_coarse_and_megatron():
 
 
 def test_piece_tasks_chain_forward_then_backward():
-    tasks = piece_tasks(costs(piece_fwd_s=[1.0, 2.0], piece_bwd_s=[3.0, 4.0]), [1])
-    assert [(t["phase"], t["duration"], t["after"]) for t in tasks] == [
-        ("fwd", 1e6, []), ("fwd", 2e6, [0]), ("bwd", 4e6, [1]), ("bwd", 3e6, [2])]
-    assert all(t["lane"] == 1 and t["microbatch"] == 0 for t in tasks)
+    a = piece_tasks(costs(piece_fwd_s=[1.0, 2.0], piece_bwd_s=[3.0, 4.0]), [1, 0])
+    assert a.phase.tolist() == [0, 0, 1, 1] * 2  # fwd, fwd, bwd, bwd
+    assert a.duration.tolist() == [1e6, 2e6, 4e6, 3e6] * 2
+    assert a.predecessors() == [[], [0], [1], [2], [], [4], [5], [6]]
+    assert a.lane.tolist() == [1] * 4 + [0] * 4 and a.microbatch.tolist() == [0] * 4 + [1] * 4
 
 
 def test_rank_filler_gaps_follow_the_timeline():
-    plan = make_plan("pybubble", costs(), 4)
+    plan = make_placement("pybubble", costs(), 4)
     f1 = rank_filler(plan, 1, [])
     assert len(f1.gaps_s) == 9 and f1.next_ops[0] == ("F", 0)
     assert f1.gaps_s[0] == pytest.approx(0.021)  # stage 0's first forward and one p2p
     assert f1.gaps_s[-1] > 0.0  # cool-down
+    # The last stage's backward follows its forward without a receive: a wait before F_k must
+    # produce what the first stage needs until that B_k ends.
+    ops = sorted((op for op in plan.timeline.ops if op.stage == 1), key=lambda op: op.start)
+    front = plan.schedule.shift_front / 1e6
+    assert f1.force_until_s[0] == pytest.approx(front + ops[1].end / 1e6)
+    # Stage 0's forwards take no receive: before F0, until F1 ends (B0 waits for a gradient).
+    ops0 = sorted((op for op in plan.timeline.ops if op.stage == 0), key=lambda op: op.start)
+    assert rank_filler(plan, 0, []).force_until_s[0] == pytest.approx(front + ops0[1].end / 1e6)
 
 
 def test_bad_costs_name_the_field():
@@ -61,4 +70,4 @@ def test_bad_costs_name_the_field():
     with pytest.raises(ValueError, match="p2p_s: nan"):
         costs(p2p_s=float("nan"))
     with pytest.raises(ValueError, match="mode: 'fast' is not one of megatron, coarse, pybubble"):
-        make_plan("fast", costs(), 4)
+        make_placement("fast", costs(), 4)

@@ -15,13 +15,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..llm.timeline import Timeline, simulate_pipeline
+from ..problem.arrays import Tasks
 from ..problem.problem import Problem
 from ..schedule.scheduler import Schedule, schedule
 from .cuda import SideStream
 from .filler import BubbleFiller, FillTask
 
-MODES = ("megatron", "coarse", "pybubble")
+PLACEMENTS = ("megatron", "coarse", "pybubble")
+"""Where the encoder runs: on stage 0 inside its ops, before and after the LLM's step on every
+rank, or in the step's bubbles as pybubble schedules it."""
 US = 1e6
+"""Microseconds in a second (the core's times are microseconds, the runtime's seconds)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -39,7 +43,8 @@ class MeasuredCosts:
     piece_bwd_s: list[float]
     """Backward of each encoder piece."""
     optimizer_s: float = 0.0
-    """Optimizer step and what else each step does after the pipeline, per rank (max)."""
+    """What each step does outside the pipeline and the encoder, per rank (max): the optimizer
+    step, the trainer's own work between steps, the runtime's planning and synchronisation."""
     grad_sync_s: float = 0.0
     """All-reduce of the encoder's gradients (modes that spread the encoder over ranks)."""
 
@@ -59,12 +64,14 @@ class MeasuredCosts:
 
     @property
     def stages(self) -> int:
+        """Pipeline stages (one per rank)."""
         return len(self.stage_fwd_s)
 
 
 def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    """`mode` if it is one of :data:`PLACEMENTS`."""
+    if mode not in PLACEMENTS:
+        raise ValueError(f"mode: {mode!r} is not one of {', '.join(PLACEMENTS)}")
     return mode
 
 
@@ -85,69 +92,99 @@ def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_
                              p2p=costs.p2p_s * US)
 
 
-def piece_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> list[dict]:
-    """problem/1 task dicts (index = id): per encoder microbatch, its pieces' forwards in order,
-    then their backwards in reverse, on the lane (rank) of its producer."""
-    tasks: list[dict] = []
-    n = len(costs.piece_fwd_s)
-    for j, lane in enumerate(producer):
-        for phase, order, dur in (("fwd", range(n), costs.piece_fwd_s), ("bwd", range(n - 1, -1, -1), costs.piece_bwd_s)):
-            for i in order:
-                after = [len(tasks) - 1] if (phase == "bwd" or i > 0) else []
-                tasks.append({"lane": int(lane), "duration": dur[i] * US, "resource": "compute",
-                              "phase": phase, "microbatch": j, "after": after})
-    return tasks
+def piece_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> Tasks:
+    """The encoder's piece tasks (index = id): per encoder microbatch, its pieces' forwards in order,
+    then their backwards in reverse, on the lane (rank) of its producer, each after the one before
+    (arrays: one re-plan per step stays cheap)."""
+    n, m = len(costs.piece_fwd_s), len(producer)
+    per = np.concatenate([np.asarray(costs.piece_fwd_s), np.asarray(costs.piece_bwd_s)[::-1]]) * US
+    count = 2 * n * m
+    first = np.arange(count) % (2 * n) == 0  # a microbatch's first forward waits for nothing
+    after = np.arange(count)[~first] - 1
+    return Tasks(lane=np.repeat(np.asarray(producer, np.int64), 2 * n),
+                 microbatch=np.repeat(np.arange(m, dtype=np.int64), 2 * n), duration=np.tile(per, m),
+                 resource=np.zeros(count, np.int64), phase=np.tile(np.repeat(np.array([0, 1], np.int64), n), m),
+                 after_offset=np.concatenate([[0], np.cumsum(~first)]).astype(np.int64), after=after.astype(np.int64))
 
 
 @dataclass(frozen=True, slots=True)
-class Plan:
+class Placement:
     """What every rank needs to run one mode's step."""
 
     mode: str
+    """One of :data:`PLACEMENTS`."""
     timeline: Timeline
     """The LLM step as predicted (with the encoder inside stage 0 in megatron mode)."""
     producer: list[int]
+    """The rank that computes each encoder microbatch."""
     assignment: list[int]
+    """The LLM microbatch each encoder microbatch feeds."""
     start_s: np.ndarray | None
     """Planned start of each encoder task (None in megatron mode: it runs inside stage 0's ops)."""
     problem: Problem | None
+    """The bubble-filling problem of the encoder's pieces (None in megatron mode)."""
     schedule: Schedule | None
+    """Its schedule (None in megatron mode)."""
 
 
-def make_plan(mode: str, costs: MeasuredCosts, microbatches: int) -> Plan:
+def make_placement(mode: str, costs: MeasuredCosts, microbatches: int) -> Placement:
     """Megatron: the encoder inside stage 0. coarse / pybubble: the core's ``coarse`` / ``greedy``
     schedule of the encoder's tasks over all ranks."""
     ranks = costs.stages
     producer = producers(mode, microbatches, ranks)
     if mode == "megatron":
-        return Plan(mode=mode, timeline=measured_timeline(costs, microbatches, True), producer=producer,
+        return Placement(mode=mode, timeline=measured_timeline(costs, microbatches, True), producer=producer,
                     assignment=list(range(microbatches)), start_s=None, problem=None, schedule=None)
     timeline = measured_timeline(costs, microbatches)
     problem = Problem.on_timeline(timeline, piece_tasks(costs, producer))
     sched = schedule(problem, "coarse" if mode == "coarse" else "greedy")
-    return Plan(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
+    return Placement(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
                 start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched)
 
 
 def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int) -> float:
     """Predicted step time (s) of ``mode``: the simulated LLM step with the encoder where the mode
     puts it, plus what follows the pipeline (gradient sync of a spread encoder, optimizer)."""
-    plan = make_plan(check_mode(mode), costs, microbatches)
+    return placement_step_s(make_placement(check_mode(mode), costs, microbatches), costs)
+
+
+def placement_step_s(plan: Placement, costs: MeasuredCosts) -> float:
+    """The step ``plan`` predicts with ``costs`` (see :func:`predict_step_s`)."""
     step_us = plan.timeline.step_time if plan.schedule is None else plan.schedule.step_time
-    sync = 0.0 if mode == "megatron" else costs.grad_sync_s
+    sync = 0.0 if plan.mode == "megatron" else costs.grad_sync_s
     return step_us / US + sync + costs.optimizer_s
 
 
-def rank_filler(plan: Plan, rank: int, tasks: list[FillTask], side: SideStream | None = None) -> BubbleFiller:
-    """The filler of ``rank``: its ops' predicted gaps from the LLM timeline and its tasks (run on
-    the host, or launched on ``side`` on CUDA)."""
+def shift_front_s(plan: Placement) -> float:
+    """Seconds from the step's start to the LLM's frame 0 (the encoder work planned before it)."""
+    return 0.0 if plan.schedule is None else plan.schedule.shift_front / US
+
+
+def rank_filler(plan: Placement, rank: int, tasks: list[FillTask], side: SideStream | None = None) -> BubbleFiller:
+    """The filler of ``rank``: its ops' predicted gaps and starts (seconds after the step's start)
+    from the LLM timeline, how far ahead each wait must produce the first stage's inputs (to the
+    end of the ops that follow it without a receive), and its tasks (run on the host, or launched
+    on ``side`` on CUDA)."""
     ops = sorted((op for op in plan.timeline.ops if op.stage == rank), key=lambda op: op.start)
     gaps, t = [], 0.0
     for op in ops:
         gaps.append((op.start - t) / US)
         t = op.end
     gaps.append((plan.timeline.step_time - t) / US)
+    front = shift_front_s(plan)
+    last = plan.timeline.ranks - 1
+
+    def receives(op) -> bool:  # its input comes from a neighbour: the schedule waits before it
+        return (op.kind == "F" and op.stage > 0) or (op.kind in "BI" and op.stage < last)
+
+    until = []
+    for n in range(len(ops)):
+        k = n
+        while k + 1 < len(ops) and not receives(ops[k + 1]):
+            k += 1
+        until.append(front + ops[k].end / US)
     return BubbleFiller(tasks, gaps, [(op.kind, op.microbatch) for op in ops], plan.timeline.step_time / US,
-                        fill=plan.mode == "pybubble", side=side)
+                        fill=plan.mode == "pybubble", side=side, op_starts_s=[front + op.start / US for op in ops],
+                        force_until_s=until)
 
 

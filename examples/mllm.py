@@ -1,0 +1,447 @@
+"""A small multimodal LLM trained with a 1F1B pipeline over CPU ranks (gloo) or GPUs (NCCL, one per
+rank), its vision encoder run by pybubble.runtime.EncoderRuntime the Megatron way (inside stage 0),
+coarse (spread over the ranks, before and after the LLM) or pybubble (its pieces inside the
+pipeline's bubbles). User code of the runtime's API: the runtime does the profiling, the plan,
+the encoder's gradient sync and the process launch.
+
+    python examples/mllm.py --ranks 2 --steps 20 --mode pybubble [--encoder vit|timm|clip] [--profile DIR]
+    pybubble measure DIR --predict DIR/plan.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import pybubble
+from pybubble.runtime import PLACEMENTS, EncoderRuntime, launch, llm_stream
+from pybubble.runtime.cuda import serialised_streams_note
+
+ENCODERS = ("vit", "timm", "clip")
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """Sizes of the example's encoder and GPT, and of its batch."""
+
+    microbatches: int = 4
+    """LLM (and encoder) microbatches per step."""
+    microbatch_size: int = 2
+    """Samples per microbatch."""
+    patches: int = 128
+    """Image patches per sample (vit: the encoder's sequence length); timm and clip cut a square
+    image into the largest square number of patches of ``patch`` x ``patch`` pixels that fits."""
+    patch: int = 8
+    """Patch side in pixels (vit: patch_dim = 3 * patch * patch)."""
+    enc_dim: int = 128
+    enc_layers: int = 12
+    enc_heads: int = 4
+    llm_dim: int = 256
+    llm_layers_per_stage: int = 2
+    llm_heads: int = 4
+    text_len: int = 64
+    """Text tokens per sample."""
+    vocab: int = 512
+    lr: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("microbatches", "microbatch_size", "patches", "patch", "enc_dim", "enc_layers", "enc_heads",
+                     "llm_dim", "llm_layers_per_stage", "llm_heads", "text_len", "vocab"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name}: {v!r} is not an integer >= 1")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ValueError(f"lr: {self.lr!r} is not a number > 0")
+
+
+SIZES = {
+    "small": ModelConfig(),
+    "tiny": ModelConfig(microbatches=2, microbatch_size=2, patches=4, patch=4, enc_dim=16, enc_layers=2,
+                        enc_heads=2, llm_dim=16, llm_layers_per_stage=1, llm_heads=2, text_len=8, vocab=32),
+}
+
+
+# -- models ------------------------------------------------------------------------------------
+class ViTBlock(nn.Module):
+    """A pre-norm transformer block written with ``nn.Linear`` and ``scaled_dot_product_attention``
+    (``causal=True`` for a GPT block)."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: int = 4, causal: bool = False):
+        super().__init__()
+        self.heads, self.causal = heads, causal
+        self.norm1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.norm2 = nn.LayerNorm(dim)
+        self.fc1 = nn.Linear(dim, mlp_ratio * dim)
+        self.fc2 = nn.Linear(mlp_ratio * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+
+
+class PatchEmbed(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.linear = nn.Linear(3 * cfg.patch * cfg.patch, cfg.enc_dim)
+        self.pos = nn.Parameter(0.02 * torch.randn(cfg.patches, cfg.enc_dim))
+
+    def forward(self, patches: torch.Tensor) -> torch.Tensor:
+        return self.linear(patches) + self.pos
+
+
+def import_vision_libraries() -> None:
+    """Makes timm and transformers importable beside a CPU-only torch: PyPI's torchvision wheels
+    link CUDA torch libraries, so beside the CPU build their operator library does not load and
+    ``import torchvision`` fails registering ``torchvision::nms``; defining the two operators' schemas
+    lets its pure-Python models import (nothing here calls them)."""
+    try:
+        import torchvision  # noqa: F401
+    except RuntimeError as e:
+        if "torchvision::nms" not in str(e):
+            raise
+        lib = torch.library.Library("torchvision", "FRAGMENT")
+        for name in ("nms", "qnms"):
+            lib.define(f"{name}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _keep.append(lib)
+        for mod in [m for m in sys.modules if m.startswith("torchvision")]:
+            del sys.modules[mod]
+
+
+_keep: list = []
+
+
+class LastHidden(nn.Module):
+    """A Hugging Face vision tower's ``last_hidden_state``."""
+
+    def __init__(self, tower: nn.Module):
+        super().__init__()
+        self.tower = tower
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.tower(pixel_values=pixels).last_hidden_state
+
+
+def image_grid(cfg: ModelConfig) -> int:
+    """Patches per side of the square image timm and clip take: the most that ``patches`` allows."""
+    return math.isqrt(cfg.patches)
+
+
+def image_side(cfg: ModelConfig) -> int:
+    return image_grid(cfg) * cfg.patch
+
+
+def build_encoder(cfg: ModelConfig, kind: str = "vit") -> nn.Module:
+    """The vision encoder and a projection to the LLM's width (random weights from the seed)."""
+    torch.manual_seed(cfg.seed)
+    if kind == "vit":
+        tower = nn.Sequential(PatchEmbed(cfg), *(ViTBlock(cfg.enc_dim, cfg.enc_heads) for _ in range(cfg.enc_layers)),
+                              nn.LayerNorm(cfg.enc_dim))
+    elif kind == "timm":
+        import_vision_libraries()
+        from timm.models.vision_transformer import VisionTransformer
+
+        tower = VisionTransformer(img_size=image_side(cfg), patch_size=cfg.patch, embed_dim=cfg.enc_dim,
+                                  depth=cfg.enc_layers, num_heads=cfg.enc_heads, num_classes=0, global_pool="",
+                                  class_token=False)
+    elif kind == "clip":
+        import_vision_libraries()
+        from transformers import CLIPVisionConfig, CLIPVisionModel
+
+        tower = LastHidden(CLIPVisionModel(CLIPVisionConfig(
+            hidden_size=cfg.enc_dim, intermediate_size=4 * cfg.enc_dim, num_hidden_layers=cfg.enc_layers,
+            num_attention_heads=cfg.enc_heads, image_size=image_side(cfg), patch_size=cfg.patch,
+            attention_dropout=0.0)))
+    else:
+        raise ValueError(f"encoder: {kind!r} is not one of {', '.join(ENCODERS)}")
+    return nn.Sequential(tower, nn.Linear(cfg.enc_dim, cfg.llm_dim))
+
+
+def encoder_tokens(cfg: ModelConfig, kind: str) -> int:
+    """Image tokens the encoder gives per sample (CLIP adds a class token)."""
+    return cfg.patches if kind == "vit" else image_grid(cfg) ** 2 + (kind == "clip")
+
+
+class FirstStage(nn.Module):
+    """Token embedding, image tokens from the encoder in front of the text, the first GPT blocks.
+    ``encoder_output(k)`` gives the image tokens of microbatch k."""
+
+    def __init__(self, cfg: ModelConfig, image_tokens: int):
+        super().__init__()
+        self.embed = nn.Embedding(cfg.vocab, cfg.llm_dim)
+        self.pos = nn.Parameter(0.02 * torch.randn(image_tokens + cfg.text_len, cfg.llm_dim))
+        self.blocks = nn.Sequential(*(ViTBlock(cfg.llm_dim, cfg.llm_heads, causal=True)
+                                      for _ in range(cfg.llm_layers_per_stage)))
+        self.encoder_output = None
+        self.image_shape = (cfg.microbatch_size, image_tokens, cfg.llm_dim)
+
+    def forward(self, tokens: torch.Tensor, microbatch: torch.Tensor) -> torch.Tensor:
+        if tokens.device.type == "meta":  # shape inference by torch.distributed.pipelining
+            image = torch.zeros(self.image_shape, device="meta")
+        else:
+            image = self.encoder_output(int(microbatch[0]))
+        return self.blocks(torch.cat([image, self.embed(tokens)], dim=1) + self.pos)
+
+
+class MiddleStage(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.blocks = nn.Sequential(*(ViTBlock(cfg.llm_dim, cfg.llm_heads, causal=True)
+                                      for _ in range(cfg.llm_layers_per_stage)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+class LastStage(MiddleStage):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.norm = nn.LayerNorm(cfg.llm_dim)
+        self.head = nn.Linear(cfg.llm_dim, cfg.vocab)
+        self.text_len = cfg.text_len
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.blocks(x)[:, -self.text_len:]))
+
+
+def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit") -> list[nn.Module]:
+    """The GPT cut into ``ranks`` pipeline stages (same initial weights whatever the rank)."""
+    stages: list[nn.Module] = []
+    for s in range(ranks):
+        torch.manual_seed(cfg.seed + 1 + s)
+        stages.append(FirstStage(cfg, encoder_tokens(cfg, kind)) if s == 0 else LastStage(cfg) if s == ranks - 1
+                      else MiddleStage(cfg))
+    return stages
+
+
+def make_batch(cfg: ModelConfig, step: int, kind: str = "vit") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Synthetic images (vit: flattened patches), tokens and next tokens of one step, from the seed."""
+    g = torch.Generator().manual_seed(cfg.seed * 100003 + step)
+    b = cfg.microbatches * cfg.microbatch_size
+    if kind == "vit":
+        images = torch.randn(b, cfg.patches, 3 * cfg.patch * cfg.patch, generator=g)
+    else:
+        images = torch.randn(b, 3, image_side(cfg), image_side(cfg), generator=g)
+    tokens = torch.randint(0, cfg.vocab, (b, cfg.text_len + 1), generator=g)
+    return images, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def loss_fn(cfg: ModelConfig):
+    def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), target.flatten()) / cfg.microbatches
+    return loss
+
+
+def checksum(modules) -> float:
+    """float64 sum of all parameters."""
+    return float(sum(p.detach().double().sum() for m in modules for p in m.parameters()))
+
+
+def reference_checksum(cfg: ModelConfig, ranks: int, steps: int, kind: str = "vit") -> float:
+    """The same training in one process, unsplit: the parameters the pipeline runs must reach."""
+    encoder, stages = build_encoder(cfg, kind), build_stages(cfg, ranks, kind)
+    params = [p for m in (encoder, *stages) for p in m.parameters()]
+    opt = torch.optim.SGD(params, lr=cfg.lr)
+    loss = loss_fn(cfg)
+    for step in range(steps):
+        images, tokens, targets = make_batch(cfg, step, kind)
+        for k in range(cfg.microbatches):
+            sl = slice(k * cfg.microbatch_size, (k + 1) * cfg.microbatch_size)
+            image = encoder(images[sl])
+            stages[0].encoder_output = lambda _k, image=image: image
+            x = stages[0](tokens[sl], torch.tensor([k]))
+            for s in stages[1:]:
+                x = s(x)
+            loss(x, targets[sl]).backward()
+        opt.step()
+        opt.zero_grad()
+    return checksum((encoder, *stages))
+
+
+# -- one rank: the training loop ---------------------------------------------------------------
+def train(rank: int, args: argparse.Namespace) -> dict:
+    """One rank's training loop (the process group is set up by ``launch``)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    cfg, kind, ranks = config(args), args.encoder, args.ranks
+    m = cfg.microbatches
+    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    encoder = build_encoder(cfg, kind).to(device)
+    stage_module = build_stages(cfg, ranks, kind)[rank].to(device)
+    stage = PipelineStage(stage_module, rank, ranks, device)
+    schedule = Schedule1F1B(stage, m, loss_fn=loss_fn(cfg), scale_grads=False)
+    images, _, _ = make_batch(cfg, 0, kind)
+    # The runtime: pieces traced on one microbatch; on CUDA the gradient sum goes through NCCL.
+    runtime = EncoderRuntime(encoder, stage=stage, schedule=schedule, mode=args.mode,
+                             example=images[:cfg.microbatch_size], device=device,
+                             grad_group=dist.group.WORLD if device.type == "cuda" else None)
+    if rank == 0:
+        stage_module.encoder_output = runtime.encoder_output
+    trace_path = os.environ.get("PYBUBBLE_TRACE")  # the last step's tasks, ops and waits per rank
+    runtime.trace = bool(trace_path)
+    opt = torch.optim.SGD([*encoder.parameters(), *stage_module.parameters()], lr=cfg.lr)
+    profiler = None
+    if args.profile:
+        activities = [torch.profiler.ProfilerActivity.CPU] + (
+            [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        profiler = torch.profiler.profile(activities=activities)
+    ends = []
+    with torch.cuda.stream(llm_stream(device)) if device.type == "cuda" else contextlib.nullcontext():
+        for step in range(args.steps):
+            if rank == args.fail_rank and step == args.fail_step:
+                raise RuntimeError(f"injected fault on rank {rank} at step {step} (--fail-rank/--fail-step)")
+            images, tokens, targets = make_batch(cfg, step, kind)
+            if profiler is not None and step == args.steps - 1:
+                profiler.start()  # the last step only
+            args_ = (tokens.to(device), torch.arange(m)) if rank == 0 else ()
+            runtime.step(images, *args_, **({"target": targets.to(device)} if rank == ranks - 1 else {}))
+            opt.step()
+            opt.zero_grad()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            ends.append(time.perf_counter())
+    if trace_path:
+        with open(f"{trace_path}.rank{rank}.json", "w") as f:
+            json.dump({"start": runtime.records[-1]["start"], "events": runtime.records[-1]["trace"]}, f)
+    if profiler is not None:
+        profiler.stop()
+        os.makedirs(args.profile, exist_ok=True)
+        profiler.export_chrome_trace(os.path.join(args.profile, f"rank{rank}.json"))
+        if rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
+            pybubble.save_trace(runtime.plan.timeline, os.path.join(args.profile, "plan.json"))
+    mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
+            "predicted": [r["predicted_s"] for r in runtime.records],
+            "checksum": checksum([stage_module] + ([encoder] if rank == 0 else [])),
+            "filler": runtime.records[-1]["filler"], "filled": [r["filler"]["filled"] for r in runtime.records],
+            "costs": asdict(runtime.costs)}
+    every: list = [None] * ranks
+    dist.all_gather_object(every, mine, group=runtime.group)
+    return every
+
+
+def report(args: argparse.Namespace, every: list[dict]) -> dict:
+    """The run's report (pybubble.runtime_report/2): step s takes from the last rank's end of step
+    s - 1 (for step 0: the first rank's start) to the last rank's end of step s, everything
+    included (the runtime's planning and barriers, the optimizer)."""
+    steps = args.steps
+    ends = [max(e["ends"][s] for e in every) for s in range(steps)]
+    step_times = [ends[0] - min(e["starts"][0] for e in every)] + [ends[s] - ends[s - 1] for s in range(1, steps)]
+    settled = list(range(min(2, steps - 1), steps))  # step 0 profiles, step 1 is the first adapted plan
+    predicted = every[0]["predicted"]
+    return {
+        "format": "pybubble.runtime_report/2", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
+        "steps": steps, "size": args.size, "device": args.device, "step_times_s": step_times,
+        "predicted_steps_s": predicted, "settled_steps": settled,
+        "median_step_s": statistics.median(step_times[s] for s in settled),
+        "predicted_step_s": statistics.median(predicted[s] for s in settled),
+        "param_checksum": sum(e["checksum"] for e in every), "costs": every[0]["costs"],
+        "filler": [e["filler"] for e in every], "filled_per_step": [e["filled"] for e in every],
+    }
+
+
+def config(args: argparse.Namespace) -> ModelConfig:
+    """The size's config, with ``--microbatches`` when given."""
+    cfg = SIZES[args.size]
+    if args.microbatches:
+        cfg = ModelConfig(**{**asdict(cfg), "microbatches": args.microbatches})
+    return cfg
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Launches the ranks and returns the report (raises ``RuntimeError`` when a rank failed)."""
+    every = launch(train, args.ranks, args, backend="nccl" if args.device == "cuda" else "gloo", timeout=args.timeout)
+    out = report(args, every)
+    if args.reference:
+        out["reference_checksum"] = reference_checksum(config(args), args.ranks, args.steps, args.encoder)
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python examples/mllm.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=2, help="pipeline stages, one process each (default 2)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--mode", default="pybubble", help="megatron, coarse or pybubble")
+    p.add_argument("--encoder", default="vit", help=f"the vision encoder: {', '.join(ENCODERS)}")
+    p.add_argument("--report", help="write the report (JSON) here")
+    p.add_argument("--profile", help="write a torch.profiler Chrome trace of the last step per rank into this folder")
+    p.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (NCCL, one GPU per rank)")
+    p.add_argument("--size", default="small", help=f"model size: {', '.join(SIZES)}")
+    p.add_argument("--microbatches", type=int, default=0, help="microbatches per step (default: the size's)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits for a failed peer")
+    p.add_argument("--fail-rank", type=int, default=-1, help="inject a fault on this rank (tests)")
+    p.add_argument("--fail-step", type=int, default=0, help="... at this step")
+    p.add_argument("--reference", action="store_true", help="also train in one process and report its checksum")
+    return p.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    if args.ranks < 2:
+        raise ValueError(f"ranks: {args.ranks} is not >= 2")
+    if args.steps < 1:
+        raise ValueError(f"steps: {args.steps} is not >= 1")
+    if args.mode not in PLACEMENTS:
+        raise ValueError(f"mode: {args.mode!r} is not one of {', '.join(PLACEMENTS)}")
+    if args.encoder not in ENCODERS:
+        raise ValueError(f"encoder: {args.encoder!r} is not one of {', '.join(ENCODERS)}")
+    if args.size not in SIZES:
+        raise ValueError(f"size: {args.size!r} is not one of {', '.join(SIZES)}")
+    if args.device not in ("cpu", "cuda"):
+        raise ValueError(f"device: {args.device!r} is not one of cpu, cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: 'cuda' but no CUDA device is available (torch.cuda.is_available() is False)")
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+        # NCCL refuses two ranks of one communicator on the same GPU.
+        raise ValueError(f"device: 'cuda' needs one GPU per rank ({args.ranks} ranks, "
+                         f"{torch.cuda.device_count()} GPUs)")
+    if not args.timeout > 0:
+        raise ValueError(f"timeout: {args.timeout} is not > 0")
+    if args.fail_rank >= args.ranks:
+        raise ValueError(f"fail_rank: {args.fail_rank} is not a rank (< {args.ranks})")
+    if args.microbatches < 0:
+        raise ValueError(f"microbatches: {args.microbatches} is not >= 1")
+    if config(args).microbatches < args.ranks:
+        raise ValueError(f"ranks: {args.ranks} exceeds the {config(args).microbatches} microbatches of size "
+                         f"{args.size!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.device == "cuda" and (note := serialised_streams_note()):
+        print(f"note: {note}", file=sys.stderr)
+    try:
+        out = run(args)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(out, f, indent=1)
+    print(f"{args.mode} ({args.encoder}): median step {out['median_step_s'] * 1e3:.1f} ms, predicted "
+          f"{out['predicted_step_s'] * 1e3:.1f} ms, param_checksum {out['param_checksum']:.9g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""Runnable examples (``python -m pybubble.examples.mllm``)."""

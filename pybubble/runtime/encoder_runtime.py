@@ -1,0 +1,253 @@
+"""What a trainer adopts: :class:`EncoderRuntime` runs the modality encoder of a
+``torch.distributed.pipelining`` trainer inside the pipeline's bubbles, step by step.
+
+Per step it shares what every rank measured in the last steps, plans anew (the core schedules
+the encoder's pieces into the predicted bubbles), runs the pieces inside the schedule's waits,
+hands the encoder outputs to the first stage and their gradients back, and sums the encoder's
+gradients over the ranks. The first step is a profiling step, run the ``coarse`` way (the
+``megatron`` way in that mode): it yields the LLM ops' and the pieces' durations that the next
+plans start from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.profiler import record_function
+
+from .boundary import BoundaryCommunicator
+from .costs import CostHistory, step_sample
+from .cuda import side_stream
+from .encoder_step import EncoderStep
+from .pipelining import check_torch_version, fill_pipeline_waits
+from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s
+from .segments import MicrobatchRun, split_into_pieces
+
+
+def _inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
+
+
+def sync_grads(module: nn.Module, group: dist.ProcessGroup | None) -> None:
+    """Sums ``module``'s gradients over the ranks of ``group`` (one flat all-reduce)."""
+    params = list(module.parameters())
+    flat = torch.cat([p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1) for p in params])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
+class EncoderRuntime:
+    """Runs ``encoder`` (on every rank of a 1-stage-per-rank pipeline) inside the bubbles of
+    ``schedule`` (a ``torch.distributed.pipelining`` single-stage schedule such as
+    ``Schedule1F1B`` over ``stage``).
+
+    - ``mode``: ``megatron`` (the whole encoder inside the first stage's ops), ``coarse`` (spread
+      over the ranks, forwards before the pipeline, backwards after it) or ``pybubble`` (its pieces
+      inside the pipeline's waits, where the core's schedule puts them).
+    - ``example``: one microbatch of encoder input (a tensor or a tuple of tensors) on ``device``:
+      the encoder is traced on it and cut into kernel-level pieces (:func:`split_into_pieces`).
+    - ``group``: a gloo group of all ranks for the runtime's own traffic (default: a new one;
+      every rank must construct the runtime). ``grad_group``: where the encoder's gradients are
+      summed (default ``group``; on CUDA pass the NCCL group).
+    - ``keep``: steps whose measured costs the plan follows (medians).
+
+    The first stage's module gets the encoder output of LLM microbatch ``k`` from
+    :meth:`encoder_output` (a tensor that requires grad; its gradient goes back to the rank that
+    produced it). Call :meth:`step` instead of ``schedule.step``; then run the optimizer over the
+    encoder's and the stage's parameters as usual.
+    """
+
+    def __init__(self, encoder: nn.Module, *, stage: Any, schedule: Any, mode: str,
+                 example: torch.Tensor | Sequence[torch.Tensor], device: torch.device | str = "cpu",
+                 group: dist.ProcessGroup | None = None, grad_group: dist.ProcessGroup | None = None,
+                 keep: int = 5):
+        check_torch_version()
+        self.mode = check_mode(mode)
+        self.encoder = encoder
+        self.stage = stage
+        self.schedule = schedule
+        self.device = torch.device(device)
+        self.rank = dist.get_rank()
+        self.ranks = dist.get_world_size()
+        if getattr(stage, "num_stages", self.ranks) != self.ranks:
+            raise ValueError(f"stage: {stage.num_stages} stages over {self.ranks} ranks (one stage per rank)")
+        self.microbatches = int(schedule._n_microbatches)
+        self.group = group if group is not None else dist.new_group(list(range(self.ranks)), backend="gloo")
+        self.grad_group = self.group if grad_group is None else grad_group
+        example = tuple(t.to(self.device) for t in _inputs_of(example))
+        self.pieces = split_into_pieces(encoder, example)
+        with torch.no_grad():
+            out = MicrobatchRun(self.pieces, example)
+            for i in range(len(self.pieces)):
+                out.forward_piece(i)
+            output = out.output()
+        self.output_shape, self.output_dtype = tuple(output.shape), output.dtype
+        self.side = side_stream(self.device)
+        self.history = CostHistory(self._profile(example), keep=keep)
+        self.costs: MeasuredCosts = self.history.initial
+        self.steps = 0
+        self.records: list[dict[str, Any]] = []
+        """Per step: ``predicted_s``, ``start`` (perf_counter after the step's barrier), ``plan_s``,
+        ``sync_s``, ``filler`` (the filler's counters)."""
+        self.trace = False
+        """True: each step's filler keeps (what, start, end) of its tasks, ops and waits in
+        ``records[-1]["trace"]``."""
+        self.plan = None
+        """The plan of the last step (its ``timeline``: the LLM step as predicted)."""
+        self._work: EncoderStep | None = None
+        self._returned: float | None = None
+        self._last_sample: np.ndarray | None = None
+
+    # -- measuring -----------------------------------------------------------------------------
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _profile(self, example: tuple[torch.Tensor, ...], repeats: int = 3) -> MeasuredCosts:
+        """The pieces' durations on one microbatch and the p2p latency, shared by every rank; the
+        LLM ops' durations come from the first step."""
+        n = len(self.pieces)
+        fwd, bwd = [[] for _ in range(n)], [[] for _ in range(n)]
+        for _ in range(repeats):
+            run = MicrobatchRun(self.pieces, example)
+            for i in range(n):
+                t = self._now()
+                run.forward_piece(i)
+                fwd[i].append(self._now() - t)
+            run.output_grad = torch.ones_like(run.output())
+            for i in range(n - 1, -1, -1):
+                t = self._now()
+                run.backward_piece(i)
+                bwd[i].append(self._now() - t)
+        self.encoder.zero_grad(set_to_none=True)
+        p2p = 0.0
+        if self.ranks > 1 and self.rank < 2:
+            buf = torch.zeros(self.output_shape, dtype=self.output_dtype)
+            for rep in range(6):
+                t = time.perf_counter()
+                if self.rank == 0:
+                    dist.send(buf, 1, group=self.group)
+                    dist.recv(buf, 1, group=self.group)
+                else:
+                    dist.recv(buf, 0, group=self.group)
+                    dist.send(buf, 0, group=self.group)
+                if rep:  # the first is a warm-up
+                    p2p += (time.perf_counter() - t) / 10
+        mine = torch.tensor([p2p, *(min(x) for x in fwd), *(min(x) for x in bwd)], dtype=torch.float64)
+        every = [torch.zeros_like(mine) for _ in range(self.ranks)]
+        dist.all_gather(every, mine, group=self.group)
+        a = torch.stack(every).numpy()
+        return MeasuredCosts(stage_fwd_s=[1e-6] * self.ranks, stage_bwd_s=[1e-6] * self.ranks,  # from the first step
+                             p2p_s=float(a[:, 0].max()), piece_fwd_s=a[:, 1:1 + n].mean(axis=0).tolist(),
+                             piece_bwd_s=a[:, 1 + n:].mean(axis=0).tolist())
+
+    def _sample(self, work: EncoderStep, sync_s: float, plan_s: float) -> np.ndarray:
+        f = work.filler
+        ops = f.next_ops
+        n = len(self.pieces)
+        fwd_t = [[t.took_s for t in ts] for ts in work.fwd_tasks.values()]
+        bwd_t = [[t.took_s for t in ts] for ts in work.bwd_tasks.values()]
+        timed = self.side is None  # on CUDA a task's launch is not its duration: the profile's stay
+        piece_fwd = [statistics.mean(ts[i] for ts in fwd_t) if fwd_t and timed else float("nan") for i in range(n)]
+        piece_bwd = [statistics.mean(ts[i] for ts in bwd_t) if bwd_t and timed else float("nan") for i in range(n)]
+        return step_sample(fwd=[b for (k, _), b in zip(ops, f.op_busy_s) if k == "F"],
+                           bwd=[b for (k, _), b in zip(ops, f.op_busy_s) if k == "B"], lead=f.lead_busy_s,
+                           sync=sync_s if self.mode != "megatron" else float("nan"), outside=float("nan"),
+                           plan=plan_s, piece_fwd=piece_fwd, piece_bwd=piece_bwd)
+
+    def _share_costs(self, entry: float) -> None:
+        """All ranks' figures of the last step (with the trainer's time since then) into the
+        history; on CUDA the CPU's clock does not time the GPU's work, so the costs stay those of
+        the profiling step."""
+        sample = self._last_sample.copy()
+        sample[4] = entry - self._returned  # the trainer's own time between the two steps
+        mine = torch.from_numpy(sample)
+        every = [torch.zeros_like(mine) for _ in range(self.ranks)]
+        with record_function("pybubble:sync"):
+            dist.all_gather(every, mine, group=self.group)
+        if self.device.type == "cpu" or self.steps == 1:
+            with record_function("pybubble:plan"):
+                self.history.add(torch.stack(every).numpy())
+                self.costs = self.history.costs()
+
+    # -- the step ------------------------------------------------------------------------------
+    def encoder_output(self, microbatch: int) -> torch.Tensor:
+        """On the first stage: the encoder output feeding LLM ``microbatch`` of the running step."""
+        if self._work is None:
+            raise RuntimeError("encoder_output: called outside EncoderRuntime.step")
+        return self._work.output(microbatch)
+
+    def step(self, encoder_input: torch.Tensor | Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
+        """One training step: ``encoder_input`` is the whole batch's encoder input (split into the
+        schedule's microbatches along dim 0, on every rank); ``args``/``kwargs`` go to
+        ``schedule.step`` (the first stage's inputs, ``target=`` on the last stage). Returns what
+        ``schedule.step`` returns; the encoder's gradients are summed over the ranks when it
+        returns."""
+        entry = time.perf_counter()
+        if self._last_sample is not None:
+            self._share_costs(entry)
+        t = time.perf_counter()
+        mode = self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
+        with record_function("pybubble:plan"):
+            plan = self.plan = make_placement(mode, self.costs, self.microbatches)
+            predicted = placement_step_s(plan, self.costs)
+        plan_s = time.perf_counter() - t
+        with record_function("pybubble:sync"):
+            dist.barrier(group=self.group)
+        start = time.perf_counter()
+        with record_function("pybubble:setup"):
+            m, inputs = self.microbatches, _inputs_of(encoder_input)
+            chunks = [torch.tensor_split(x.to(self.device), m) for x in inputs]
+            boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=0,
+                                            producer=plan.producer, assignment=plan.assignment,
+                                            output_shape=self.output_shape, dtype=self.output_dtype,
+                                            device=self.device)
+            boundary.begin_step()
+            work = self._work = EncoderStep(plan=plan, rank=self.rank, pieces=self.pieces, costs=self.costs,
+                                            boundary=boundary, inputs=lambda k: tuple(c[k] for c in chunks),
+                                            side=self.side)
+        filler = work.filler
+        if self.device.type == "cuda" and self.steps == 0:
+            filler.op_clock = self._now  # the profiling step times the GPU's ops
+        if self.trace:
+            filler.trace = []
+        try:
+            with record_function("pybubble:front"):
+                filler.run_front()
+            filler.begin_step(frame0=start)
+            with fill_pipeline_waits(filler, self.stage), record_function("pybubble:schedule"):
+                result = self.schedule.step(*args, **kwargs)
+            filler.end_pipeline()
+            with record_function("pybubble:drain"):
+                filler.drain()
+            boundary.end_step()
+        finally:
+            self._work = None
+        t = self._now()
+        if mode != "megatron" and self.ranks > 1:
+            with record_function("pybubble:grad_sync"):
+                sync_grads(self.encoder, self.grad_group)
+        sync_s = self._now() - t
+        with record_function("pybubble:setup"):
+            self._last_sample = self._sample(work, sync_s, plan_s)
+        record = {"predicted_s": predicted, "start": start, "plan_s": plan_s, "sync_s": sync_s,
+                  "filler": dataclasses.asdict(filler.stats)}
+        if self.trace:
+            record["trace"] = filler.trace
+        self.records.append(record)
+        self.steps += 1
+        self._returned = time.perf_counter()
+        return result
+

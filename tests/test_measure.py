@@ -1,0 +1,159 @@
+"""pybubble measure: idle per rank and kind from torch.profiler Chrome traces (synthetic traces with
+known answers, CPU/gloo and CUDA/NCCL shaped), the prediction beside it, and bad input."""
+
+import json
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from pybubble.measure.bubbles import compare, measure, predicted_bubbles
+
+
+def x(name, ts, dur, cat="cpu_op", tid=1, pid=7):
+    """An event; times in units of 10 us (gaps under 100 us are host glue, not idle)."""
+    return {"ph": "X", "name": name, "cat": cat, "ts": 10 * ts, "dur": 10 * dur, "pid": pid, "tid": tid}
+
+
+def cpu_rank(rank, world=2):
+    """A stage of a 2-stage 1F1B step on gloo, times in us: ops annotated as pybubble's adapter
+    and torch's runtime name them, a wait with a task inside, a gradient all-reduce."""
+    ev = [
+        x("aten::mm", 0, 100), x("PP:0F0", 0, 100, "user_annotation"),          # busy 0-100
+        # idle 100-300 (warm-up: before the first backward), the recv posted 100-300 on gloo's thread
+        x("gloo:recv", 100, 200, "user_annotation", tid=2),
+        x("pybubble:wait", 100, 200, "user_annotation"),
+        x("pybubble:task:e0f.0", 150, 50, "user_annotation"), x("aten::addmm", 150, 50),  # a task in the wait: busy
+        x("PP:0B0", 300, 200, "user_annotation"), x("aten::mm", 300, 150),      # the op's own glue 450-500 is busy
+        # idle 500-600 (steady), then the last forward
+        x("PP:0F1", 600, 100, "user_annotation"), x("aten::mm", 600, 100),
+        # idle 700-800 (cool-down), the last backward
+        x("PP:0B1", 800, 100, "user_annotation"), x("aten::mm", 800, 100),
+        # all-reduce: the op posts, the main thread waits 920-1000 (collective), gloo's thread works
+        x("c10d::allreduce_", 900, 20), x("gloo:all_reduce", 930, 60, "user_annotation", tid=3),
+        x("aten::add_", 1000, 10),
+    ]
+    return {"traceEvents": ev, "distributedInfo": {"rank": rank, "world_size": world}}
+
+
+def write(tmp_path, docs):
+    for r, doc in enumerate(docs):
+        (tmp_path / f"rank{r}.json").write_text(json.dumps(doc))
+    return tmp_path
+
+
+def test_cpu_trace_idle_by_kind(tmp_path):
+    peer = cpu_rank(1)
+    peer["traceEvents"].append(x("gloo:send", 250, 60, "user_annotation", tid=2))  # the peer sends 250-310
+    ranks = measure(write(tmp_path, [cpu_rank(0), peer]))
+    r = ranks[0]
+    assert r.device == "cpu" and r.span == 10100
+    assert r.idle_by_kind == {"warmup": 1500, "steady": 1000, "cooldown": 1000, "collective": 800}
+    assert r.idle == 4300 and r.busy == 10100 - 4300
+    # Rank 0's receive (100-300) and the peer's send (250-310) both posted 250-300: transferring.
+    assert r.transferring == 500 and r.waiting == 3800
+
+
+def test_cuda_trace_counts_gpu_kernels_and_nccl(tmp_path):
+    k = lambda name, ts, dur: x(name, ts, dur, cat="kernel", tid=7)  # noqa: E731
+    a = lambda name, ts, dur: x(name, ts, dur, cat="gpu_user_annotation", tid=7)  # noqa: E731
+    doc = {"traceEvents": [
+        x("cudaLaunchKernel", 0, 5, "cuda_runtime"),
+        k("ampere_sgemm", 0, 100), a("PP:0F0", 0, 100),
+        k("ncclDevKernel_SendRecv", 100, 150),            # idle for compute 100-300: warm-up
+        k("ampere_sgemm", 300, 200), a("PP:0B0", 300, 200),
+        k("ncclDevKernel_AllReduce_Sum_f32", 500, 100),   # collective 500-600
+        k("ampere_sgemm", 600, 50), a("PP:0F1", 600, 50),
+    ]}
+    (tmp_path / "rank0.json").write_text(json.dumps(doc))
+    [r] = measure(tmp_path / "rank0.json")
+    assert r.device == "cuda" and r.span == 6500 and r.busy == 3500
+    assert r.idle_by_kind == {"warmup": 2000, "steady": 0, "cooldown": 0, "collective": 1000}
+    assert r.waiting is None  # one rank's trace: transfers not separable
+
+
+def test_prediction_from_a_timeline_trace_and_a_config(tmp_path):
+    import pybubble
+
+    tl = pybubble.simulate_pipeline("1f1b", ranks=2, microbatches=4, fwd=100.0, bwd=200.0)
+    pybubble.save_trace(tl, tmp_path / "plan.json")
+    step, stages = predicted_bubbles(tmp_path / "plan.json")
+    assert step == pytest.approx(tl.step_time)
+    for s, kinds in tl.bubble_time().items():
+        assert stages[s]["warmup"] == pytest.approx(kinds["pp_warmup"])
+        assert stages[s]["cooldown"] == pytest.approx(kinds["pp_cooldown"])
+    (tmp_path / "t").mkdir()
+    ranks = measure(write(tmp_path / "t", [cpu_rank(0), cpu_rank(1)]))
+    rows = compare(ranks, predicted_bubbles(tmp_path / "plan.json"))["ranks"]
+    assert rows[0]["kinds"]["warmup"]["measured_us"] == 1500
+    assert rows[1]["kinds"]["warmup"]["error"] == pytest.approx(1500 / tl.bubble_time()[1]["pp_warmup"] - 1)
+
+
+def test_prediction_from_a_planning_config():
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[1] / "examples" / "quickstart.yaml"
+    step, stages = predicted_bubbles(config)
+    assert step > 0 and len(stages) >= 2
+    assert all(set(k) == {"warmup", "steady", "cooldown", "collective"} for k in stages.values())
+    assert sum(stages[1].values()) > 0
+
+
+def cli(*args):
+    # Run outside the source tree so that the installed package (with its extension) is imported.
+    return subprocess.run([sys.executable, "-m", "pybubble", "measure", *map(str, args)], capture_output=True,
+                          text=True, timeout=60, cwd=tempfile.gettempdir())
+
+
+def test_cli_prints_writes_json_and_a_plot(tmp_path):
+    (tmp_path / "traces").mkdir()
+    folder = write(tmp_path / "traces", [cpu_rank(0), cpu_rank(1)])
+    r = cli(folder, "--json", tmp_path / "m.json", "--plot", tmp_path / "m.png")
+    assert r.returncode == 0, r.stderr
+    assert "measure: ranks=2 " in r.stdout and "cooldown" in r.stdout
+    doc = json.loads((tmp_path / "m.json").read_text())
+    assert doc["format"] == "pybubble.measure/1" and len(doc["ranks"]) == 2
+    assert (tmp_path / "m.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("content, message", [
+    ("not json {", r"error: .*rank0.json: not valid JSON"),
+    (json.dumps({"traceEvents": []}), r"error: .*rank0.json: no trace events"),
+])
+def test_bad_traces_exit_2_with_one_line(tmp_path, content, message):
+    (tmp_path / "rank0.json").write_text(content)
+    r = cli(tmp_path / "rank0.json")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    import re
+
+    assert re.match(message, lines[0]), lines[0]
+
+
+def test_a_missing_rank_exits_2_with_one_line(tmp_path):
+    (tmp_path / "rank0.json").write_text(json.dumps(cpu_rank(0, world=3)))
+    (tmp_path / "rank2.json").write_text(json.dumps(cpu_rank(2, world=3)))
+    r = cli(tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: ranks: rank 1 missing (traces of ranks [0, 2], world size 3)"
+
+
+def test_prediction_with_other_stages_is_refused(tmp_path):
+    import pybubble
+
+    pybubble.save_trace(pybubble.simulate_pipeline("1f1b", ranks=4, microbatches=4, fwd=1.0, bwd=2.0),
+                        tmp_path / "plan.json")
+    (tmp_path / "t").mkdir()
+    write(tmp_path / "t", [cpu_rank(0), cpu_rank(1)])
+    r = cli(tmp_path / "t", "--predict", tmp_path / "plan.json")
+    assert r.returncode == 2
+    assert r.stderr.strip() == "error: predict: 4 pipeline stages predicted, 2 ranks measured"
+
+
+def test_measure_does_not_import_torch():
+    code = "import sys, pybubble.measure.bubbles, pybubble.cli; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       cwd=tempfile.gettempdir())
+    assert r.stdout.strip() == "False", r.stderr

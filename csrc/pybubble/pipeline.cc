@@ -97,7 +97,67 @@ void fill_one_f_one_b(PipelineSpec& sp) {
   }
 }
 
-PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
+namespace {
+
+/// The table's layout, derived once while the spec is checked: the stage count, which rank holds
+/// each stage and at which chunk, each action's rank, and each action's index by (stage, kind,
+/// microbatch).
+struct TableIndex {
+  int32_t stages = 0;                ///< S = ranks * chunks
+  int32_t microbatches = 0;          ///< m
+  int32_t chunks = 1;                ///< v
+  bool has_tp = false;               ///< TP collectives take time inside F, B and I ops
+  std::vector<int32_t> stage_rank;   ///< rank of each stage
+  std::vector<int32_t> stage_chunk;  ///< chunk of each stage: its position among its rank's stages
+  std::vector<int32_t> action_rank;  ///< rank of each action
+  std::vector<int64_t> action_of;    ///< action index of (stage, kind, microbatch), -1 if absent
+
+  /// The index of action (g, kind, k) in the table, or -1.
+  int64_t action(int32_t g, uint8_t kind, int32_t k) const {
+    return action_of[(static_cast<size_t>(g) * 4 + kind) * static_cast<size_t>(microbatches) + k];
+  }
+  /// The backward of (g, k): its B, else its I (-1 if neither).
+  int64_t backward(int32_t g, int32_t k) const {
+    const int64_t b = action(g, kBackward, k);
+    return b >= 0 ? b : action(g, kInputGrad, k);
+  }
+  /// How long an action of `kind` on stage g takes.
+  double duration(const PipelineSpec& sp, int32_t g, uint8_t kind) const {
+    const size_t c = static_cast<size_t>(stage_rank[g]) * chunks + stage_chunk[g];
+    switch (kind) {
+      case kForward: return sp.fwd[c];
+      case kBackward: return sp.bwd[c];
+      case kInputGrad: return sp.bwd[c] - sp.wgrad[c];
+      default: return sp.wgrad[c];
+    }
+  }
+  /// The actions that action i waits on besides its rank's order (-1 for none): the forward of
+  /// the stage before (F); its own forward and the next stage's backward (B, I); its I (W).
+  void dependencies(const PipelineSpec& sp, size_t i, int64_t deps[2]) const {
+    const int32_t g = sp.stage[i], k = sp.microbatch[i];
+    deps[0] = deps[1] = -1;
+    switch (sp.kind[i]) {
+      case kForward:
+        if (g > 0) deps[0] = action(g - 1, kForward, k);
+        break;
+      case kBackward:
+      case kInputGrad:
+        deps[0] = action(g, kForward, k);
+        if (g + 1 < stages) deps[1] = backward(g + 1, k);
+        break;
+      default:
+        deps[0] = action(g, kInputGrad, k);
+    }
+  }
+};
+
+/// Checks the table's shape (row offsets, stage, kind and microbatch of every action, one rank
+/// per stage, `chunks` stages per rank, each action once, a forward and a backward per stage and
+/// microbatch) and the costs (fwd, bwd > 0, 0 <= wgrad < bwd, TP collectives leaving compute in
+/// every op), and derives the table's index. Throws std::invalid_argument naming the field and
+/// value; nothing is allocated per stage or per (stage, microbatch) before the action count is
+/// known to cover them.
+TableIndex check_spec(const PipelineSpec& sp) {
   const int32_t p = sp.ranks, v = sp.chunks, m = sp.microbatches;
   if (p < 1) throw std::invalid_argument("stages: " + std::to_string(p) + " is < 1");
   if (v < 1) throw std::invalid_argument("chunks: " + std::to_string(v) + " is < 1");
@@ -121,9 +181,13 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
     throw std::invalid_argument("table: " + std::to_string(n) + " actions cannot hold a forward and a backward for " +
                                 "stages * chunks = " + std::to_string(stages64) + " stages");
   }
+  TableIndex ix;
   const int32_t S = static_cast<int32_t>(stages64);
+  ix.stages = S;
+  ix.microbatches = m;
+  ix.chunks = v;
   // Which rank holds each stage; each rank must hold v stages.
-  std::vector<int32_t> stage_rank(static_cast<size_t>(S), kNoRank);
+  ix.stage_rank.assign(static_cast<size_t>(S), kNoRank);
   for (int32_t r = 0; r < p; ++r) {
     for (int64_t i = sp.row_offset[r]; i < sp.row_offset[r + 1]; ++i) {
       const int32_t g = sp.stage[i];
@@ -139,11 +203,11 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
         throw std::invalid_argument(where() + ": " + action_name(g, sp.kind[i], sp.microbatch[i]) +
                                     " has a microbatch outside 0.." + std::to_string(m - 1));
       }
-      if (stage_rank[g] != kNoRank && stage_rank[g] != r) {
+      if (ix.stage_rank[g] != kNoRank && ix.stage_rank[g] != r) {
         throw std::invalid_argument(where() + ": stage " + std::to_string(g) + " also runs on rank " +
-                                    std::to_string(stage_rank[g]));
+                                    std::to_string(ix.stage_rank[g]));
       }
-      stage_rank[g] = r;
+      ix.stage_rank[g] = r;
     }
   }
   if (2 * static_cast<int64_t>(S) * m > static_cast<int64_t>(n)) {
@@ -151,10 +215,11 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
                                 " actions for " + std::to_string(S) + " stages and " + std::to_string(m) +
                                 " microbatches)");
   }
-  std::vector<int32_t> stage_chunk(static_cast<size_t>(S), 0), rank_stages(static_cast<size_t>(p), 0);
+  ix.stage_chunk.assign(static_cast<size_t>(S), 0);
+  std::vector<int32_t> rank_stages(static_cast<size_t>(p), 0);
   for (int32_t g = 0; g < S; ++g) {
-    if (stage_rank[g] == kNoRank) throw std::invalid_argument("table: stage " + std::to_string(g) + " has no actions");
-    stage_chunk[g] = rank_stages[stage_rank[g]]++;
+    if (ix.stage_rank[g] == kNoRank) throw std::invalid_argument("table: stage " + std::to_string(g) + " has no actions");
+    ix.stage_chunk[g] = rank_stages[ix.stage_rank[g]]++;
   }
   for (int32_t r = 0; r < p; ++r) {
     if (rank_stages[r] != v) {
@@ -163,10 +228,9 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
     }
   }
   // Each action at most once; every forward present; each backward either B or I + W.
-  auto slot = [m](int32_t g, uint8_t kind, int32_t k) { return (static_cast<size_t>(g) * 4 + kind) * m + k; };
-  std::vector<int64_t> action_of(static_cast<size_t>(S) * 4 * m, -1);
+  ix.action_of.assign(static_cast<size_t>(S) * 4 * m, -1);
   for (size_t i = 0; i < n; ++i) {
-    int64_t& a = action_of[slot(sp.stage[i], sp.kind[i], sp.microbatch[i])];
+    int64_t& a = ix.action_of[(static_cast<size_t>(sp.stage[i]) * 4 + sp.kind[i]) * m + sp.microbatch[i]];
     if (a >= 0) {
       throw std::invalid_argument("table: " + action_name(sp.stage[i], sp.kind[i], sp.microbatch[i]) +
                                   " appears twice");
@@ -175,8 +239,8 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
   }
   for (int32_t g = 0; g < S; ++g) {
     for (int32_t k = 0; k < m; ++k) {
-      const bool f = action_of[slot(g, kForward, k)] >= 0, b = action_of[slot(g, kBackward, k)] >= 0;
-      const bool in = action_of[slot(g, kInputGrad, k)] >= 0, w = action_of[slot(g, kWeightGrad, k)] >= 0;
+      const bool f = ix.action(g, kForward, k) >= 0, b = ix.action(g, kBackward, k) >= 0;
+      const bool in = ix.action(g, kInputGrad, k) >= 0, w = ix.action(g, kWeightGrad, k) >= 0;
       if (!f) throw std::invalid_argument("table: " + action_name(g, kForward, k) + " is missing");
       if (b ? (in || w) : !(in && w)) {
         throw std::invalid_argument("table: stage " + std::to_string(g) + " microbatch " + std::to_string(k) +
@@ -199,17 +263,8 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
   check_time(sp.dp_allgather, "dp_allgather", false);
   check_time(sp.dp_reducescatter, "dp_reducescatter", false);
   if (sp.tp_count < 0) throw std::invalid_argument("tp_comm.count: " + std::to_string(sp.tp_count) + " is < 0");
-  const bool has_tp = sp.tp_count > 0 && sp.tp_duration > 0;
-  auto duration = [&](int32_t g, uint8_t kind) {
-    const size_t c = static_cast<size_t>(stage_rank[g]) * v + stage_chunk[g];
-    switch (kind) {
-      case kForward: return sp.fwd[c];
-      case kBackward: return sp.bwd[c];
-      case kInputGrad: return sp.bwd[c] - sp.wgrad[c];
-      default: return sp.wgrad[c];
-    }
-  };
-  if (has_tp) {
+  ix.has_tp = sp.tp_count > 0 && sp.tp_duration > 0;
+  if (ix.has_tp) {
     // Every op kind with TP collectives inside (F, B, I) that the table uses must keep some compute.
     bool uses[4] = {false, false, false, false};
     for (uint8_t k : sp.kind) uses[k] = true;
@@ -224,35 +279,46 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
       }
     }
   }
-  if (has_tp && static_cast<double>(sp.tp_count) * static_cast<double>(n) > kMaxTpGaps) {
+  if (ix.has_tp && static_cast<double>(sp.tp_count) * static_cast<double>(n) > kMaxTpGaps) {
     throw std::invalid_argument("tp_comm.count: " + std::to_string(sp.tp_count) + " collectives in each of " +
                                 std::to_string(n) + " ops exceed " + num(kMaxTpGaps) + " TP gaps");
   }
-  // The dependency of an action (-1 if none besides the rank's order), and its readiness.
-  auto dependency = [&](size_t i, int64_t& first, int64_t& second) {
-    const int32_t g = sp.stage[i], k = sp.microbatch[i];
-    first = second = -1;
-    switch (sp.kind[i]) {
-      case kForward:
-        if (g > 0) first = action_of[slot(g - 1, kForward, k)];
-        break;
-      case kBackward:
-      case kInputGrad:
-        first = action_of[slot(g, kForward, k)];
-        if (g + 1 < S) {
-          second = action_of[slot(g + 1, kBackward, k)];
-          if (second < 0) second = action_of[slot(g + 1, kInputGrad, k)];
-        }
-        break;
-      default:
-        first = action_of[slot(g, kInputGrad, k)];
-    }
-  };
-  std::vector<int32_t> action_rank(n);
+  ix.action_rank.resize(n);
   for (int32_t r = 0; r < p; ++r) {
-    for (int64_t i = sp.row_offset[r]; i < sp.row_offset[r + 1]; ++i) action_rank[i] = r;
+    for (int64_t i = sp.row_offset[r]; i < sp.row_offset[r + 1]; ++i) ix.action_rank[i] = r;
   }
-  PipelineTimeline tl;
+  return ix;
+}
+
+/// The message of a table that cannot progress: for each rank with actions left, which action
+/// its next one waits on.
+std::string deadlock_message(const PipelineSpec& sp, const TableIndex& ix, const std::vector<int64_t>& next,
+                             const std::vector<double>& op_end) {
+  std::string msg = "table deadlocks:";
+  for (int32_t r = 0; r < sp.ranks; ++r) {
+    if (next[r] >= sp.row_offset[r + 1]) continue;
+    const size_t i = static_cast<size_t>(next[r]);
+    int64_t deps[2];
+    ix.dependencies(sp, i, deps);
+    for (int64_t d : deps) {
+      if (d < 0 || op_end[d] >= 0) continue;
+      msg += " rank " + std::to_string(r) + "'s " + action_name(sp.stage[i], sp.kind[i], sp.microbatch[i]) +
+             " waits on " + action_name(sp.stage[d], sp.kind[d], sp.microbatch[d]) + " (rank " +
+             std::to_string(ix.action_rank[d]) + ");";
+      break;
+    }
+  }
+  msg.pop_back();
+  return msg;
+}
+
+/// Runs the table: each rank takes its actions in table order, each as soon as the rank is free
+/// (from the end of the all-gather) and its dependencies are done, plus p2p for a dependency on
+/// another rank. Fills the ops of `tl` and its step time. Throws std::invalid_argument for a
+/// deadlocked table and for a step time that overflows.
+void run_table(const PipelineSpec& sp, const TableIndex& ix, PipelineTimeline& tl) {
+  const int32_t p = sp.ranks;
+  const size_t n = sp.stage.size();
   tl.op_start.assign(n, -1.0);
   tl.op_end.assign(n, -1.0);
   std::vector<int64_t> next(sp.row_offset.begin(), sp.row_offset.end() - 1);
@@ -264,7 +330,7 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
       while (next[r] < sp.row_offset[r + 1]) {
         const size_t i = static_cast<size_t>(next[r]);
         int64_t deps[2];
-        dependency(i, deps[0], deps[1]);
+        ix.dependencies(sp, i, deps);
         double ready = free_at[r];
         bool blocked = false;
         for (int64_t d : deps) {
@@ -273,37 +339,19 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
             blocked = true;
             break;
           }
-          ready = std::max(ready, tl.op_end[d] + (action_rank[d] != r ? sp.p2p : 0.0));
+          ready = std::max(ready, tl.op_end[d] + (ix.action_rank[d] != r ? sp.p2p : 0.0));
         }
         if (blocked) break;
         tl.op_start[i] = ready;
-        tl.op_end[i] = ready + duration(sp.stage[i], sp.kind[i]);
+        tl.op_end[i] = ready + ix.duration(sp, sp.stage[i], sp.kind[i]);
         free_at[r] = tl.op_end[i];
         ++next[r];
         ++done;
         progressed = true;
       }
     }
-    if (!progressed) {
-      std::string msg = "table deadlocks:";
-      for (int32_t r = 0; r < p; ++r) {
-        if (next[r] >= sp.row_offset[r + 1]) continue;
-        const size_t i = static_cast<size_t>(next[r]);
-        int64_t deps[2];
-        dependency(i, deps[0], deps[1]);
-        for (int64_t d : deps) {
-          if (d < 0 || tl.op_end[d] >= 0) continue;
-          msg += " rank " + std::to_string(r) + "'s " + action_name(sp.stage[i], sp.kind[i], sp.microbatch[i]) +
-                 " waits on " + action_name(sp.stage[d], sp.kind[d], sp.microbatch[d]) + " (rank " +
-                 std::to_string(action_rank[d]) + ");";
-          break;
-        }
-      }
-      msg.pop_back();
-      throw std::invalid_argument(msg);
-    }
+    if (!progressed) throw std::invalid_argument(deadlock_message(sp, ix, next, tl.op_end));
   }
-
   double llm_end = sp.dp_allgather;
   for (size_t i = 0; i < n; ++i) llm_end = std::max(llm_end, tl.op_end[i]);
   tl.step_time = llm_end + sp.dp_reducescatter;
@@ -311,13 +359,23 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
     throw std::invalid_argument("costs: the step time overflows to " + num(tl.step_time) +
                                 " (fwd, bwd, p2p, tp_comm and dp times are too large)");
   }
-  tl.op_rank = action_rank;
+  tl.op_rank = ix.action_rank;
   tl.op_stage = sp.stage;
   tl.op_kind = sp.kind;
   tl.op_microbatch = sp.microbatch;
   tl.op_chunk.resize(n);
-  for (size_t i = 0; i < n; ++i) tl.op_chunk[i] = stage_chunk[sp.stage[i]];
-  const size_t gaps = has_tp ? n * static_cast<size_t>(sp.tp_count) : 0;
+  for (size_t i = 0; i < n; ++i) tl.op_chunk[i] = ix.stage_chunk[sp.stage[i]];
+}
+
+/// Classifies every rank's idle time: the DP all-gather, the gaps between its ops (warm-up before
+/// its first backward, cool-down after its last forward, steady between), the TP collectives
+/// inside each F, B and I (evenly spaced, also link busy), the DP reduce-scatter (also link busy).
+/// Bubbles come out in time order per rank, ranks in order; empty ones are dropped.
+void classify_bubbles(const PipelineSpec& sp, const TableIndex& ix, PipelineTimeline& tl) {
+  const int32_t p = sp.ranks;
+  const size_t n = sp.stage.size();
+  const double llm_end = tl.step_time - sp.dp_reducescatter;
+  const size_t gaps = ix.has_tp ? n * static_cast<size_t>(sp.tp_count) : 0;
   tl.bubble_rank.reserve(gaps + n + 3 * p);
   tl.bubble_kind.reserve(gaps + n + 3 * p);
   tl.bubble_start.reserve(gaps + n + 3 * p);
@@ -356,7 +414,7 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
     double t = sp.dp_allgather;
     for (int64_t i = b0; i < b1; ++i) {
       gap(t, tl.op_start[i]);
-      if (has_tp && sp.kind[i] != kWeightGrad) {
+      if (ix.has_tp && sp.kind[i] != kWeightGrad) {
         const double len = tl.op_end[i] - tl.op_start[i];
         for (int32_t c = 1; c <= sp.tp_count; ++c) {
           const double gs = tl.op_start[i] + len * c / (static_cast<double>(sp.tp_count) + 1.0) - sp.tp_duration / 2;
@@ -370,14 +428,28 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
     bubble(r, kDpReducescatter, llm_end, tl.step_time);
     link_busy(r, llm_end, tl.step_time);
   }
+}
+
+/// The encoder's dependency points of each LLM microbatch k: F_k, when stage 0 starts its forward,
+/// and B_k, when stage 0 ends its backward (B or I).
+void dependency_points(const TableIndex& ix, PipelineTimeline& tl) {
+  const int32_t m = ix.microbatches;
   tl.forward_needed.resize(static_cast<size_t>(m));
   tl.grad_ready.resize(static_cast<size_t>(m));
   for (int32_t k = 0; k < m; ++k) {
-    tl.forward_needed[k] = tl.op_start[action_of[slot(0, kForward, k)]];
-    int64_t b = action_of[slot(0, kBackward, k)];
-    if (b < 0) b = action_of[slot(0, kInputGrad, k)];
-    tl.grad_ready[k] = tl.op_end[b];
+    tl.forward_needed[k] = tl.op_start[ix.action(0, kForward, k)];
+    tl.grad_ready[k] = tl.op_end[ix.backward(0, k)];
   }
+}
+
+}  // namespace
+
+PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
+  const TableIndex ix = check_spec(sp);
+  PipelineTimeline tl;
+  run_table(sp, ix, tl);
+  classify_bubbles(sp, ix, tl);
+  dependency_points(ix, tl);
   return tl;
 }
 

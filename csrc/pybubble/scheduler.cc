@@ -41,13 +41,24 @@ Scheduler::Scheduler(const Problem& problem) : p_(problem) {
   out_.assignment.resize(m);
 }
 
+// Remembers every lane's cursor before a microbatch is tried inside the step.
+void Scheduler::checkpoint() { std::copy(cursor_.begin(), cursor_.end(), saved_.begin()); }
+
+// Undoes a failed try of microbatch j's tasks of phase ph inside the step: the cursors as they
+// were at the checkpoint, none of those tasks inside. Returns false (the try's result).
+bool Scheduler::roll_back(int32_t j, int ph) {
+  std::copy(saved_.begin(), saved_.end(), cursor_.begin());
+  for (const int32_t* q = p_.tasks_begin(j, ph); q != p_.tasks_end(j, ph); ++q) inside_[static_cast<size_t>(*q)] = 0;
+  return false;
+}
+
 // Forward tasks of microbatch j from position `first` on, inside the step: as early as possible,
 // each in the first window of its lane and resource (after the lane's previous task) that holds
 // it whole, and every task ending by forward_needed[j]. Returns false, with nothing kept, when
 // that is impossible.
 bool Scheduler::place_forward_in_step(int32_t j, int64_t first) {
   const double deadline = p_.fields().forward_needed[static_cast<size_t>(j)];
-  std::copy(cursor_.begin(), cursor_.end(), saved_.begin());
+  checkpoint();
   const int32_t* b = p_.tasks_begin(j, kFwd);
   for (const int32_t* it = b + first; it != p_.tasks_end(j, kFwd); ++it) {
     const int32_t t = *it;
@@ -71,11 +82,7 @@ bool Scheduler::place_forward_in_step(int32_t j, int64_t first) {
       }
       if (s + d <= ws.end[static_cast<size_t>(w)]) break;
     }
-    if (w == last) {
-      std::copy(saved_.begin(), saved_.end(), cursor_.begin());
-      for (const int32_t* q = b; q != p_.tasks_end(j, kFwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
-      return false;
-    }
+    if (w == last) return roll_back(j, kFwd);
     out_.start[static_cast<size_t>(t)] = s;
     end_[static_cast<size_t>(t)] = s + d;
     inside_[static_cast<size_t>(t)] = 1;
@@ -232,7 +239,7 @@ void Scheduler::build_backward_windows() {
 // of the LLM microbatch it feeds. Returns false, with nothing kept, when that is impossible.
 bool Scheduler::place_backward_in_step(int32_t j, int64_t last) {
   const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
-  std::copy(cursor_.begin(), cursor_.end(), saved_.begin());
+  checkpoint();
   const int32_t* b = p_.tasks_begin(j, kBwd);
   for (const int32_t* it = b + last; it != b;) {
     const int32_t t = *--it;
@@ -254,11 +261,7 @@ bool Scheduler::place_backward_in_step(int32_t j, int64_t last) {
       }
       if (s >= bw_start_[static_cast<size_t>(w)]) break;
     }
-    if (w < first) {
-      std::copy(saved_.begin(), saved_.end(), cursor_.begin());
-      for (const int32_t* q = b; q != p_.tasks_end(j, kBwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
-      return false;
-    }
+    if (w < first) return roll_back(j, kBwd);
     out_.start[static_cast<size_t>(t)] = s;
     end_[static_cast<size_t>(t)] = s + d;
     inside_[static_cast<size_t>(t)] = 1;

@@ -48,6 +48,8 @@ class Scheduler {
     double time;
     int64_t window;
   };
+  void checkpoint();
+  bool roll_back(int32_t j, int ph);
   bool place_forward_in_step(int32_t j, int64_t first);
   int64_t forward_suffix(int32_t j);
   void place_forward_front(int32_t j);

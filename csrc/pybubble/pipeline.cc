@@ -1,5 +1,7 @@
 #include "pybubble/pipeline.h"
 
+#include "pybubble/intervals.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
@@ -453,46 +455,46 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
   return tl;
 }
 
-namespace {
-
-/// The intervals of `rank`, sorted, merged where they touch or overlap, empty ones dropped.
-std::vector<std::pair<double, double>> merged(const std::vector<int32_t>& rank_of, const std::vector<double>& start,
-                                              const std::vector<double>& end, int32_t rank) {
-  std::vector<std::pair<double, double>> in;
-  for (size_t i = 0; i < rank_of.size(); ++i) {
-    if (rank_of[i] == rank && end[i] > start[i]) in.emplace_back(start[i], end[i]);
-  }
-  std::sort(in.begin(), in.end());
-  std::vector<std::pair<double, double>> out;
-  for (const auto& w : in) {
-    if (!out.empty() && w.first <= out.back().second) {
-      out.back().second = std::max(out.back().second, w.second);
-    } else {
-      out.push_back(w);
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 FreeWindows free_windows(const PipelineTimeline& tl, int32_t ranks) {
+  // Each rank's intervals, bucketed by rank in one pass (a counting sort), then merged.
+  auto by_rank = [ranks](const std::vector<int32_t>& rank_of, const std::vector<double>& start,
+                         const std::vector<double>& end, std::vector<int64_t>& offset, std::vector<Interval>& out) {
+    offset.assign(static_cast<size_t>(ranks) + 1, 0);
+    for (int32_t r : rank_of) {
+      if (r >= 0 && r < ranks) ++offset[static_cast<size_t>(r) + 1];
+    }
+    for (int32_t r = 0; r < ranks; ++r) offset[r + 1] += offset[r];
+    out.resize(static_cast<size_t>(offset.back()));
+    std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
+    for (size_t i = 0; i < rank_of.size(); ++i) {
+      const int32_t r = rank_of[i];
+      if (r >= 0 && r < ranks) out[static_cast<size_t>(fill[r]++)] = {start[i], end[i]};
+    }
+  };
+  std::vector<int64_t> bubble_off, busy_off;
+  std::vector<Interval> bubbles, busy, iv;
+  by_rank(tl.bubble_rank, tl.bubble_start, tl.bubble_end, bubble_off, bubbles);
+  by_rank(tl.link_busy_rank, tl.link_busy_start, tl.link_busy_end, busy_off, busy);
   FreeWindows out;
   out.compute.offset.push_back(0);
   out.link.offset.push_back(0);
   for (int32_t r = 0; r < ranks; ++r) {
-    for (const auto& [a, b] : merged(tl.bubble_rank, tl.bubble_start, tl.bubble_end, r)) {
-      out.compute.start.push_back(a);
-      out.compute.end.push_back(b);
+    iv.assign(bubbles.begin() + bubble_off[r], bubbles.begin() + bubble_off[r + 1]);
+    merge_intervals(iv);
+    for (const Interval& w : iv) {
+      out.compute.start.push_back(w.start);
+      out.compute.end.push_back(w.end);
     }
     out.compute.offset.push_back(static_cast<int64_t>(out.compute.start.size()));
+    iv.assign(busy.begin() + busy_off[r], busy.begin() + busy_off[r + 1]);
+    merge_intervals(iv);
     double from = 0.0;
-    for (const auto& [a, b] : merged(tl.link_busy_rank, tl.link_busy_start, tl.link_busy_end, r)) {
-      if (a > from) {
+    for (const Interval& w : iv) {
+      if (w.start > from) {
         out.link.start.push_back(from);
-        out.link.end.push_back(a);
+        out.link.end.push_back(w.start);
       }
-      from = std::max(from, b);
+      from = std::max(from, w.end);
     }
     if (tl.step_time > from) {
       out.link.start.push_back(from);

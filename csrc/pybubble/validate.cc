@@ -1,5 +1,7 @@
 #include "pybubble/validate.h"
 
+#include "pybubble/intervals.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -21,23 +23,16 @@ const char* resource_name(int r) { return r == kCompute ? "compute" : "comm"; }
 
 // The free intervals of one lane and resource: (-inf, 0), the windows, [horizon, inf), with
 // touching intervals merged.
-std::vector<std::pair<double, double>> free_intervals(const Problem& p, int32_t lane, int r) {
+std::vector<Interval> free_intervals(const Problem& p, int32_t lane, int r) {
   const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::pair<double, double>> out{{-inf, 0.0}};
+  std::vector<Interval> out{{-inf, 0.0}};
   const WindowSet& ws = p.windows(r);
   for (int64_t w = ws.offset[static_cast<size_t>(lane)]; w < ws.offset[static_cast<size_t>(lane) + 1]; ++w) {
-    out.emplace_back(ws.start[static_cast<size_t>(w)], ws.end[static_cast<size_t>(w)]);
+    out.push_back({ws.start[static_cast<size_t>(w)], ws.end[static_cast<size_t>(w)]});
   }
-  out.emplace_back(p.horizon(), inf);
-  std::vector<std::pair<double, double>> merged;
-  for (const auto& iv : out) {
-    if (!merged.empty() && iv.first <= merged.back().second) {
-      merged.back().second = std::max(merged.back().second, iv.second);
-    } else {
-      merged.push_back(iv);
-    }
-  }
-  return merged;
+  out.push_back({p.horizon(), inf});
+  merge_intervals(out);
+  return out;
 }
 
 }  // namespace
@@ -116,8 +111,8 @@ std::vector<std::string> validate(const Problem& p, const Schedule& s) {
         const double st = s.start[static_cast<size_t>(t)], en = task_end(t);
         // The last interval starting at or before st (within tol) must hold the whole task.
         auto it = std::upper_bound(iv.begin(), iv.end(), st,
-                                   [&](double x, const std::pair<double, double>& a) { return !leq(a.first, x); });
-        const bool inside = it != iv.begin() && leq(en, std::prev(it)->second);
+                                   [&](double x, const Interval& a) { return !leq(a.start, x); });
+        const bool inside = it != iv.begin() && leq(en, std::prev(it)->end);
         if (!inside) {
           v.push_back("task " + std::to_string(t) + " [" + fmt(st) + ", " + fmt(en) + ") on lane " +
                       std::to_string(l) + " lies outside every free " + resource_name(r) + " interval");

@@ -1,5 +1,7 @@
 #include "pybubble/balance.h"
 
+#include "pybubble/message.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -12,13 +14,13 @@ namespace {
 void check(const double* costs, int64_t n, int64_t m) {
   if (n < 1) throw std::invalid_argument("costs: no samples");
   if (m < 1 || m > n) {
-    throw std::invalid_argument("num_microbatches: " + std::to_string(m) + " is not in [1, " +
-                                std::to_string(n) + "] (the number of samples)");
+    throw std::invalid_argument("num_microbatches: " + format_number(m) + " is not in [1, " +
+                                format_number(n) + "] (the number of samples)");
   }
   for (int64_t i = 0; i < 2 * n; ++i) {
     if (!std::isfinite(costs[i]) || costs[i] < 0.0) {
-      throw std::invalid_argument("costs[" + std::to_string(i / 2) + ", " + std::to_string(i % 2) + "]: " +
-                                  std::to_string(costs[i]) + " is not a finite non-negative number");
+      throw std::invalid_argument("costs[" + format_number(i / 2) + ", " + format_number(i % 2) + "]: " +
+                                  format_number(costs[i]) + " is not a finite non-negative number");
     }
   }
 }
@@ -41,8 +43,8 @@ double max_microbatch_cost(const double* costs, int64_t n, const int64_t* assign
   std::vector<double> load(static_cast<size_t>(2 * m), 0.0);
   for (int64_t i = 0; i < n; ++i) {
     if (assignment[i] < 0 || assignment[i] >= m) {
-      throw std::invalid_argument("assignment[" + std::to_string(i) + "]: " + std::to_string(assignment[i]) +
-                                  " is not in [0, " + std::to_string(m) + ")");
+      throw std::invalid_argument("assignment[" + format_number(i) + "]: " + format_number(assignment[i]) +
+                                  " is not in [0, " + format_number(m) + ")");
     }
     for (int d = 0; d < 2; ++d) load[static_cast<size_t>(2 * assignment[i] + d)] += costs[2 * i + d];
   }

@@ -1,12 +1,12 @@
 #include "pybubble/pipeline.h"
 
+#include "pybubble/message.h"
+
 #include "pybubble/intervals.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -19,16 +19,6 @@ constexpr char kKindLetter[4] = {'F', 'B', 'I', 'W'};
 constexpr int32_t kNoRank = -1;
 // At most this many TP gaps (about 5 GB of timeline): more is a mistake, not a training step.
 constexpr double kMaxTpGaps = 134217728.0;
-
-// The shortest decimal that reads back as x (e.g. "0.1", not "0.100000").
-std::string num(double x) {
-  char buf[32];
-  for (int precision = 6; precision <= 17; ++precision) {
-    std::snprintf(buf, sizeof buf, "%.*g", precision, x);
-    if (std::strtod(buf, nullptr) == x) break;
-  }
-  return buf;
-}
 
 // Names an action that a table too small for stages x microbatches lacks, without allocating
 // per (stage, microbatch): per stage, the first microbatch with no forward or no backward (B or I).
@@ -53,17 +43,17 @@ std::string first_missing(const PipelineSpec& sp, int32_t stages) {
 
 void check_time(double x, const char* field, bool positive) {
   if (!std::isfinite(x) || (positive ? !(x > 0) : !(x >= 0))) {
-    throw std::invalid_argument(std::string(field) + ": " + num(x) + (positive ? " is not > 0" : " is not >= 0"));
+    throw std::invalid_argument(std::string(field) + ": " + format_number(x) + (positive ? " is not > 0" : " is not >= 0"));
   }
 }
 
 void check_costs(const std::vector<double>& v, size_t n, const char* field, bool positive) {
   if (v.size() != n) {
-    throw std::invalid_argument(std::string(field) + ": " + std::to_string(v.size()) + " values for " +
-                                std::to_string(n) + " (rank, chunk) pairs");
+    throw std::invalid_argument(std::string(field) + ": " + format_number(v.size()) + " values for " +
+                                format_number(n) + " (rank, chunk) pairs");
   }
   for (size_t i = 0; i < n; ++i) {
-    const std::string f = std::string(field) + "[" + std::to_string(i) + "]";
+    const std::string f = std::string(field) + "[" + format_number(i) + "]";
     check_time(v[i], f.c_str(), positive);
   }
 }
@@ -71,11 +61,11 @@ void check_costs(const std::vector<double>& v, size_t n, const char* field, bool
 }  // namespace
 
 std::string action_name(int32_t stage, uint8_t kind, int32_t microbatch) {
-  return std::to_string(stage) + (kind < 4 ? kKindLetter[kind] : '?') + std::to_string(microbatch);
+  return format_number(stage) + (kind < 4 ? kKindLetter[kind] : '?') + format_number(microbatch);
 }
 
 void fill_one_f_one_b(PipelineSpec& sp) {
-  if (sp.chunks != 1) throw std::invalid_argument("chunks: " + std::to_string(sp.chunks) + " is not 1 for 1F1B");
+  if (sp.chunks != 1) throw std::invalid_argument("chunks: " + format_number(sp.chunks) + " is not 1 for 1F1B");
   const int32_t p = sp.ranks, m = sp.microbatches;
   sp.row_offset.assign(1, 0);
   sp.stage.clear();
@@ -161,17 +151,17 @@ struct TableIndex {
 /// known to cover them.
 TableIndex check_spec(const PipelineSpec& sp) {
   const int32_t p = sp.ranks, v = sp.chunks, m = sp.microbatches;
-  if (p < 1) throw std::invalid_argument("stages: " + std::to_string(p) + " is < 1");
-  if (v < 1) throw std::invalid_argument("chunks: " + std::to_string(v) + " is < 1");
-  if (m < 1) throw std::invalid_argument("microbatches: " + std::to_string(m) + " is < 1");
+  if (p < 1) throw std::invalid_argument("stages: " + format_number(p) + " is < 1");
+  if (v < 1) throw std::invalid_argument("chunks: " + format_number(v) + " is < 1");
+  if (m < 1) throw std::invalid_argument("microbatches: " + format_number(m) + " is < 1");
   const size_t n = sp.stage.size();
   if (sp.kind.size() != n || sp.microbatch.size() != n) {
     throw std::invalid_argument("table: stage, kind and microbatch arrays differ in length");
   }
   if (sp.row_offset.size() != static_cast<size_t>(p) + 1 || sp.row_offset.front() != 0 ||
       sp.row_offset.back() != static_cast<int64_t>(n)) {
-    throw std::invalid_argument("table: row_offset does not describe " + std::to_string(p) + " rows of " +
-                                std::to_string(n) + " actions");
+    throw std::invalid_argument("table: row_offset does not describe " + format_number(p) + " rows of " +
+                                format_number(n) + " actions");
   }
   for (int32_t r = 0; r < p; ++r) {
     if (sp.row_offset[r] > sp.row_offset[r + 1]) throw std::invalid_argument("table: row_offset is not sorted");
@@ -180,8 +170,8 @@ TableIndex check_spec(const PipelineSpec& sp) {
   // rejected before anything is allocated per stage or per (stage, microbatch).
   const int64_t stages64 = static_cast<int64_t>(p) * v;
   if (2 * stages64 > static_cast<int64_t>(n) || stages64 > INT32_MAX) {
-    throw std::invalid_argument("table: " + std::to_string(n) + " actions cannot hold a forward and a backward for " +
-                                "stages * chunks = " + std::to_string(stages64) + " stages");
+    throw std::invalid_argument("table: " + format_number(n) + " actions cannot hold a forward and a backward for " +
+                                "stages * chunks = " + format_number(stages64) + " stages");
   }
   TableIndex ix;
   const int32_t S = static_cast<int32_t>(stages64);
@@ -193,40 +183,40 @@ TableIndex check_spec(const PipelineSpec& sp) {
   for (int32_t r = 0; r < p; ++r) {
     for (int64_t i = sp.row_offset[r]; i < sp.row_offset[r + 1]; ++i) {
       const int32_t g = sp.stage[i];
-      auto where = [r] { return "table[" + std::to_string(r) + "]"; };
+      auto where = [r] { return "table[" + format_number(r) + "]"; };
       if (g < 0 || g >= S) {
-        throw std::invalid_argument(where() + ": stage " + std::to_string(g) + " is outside 0.." + std::to_string(S - 1) +
-                                    " (stages * chunks = " + std::to_string(S) + ")");
+        throw std::invalid_argument(where() + ": stage " + format_number(g) + " is outside 0.." + format_number(S - 1) +
+                                    " (stages * chunks = " + format_number(S) + ")");
       }
       if (sp.kind[i] > kWeightGrad) {
-        throw std::invalid_argument(where() + ": kind " + std::to_string(sp.kind[i]) + " is not F, B, I or W");
+        throw std::invalid_argument(where() + ": kind " + format_number(sp.kind[i]) + " is not F, B, I or W");
       }
       if (sp.microbatch[i] < 0 || sp.microbatch[i] >= m) {
         throw std::invalid_argument(where() + ": " + action_name(g, sp.kind[i], sp.microbatch[i]) +
-                                    " has a microbatch outside 0.." + std::to_string(m - 1));
+                                    " has a microbatch outside 0.." + format_number(m - 1));
       }
       if (ix.stage_rank[g] != kNoRank && ix.stage_rank[g] != r) {
-        throw std::invalid_argument(where() + ": stage " + std::to_string(g) + " also runs on rank " +
-                                    std::to_string(ix.stage_rank[g]));
+        throw std::invalid_argument(where() + ": stage " + format_number(g) + " also runs on rank " +
+                                    format_number(ix.stage_rank[g]));
       }
       ix.stage_rank[g] = r;
     }
   }
   if (2 * static_cast<int64_t>(S) * m > static_cast<int64_t>(n)) {
-    throw std::invalid_argument("table: " + first_missing(sp, S) + " is missing (" + std::to_string(n) +
-                                " actions for " + std::to_string(S) + " stages and " + std::to_string(m) +
+    throw std::invalid_argument("table: " + first_missing(sp, S) + " is missing (" + format_number(n) +
+                                " actions for " + format_number(S) + " stages and " + format_number(m) +
                                 " microbatches)");
   }
   ix.stage_chunk.assign(static_cast<size_t>(S), 0);
   std::vector<int32_t> rank_stages(static_cast<size_t>(p), 0);
   for (int32_t g = 0; g < S; ++g) {
-    if (ix.stage_rank[g] == kNoRank) throw std::invalid_argument("table: stage " + std::to_string(g) + " has no actions");
+    if (ix.stage_rank[g] == kNoRank) throw std::invalid_argument("table: stage " + format_number(g) + " has no actions");
     ix.stage_chunk[g] = rank_stages[ix.stage_rank[g]]++;
   }
   for (int32_t r = 0; r < p; ++r) {
     if (rank_stages[r] != v) {
-      throw std::invalid_argument("table[" + std::to_string(r) + "]: holds " + std::to_string(rank_stages[r]) +
-                                  " stages, not chunks = " + std::to_string(v));
+      throw std::invalid_argument("table[" + format_number(r) + "]: holds " + format_number(rank_stages[r]) +
+                                  " stages, not chunks = " + format_number(v));
     }
   }
   // Each action at most once; every forward present; each backward either B or I + W.
@@ -245,7 +235,7 @@ TableIndex check_spec(const PipelineSpec& sp) {
       const bool in = ix.action(g, kInputGrad, k) >= 0, w = ix.action(g, kWeightGrad, k) >= 0;
       if (!f) throw std::invalid_argument("table: " + action_name(g, kForward, k) + " is missing");
       if (b ? (in || w) : !(in && w)) {
-        throw std::invalid_argument("table: stage " + std::to_string(g) + " microbatch " + std::to_string(k) +
+        throw std::invalid_argument("table: stage " + format_number(g) + " microbatch " + format_number(k) +
                                     " needs either one B or one I and one W");
       }
     }
@@ -256,15 +246,15 @@ TableIndex check_spec(const PipelineSpec& sp) {
   check_costs(sp.wgrad, pairs, "wgrad", false);
   for (size_t i = 0; i < pairs; ++i) {
     if (!(sp.wgrad[i] < sp.bwd[i])) {
-      throw std::invalid_argument("wgrad[" + std::to_string(i) + "]: " + num(sp.wgrad[i]) + " is not < bwd " +
-                                  num(sp.bwd[i]));
+      throw std::invalid_argument("wgrad[" + format_number(i) + "]: " + format_number(sp.wgrad[i]) + " is not < bwd " +
+                                  format_number(sp.bwd[i]));
     }
   }
   check_time(sp.p2p, "p2p", false);
   check_time(sp.tp_duration, "tp_comm.duration", false);
   check_time(sp.dp_allgather, "dp_allgather", false);
   check_time(sp.dp_reducescatter, "dp_reducescatter", false);
-  if (sp.tp_count < 0) throw std::invalid_argument("tp_comm.count: " + std::to_string(sp.tp_count) + " is < 0");
+  if (sp.tp_count < 0) throw std::invalid_argument("tp_comm.count: " + format_number(sp.tp_count) + " is < 0");
   ix.has_tp = sp.tp_count > 0 && sp.tp_duration > 0;
   if (ix.has_tp) {
     // Every op kind with TP collectives inside (F, B, I) that the table uses must keep some compute.
@@ -275,15 +265,15 @@ TableIndex check_spec(const PipelineSpec& sp) {
       if (uses[kBackward]) shortest = std::min(shortest, sp.bwd[c]);
       if (uses[kInputGrad]) shortest = std::min(shortest, sp.bwd[c] - sp.wgrad[c]);
       if (!(sp.tp_duration * (static_cast<double>(sp.tp_count) + 1.0) < shortest)) {
-        throw std::invalid_argument("tp_comm: " + std::to_string(sp.tp_count) + " collectives of " +
-                                    num(sp.tp_duration) + " leave no compute in an op of " + num(shortest) +
-                                    " (rank, chunk index " + std::to_string(c) + ")");
+        throw std::invalid_argument("tp_comm: " + format_number(sp.tp_count) + " collectives of " +
+                                    format_number(sp.tp_duration) + " leave no compute in an op of " + format_number(shortest) +
+                                    " (rank, chunk index " + format_number(c) + ")");
       }
     }
   }
   if (ix.has_tp && static_cast<double>(sp.tp_count) * static_cast<double>(n) > kMaxTpGaps) {
-    throw std::invalid_argument("tp_comm.count: " + std::to_string(sp.tp_count) + " collectives in each of " +
-                                std::to_string(n) + " ops exceed " + num(kMaxTpGaps) + " TP gaps");
+    throw std::invalid_argument("tp_comm.count: " + format_number(sp.tp_count) + " collectives in each of " +
+                                format_number(n) + " ops exceed " + format_number(kMaxTpGaps) + " TP gaps");
   }
   ix.action_rank.resize(n);
   for (int32_t r = 0; r < p; ++r) {
@@ -304,9 +294,9 @@ std::string deadlock_message(const PipelineSpec& sp, const TableIndex& ix, const
     ix.dependencies(sp, i, deps);
     for (int64_t d : deps) {
       if (d < 0 || op_end[d] >= 0) continue;
-      msg += " rank " + std::to_string(r) + "'s " + action_name(sp.stage[i], sp.kind[i], sp.microbatch[i]) +
+      msg += " rank " + format_number(r) + "'s " + action_name(sp.stage[i], sp.kind[i], sp.microbatch[i]) +
              " waits on " + action_name(sp.stage[d], sp.kind[d], sp.microbatch[d]) + " (rank " +
-             std::to_string(ix.action_rank[d]) + ");";
+             format_number(ix.action_rank[d]) + ");";
       break;
     }
   }
@@ -358,7 +348,7 @@ void run_table(const PipelineSpec& sp, const TableIndex& ix, PipelineTimeline& t
   for (size_t i = 0; i < n; ++i) llm_end = std::max(llm_end, tl.op_end[i]);
   tl.step_time = llm_end + sp.dp_reducescatter;
   if (!std::isfinite(tl.step_time)) {
-    throw std::invalid_argument("costs: the step time overflows to " + num(tl.step_time) +
+    throw std::invalid_argument("costs: the step time overflows to " + format_number(tl.step_time) +
                                 " (fwd, bwd, p2p, tp_comm and dp times are too large)");
   }
   tl.op_rank = ix.action_rank;

@@ -1,5 +1,7 @@
 #include "pybubble/scheduler.h"
 
+#include "pybubble/message.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,7 +15,7 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 Policy parse_policy(const std::string& name) {
   if (name == "greedy") return Policy::kGreedy;
   if (name == "coarse") return Policy::kCoarse;
-  throw std::invalid_argument("policy: '" + name + "' is not one of greedy, coarse");
+  throw std::invalid_argument("policy: " + quote_capped(name) + " is not one of greedy, coarse");
 }
 
 Scheduler::Scheduler(const Problem& problem) : p_(problem) {
@@ -340,8 +342,8 @@ const Schedule& Scheduler::run(Policy policy, const double* durations) {
   if (durations != nullptr) {
     for (int32_t t = 0; t < n; ++t) {
       if (!std::isfinite(durations[t]) || durations[t] < 0.0) {
-        throw std::invalid_argument("durations[" + std::to_string(t) + "]: " +
-                                    std::to_string(durations[t]) +
+        throw std::invalid_argument("durations[" + format_number(t) + "]: " +
+                                    format_number(durations[t]) +
                                     " is not a finite non-negative number");
       }
     }

@@ -1,5 +1,7 @@
 #include "pybubble/synthetic.h"
 
+#include "pybubble/message.h"
+
 #include "pybubble/pipeline.h"
 
 #include <algorithm>
@@ -51,26 +53,26 @@ struct SplitMix64 {
 }  // namespace
 
 ProblemInput synthetic_problem(const SyntheticSpec& sp) {
-  if (sp.stages < 1) throw std::invalid_argument("stages: " + std::to_string(sp.stages) + " is < 1");
+  if (sp.stages < 1) throw std::invalid_argument("stages: " + format_number(sp.stages) + " is < 1");
   if (sp.lanes_per_stage < 1) {
-    throw std::invalid_argument("lanes_per_stage: " + std::to_string(sp.lanes_per_stage) + " is < 1");
+    throw std::invalid_argument("lanes_per_stage: " + format_number(sp.lanes_per_stage) + " is < 1");
   }
   if (sp.microbatches < 1) {
-    throw std::invalid_argument("microbatches: " + std::to_string(sp.microbatches) + " is < 1");
+    throw std::invalid_argument("microbatches: " + format_number(sp.microbatches) + " is < 1");
   }
   if (sp.encoder_layers < sp.stages) {
-    throw std::invalid_argument("encoder_layers: " + std::to_string(sp.encoder_layers) +
+    throw std::invalid_argument("encoder_layers: " + format_number(sp.encoder_layers) +
                                 " is fewer than the stages");
   }
   if (sp.kernels_per_layer < 1) {
-    throw std::invalid_argument("kernels_per_layer: " + std::to_string(sp.kernels_per_layer) + " is < 1");
+    throw std::invalid_argument("kernels_per_layer: " + format_number(sp.kernels_per_layer) + " is < 1");
   }
   if (!(sp.llm_fwd > 0) || !(sp.llm_bwd > 0)) throw std::invalid_argument("llm_fwd, llm_bwd: must be > 0");
   if (sp.tp_gaps_per_op < 0 || !(sp.tp_gap >= 0)) {
     throw std::invalid_argument("tp_gaps_per_op, tp_gap: must be >= 0");
   }
   if (sp.tp_gaps_per_op > 0 && !(sp.tp_gap * (sp.tp_gaps_per_op + 1) < sp.llm_fwd)) {
-    throw std::invalid_argument("tp_gap: " + std::to_string(sp.tp_gap) + " leaves no compute in an LLM forward");
+    throw std::invalid_argument("tp_gap: " + format_number(sp.tp_gap) + " leaves no compute in an LLM forward");
   }
   if (!(sp.encoder_scale >= 0) || !(sp.jitter >= 0 && sp.jitter < 1)) {
     throw std::invalid_argument("encoder_scale must be >= 0 and jitter in [0, 1)");

@@ -1,31 +1,42 @@
 """Type stubs for pybubble's C++ extension."""
 
+from typing import Any, Protocol
+
 import numpy as np
 import numpy.typing as npt
 
 TIME_TOLERANCE: float
 
+class WindowArrays(Protocol):
+    """One resource's free windows in CSR form: lane l's windows are [offset[l], offset[l + 1])."""
+
+    offset: npt.ArrayLike  # int64, num_lanes + 1 entries
+    start: npt.ArrayLike  # float64
+    end: npt.ArrayLike  # float64
+
+class TaskArrays(Protocol):
+    """The tasks' arrays: predecessors of task t are after[after_offset[t]:after_offset[t + 1]]."""
+
+    lane: npt.ArrayLike  # integers
+    microbatch: npt.ArrayLike  # integers
+    resource: npt.ArrayLike  # integers: 0 compute, 1 comm
+    phase: npt.ArrayLike  # integers: 0 fwd, 1 bwd
+    after_offset: npt.ArrayLike  # integers, num_tasks + 1 entries
+    after: npt.ArrayLike  # integers
+    duration: npt.ArrayLike  # float64
+
+class ProblemArrays(Protocol):
+    """What _core.Problem reads, by attribute."""
+
+    horizon: float
+    compute_free: WindowArrays
+    link_free: WindowArrays
+    forward_needed: npt.ArrayLike  # float64, one per LLM microbatch
+    grad_ready: npt.ArrayLike  # float64, one per LLM microbatch
+    tasks: TaskArrays
+
 class Problem:
-    def __init__(
-        self,
-        horizon: float,
-        num_lanes: int,
-        compute_offset: npt.ArrayLike,
-        compute_start: npt.ArrayLike,
-        compute_end: npt.ArrayLike,
-        link_offset: npt.ArrayLike,
-        link_start: npt.ArrayLike,
-        link_end: npt.ArrayLike,
-        forward_needed: npt.ArrayLike,
-        grad_ready: npt.ArrayLike,
-        lane: npt.ArrayLike,
-        microbatch: npt.ArrayLike,
-        duration: npt.ArrayLike,
-        resource: npt.ArrayLike,
-        phase: npt.ArrayLike,
-        after_offset: npt.ArrayLike,
-        after: npt.ArrayLike,
-    ) -> None: ...
+    def __init__(self, arrays: ProblemArrays) -> None: ...
     @property
     def horizon(self) -> float: ...
     @property
@@ -34,7 +45,9 @@ class Problem:
     def num_tasks(self) -> int: ...
     @property
     def num_microbatches(self) -> int: ...
-    def fields(self) -> dict[str, object]: ...
+    def arrays(self) -> dict[str, Any]:
+        """{"horizon": float, "compute_free": {"offset", "start", "end"}, "link_free": {...},
+        "forward_needed": array, "grad_ready": array, "tasks": {"lane", ..., "after"}}"""
 
 class Scheduler:
     def __init__(self, problem: Problem) -> None: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,9 @@ class Problem:
 
     @classmethod
     def from_arrays(cls, *, lane_names: Sequence[str] | None = None, **arrays: Any) -> "Problem":
-        """Builds a problem from the core's flat arrays (see ``_core.Problem``); checked by the core."""
-        return cls(_core.Problem(**arrays), lane_names)
+        """Builds a problem from flat arrays (the keys of :meth:`arrays`; ``num_lanes`` optional);
+        checked by the core."""
+        return cls(_core.Problem(_core_arrays(arrays)), lane_names)
 
     @property
     def horizon(self) -> float:
@@ -53,7 +55,13 @@ class Problem:
 
     def arrays(self) -> dict[str, Any]:
         """The problem's fields as flat NumPy arrays (the arguments of :meth:`from_arrays`)."""
-        return self.core.fields()
+        a = self.core.arrays()
+        flat = {"horizon": a["horizon"], "num_lanes": self.core.num_lanes}
+        for group, prefix in _WINDOW_GROUPS:
+            flat.update({f"{prefix}_{k}": v for k, v in a[group].items()})
+        flat["forward_needed"], flat["grad_ready"] = a["forward_needed"], a["grad_ready"]
+        flat.update(a["tasks"])
+        return flat
 
     def with_durations(self, durations: np.ndarray) -> "Problem":
         """The same problem with new task durations (checked)."""
@@ -110,6 +118,33 @@ class Problem:
     def __repr__(self) -> str:
         return (f"Problem(horizon={self.horizon}, lanes={self.num_lanes}, "
                 f"microbatches={self.num_microbatches}, tasks={self.num_tasks})")
+
+
+_WINDOW_GROUPS = (("compute_free", "compute"), ("link_free", "link"))
+_TASK_ARRAYS = ("lane", "microbatch", "resource", "phase", "after_offset", "after", "duration")
+
+
+def _core_arrays(flat: Mapping[str, Any]) -> SimpleNamespace:
+    """The core's nested arrays (``_core.Problem``) from the flat keys of :meth:`Problem.arrays`."""
+    keys = ["horizon", *(f"{p}_{k}" for _, p in _WINDOW_GROUPS for k in ("offset", "start", "end")),
+            "forward_needed", "grad_ready", *_TASK_ARRAYS]
+    unknown = sorted(set(flat) - set(keys) - {"num_lanes"})
+    missing = [k for k in keys if k not in flat]
+    if unknown or missing:
+        raise ValueError(f"arrays: {'unknown ' + ', '.join(unknown) if unknown else 'missing ' + ', '.join(missing)}")
+    num_lanes = flat.get("num_lanes")
+    if num_lanes is not None:
+        if isinstance(num_lanes, bool) or not isinstance(num_lanes, (int, np.integer)):
+            raise ValueError(f"num_lanes: {num_lanes!r} is not an integer")
+        for _, p in _WINDOW_GROUPS:
+            if np.ndim(flat[f"{p}_offset"]) == 1 and len(flat[f"{p}_offset"]) != num_lanes + 1:
+                raise ValueError(f"{p}_free: offsets hold {len(flat[f'{p}_offset'])} entries, "
+                                 f"expected {num_lanes + 1}")
+    groups = {g: SimpleNamespace(**{k: flat[f"{p}_{k}"] for k in ("offset", "start", "end")})
+              for g, p in _WINDOW_GROUPS}
+    return SimpleNamespace(horizon=flat["horizon"], forward_needed=flat["forward_needed"],
+                           grad_ready=flat["grad_ready"], tasks=SimpleNamespace(**{k: flat[k] for k in _TASK_ARRAYS}),
+                           **groups)
 
 
 def _windows(lane: Mapping[str, Any], key: str, where: str) -> list[tuple[Any, Any]]:

@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pybubble
-from pybubble import _core
 from pybubble.problems import random_problem
 
 
@@ -158,8 +157,7 @@ def test_fuzzed_core_arrays_never_crash(seed, data):
                                           max_size=size)), np.float64)
     args[name] = new
     try:
-        core = _core.Problem(**args)
+        p = pybubble.Problem.from_arrays(**args)
     except ValueError:
         return
-    p = pybubble.Problem(core)
     assert pybubble.validate(p, pybubble.schedule(p)) == []

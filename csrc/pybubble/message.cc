@@ -13,9 +13,11 @@ std::string format_number(double x) {
   return std::string(buf, res.ptr);
 }
 
-std::string quote_capped(std::string_view text) {
-  if (text.size() <= kMaxQuoted) return "'" + std::string(text) + "'";
-  return "'" + std::string(text.substr(0, kMaxQuoted)) + "...'";
+std::string cap_text(std::string_view text) {
+  if (text.size() <= kMaxQuoted) return std::string(text);
+  return std::string(text.substr(0, kMaxQuoted)) + "...";
 }
+
+std::string quote_capped(std::string_view text) { return "'" + cap_text(text) + "'"; }
 
 }  // namespace pybubble

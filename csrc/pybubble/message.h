@@ -25,8 +25,11 @@ std::string format_number(T x) {
 /// The most characters of a caller's string that a message repeats.
 constexpr size_t kMaxQuoted = 40;
 
-/// `text` in single quotes, cut to its first kMaxQuoted characters ("..." marks a cut), so that a
-/// message never repeats an unbounded value.
+/// `text` cut to its first kMaxQuoted characters ("..." marks a cut), so that a message never
+/// repeats an unbounded value.
+std::string cap_text(std::string_view text);
+
+/// cap_text(text) in single quotes.
 std::string quote_capped(std::string_view text);
 
 }  // namespace pybubble

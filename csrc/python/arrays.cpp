@@ -1,0 +1,164 @@
+#include "arrays.h"
+
+#include <cmath>
+
+namespace py = pybind11;
+using pybubble::format_number;
+using pybubble::quote_capped;
+
+namespace {
+
+// A short description of a caller's value for a message: numbers and short strings as they are,
+// anything else by its type (never an unbounded repr).
+std::string describe(py::handle value) {
+  PyObject* v = value.ptr();
+  if (PyBool_Check(v)) return v == Py_True ? "True" : "False";
+  if (PyFloat_Check(v)) return format_number(PyFloat_AsDouble(v));
+  if (PyLong_Check(v)) {
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow == 0) return format_number(x);
+    const unsigned long long u = PyLong_AsUnsignedLongLong(v);
+    if (PyErr_Occurred() == nullptr) return format_number(u);
+    PyErr_Clear();
+    return std::string(overflow < 0 ? "a negative" : "an") + " integer of " +
+           py::str(value.attr("bit_length")()).cast<std::string>() + " bits";
+  }
+  if (PyUnicode_Check(v)) {
+    Py_ssize_t size = 0;
+    const char* text = PyUnicode_AsUTF8AndSize(v, &size);
+    if (text == nullptr) {
+      PyErr_Clear();
+      return "a str";
+    }
+    return quote_capped(std::string_view(text, static_cast<size_t>(size)));
+  }
+  return "a " + pybubble::cap_text(Py_TYPE(v)->tp_name) + " object";
+}
+
+std::string dtype_name(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
+
+}  // namespace
+
+namespace arrays_detail {
+
+py::array numeric_array(py::handle value, const std::string& name, int ndim) {
+  if (value.is_none()) throw py::value_error(name + ": None is not an array of numbers");
+  py::array a = py::array::ensure(value);
+  if (!a) throw py::value_error(name + ": " + describe(value) + " is not an array of numbers");
+  if (a.ndim() != ndim) {
+    throw py::value_error(name + ": a " + format_number(a.ndim()) + "-dimensional array, expected " +
+                          format_number(ndim) + "-dimensional");
+  }
+  const char kind = a.dtype().kind();
+  if (kind != 'i' && kind != 'u' && kind != 'f') {
+    throw py::value_error(name + ": dtype " + dtype_name(a) + " is not a number type (integers or floats)");
+  }
+  if (kind == 'f' && a.itemsize() > 8) {
+    throw py::value_error(name + ": dtype " + dtype_name(a) + " is wider than float64");
+  }
+  return a;
+}
+
+std::string element_name(const std::string& name, const py::array& a, size_t flat) {
+  if (a.ndim() == 2 && a.shape(1) > 0) {
+    const size_t cols = static_cast<size_t>(a.shape(1));
+    return name + "[" + format_number(flat / cols) + ", " + format_number(flat % cols) + "]";
+  }
+  return name + "[" + format_number(flat) + "]";
+}
+
+std::vector<int64_t> int64_values(const py::array& a, const std::string& name) {
+  const char kind = a.dtype().kind();
+  if (kind == 'f' && a.size() > 0) {
+    throw py::value_error(name + ": dtype " + dtype_name(a) + " is not an integer type (values would be cut)");
+  }
+  if (kind == 'u' && a.itemsize() == 8) {
+    const auto u = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+    if (!u) throw py::error_already_set();
+    std::vector<int64_t> out(static_cast<size_t>(u.size()));
+    for (size_t i = 0; i < out.size(); ++i) {
+      const uint64_t x = u.data()[i];
+      if (x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+        throw py::value_error(element_name(name, a, i) + ": " + format_number(x) + " is not in [" +
+                              format_number(std::numeric_limits<int64_t>::min()) + ", " +
+                              format_number(std::numeric_limits<int64_t>::max()) + "]");
+      }
+      out[i] = static_cast<int64_t>(x);
+    }
+    return out;
+  }
+  const auto s = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  if (!s) throw py::error_already_set();
+  return std::vector<int64_t>(s.data(), s.data() + s.size());
+}
+
+std::vector<double> float64_values(const py::array& a, const std::string& name) {
+  const char kind = a.dtype().kind();
+  if (kind == 'f') {
+    const auto s = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);
+    if (!s) throw py::error_already_set();
+    return std::vector<double>(s.data(), s.data() + s.size());
+  }
+  // Integers: each must convert to a double exactly.
+  const auto lossy = [&](size_t i, const std::string& value) {
+    return py::value_error(element_name(name, a, i) + ": " + value + " has no exact float64 value");
+  };
+  std::vector<double> out(static_cast<size_t>(a.size()));
+  if (kind == 'u' && a.itemsize() == 8) {
+    const auto u = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+    if (!u) throw py::error_already_set();
+    for (size_t i = 0; i < out.size(); ++i) {
+      const uint64_t x = u.data()[i];
+      const double d = static_cast<double>(x);
+      if (d >= 18446744073709551616.0 || static_cast<uint64_t>(d) != x) throw lossy(i, format_number(x));
+      out[i] = d;
+    }
+    return out;
+  }
+  const auto s = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
+  if (!s) throw py::error_already_set();
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t x = s.data()[i];
+    const double d = static_cast<double>(x);
+    if (d >= 9223372036854775808.0 || static_cast<int64_t>(d) != x) throw lossy(i, format_number(x));
+    out[i] = d;
+  }
+  return out;
+}
+
+py::int_ python_int(py::handle value, const std::string& name) {
+  if (!PyBool_Check(value.ptr()) && !PyFloat_Check(value.ptr())) {
+    PyObject* index = PyNumber_Index(value.ptr());
+    if (index != nullptr) return py::reinterpret_steal<py::int_>(index);
+    PyErr_Clear();
+  }
+  throw py::value_error(name + ": " + describe(value) + " is not an integer");
+}
+
+void out_of_range(py::handle value, const std::string& name, const std::string& lo, const std::string& hi) {
+  throw py::value_error(name + ": " + describe(value) + " is not in [" + lo + ", " + hi + "]");
+}
+
+}  // namespace arrays_detail
+
+double read_float(py::handle value, const std::string& name) {
+  if (value.is_none() || PyBool_Check(value.ptr()) || PyUnicode_Check(value.ptr()) || PyBytes_Check(value.ptr())) {
+    throw py::value_error(name + ": " + describe(value) + " is not a number");
+  }
+  if (PyFloat_Check(value.ptr())) return PyFloat_AsDouble(value.ptr());
+  py::array a = py::array::ensure(value);
+  if (!a || a.ndim() != 0) throw py::value_error(name + ": " + describe(value) + " is not a number");
+  const char kind = a.dtype().kind();
+  if ((kind != 'i' && kind != 'u' && kind != 'f') || (kind == 'f' && a.itemsize() > 8)) {
+    throw py::value_error(name + ": " + describe(value) + " (dtype " + dtype_name(a) + ") is not a number");
+  }
+  return arrays_detail::float64_values(a.reshape({1}), name).front();
+}
+
+py::object read_attr(py::handle value, const char* attr, const std::string& name) {
+  if (!py::hasattr(value, attr)) {
+    throw py::value_error(name + ": missing (" + describe(value) + " has no attribute '" + attr + "')");
+  }
+  return value.attr(attr);
+}

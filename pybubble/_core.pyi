@@ -55,6 +55,7 @@ class Scheduler:
         self, policy: str = "greedy", durations: npt.ArrayLike | None = None
     ) -> tuple[np.ndarray, np.ndarray, float, float, float]: ...
 
+def first_fit_floor(problem: Problem) -> np.ndarray: ...
 def validate(
     problem: Problem,
     start: npt.ArrayLike,

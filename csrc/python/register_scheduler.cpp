@@ -38,4 +38,17 @@ void register_scheduler(py::module_& m) {
           },
           py::arg("policy") = "greedy", py::arg("durations") = py::none(),
           "Returns (start, assignment, step_time, shift_front, shift_back).");
+  m.def(
+      "first_fit_floor",
+      [](const Problem& problem) {
+        std::vector<double> start;
+        {
+          py::gil_scoped_release release;  // plain C++ over the problem's arrays
+          pybubble::first_fit_floor(problem, start);
+        }
+        return to_array(std::move(start));
+      },
+      py::arg("problem"),
+      "The scheduler's speed floor: one first-fit pass over the same tasks and windows (not a valid "
+      "schedule); returns the starts.");
 }

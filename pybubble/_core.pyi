@@ -83,6 +83,7 @@ def balance_lower_bound(costs: npt.ArrayLike, num_microbatches: int) -> float: .
 def max_microbatch_cost(costs: npt.ArrayLike, assignment: npt.ArrayLike, num_microbatches: int) -> float: ...
 
 def simulate_pipeline(
+    *,
     ranks: int,
     chunks: int,
     microbatches: int,
@@ -98,4 +99,6 @@ def simulate_pipeline(
     tp_duration: float,
     dp_allgather: float,
     dp_reducescatter: float,
-) -> dict[str, object]: ...
+) -> dict[str, Any]: ...
+def simulate_pipeline_seconds(repeat: int, **spec: Any) -> float:
+    """The median seconds of `repeat` runs of simulate_pipeline(**spec) in C++."""

@@ -359,10 +359,49 @@ void run_table(const PipelineSpec& sp, const TableIndex& ix, PipelineTimeline& t
   for (size_t i = 0; i < n; ++i) tl.op_chunk[i] = ix.stage_chunk[sp.stage[i]];
 }
 
+/// Bubbles [from, end) of `tl` (one rank's) that `take` (by kind), merged by merge_intervals into
+/// `iv`.
+template <typename Take>
+void merged_bubbles(const PipelineTimeline& tl, size_t from, Take&& take, std::vector<Interval>& iv) {
+  iv.clear();
+  for (size_t i = from; i < tl.bubble_start.size(); ++i) {
+    if (take(tl.bubble_kind[i])) iv.push_back({tl.bubble_start[i], tl.bubble_end[i]});
+  }
+  merge_intervals(iv);
+}
+
+/// Appends one row (a rank) to `free`: the intervals `iv`.
+void append_row(const std::vector<Interval>& iv, WindowSet& free) {
+  for (const Interval& w : iv) {
+    free.start.push_back(w.start);
+    free.end.push_back(w.end);
+  }
+  free.offset.push_back(static_cast<int64_t>(free.start.size()));
+}
+
+/// Appends one row (a rank) to `free`: [0, until] less the merged intervals `busy`.
+void append_complement_row(const std::vector<Interval>& busy, double until, WindowSet& free) {
+  double from = 0.0;
+  for (const Interval& w : busy) {
+    if (w.start > from) {
+      free.start.push_back(from);
+      free.end.push_back(w.start);
+    }
+    from = std::max(from, w.end);
+  }
+  if (until > from) {
+    free.start.push_back(from);
+    free.end.push_back(until);
+  }
+  free.offset.push_back(static_cast<int64_t>(free.start.size()));
+}
+
 /// Classifies every rank's idle time: the DP all-gather, the gaps between its ops (warm-up before
 /// its first backward, cool-down after its last forward, steady between), the TP collectives
-/// inside each F, B and I (evenly spaced, also link busy), the DP reduce-scatter (also link busy).
-/// Bubbles come out in time order per rank, ranks in order; empty ones are dropped.
+/// inside each F, B and I (evenly spaced), the DP reduce-scatter; the link is busy during the
+/// collectives.
+/// Bubbles come out in time order per rank, ranks in order; empty ones are dropped. Each rank's
+/// free windows follow from its bubbles and link-busy intervals while they are in cache.
 void classify_bubbles(const PipelineSpec& sp, const TableIndex& ix, PipelineTimeline& tl) {
   const int32_t p = sp.ranks;
   const size_t n = sp.stage.size();
@@ -372,9 +411,14 @@ void classify_bubbles(const PipelineSpec& sp, const TableIndex& ix, PipelineTime
   tl.bubble_kind.reserve(gaps + n + 3 * p);
   tl.bubble_start.reserve(gaps + n + 3 * p);
   tl.bubble_end.reserve(gaps + n + 3 * p);
-  tl.link_busy_rank.reserve(gaps + 2 * p);
-  tl.link_busy_start.reserve(gaps + 2 * p);
-  tl.link_busy_end.reserve(gaps + 2 * p);
+  // At most one free window per bubble; at most one link window per collective, plus one.
+  for (WindowSet* w : {&tl.compute_free, &tl.link_free}) {
+    w->offset.reserve(static_cast<size_t>(p) + 1);
+    w->offset.assign(1, 0);
+    w->start.reserve(gaps + n + 3 * p);
+    w->end.reserve(gaps + n + 3 * p);
+  }
+  std::vector<Interval> iv;
   auto bubble = [&](int32_t r, uint8_t kind, double a, double b) {
     if (!(b > a)) return;
     tl.bubble_rank.push_back(r);
@@ -382,13 +426,8 @@ void classify_bubbles(const PipelineSpec& sp, const TableIndex& ix, PipelineTime
     tl.bubble_start.push_back(a);
     tl.bubble_end.push_back(b);
   };
-  auto link_busy = [&](int32_t r, double a, double b) {
-    if (!(b > a)) return;
-    tl.link_busy_rank.push_back(r);
-    tl.link_busy_start.push_back(a);
-    tl.link_busy_end.push_back(b);
-  };
   for (int32_t r = 0; r < p; ++r) {
+    const size_t bubbles_before = tl.bubble_start.size();
     const int64_t b0 = sp.row_offset[r], b1 = sp.row_offset[r + 1];
     double first_bwd = llm_end, last_fwd = sp.dp_allgather;
     for (int64_t i = b0; i < b1; ++i) {
@@ -402,7 +441,6 @@ void classify_bubbles(const PipelineSpec& sp, const TableIndex& ix, PipelineTime
       bubble(r, kind, a, b);
     };
     bubble(r, kDpAllgather, 0.0, sp.dp_allgather);
-    link_busy(r, 0.0, sp.dp_allgather);
     double t = sp.dp_allgather;
     for (int64_t i = b0; i < b1; ++i) {
       gap(t, tl.op_start[i]);
@@ -411,14 +449,16 @@ void classify_bubbles(const PipelineSpec& sp, const TableIndex& ix, PipelineTime
         for (int32_t c = 1; c <= sp.tp_count; ++c) {
           const double gs = tl.op_start[i] + len * c / (static_cast<double>(sp.tp_count) + 1.0) - sp.tp_duration / 2;
           bubble(r, kTp, gs, gs + sp.tp_duration);
-          link_busy(r, gs, gs + sp.tp_duration);
         }
       }
       t = tl.op_end[i];
     }
     gap(t, llm_end);
     bubble(r, kDpReducescatter, llm_end, tl.step_time);
-    link_busy(r, llm_end, tl.step_time);
+    merged_bubbles(tl, bubbles_before, [](uint8_t) { return true; }, iv);
+    append_row(iv, tl.compute_free);
+    merged_bubbles(tl, bubbles_before, [](uint8_t k) { return k == kTp || k == kDpAllgather || k == kDpReducescatter; }, iv);
+    append_complement_row(iv, tl.step_time, tl.link_free);
   }
 }
 
@@ -443,56 +483,6 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& sp) {
   classify_bubbles(sp, ix, tl);
   dependency_points(ix, tl);
   return tl;
-}
-
-FreeWindows free_windows(const PipelineTimeline& tl, int32_t ranks) {
-  // Each rank's intervals, bucketed by rank in one pass (a counting sort), then merged.
-  auto by_rank = [ranks](const std::vector<int32_t>& rank_of, const std::vector<double>& start,
-                         const std::vector<double>& end, std::vector<int64_t>& offset, std::vector<Interval>& out) {
-    offset.assign(static_cast<size_t>(ranks) + 1, 0);
-    for (int32_t r : rank_of) {
-      if (r >= 0 && r < ranks) ++offset[static_cast<size_t>(r) + 1];
-    }
-    for (int32_t r = 0; r < ranks; ++r) offset[r + 1] += offset[r];
-    out.resize(static_cast<size_t>(offset.back()));
-    std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
-    for (size_t i = 0; i < rank_of.size(); ++i) {
-      const int32_t r = rank_of[i];
-      if (r >= 0 && r < ranks) out[static_cast<size_t>(fill[r]++)] = {start[i], end[i]};
-    }
-  };
-  std::vector<int64_t> bubble_off, busy_off;
-  std::vector<Interval> bubbles, busy, iv;
-  by_rank(tl.bubble_rank, tl.bubble_start, tl.bubble_end, bubble_off, bubbles);
-  by_rank(tl.link_busy_rank, tl.link_busy_start, tl.link_busy_end, busy_off, busy);
-  FreeWindows out;
-  out.compute.offset.push_back(0);
-  out.link.offset.push_back(0);
-  for (int32_t r = 0; r < ranks; ++r) {
-    iv.assign(bubbles.begin() + bubble_off[r], bubbles.begin() + bubble_off[r + 1]);
-    merge_intervals(iv);
-    for (const Interval& w : iv) {
-      out.compute.start.push_back(w.start);
-      out.compute.end.push_back(w.end);
-    }
-    out.compute.offset.push_back(static_cast<int64_t>(out.compute.start.size()));
-    iv.assign(busy.begin() + busy_off[r], busy.begin() + busy_off[r + 1]);
-    merge_intervals(iv);
-    double from = 0.0;
-    for (const Interval& w : iv) {
-      if (w.start > from) {
-        out.link.start.push_back(from);
-        out.link.end.push_back(w.start);
-      }
-      from = std::max(from, w.end);
-    }
-    if (tl.step_time > from) {
-      out.link.start.push_back(from);
-      out.link.end.push_back(tl.step_time);
-    }
-    out.link.offset.push_back(static_cast<int64_t>(out.link.start.size()));
-  }
-  return out;
 }
 
 }  // namespace pybubble

@@ -94,9 +94,8 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
   ProblemInput in;
   in.horizon = horizon;
   in.num_lanes = static_cast<int64_t>(p) * lps;
-  // Each of a stage's lanes sees the stage's free windows (pybubble::free_windows).
-  const FreeWindows free = free_windows(tl, p);
-  for (auto [w, src] : {std::pair{&in.compute_free, &free.compute}, std::pair{&in.link_free, &free.link}}) {
+  // Each of a stage's lanes sees the stage's free windows.
+  for (auto [w, src] : {std::pair{&in.compute_free, &tl.compute_free}, std::pair{&in.link_free, &tl.link_free}}) {
     w->offset.push_back(0);
     for (int32_t s = 0; s < p; ++s) {
       for (int32_t k = 0; k < lps; ++k) {

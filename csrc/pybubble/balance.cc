@@ -40,6 +40,7 @@ double balance_lower_bound(const double* costs, int64_t n, int64_t m) {
 }
 
 double max_microbatch_cost(const double* costs, int64_t n, const int64_t* assignment, int64_t m) {
+  check(costs, n, m);
   std::vector<double> load(static_cast<size_t>(2 * m), 0.0);
   for (int64_t i = 0; i < n; ++i) {
     if (assignment[i] < 0 || assignment[i] >= m) {

@@ -2,6 +2,7 @@
 
 #include "pybubble/message.h"
 
+#include "pybubble/checks.h"
 #include "pybubble/intervals.h"
 
 #include <algorithm>
@@ -158,14 +159,7 @@ TableIndex check_spec(const PipelineSpec& sp) {
   if (sp.kind.size() != n || sp.microbatch.size() != n) {
     throw std::invalid_argument("table: stage, kind and microbatch arrays differ in length");
   }
-  if (sp.row_offset.size() != static_cast<size_t>(p) + 1 || sp.row_offset.front() != 0 ||
-      sp.row_offset.back() != static_cast<int64_t>(n)) {
-    throw std::invalid_argument("table: row_offset does not describe " + format_number(p) + " rows of " +
-                                format_number(n) + " actions");
-  }
-  for (int32_t r = 0; r < p; ++r) {
-    if (sp.row_offset[r] > sp.row_offset[r + 1]) throw std::invalid_argument("table: row_offset is not sorted");
-  }
+  check_offsets(sp.row_offset, p, static_cast<int64_t>(n), "row_offset");
   // Every stage needs a forward and a backward per microbatch: a table with fewer actions is
   // rejected before anything is allocated per stage or per (stage, microbatch).
   const int64_t stages64 = static_cast<int64_t>(p) * v;

@@ -1,5 +1,6 @@
 #include "pybubble/problem.h"
 
+#include "pybubble/checks.h"
 #include "pybubble/message.h"
 
 #include <cmath>
@@ -26,18 +27,13 @@ void check_finite(double v, const char* field) {
 
 void check_windows(const WindowSet& w, int64_t num_lanes, double horizon, const char* name) {
   const std::string n = name;
-  if (w.offset.size() != static_cast<size_t>(num_lanes + 1)) {
-    fail(n + ": offsets hold " + format_number(w.offset.size()) + " entries, expected " +
-         format_number(num_lanes + 1));
+  if (w.start.size() != w.end.size()) {
+    fail(n + ".start, " + n + ".end: " + format_number(w.start.size()) + " starts and " + format_number(w.end.size()) +
+         " ends");
   }
-  if (w.start.size() != w.end.size()) fail(n + ": starts and ends differ in length");
-  if (w.offset[0] != 0) fail(n + ": offsets must begin at 0");
-  if (w.offset[static_cast<size_t>(num_lanes)] != static_cast<int64_t>(w.start.size())) {
-    fail(n + ": offsets must end at the number of windows");
-  }
+  check_offsets(w.offset, num_lanes, static_cast<int64_t>(w.start.size()), n + ".offset");
   for (int64_t l = 0; l < num_lanes; ++l) {
     const int64_t b = w.offset[static_cast<size_t>(l)], e = w.offset[static_cast<size_t>(l + 1)];
-    if (e < b) fail(n + ": offsets must not decrease (lane " + format_number(l) + ")");
     double prev_end = 0.0;
     for (int64_t i = b; i < e; ++i) {
       const auto f = [&] {
@@ -92,14 +88,8 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
       in_.phase.size() != n) {
     fail("tasks: lane, microbatch, duration, resource and phase differ in length");
   }
-  if (in_.after_offset.size() != n + 1) {
-    fail("tasks: after offsets hold " + format_number(in_.after_offset.size()) +
-         " entries, expected " + format_number(n + 1));
-  }
-  if (in_.after_offset[0] != 0 ||
-      in_.after_offset[n] != static_cast<int64_t>(in_.after.size())) {
-    fail("tasks: after offsets must run from 0 to the number of predecessors");
-  }
+  check_offsets(in_.after_offset, static_cast<int64_t>(n), static_cast<int64_t>(in_.after.size()),
+                "tasks.after_offset");
   lane_.resize(n);
   microbatch_.resize(n);
   resource_.resize(n);
@@ -114,8 +104,7 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
       fail(f() + ".microbatch: " + format_number(in_.microbatch[i]) + " is not in [0, " +
            format_number(m) + ")");
     }
-    check_finite(in_.duration[i], [&] { return f() + ".duration"; });
-    if (in_.duration[i] < 0.0) fail(f() + ".duration: " + format_number(in_.duration[i]) + " is negative");
+    check_duration(in_.duration[i], [&] { return f() + ".duration"; });
     if (in_.resource[i] != kCompute && in_.resource[i] != kComm) {
       fail(f() + ".resource: " + format_number(in_.resource[i]) + " is not 0 (compute) or 1 (comm)");
     }
@@ -133,9 +122,6 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
   std::vector<int64_t> succ_count(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const int64_t b = in_.after_offset[i], e = in_.after_offset[i + 1];
-    if (e < b || e > static_cast<int64_t>(in_.after.size())) {
-      fail("tasks[" + format_number(i) + "].after: offsets must not decrease");
-    }
     for (int64_t q = b; q < e; ++q) {
       const int64_t p = in_.after[static_cast<size_t>(q)];
       const auto f = [&] { return "tasks[" + format_number(i) + "].after[" + format_number(q - b) + "]"; };

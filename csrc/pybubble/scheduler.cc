@@ -1,5 +1,6 @@
 #include "pybubble/scheduler.h"
 
+#include "pybubble/checks.h"
 #include "pybubble/message.h"
 
 #include <algorithm>
@@ -342,17 +343,17 @@ void Scheduler::finish() {
   out_.step_time = last_end_ - first_start_;
 }
 
-const Schedule& Scheduler::run(Policy policy, const double* durations) {
+const Schedule& Scheduler::run(Policy policy, const std::vector<double>* durations) {
   const int32_t n = p_.num_tasks(), m = p_.num_microbatches();
   if (durations != nullptr) {
-    for (int32_t t = 0; t < n; ++t) {
-      if (!std::isfinite(durations[t]) || durations[t] < 0.0) {
-        throw std::invalid_argument("durations[" + format_number(t) + "]: " +
-                                    format_number(durations[t]) +
-                                    " is not a finite non-negative number");
-      }
+    if (durations->size() != static_cast<size_t>(n)) {
+      throw std::invalid_argument("durations: " + format_number(durations->size()) + " values for " +
+                                  format_number(n) + " tasks");
     }
-    dur_ = durations;
+    for (int32_t t = 0; t < n; ++t) {
+      check_duration((*durations)[static_cast<size_t>(t)], [t] { return "durations[" + format_number(t) + "]"; });
+    }
+    dur_ = durations->data();
   } else {
     dur_ = p_.fields().duration.data();
   }

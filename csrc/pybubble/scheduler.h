@@ -41,7 +41,7 @@ class Scheduler {
 
   /// Schedules with the problem's own durations, or with `durations` (num_tasks values, each
   /// finite and >= 0, else std::invalid_argument). The result stays valid until the next run.
-  const Schedule& run(Policy policy, const double* durations = nullptr);
+  const Schedule& run(Policy policy, const std::vector<double>* durations = nullptr);
 
  private:
   struct Cursor {

@@ -156,6 +156,17 @@ double read_float(py::handle value, const std::string& name) {
   return arrays_detail::float64_values(a.reshape({1}), name).front();
 }
 
+std::string read_text(py::handle value, const std::string& name) {
+  if (!PyUnicode_Check(value.ptr())) throw py::value_error(name + ": " + describe(value) + " is not a str");
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(value.ptr(), &size);
+  if (text == nullptr) {
+    PyErr_Clear();
+    throw py::value_error(name + ": a str that is not valid UTF-8");
+  }
+  return std::string(text, static_cast<size_t>(size));
+}
+
 py::object read_attr(py::handle value, const char* attr, const std::string& name) {
   if (!py::hasattr(value, attr)) {
     throw py::value_error(name + ": missing (" + describe(value) + " has no attribute '" + attr + "')");

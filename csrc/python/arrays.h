@@ -86,6 +86,9 @@ T read_int(pybind11::handle value, const std::string& name) {
 /// a string, a complex number); otherwise a ValueError naming `name`.
 double read_float(pybind11::handle value, const std::string& name);
 
+/// Reads `value` as a str; ValueError naming `name` otherwise.
+std::string read_text(pybind11::handle value, const std::string& name);
+
 /// The attribute `attr` of `value`; ValueError naming `name` when it has none.
 pybind11::object read_attr(pybind11::handle value, const char* attr, const std::string& name);
 

@@ -1,6 +1,5 @@
 #include <pybind11/stl.h>
 
-#include <optional>
 
 #include "arrays.h"
 #include "pybubble/scheduler.h"
@@ -21,18 +20,15 @@ void register_scheduler(py::module_& m) {
       .def(py::init<const Problem&>(), py::arg("problem"), py::keep_alive<1, 2>())
       .def(
           "run",
-          [](Scheduler& self, const std::string& policy, std::optional<carray<double>> durations) {
-            const auto pol = pybubble::parse_policy(policy);
-            const double* d = nullptr;
-            if (durations) {
-              if (durations->ndim() != 1) throw py::value_error("durations: expected a one-dimensional array");
-              d = durations->data();
-            }
+          [](Scheduler& self, py::handle policy, py::handle durations) {
+            const auto pol = pybubble::parse_policy(read_text(policy, "policy"));
+            std::vector<double> d;
+            if (!durations.is_none()) d = read_array<double>(durations, "durations");
             const pybubble::Schedule* out;
             {
               // Scheduling touches no Python object: let other threads run meanwhile.
               py::gil_scoped_release release;
-              out = &self.run(pol, d);
+              out = &self.run(pol, durations.is_none() ? nullptr : &d);
             }
             return as_tuple(*out);
           },

@@ -65,18 +65,19 @@ def validate(
     shift_back: float,
 ) -> list[str]: ...
 def synthetic_problem(
-    stages: int,
-    lanes_per_stage: int,
-    microbatches: int,
-    encoder_layers: int,
-    kernels_per_layer: int,
-    llm_fwd: float,
-    llm_bwd: float,
-    tp_gaps_per_op: int,
-    tp_gap: float,
-    encoder_scale: float,
-    jitter: float,
-    seed: int,
+    *,
+    stages: int = 4,
+    lanes_per_stage: int = 2,
+    microbatches: int = 8,
+    encoder_layers: int = 8,
+    kernels_per_layer: int = 16,
+    llm_fwd: float = 4000.0,
+    llm_bwd: float = 8000.0,
+    tp_gaps_per_op: int = 4,
+    tp_gap: float = 150.0,
+    encoder_scale: float = 1.0,
+    jitter: float = 0.2,
+    seed: int = 0,
 ) -> Problem: ...
 def balance_microbatches(costs: npt.ArrayLike, num_microbatches: int) -> np.ndarray: ...
 def balance_lower_bound(costs: npt.ArrayLike, num_microbatches: int) -> float: ...

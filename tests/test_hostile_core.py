@@ -3,10 +3,15 @@ a ValueError naming the field, never a crash, a hang or a wrapped value."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import pybubble
+import pybubble.problems
+import pybubble.schedules
 from pybubble import _core, balance
 from pybubble.problems import random_problem
 
@@ -37,3 +42,93 @@ def test_scheduler_run_with_fewer_durations_than_tasks():
     p = random_problem(2)
     with pytest.raises(ValueError, match=r"durations: 1 values? for %d tasks" % p.num_tasks):
         _core.Scheduler(p.core).run("greedy", np.ones(1))
+
+
+# -- the bindings refuse wrong dtypes and lossy conversions --------------------------------------
+
+@pytest.mark.parametrize("key, value, message", [
+    ("lane", lambda a: a + 0.9, r"lane: dtype float64 is not an integer type"),
+    ("lane", lambda a: a.astype(bool), r"lane: dtype bool is not a number type"),
+    ("lane", lambda a: a.astype(object), r"lane: dtype object is not a number type"),
+    ("lane", lambda a: a.astype(np.uint64) + np.uint64(2**63), r"lane\[0\]: \d+ is not in \["),
+    ("lane", lambda a: a.reshape(-1, 1), r"lane: a 2-dimensional array, expected 1-dimensional"),
+    ("lane", lambda a: ["0"] * len(a), r"lane: dtype <U1 is not a number type"),
+    ("lane", lambda a: 0, r"lane: a 0-dimensional array, expected 1-dimensional"),
+    ("duration", lambda a: a.astype(complex), r"duration: dtype complex128 is not a number type"),
+    ("duration", lambda a: a.astype(np.int64) + 2**60 + 1, r"duration\[0\]: \d+ has no exact float64 value"),
+    ("duration", lambda a: a.astype(np.longdouble), r"duration: dtype float128 is wider than float64"),
+    ("horizon", lambda a: True, r"horizon: True is not a number"),
+    ("horizon", lambda a: "1" * 1000, r"horizon: '1{40}\.\.\.' is not a number$"),
+    ("horizon", lambda a: 10**400, r"horizon: an integer of 1329 bits \(dtype object\) is not a number"),
+])
+def test_problem_arrays_refuse_lossy_dtypes(key, value, message):
+    a = small_arrays()
+    a[key] = value(np.asarray(a[key]))
+    with pytest.raises(ValueError, match=message):
+        pybubble.Problem.from_arrays(**a)
+
+
+def test_problem_arrays_accept_lossless_dtypes_in_any_order():
+    a = small_arrays()
+    ref = pybubble.schedule(pybubble.Problem.from_arrays(**a))
+    a["lane"] = a["lane"].astype(np.uint8)
+    a["after"] = np.asarray(a["after"], np.int16)
+    a["duration"] = np.asfortranarray(a["duration"].astype(np.int32))[::-1][::-1]
+    a["compute_start"] = a["compute_start"].astype(">f8")  # big-endian
+    p = pybubble.Problem.from_arrays(**a)
+    assert np.array_equal(pybubble.schedule(p).start, ref.start)
+
+
+def pipeline_spec(**change):
+    offset, stage, kind, mb = pybubble.schedules.flatten(pybubble.schedules.build_table("1f1b", 2, 2, 1))
+    spec = dict(ranks=2, chunks=1, microbatches=2, row_offset=offset, stage=stage, kind=kind, microbatch=mb,
+                fwd=np.full(2, 2.0), bwd=np.full(2, 4.0), wgrad=np.full(2, 1.0), p2p=0.0, tp_count=0,
+                tp_duration=0.0, dp_allgather=0.0, dp_reducescatter=0.0)
+    spec.update(change)
+    return spec
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(kind=np.array([256, 1, 0, 1, 0, 1, 0, 1])), r"kind\[0\]: 256 is not in \[0, 255\]"),
+    (dict(stage=np.array([0.9] * 8)), r"stage: dtype float64 is not an integer type"),
+    (dict(ranks=2.0), r"ranks: 2 is not an integer"),
+    (dict(ranks=2**40), r"ranks: 1099511627776 is not in \[-2147483648, 2147483647\]"),
+    (dict(tp_count=True), r"tp_count: True is not an integer"),
+    (dict(p2p="fast"), r"p2p: 'fast' is not a number"),
+    (dict(p2p=None), r"p2p: None is not a number|p2p: a NoneType object is not a number"),
+    (dict(fast=1), r"'fast': not an argument of the simulation"),
+])
+def test_simulate_pipeline_refuses_wrapping(change, message):
+    with pytest.raises(ValueError, match=message):
+        _core.simulate_pipeline(**pipeline_spec(**change))
+
+
+def test_scalar_arguments_out_of_range_name_the_argument():
+    with pytest.raises(ValueError, match=r"seed: -5 is not in \[0, 18446744073709551615\]"):
+        pybubble.problems.synthetic(seed=-5)
+    with pytest.raises(ValueError, match=r"stages: 3000000000 is not in \[-2147483648, 2147483647\]"):
+        pybubble.problems.synthetic(stages=3_000_000_000)
+    with pytest.raises(ValueError, match=r"num_microbatches: 2.5 is not an integer"):
+        balance.balance_microbatches(np.ones((4, 2)), 2.5)
+    with pytest.raises(ValueError, match=r"assignment: dtype float64 is not an integer type"):
+        balance.max_microbatch_cost(np.ones((2, 2)), np.array([0.0, 1.0]), 2)
+    with pytest.raises(ValueError, match=r"costs: expected an N x 2 array, got 3 columns"):
+        balance.lower_bound(np.ones((4, 3)), 2)
+    with pytest.raises(ValueError, match=r"problem: 'p' is not a _core.Problem"):
+        _core.Scheduler("p")
+
+
+def test_a_long_policy_is_cut_in_the_message():
+    with pytest.raises(ValueError) as e:
+        _core.Scheduler(random_problem(0).core).run("x" * 10**6)
+    assert len(str(e.value)) < 120
+
+
+@pytest.mark.parametrize("args, message", [(["--seed", "-5"], "seed: -5 is not in"),
+                                           (["--stages", "3000000000"], "stages: 3000000000 is not in")])
+def test_cli_generate_out_of_range_is_one_error_line(tmp_path, args, message):
+    r = subprocess.run([sys.executable, "-m", "pybubble", "generate", "-o", str(tmp_path / "p.json"), *args],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 2
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "p.json").exists()

@@ -8,8 +8,12 @@ using pybubble::quote_capped;
 
 namespace {
 
-// A short description of a caller's value for a message: numbers and short strings as they are,
-// anything else by its type (never an unbounded repr).
+std::string dtype_name(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
+
+}  // namespace
+
+namespace arrays_detail {
+
 std::string describe(py::handle value) {
   PyObject* v = value.ptr();
   if (PyBool_Check(v)) return v == Py_True ? "True" : "False";
@@ -36,11 +40,6 @@ std::string describe(py::handle value) {
   return "a " + pybubble::cap_text(Py_TYPE(v)->tp_name) + " object";
 }
 
-std::string dtype_name(const py::array& a) { return py::str(a.dtype()).cast<std::string>(); }
-
-}  // namespace
-
-namespace arrays_detail {
 
 py::array numeric_array(py::handle value, const std::string& name, int ndim) {
   if (value.is_none()) throw py::value_error(name + ": None is not an array of numbers");
@@ -142,6 +141,8 @@ void out_of_range(py::handle value, const std::string& name, const std::string& 
 
 }  // namespace arrays_detail
 
+using arrays_detail::describe;
+
 double read_float(py::handle value, const std::string& name) {
   if (value.is_none() || PyBool_Check(value.ptr()) || PyUnicode_Check(value.ptr()) || PyBytes_Check(value.ptr())) {
     throw py::value_error(name + ": " + describe(value) + " is not a number");
@@ -154,6 +155,16 @@ double read_float(py::handle value, const std::string& name) {
     throw py::value_error(name + ": " + describe(value) + " (dtype " + dtype_name(a) + ") is not a number");
   }
   return arrays_detail::float64_values(a.reshape({1}), name).front();
+}
+
+std::vector<double> read_rows(py::handle value, const std::string& name, int64_t cols, int64_t& rows) {
+  const py::array a = arrays_detail::numeric_array(value, name, 2);
+  if (a.shape(1) != cols) {
+    throw py::value_error(name + ": expected an N x " + format_number(cols) + " array, got " +
+                          format_number(static_cast<int64_t>(a.shape(1))) + " columns");
+  }
+  rows = static_cast<int64_t>(a.shape(0));
+  return arrays_detail::float64_values(a, name);
 }
 
 std::string read_text(py::handle value, const std::string& name) {

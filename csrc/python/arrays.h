@@ -28,6 +28,9 @@ std::vector<double> float64_values(const pybind11::array& a, const std::string& 
 std::string element_name(const std::string& name, const pybind11::array& a, size_t flat);
 /// A Python integer (int or NumPy integer, not bool) as a Python int; ValueError otherwise.
 pybind11::int_ python_int(pybind11::handle value, const std::string& name);
+/// A short description of a caller's value for a message: numbers and short strings as they are,
+/// anything else by its type (never an unbounded repr).
+std::string describe(pybind11::handle value);
 /// ValueError: `name`: the value is not in [lo, hi].
 [[noreturn]] void out_of_range(pybind11::handle value, const std::string& name, const std::string& lo,
                                const std::string& hi);
@@ -62,6 +65,10 @@ std::vector<T> read_array(pybind11::handle value, const std::string& name, int n
   }
 }
 
+/// Reads `value` as a two-dimensional array of float64 with `cols` columns, row-major; `rows`
+/// receives its row count. ValueError naming `name` otherwise.
+std::vector<double> read_rows(pybind11::handle value, const std::string& name, int64_t cols, int64_t& rows);
+
 /// Reads `value` as an integer of type T: a Python int or a NumPy integer (not a bool, not a
 /// float) inside T's range; otherwise a ValueError naming `name` and the value.
 template <typename T>
@@ -86,20 +93,21 @@ T read_int(pybind11::handle value, const std::string& name) {
 /// a string, a complex number); otherwise a ValueError naming `name`.
 double read_float(pybind11::handle value, const std::string& name);
 
+/// `value` as the C++ object of a class bound by pybind11 (e.g. a _core.Problem); ValueError naming
+/// `name` for anything else.
+template <typename T>
+T& read_bound(pybind11::handle value, const std::string& name, const char* type_name) {
+  if (!pybind11::isinstance<T>(value)) {
+    throw pybind11::value_error(name + ": " + arrays_detail::describe(value) + " is not a " + type_name);
+  }
+  return value.cast<T&>();
+}
+
 /// Reads `value` as a str; ValueError naming `name` otherwise.
 std::string read_text(pybind11::handle value, const std::string& name);
 
 /// The attribute `attr` of `value`; ValueError naming `name` when it has none.
 pybind11::object read_attr(pybind11::handle value, const char* attr, const std::string& name);
-
-template <typename T>
-using carray = pybind11::array_t<T, pybind11::array::c_style | pybind11::array::forcecast>;
-
-template <typename T>
-std::vector<T> to_vector(const carray<T>& a) {
-  if (a.ndim() != 1) throw pybind11::value_error("expected a one-dimensional array");
-  return std::vector<T>(a.data(), a.data() + a.size());
-}
 
 /// A copy of `v` as a NumPy array.
 template <typename T>

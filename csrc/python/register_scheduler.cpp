@@ -1,5 +1,7 @@
 #include <pybind11/stl.h>
 
+#include <memory>
+
 
 #include "arrays.h"
 #include "pybubble/scheduler.h"
@@ -17,7 +19,10 @@ py::tuple as_tuple(const pybubble::Schedule& s) {
 
 void register_scheduler(py::module_& m) {
   py::class_<Scheduler>(m, "Scheduler", "Schedules one problem, again and again with new durations.")
-      .def(py::init<const Problem&>(), py::arg("problem"), py::keep_alive<1, 2>())
+      .def(py::init([](py::handle problem) {
+             return std::make_unique<Scheduler>(read_bound<Problem>(problem, "problem", "_core.Problem"));
+           }),
+           py::arg("problem"), py::keep_alive<1, 2>())
       .def(
           "run",
           [](Scheduler& self, py::handle policy, py::handle durations) {
@@ -36,11 +41,12 @@ void register_scheduler(py::module_& m) {
           "Returns (start, assignment, step_time, shift_front, shift_back).");
   m.def(
       "first_fit_floor",
-      [](const Problem& problem) {
+      [](py::handle problem) {
+        const Problem& p = read_bound<Problem>(problem, "problem", "_core.Problem");
         std::vector<double> start;
         {
           py::gil_scoped_release release;  // plain C++ over the problem's arrays
-          pybubble::first_fit_floor(problem, start);
+          pybubble::first_fit_floor(p, start);
         }
         return to_array(std::move(start));
       },

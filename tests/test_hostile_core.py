@@ -132,3 +132,42 @@ def test_cli_generate_out_of_range_is_one_error_line(tmp_path, args, message):
     assert r.returncode == 2
     assert message in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+# -- stated limits --------------------------------------------------------------------------------
+
+def test_limits_are_exported_once():
+    limits = _core.LIMITS
+    assert {"tasks", "predecessors", "windows", "lanes", "microbatches", "actions", "tp_gaps", "stages", "chunks",
+            "samples", "time"} <= limits.keys()
+    assert all(isinstance(v, int) and v > 0 for k, v in limits.items() if k != "time")
+    assert limits["time"] == 1e12
+
+
+def test_durations_beyond_the_largest_time_are_refused():
+    doc = random_problem(3).to_dict()
+    doc["tasks"][0]["duration"] = 1e308
+    with pytest.raises(ValueError, match=r"tasks\[0\].duration: 1e\+308 is above the largest time, 1e\+12 us"):
+        pybubble.load_problem(doc)
+    p = random_problem(3)
+    d = p.arrays()["duration"].copy()
+    d[-1] = 2e12
+    with pytest.raises(ValueError, match=r"durations\[%d\]: 2e\+12 is above the largest time" % (len(d) - 1)):
+        pybubble.OnlineScheduler(p).reschedule(d)
+    with pytest.raises(ValueError, match=r"fwd\[0\]: 1e\+13 is above the largest time"):
+        pybubble.simulate_pipeline("1f1b", stages=2, microbatches=2, fwd=1e13)
+
+
+def test_arrays_beyond_a_limit_are_refused_before_they_are_copied():
+    a = small_arrays()
+    n = _core.LIMITS["tasks"] + 1
+    a["lane"] = np.broadcast_to(np.int64(0), (n,))  # no memory behind it: refused by its length
+    with pytest.raises(ValueError, match=r"tasks.lane: %d entries, more than the limit of %d \(LIMITS\['tasks'\]\)"
+                       % (n, n - 1)):
+        pybubble.Problem.from_arrays(**a)
+    with pytest.raises(ValueError, match=r"costs: \d+ rows, more than the limit"):
+        balance.balance_microbatches(np.broadcast_to(np.ones(2), (_core.LIMITS["samples"] + 1, 2)), 2)
+    with pytest.raises(ValueError, match=r"microbatches x encoder_layers x kernels_per_layer: .* more than the limit"):
+        pybubble.problems.synthetic(encoder_layers=100_000_000)
+    with pytest.raises(ValueError, match=r"microbatches: 1000000000, more than the limit of 1000000"):
+        _core.simulate_pipeline(**pipeline_spec(microbatches=1_000_000_000))

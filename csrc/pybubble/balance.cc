@@ -1,5 +1,6 @@
 #include "pybubble/balance.h"
 
+#include "pybubble/checks.h"
 #include "pybubble/message.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@ namespace {
 
 void check(const double* costs, int64_t n, int64_t m) {
   if (n < 1) throw std::invalid_argument("costs: no samples");
+  check_count(n, kMaxSamples, "samples", "costs");
   if (m < 1 || m > n) {
     throw std::invalid_argument("num_microbatches: " + format_number(m) + " is not in [1, " +
                                 format_number(n) + "] (the number of samples)");
@@ -97,7 +99,9 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
   // Improve the raw objective: move a sample out of the bottleneck microbatch, or swap it with one
   // elsewhere, while that lowers the larger of the two microbatches' loads. Bounded rounds.
   auto peak = [&](int64_t k) { return std::max(load[static_cast<size_t>(2 * k)], load[static_cast<size_t>(2 * k + 1)]); };
-  for (int round = 0; round < 4 * m; ++round) {
+  // With one microbatch there is nowhere to move a sample: skip the rounds (they would find
+  // nothing, after n * n pair checks).
+  for (int round = 0; m > 1 && round < 4 * m; ++round) {
     int64_t top = 0;
     for (int64_t k = 1; k < m; ++k) {
       if (peak(k) > peak(top)) top = k;

@@ -6,6 +6,15 @@
 
 namespace pybubble {
 
+const char* const kAboveMaxTime = "is above the largest time, 1e+12 us (LIMITS['time'])";
+
+void check_count(int64_t count, int64_t limit, const char* limit_name, const std::string& field) {
+  if (count > limit) {
+    throw std::invalid_argument(field + ": " + format_number(count) + ", more than the limit of " + format_number(limit) +
+                                " (LIMITS['" + limit_name + "'])");
+  }
+}
+
 void check_offsets(const std::vector<int64_t>& offset, int64_t rows, int64_t count, const std::string& name) {
   if (rows < 0 || offset.size() != static_cast<uint64_t>(rows) + 1) {
     throw std::invalid_argument(name + ": " + format_number(offset.size()) + " entries, expected " +

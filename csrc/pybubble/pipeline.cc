@@ -18,8 +18,6 @@ namespace {
 
 constexpr char kKindLetter[4] = {'F', 'B', 'I', 'W'};
 constexpr int32_t kNoRank = -1;
-// At most this many TP gaps (about 5 GB of timeline): more is a mistake, not a training step.
-constexpr double kMaxTpGaps = 134217728.0;
 
 // Names an action that a table too small for stages x microbatches lacks, without allocating
 // per (stage, microbatch): per stage, the first microbatch with no forward or no backward (B or I).
@@ -42,10 +40,17 @@ std::string first_missing(const PipelineSpec& sp, int32_t stages) {
   return "an action";
 }
 
-void check_time(double x, const char* field, bool positive) {
+// A time of the spec: finite, > 0 (or >= 0 when not `positive`) and at most kMaxTime.
+template <typename Where>
+void check_time(double x, Where&& where, bool positive) {
   if (!std::isfinite(x) || (positive ? !(x > 0) : !(x >= 0))) {
-    throw std::invalid_argument(std::string(field) + ": " + format_number(x) + (positive ? " is not > 0" : " is not >= 0"));
+    throw std::invalid_argument(where() + ": " + format_number(x) + (positive ? " is not > 0" : " is not >= 0"));
   }
+  if (x > kMaxTime) throw std::invalid_argument(where() + ": " + format_number(x) + " " + kAboveMaxTime);
+}
+
+void check_time(double x, const char* field, bool positive) {
+  check_time(x, [field] { return std::string(field); }, positive);
 }
 
 void check_costs(const std::vector<double>& v, size_t n, const char* field, bool positive) {
@@ -54,8 +59,7 @@ void check_costs(const std::vector<double>& v, size_t n, const char* field, bool
                                 format_number(n) + " (rank, chunk) pairs");
   }
   for (size_t i = 0; i < n; ++i) {
-    const std::string f = std::string(field) + "[" + format_number(i) + "]";
-    check_time(v[i], f.c_str(), positive);
+    check_time(v[i], [&] { return std::string(field) + "[" + format_number(i) + "]"; }, positive);
   }
 }
 
@@ -155,7 +159,11 @@ TableIndex check_spec(const PipelineSpec& sp) {
   if (p < 1) throw std::invalid_argument("stages: " + format_number(p) + " is < 1");
   if (v < 1) throw std::invalid_argument("chunks: " + format_number(v) + " is < 1");
   if (m < 1) throw std::invalid_argument("microbatches: " + format_number(m) + " is < 1");
+  check_count(p, kMaxStages, "stages", "stages");
+  check_count(v, kMaxChunks, "chunks", "chunks");
+  check_count(m, kMaxMicrobatches, "microbatches", "microbatches");
   const size_t n = sp.stage.size();
+  check_count(static_cast<int64_t>(n), kMaxActions, "actions", "table");
   if (sp.kind.size() != n || sp.microbatch.size() != n) {
     throw std::invalid_argument("table: stage, kind and microbatch arrays differ in length");
   }
@@ -265,9 +273,9 @@ TableIndex check_spec(const PipelineSpec& sp) {
       }
     }
   }
-  if (ix.has_tp && static_cast<double>(sp.tp_count) * static_cast<double>(n) > kMaxTpGaps) {
-    throw std::invalid_argument("tp_comm.count: " + format_number(sp.tp_count) + " collectives in each of " +
-                                format_number(n) + " ops exceed " + format_number(kMaxTpGaps) + " TP gaps");
+  if (ix.has_tp) {
+    check_count(static_cast<int64_t>(sp.tp_count) * static_cast<int64_t>(n), kMaxTpGaps, "tp_gaps",
+                "tp_comm.count x " + format_number(n) + " ops");
   }
   ix.action_rank.resize(n);
   for (int32_t r = 0; r < p; ++r) {

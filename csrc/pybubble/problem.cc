@@ -21,16 +21,13 @@ void check_finite(double v, Where&& where) {
   if (!std::isfinite(v)) fail(where() + ": " + format_number(v) + " is not a finite number");
 }
 
-void check_finite(double v, const char* field) {
-  check_finite(v, [&] { return std::string(field); });
-}
-
 void check_windows(const WindowSet& w, int64_t num_lanes, double horizon, const char* name) {
   const std::string n = name;
   if (w.start.size() != w.end.size()) {
     fail(n + ".start, " + n + ".end: " + format_number(w.start.size()) + " starts and " + format_number(w.end.size()) +
          " ends");
   }
+  check_count(static_cast<int64_t>(w.start.size()), kMaxWindows, "windows", n);
   check_offsets(w.offset, num_lanes, static_cast<int64_t>(w.start.size()), n + ".offset");
   for (int64_t l = 0; l < num_lanes; ++l) {
     const int64_t b = w.offset[static_cast<size_t>(l)], e = w.offset[static_cast<size_t>(l + 1)];
@@ -57,17 +54,15 @@ void check_windows(const WindowSet& w, int64_t num_lanes, double horizon, const 
 }  // namespace
 
 Problem::Problem(ProblemInput in) : in_(std::move(in)) {
-  check_finite(in_.horizon, "horizon");
-  if (in_.horizon < 0.0) fail("horizon: " + format_number(in_.horizon) + " is negative");
-  if (in_.num_lanes < 0 || in_.num_lanes > std::numeric_limits<int32_t>::max() / 2) {
-    fail("lanes: " + format_number(in_.num_lanes) + " is not a valid number of lanes");
-  }
+  check_duration(in_.horizon, [] { return std::string("horizon"); });
+  if (in_.num_lanes < 0) fail("lanes: " + format_number(in_.num_lanes) + " is not a number of lanes");
+  check_count(in_.num_lanes, kMaxLanes, "lanes", "lanes");
   check_windows(in_.compute_free, in_.num_lanes, in_.horizon, "compute_free");
   check_windows(in_.link_free, in_.num_lanes, in_.horizon, "link_free");
 
   const size_t m = in_.forward_needed.size();
   if (in_.grad_ready.size() != m) fail("microbatches: forward_needed and grad_ready differ in length");
-  if (m > static_cast<size_t>(std::numeric_limits<int32_t>::max() / 4)) fail("microbatches: too many");
+  check_count(static_cast<int64_t>(m), kMaxMicrobatches, "microbatches", "microbatches");
   for (size_t k = 0; k < m; ++k) {
     const auto f = [&] { return "microbatches[" + format_number(k) + "]"; };
     const double fn = in_.forward_needed[k], gr = in_.grad_ready[k];
@@ -83,7 +78,8 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
   }
 
   const size_t n = in_.duration.size();
-  if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max() / 2)) fail("tasks: too many");
+  check_count(static_cast<int64_t>(n), kMaxTasks, "tasks", "tasks");
+  check_count(static_cast<int64_t>(in_.after.size()), kMaxPredecessors, "predecessors", "tasks.after");
   if (in_.lane.size() != n || in_.microbatch.size() != n || in_.resource.size() != n ||
       in_.phase.size() != n) {
     fail("tasks: lane, microbatch, duration, resource and phase differ in length");

@@ -2,6 +2,7 @@
 
 #include "pybubble/message.h"
 
+#include "pybubble/checks.h"
 #include "pybubble/pipeline.h"
 
 #include <algorithm>
@@ -91,6 +92,32 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
   check_number(sp.encoder_scale, 0.0, true, "encoder_scale");
   if (!(sp.jitter >= 0 && sp.jitter < 1)) {
     throw std::invalid_argument("jitter: " + format_number(sp.jitter) + " is not in [0, 1)");
+  }
+  // Limits, checked on the counts the spec implies before anything is built.
+  check_count(sp.stages, kMaxStages, "stages", "stages");
+  check_count(sp.microbatches, kMaxMicrobatches, "microbatches", "microbatches");
+  check_count(int64_t{sp.stages} * sp.lanes_per_stage, kMaxLanes, "lanes", "stages x lanes_per_stage");
+  for (auto [value, field] : {std::pair{sp.llm_fwd, "llm_fwd"}, std::pair{sp.llm_bwd, "llm_bwd"},
+                              std::pair{sp.tp_gap, "tp_gap"}}) {
+    if (value > kMaxTime) throw std::invalid_argument(std::string(field) + ": " + format_number(value) + " " + kAboveMaxTime);
+  }
+  const double longest_kernel = sp.encoder_scale * 120.0 * (1.0 + sp.jitter);  // a backward MLP GEMM
+  if (longest_kernel > kMaxTime) {
+    throw std::invalid_argument("encoder_scale: " + format_number(sp.encoder_scale) + " makes a kernel of " +
+                                format_number(longest_kernel) + " us, above the largest time (LIMITS['time'])");
+  }
+  const double tasks = 2.0 * sp.microbatches *
+                       (static_cast<double>(sp.encoder_layers) * sp.kernels_per_layer + (sp.stages - 1));
+  if (tasks > static_cast<double>(kMaxTasks)) {
+    throw std::invalid_argument("microbatches x encoder_layers x kernels_per_layer: " + format_number(tasks) +
+                                " tasks, more than the limit of " + format_number(kMaxTasks) + " (LIMITS['tasks'])");
+  }
+  const double windows = static_cast<double>(sp.stages) * sp.lanes_per_stage *
+                         (2.0 * sp.microbatches * (sp.tp_gaps_per_op + 1.0) + 3.0);
+  if (windows > static_cast<double>(kMaxWindows)) {
+    throw std::invalid_argument("stages x lanes_per_stage x microbatches x tp_gaps_per_op: up to " +
+                                format_number(windows) + " windows, more than the limit of " +
+                                format_number(kMaxWindows) + " (LIMITS['windows'])");
   }
   const int32_t p = sp.stages, m = sp.microbatches, lps = sp.lanes_per_stage;
   // The LLM step: 1F1B simulated by the pipeline simulator, TP collectives inside every op.

@@ -41,13 +41,20 @@ std::string describe(py::handle value) {
 }
 
 
-py::array numeric_array(py::handle value, const std::string& name, int ndim) {
+py::array numeric_array(py::handle value, const std::string& name, int ndim, MaxEntries max) {
   if (value.is_none()) throw py::value_error(name + ": None is not an array of numbers");
   py::array a = py::array::ensure(value);
   if (!a) throw py::value_error(name + ": " + describe(value) + " is not an array of numbers");
   if (a.ndim() != ndim) {
     throw py::value_error(name + ": a " + format_number(a.ndim()) + "-dimensional array, expected " +
                           format_number(ndim) + "-dimensional");
+  }
+  const int64_t entries = static_cast<int64_t>(ndim == 1 ? a.size() : a.shape(0));
+  if (entries > max.limit + max.extra) {
+    throw py::value_error(name + ": " + format_number(entries) + (ndim == 1 ? " entries" : " rows") +
+                          ", more than the limit of " + format_number(max.limit) +
+                          (max.extra ? " + " + format_number(max.extra) : std::string()) + " (LIMITS['" +
+                          max.limit_name + "'])");
   }
   const char kind = a.dtype().kind();
   if (kind != 'i' && kind != 'u' && kind != 'f') {
@@ -157,8 +164,9 @@ double read_float(py::handle value, const std::string& name) {
   return arrays_detail::float64_values(a.reshape({1}), name).front();
 }
 
-std::vector<double> read_rows(py::handle value, const std::string& name, int64_t cols, int64_t& rows) {
-  const py::array a = arrays_detail::numeric_array(value, name, 2);
+std::vector<double> read_rows(py::handle value, const std::string& name, int64_t cols, MaxEntries max,
+                              int64_t& rows) {
+  const py::array a = arrays_detail::numeric_array(value, name, 2, max);
   if (a.shape(1) != cols) {
     throw py::value_error(name + ": expected an N x " + format_number(cols) + " array, got " +
                           format_number(static_cast<int64_t>(a.shape(1))) + " columns");

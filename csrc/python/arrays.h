@@ -16,10 +16,19 @@
 
 #include "pybubble/message.h"
 
+/// The most entries (rows, for a two-dimensional array) an argument may hold: `limit` + `extra`,
+/// where `limit` is _core.LIMITS[`limit_name`].
+struct MaxEntries {
+  int64_t limit;           ///< a limit of limits.h
+  const char* limit_name;  ///< its key in _core.LIMITS
+  int64_t extra = 0;       ///< e.g. 1 for offsets (one per row, plus one)
+};
+
 namespace arrays_detail {
 
-/// `value` as a NumPy array of numbers with `ndim` dimensions (ValueError otherwise).
-pybind11::array numeric_array(pybind11::handle value, const std::string& name, int ndim);
+/// `value` as a NumPy array of numbers with `ndim` dimensions and at most `max` entries (rows),
+/// checked before anything is copied (ValueError otherwise).
+pybind11::array numeric_array(pybind11::handle value, const std::string& name, int ndim, MaxEntries max);
 /// The values of a numeric array as int64 (integer dtypes, or an empty array of any number dtype).
 std::vector<int64_t> int64_values(const pybind11::array& a, const std::string& name);
 /// The values of a numeric array as float64 (float dtypes up to 64 bits, exact integers).
@@ -38,11 +47,11 @@ std::string describe(pybind11::handle value);
 }  // namespace arrays_detail
 
 /// Reads `value` (any array-like: a NumPy array of any order, a list) as a one-dimensional array
-/// of T (int64_t, int32_t, uint8_t or double). ValueError naming `name` for another shape, a
-/// refused dtype, or an element that does not fit T.
+/// of T (int64_t, int32_t, uint8_t or double) of at most `max` entries. ValueError naming `name`
+/// for another shape, too many entries, a refused dtype, or an element that does not fit T.
 template <typename T>
-std::vector<T> read_array(pybind11::handle value, const std::string& name, int ndim = 1) {
-  const pybind11::array a = arrays_detail::numeric_array(value, name, ndim);
+std::vector<T> read_array(pybind11::handle value, const std::string& name, MaxEntries max) {
+  const pybind11::array a = arrays_detail::numeric_array(value, name, 1, max);
   if constexpr (std::is_same_v<T, double>) {
     return arrays_detail::float64_values(a, name);
   } else {
@@ -65,9 +74,10 @@ std::vector<T> read_array(pybind11::handle value, const std::string& name, int n
   }
 }
 
-/// Reads `value` as a two-dimensional array of float64 with `cols` columns, row-major; `rows`
-/// receives its row count. ValueError naming `name` otherwise.
-std::vector<double> read_rows(pybind11::handle value, const std::string& name, int64_t cols, int64_t& rows);
+/// Reads `value` as a two-dimensional array of float64 with `cols` columns and at most `max` rows,
+/// row-major; `rows` receives its row count. ValueError naming `name` otherwise.
+std::vector<double> read_rows(pybind11::handle value, const std::string& name, int64_t cols, MaxEntries max,
+                              int64_t& rows);
 
 /// Reads `value` as an integer of type T: a Python int or a NumPy integer (not a bool, not a
 /// float) inside T's range; otherwise a ValueError naming `name` and the value.

@@ -1,12 +1,15 @@
 #include "arrays.h"
 #include "pybubble/balance.h"
+#include "pybubble/limits.h"
 #include "register.h"
 
 namespace py = pybind11;
 
 namespace {
 // The costs: an N x 2 array (encoder cost, LLM cost per sample); `n` receives N.
-std::vector<double> read_costs(py::handle costs, int64_t& n) { return read_rows(costs, "costs", 2, n); }
+std::vector<double> read_costs(py::handle costs, int64_t& n) {
+  return read_rows(costs, "costs", 2, {pybubble::kMaxSamples, "samples"}, n);
+}
 }  // namespace
 
 void register_balance(py::module_& m) {
@@ -37,7 +40,7 @@ void register_balance(py::module_& m) {
       [](py::handle costs, py::handle assignment, py::handle num_microbatches) {
         int64_t n = 0;
         const std::vector<double> c = read_costs(costs, n);
-        const std::vector<int64_t> a = read_array<int64_t>(assignment, "assignment");
+        const std::vector<int64_t> a = read_array<int64_t>(assignment, "assignment", {pybubble::kMaxSamples, "samples"});
         if (static_cast<int64_t>(a.size()) != n) {
           throw py::value_error("assignment: " + pybubble::format_number(a.size()) + " entries for " +
                                 pybubble::format_number(n) + " samples");

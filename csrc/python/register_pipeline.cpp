@@ -1,4 +1,5 @@
 #include "arrays.h"
+#include "pybubble/limits.h"
 #include "pybubble/pipeline.h"
 #include "register.h"
 
@@ -12,18 +13,32 @@ using pybubble::PipelineTimeline;
 
 namespace {
 
+// Readers of the spec's arguments, with their limits (limits.h).
+template <typename T>
+std::vector<T> actions(py::handle v, const std::string& name) {
+  return read_array<T>(v, name, {pybubble::kMaxActions, "actions"});
+}
+std::vector<int64_t> row_offsets(py::handle v, const std::string& name) {
+  return read_array<int64_t>(v, name, {pybubble::kMaxStages, "stages", 1});
+}
+// One cost per (rank, chunk): a table holds a forward and a backward of each, so as many as half
+// its actions.
+std::vector<double> costs(py::handle v, const std::string& name) {
+  return read_array<double>(v, name, {pybubble::kMaxActions / 2, "actions"});
+}
+
 // The spec's fields, each once: X(field, reader). Its arguments in Python carry the same names.
 #define PYBUBBLE_SPEC_FIELDS(X)       \
   X(ranks, read_int<int32_t>)         \
   X(chunks, read_int<int32_t>)        \
   X(microbatches, read_int<int32_t>)  \
-  X(row_offset, read_array<int64_t>)  \
-  X(stage, read_array<int32_t>)       \
-  X(kind, read_array<uint8_t>)        \
-  X(microbatch, read_array<int32_t>)  \
-  X(fwd, read_array<double>)          \
-  X(bwd, read_array<double>)          \
-  X(wgrad, read_array<double>)        \
+  X(row_offset, row_offsets)          \
+  X(stage, actions<int32_t>)          \
+  X(kind, actions<uint8_t>)           \
+  X(microbatch, actions<int32_t>)     \
+  X(fwd, costs)                       \
+  X(bwd, costs)                       \
+  X(wgrad, costs)                     \
   X(p2p, read_float)                  \
   X(tp_count, read_int<int32_t>)      \
   X(tp_duration, read_float)          \

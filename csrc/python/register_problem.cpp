@@ -23,9 +23,9 @@ py::object group_of(py::handle arrays, const char* group) {
 ProblemInput read_problem(py::handle arrays) {
   ProblemInput in;
   in.horizon = read_float(read_attr(arrays, "horizon", "horizon"), "horizon");
-#define PYBUBBLE_READ(group, name, type, member)                                                 \
+#define PYBUBBLE_READ(group, name, type, member, limit, limit_name, extra)                           \
   in.member = read_array<type>(read_attr(group_of(arrays, #group), #name, field_name(#group, #name)), \
-                               field_name(#group, #name));
+                               field_name(#group, #name), {pybubble::limit, limit_name, extra});
   PYBUBBLE_PROBLEM_ARRAYS(PYBUBBLE_READ)
 #undef PYBUBBLE_READ
   // One offset per lane plus one, the same count for both resources.
@@ -49,7 +49,7 @@ py::dict write_problem(const ProblemInput& f) {
     if (!out.contains(group)) out[group] = py::dict();
     return out[group].cast<py::dict>();
   };
-#define PYBUBBLE_WRITE(group, name, type, member) group_dict(#group)[#name] = to_array(f.member);
+#define PYBUBBLE_WRITE(group, name, type, member, limit, limit_name, extra) group_dict(#group)[#name] = to_array(f.member);
   PYBUBBLE_PROBLEM_ARRAYS(PYBUBBLE_WRITE)
 #undef PYBUBBLE_WRITE
   return out;

@@ -4,6 +4,7 @@
 
 
 #include "arrays.h"
+#include "pybubble/limits.h"
 #include "pybubble/scheduler.h"
 #include "register.h"
 
@@ -28,7 +29,7 @@ void register_scheduler(py::module_& m) {
           [](Scheduler& self, py::handle policy, py::handle durations) {
             const auto pol = pybubble::parse_policy(read_text(policy, "policy"));
             std::vector<double> d;
-            if (!durations.is_none()) d = read_array<double>(durations, "durations");
+            if (!durations.is_none()) d = read_array<double>(durations, "durations", {pybubble::kMaxTasks, "tasks"});
             const pybubble::Schedule* out;
             {
               // Scheduling touches no Python object: let other threads run meanwhile.

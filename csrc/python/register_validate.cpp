@@ -1,6 +1,7 @@
 #include <pybind11/stl.h>
 
 #include "arrays.h"
+#include "pybubble/limits.h"
 #include "pybubble/validate.h"
 #include "register.h"
 
@@ -13,8 +14,8 @@ void register_validate(py::module_& m) {
          py::handle shift_front, py::handle shift_back) {
         const auto& p = read_bound<pybubble::Problem>(problem, "problem", "_core.Problem");
         pybubble::Schedule s;
-        s.start = read_array<double>(start, "start");
-        s.assignment = read_array<int64_t>(assignment, "assignment");
+        s.start = read_array<double>(start, "start", {pybubble::kMaxTasks, "tasks"});
+        s.assignment = read_array<int64_t>(assignment, "assignment", {pybubble::kMaxMicrobatches, "microbatches"});
         s.step_time = read_float(step_time, "step_time");
         s.shift_front = read_float(shift_front, "shift_front");
         s.shift_back = read_float(shift_back, "shift_back");

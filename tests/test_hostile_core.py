@@ -3,8 +3,10 @@ a ValueError naming the field, never a crash, a hang or a wrapped value."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -171,3 +173,53 @@ def test_arrays_beyond_a_limit_are_refused_before_they_are_copied():
         pybubble.problems.synthetic(encoder_layers=100_000_000)
     with pytest.raises(ValueError, match=r"microbatches: 1000000000, more than the limit of 1000000"):
         _core.simulate_pipeline(**pipeline_spec(microbatches=1_000_000_000))
+
+
+# -- near-linear work that Ctrl-C stops -----------------------------------------------------------
+
+def test_many_stages_simulate_in_linear_time():
+    # 1F1B over 100,000 ranks and one microbatch: each backward waits on the next rank's, which a
+    # sweep over all ranks per step made quadratic (and the free windows scanned every bubble per
+    # rank). The core now takes a fraction of a second; building the table in Python takes longer.
+    p = 100_000
+    offset, stage, kind, mb = pybubble.schedules.flatten(pybubble.schedules.build_table("1f1b", p, 1, 1))
+    spec = pipeline_spec(ranks=p, microbatches=1, row_offset=offset, stage=stage, kind=kind, microbatch=mb,
+                         fwd=np.full(p, 2.0), bwd=np.full(p, 4.0), wgrad=np.full(p, 1.0))
+    assert _core.simulate_pipeline_seconds(1, **spec) < 2.0
+    out = _core.simulate_pipeline(**spec)
+    assert out["step_time"] == (p - 1) * 2.0 + 2.0 + 4.0 + (p - 1) * 4.0  # F down the ranks, B back up
+    assert len(out["compute_free_offset"]) == p + 1
+
+
+INTERRUPTED = """
+import sys, time
+import numpy as np
+from pybubble import _core, schedules
+p, m = 64, 64
+offset, stage, kind, mb = schedules.flatten(schedules.build_table("1f1b", p, m, 1))
+spec = dict(ranks=p, chunks=1, microbatches=m, row_offset=offset, stage=stage, kind=kind, microbatch=mb,
+            fwd=np.full(p, 2.0), bwd=np.full(p, 4.0), wgrad=np.full(p, 1.0), p2p=0.0, tp_count=8,
+            tp_duration=0.01, dp_allgather=0.0, dp_reducescatter=0.0)
+print("ready", flush=True)
+t = time.perf_counter()
+try:
+    _core.simulate_pipeline_seconds(10**7, **spec)  # hours of simulation, the GIL released
+except KeyboardInterrupt:
+    print(f"interrupted after {time.perf_counter() - t:.2f} s", flush=True)
+    sys.exit(3)
+print("finished", flush=True)
+"""
+
+
+def test_ctrl_c_stops_a_long_simulation(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, err
+    assert out.startswith("interrupted after")

@@ -1,5 +1,6 @@
 #include "pybubble/balance.h"
 
+#include "pybubble/cancel.h"
 #include "pybubble/checks.h"
 #include "pybubble/message.h"
 
@@ -79,6 +80,7 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
   // Largest first: each sample to the microbatch where it raises the larger normalised part least
   // (empty microbatches first, so none stays empty). Loads are kept raw.
   for (int64_t i : order) {
+    poll_cancel(m);
     int64_t best = 0;
     double best_key = INFINITY, best_sum = INFINITY;
     for (int64_t k = 0; k < m; ++k) {
@@ -110,6 +112,7 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
     bool improved = false;
     for (int64_t i = 0; i < n && !improved; ++i) {
       if (out[static_cast<size_t>(i)] != top || count[static_cast<size_t>(top)] < 2) continue;
+      poll_cancel(m);
       for (int64_t k = 0; k < m && !improved; ++k) {
         if (k == top) continue;
         const double te = load[static_cast<size_t>(2 * top)] - c(i, 0), tl = load[static_cast<size_t>(2 * top + 1)] - c(i, 1);
@@ -128,6 +131,7 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
     }
     for (int64_t i = 0; i < n && !improved; ++i) {
       if (out[static_cast<size_t>(i)] != top) continue;
+      poll_cancel(n);
       for (int64_t q = 0; q < n && !improved; ++q) {
         const int64_t k = out[static_cast<size_t>(q)];
         if (k == top) continue;

@@ -2,6 +2,7 @@
 
 #include "pybubble/message.h"
 
+#include "pybubble/cancel.h"
 #include "pybubble/checks.h"
 #include "pybubble/intervals.h"
 
@@ -183,6 +184,7 @@ TableIndex check_spec(const PipelineSpec& sp) {
   // Which rank holds each stage; each rank must hold v stages.
   ix.stage_rank.assign(static_cast<size_t>(S), kNoRank);
   for (int32_t r = 0; r < p; ++r) {
+    poll_cancel(1 + sp.row_offset[r + 1] - sp.row_offset[r]);
     for (int64_t i = sp.row_offset[r]; i < sp.row_offset[r + 1]; ++i) {
       const int32_t g = sp.stage[i];
       auto where = [r] { return "table[" + format_number(r) + "]"; };
@@ -232,6 +234,7 @@ TableIndex check_spec(const PipelineSpec& sp) {
     a = static_cast<int64_t>(i);
   }
   for (int32_t g = 0; g < S; ++g) {
+    poll_cancel(m);
     for (int32_t k = 0; k < m; ++k) {
       const bool f = ix.action(g, kForward, k) >= 0, b = ix.action(g, kBackward, k) >= 0;
       const bool in = ix.action(g, kInputGrad, k) >= 0, w = ix.action(g, kWeightGrad, k) >= 0;
@@ -308,44 +311,60 @@ std::string deadlock_message(const PipelineSpec& sp, const TableIndex& ix, const
 
 /// Runs the table: each rank takes its actions in table order, each as soon as the rank is free
 /// (from the end of the all-gather) and its dependencies are done, plus p2p for a dependency on
-/// another rank. Fills the ops of `tl` and its step time. Throws std::invalid_argument for a
-/// deadlocked table and for a step time that overflows.
+/// another rank. Fills the ops of `tl` and its step time. Linear in the actions: a rank that waits
+/// on an action is woken when that action is done (the times do not depend on the order in which
+/// ranks progress). Throws std::invalid_argument for a deadlocked table and for a step time that
+/// overflows.
 void run_table(const PipelineSpec& sp, const TableIndex& ix, PipelineTimeline& tl) {
   const int32_t p = sp.ranks;
   const size_t n = sp.stage.size();
   tl.op_start.assign(n, -1.0);
-  tl.op_end.assign(n, -1.0);
+  tl.op_end.assign(n, -1.0);  // < 0: not done yet
   std::vector<int64_t> next(sp.row_offset.begin(), sp.row_offset.end() - 1);
   std::vector<double> free_at(static_cast<size_t>(p), sp.dp_allgather);
+  // Ranks that may progress; per action, the ranks waiting on it (a list threaded through
+  // next_waiter: a rank waits on one action at a time).
+  std::vector<int32_t> runnable(static_cast<size_t>(p));
+  for (int32_t r = 0; r < p; ++r) runnable[static_cast<size_t>(r)] = p - 1 - r;
+  std::vector<int32_t> waiter_head(n, kNoRank), next_waiter(static_cast<size_t>(p), kNoRank);
   size_t done = 0;
-  while (done < n) {
-    bool progressed = false;
-    for (int32_t r = 0; r < p; ++r) {
-      while (next[r] < sp.row_offset[r + 1]) {
-        const size_t i = static_cast<size_t>(next[r]);
-        int64_t deps[2];
-        ix.dependencies(sp, i, deps);
-        double ready = free_at[r];
-        bool blocked = false;
-        for (int64_t d : deps) {
-          if (d < 0) continue;
-          if (tl.op_end[d] < 0) {
-            blocked = true;
-            break;
-          }
-          ready = std::max(ready, tl.op_end[d] + (ix.action_rank[d] != r ? sp.p2p : 0.0));
+  while (!runnable.empty()) {
+    const int32_t r = runnable.back();
+    runnable.pop_back();
+    while (next[r] < sp.row_offset[r + 1]) {
+      const size_t i = static_cast<size_t>(next[r]);
+      int64_t deps[2];
+      ix.dependencies(sp, i, deps);
+      double ready = free_at[r];
+      int64_t blocked_on = -1;
+      for (int64_t d : deps) {
+        if (d < 0) continue;
+        if (tl.op_end[d] < 0) {
+          blocked_on = d;
+          break;
         }
-        if (blocked) break;
-        tl.op_start[i] = ready;
-        tl.op_end[i] = ready + ix.duration(sp, sp.stage[i], sp.kind[i]);
-        free_at[r] = tl.op_end[i];
-        ++next[r];
-        ++done;
-        progressed = true;
+        ready = std::max(ready, tl.op_end[d] + (ix.action_rank[d] != r ? sp.p2p : 0.0));
       }
+      if (blocked_on >= 0) {
+        next_waiter[r] = waiter_head[blocked_on];
+        waiter_head[blocked_on] = r;
+        break;
+      }
+      tl.op_start[i] = ready;
+      tl.op_end[i] = ready + ix.duration(sp, sp.stage[i], sp.kind[i]);
+      free_at[r] = tl.op_end[i];
+      ++next[r];
+      ++done;
+      for (int32_t w = waiter_head[i]; w != kNoRank;) {
+        const int32_t after = next_waiter[w];
+        runnable.push_back(w);
+        w = after;
+      }
+      waiter_head[i] = kNoRank;
+      poll_cancel();
     }
-    if (!progressed) throw std::invalid_argument(deadlock_message(sp, ix, next, tl.op_end));
   }
+  if (done < n) throw std::invalid_argument(deadlock_message(sp, ix, next, tl.op_end));
   double llm_end = sp.dp_allgather;
   for (size_t i = 0; i < n; ++i) llm_end = std::max(llm_end, tl.op_end[i]);
   tl.step_time = llm_end + sp.dp_reducescatter;
@@ -445,6 +464,7 @@ void classify_bubbles(const PipelineSpec& sp, const TableIndex& ix, PipelineTime
     bubble(r, kDpAllgather, 0.0, sp.dp_allgather);
     double t = sp.dp_allgather;
     for (int64_t i = b0; i < b1; ++i) {
+      poll_cancel(1 + sp.tp_count);
       gap(t, tl.op_start[i]);
       if (ix.has_tp && sp.kind[i] != kWeightGrad) {
         const double len = tl.op_end[i] - tl.op_start[i];

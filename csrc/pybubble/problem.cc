@@ -1,5 +1,6 @@
 #include "pybubble/problem.h"
 
+#include "pybubble/cancel.h"
 #include "pybubble/checks.h"
 #include "pybubble/message.h"
 
@@ -91,6 +92,7 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
   resource_.resize(n);
   phase_.resize(n);
   for (size_t i = 0; i < n; ++i) {
+    poll_cancel();
     const auto f = [&] { return "tasks[" + format_number(i) + "]"; };
     if (in_.lane[i] < 0 || in_.lane[i] >= in_.num_lanes) {
       fail(f() + ".lane: " + format_number(in_.lane[i]) + " is not in [0, " +
@@ -118,6 +120,7 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
   std::vector<int64_t> succ_count(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const int64_t b = in_.after_offset[i], e = in_.after_offset[i + 1];
+    poll_cancel(1 + e - b);
     for (int64_t q = b; q < e; ++q) {
       const int64_t p = in_.after[static_cast<size_t>(q)];
       const auto f = [&] { return "tasks[" + format_number(i) + "].after[" + format_number(q - b) + "]"; };

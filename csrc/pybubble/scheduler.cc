@@ -1,5 +1,6 @@
 #include "pybubble/scheduler.h"
 
+#include "pybubble/cancel.h"
 #include "pybubble/checks.h"
 #include "pybubble/message.h"
 
@@ -370,6 +371,7 @@ const Schedule& Scheduler::run(Policy policy, const std::vector<double>* duratio
   }
   for (int32_t j = 0; j < m; ++j) {
     const int64_t count = p_.tasks_end(j, kFwd) - p_.tasks_begin(j, kFwd);
+    poll_cancel(1 + 3 * count);  // up to two tries and a probe
     int64_t first = count;
     if (greedy) {
       if (place_forward_in_step(j, 0)) {
@@ -403,6 +405,7 @@ const Schedule& Scheduler::run(Policy policy, const std::vector<double>* duratio
     for (int32_t i = 0; i < m; ++i) {
       const int32_t j = order_[static_cast<size_t>(i)];
       const int64_t count = p_.tasks_end(j, kBwd) - p_.tasks_begin(j, kBwd);
+      poll_cancel(1 + 3 * count);
       int64_t last = 0;
       if (place_backward_in_step(j, count)) {
         last = count;

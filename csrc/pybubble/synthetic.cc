@@ -1,5 +1,6 @@
 #include "pybubble/synthetic.h"
 
+#include "pybubble/cancel.h"
 #include "pybubble/message.h"
 
 #include "pybubble/checks.h"
@@ -166,6 +167,7 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
     return static_cast<int64_t>(in.duration.size()) - 1;
   };
   for (int32_t j = 0; j < m; ++j) {
+    poll_cancel(static_cast<int64_t>(sp.encoder_layers) * sp.kernels_per_layer);
     const int32_t sub = j % lps;
     int64_t prev = -1;
     for (int32_t ph = 0; ph < 2; ++ph) {

@@ -1,5 +1,6 @@
 #include "pybubble/validate.h"
 
+#include "pybubble/cancel.h"
 #include "pybubble/message.h"
 
 #include "pybubble/intervals.h"
@@ -84,6 +85,7 @@ std::vector<std::string> validate(const Problem& p, const Schedule& s) {
   // Dependencies.
   for (int32_t t = 0; t < n; ++t) {
     const auto b = f.after_offset[static_cast<size_t>(t)], e = f.after_offset[static_cast<size_t>(t) + 1];
+    poll_cancel(1 + e - b);
     for (auto q = b; q < e; ++q) {
       const int32_t pr = static_cast<int32_t>(f.after[static_cast<size_t>(q)]);
       if (!leq(task_end(pr), s.start[static_cast<size_t>(t)])) {

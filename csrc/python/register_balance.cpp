@@ -2,6 +2,7 @@
 #include "pybubble/balance.h"
 #include "pybubble/limits.h"
 #include "register.h"
+#include "without_gil.h"
 
 namespace py = pybind11;
 
@@ -19,12 +20,8 @@ void register_balance(py::module_& m) {
         int64_t n = 0;
         const std::vector<double> c = read_costs(costs, n);
         const int64_t mb = read_int<int64_t>(num_microbatches, "num_microbatches");
-        std::vector<int64_t> out;
-        {
-          py::gil_scoped_release release;  // plain C++ over copied arrays
-          out = pybubble::balance_microbatches(c.data(), n, mb);
-        }
-        return to_array(std::move(out));
+        // Plain C++ over copied arrays.
+        return to_array(without_gil([&] { return pybubble::balance_microbatches(c.data(), n, mb); }));
       },
       py::arg("costs"), py::arg("num_microbatches"));
   m.def(

@@ -2,6 +2,7 @@
 #include "pybubble/limits.h"
 #include "pybubble/pipeline.h"
 #include "register.h"
+#include "without_gil.h"
 
 #include <algorithm>
 #include <chrono>
@@ -98,13 +99,8 @@ void register_pipeline(py::module_& m) {
       "simulate_pipeline",
       [](const py::kwargs& kw) {
         const PipelineSpec sp = read_spec(kw);
-        PipelineTimeline tl;
-        {
-          // Pure C++ on data copied out of Python objects: other threads may run meanwhile.
-          py::gil_scoped_release release;
-          tl = pybubble::simulate_pipeline(sp);
-        }
-        return timeline_dict(std::move(tl));
+        // Pure C++ on data copied out of Python objects: other threads may run meanwhile.
+        return timeline_dict(without_gil([&] { return pybubble::simulate_pipeline(sp); }));
       },
       "Simulates an action table (keyword arguments: ranks, chunks, microbatches, row_offset, stage, kind, "
       "microbatch, fwd, bwd, wgrad, p2p, tp_count, tp_duration, dp_allgather, dp_reducescatter); returns the "
@@ -116,15 +112,14 @@ void register_pipeline(py::module_& m) {
         if (runs < 1) throw py::value_error("repeat: " + pybubble::format_number(runs) + " is < 1");
         const PipelineSpec sp = read_spec(kw);
         std::vector<double> seconds(static_cast<size_t>(runs));
-        {
-          py::gil_scoped_release release;  // timing plain C++
+        without_gil([&] {  // timing plain C++
           for (double& s : seconds) {
             // As BM_SimulateInterleaved: the timeline's memory is taken and given back each run.
             const auto t0 = std::chrono::steady_clock::now();
             pybubble::simulate_pipeline(sp);
             s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
           }
-        }
+        });
         std::sort(seconds.begin(), seconds.end());
         return seconds[seconds.size() / 2];
       },

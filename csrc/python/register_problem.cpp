@@ -3,6 +3,7 @@
 #include "arrays.h"
 #include "pybubble/problem.h"
 #include "register.h"
+#include "without_gil.h"
 
 namespace py = pybind11;
 using pybubble::Problem;
@@ -63,12 +64,7 @@ void register_problem(py::module_& m) {
              ProblemInput in = read_problem(arrays);
              // The checks and indexes are plain C++ over the copied vectors: other threads (the
              // planner's) run meanwhile.
-             std::unique_ptr<Problem> out;
-             {
-               py::gil_scoped_release release;
-               out = std::make_unique<Problem>(std::move(in));
-             }
-             return out;
+             return without_gil([&] { return std::make_unique<Problem>(std::move(in)); });
            }),
            py::arg("arrays"),
            "Checks and holds a problem: `arrays` has a float `horizon`, `compute_free` and `link_free` (each "

@@ -7,6 +7,7 @@
 #include "pybubble/limits.h"
 #include "pybubble/scheduler.h"
 #include "register.h"
+#include "without_gil.h"
 
 namespace py = pybind11;
 using pybubble::Problem;
@@ -30,13 +31,10 @@ void register_scheduler(py::module_& m) {
             const auto pol = pybubble::parse_policy(read_text(policy, "policy"));
             std::vector<double> d;
             if (!durations.is_none()) d = read_array<double>(durations, "durations", {pybubble::kMaxTasks, "tasks"});
-            const pybubble::Schedule* out;
-            {
-              // Scheduling touches no Python object: let other threads run meanwhile.
-              py::gil_scoped_release release;
-              out = &self.run(pol, durations.is_none() ? nullptr : &d);
-            }
-            return as_tuple(*out);
+            // Scheduling touches no Python object: other threads run meanwhile.
+            const pybubble::Schedule& out =
+                without_gil([&]() -> const pybubble::Schedule& { return self.run(pol, durations.is_none() ? nullptr : &d); });
+            return as_tuple(out);
           },
           py::arg("policy") = "greedy", py::arg("durations") = py::none(),
           "Returns (start, assignment, step_time, shift_front, shift_back).");
@@ -45,10 +43,7 @@ void register_scheduler(py::module_& m) {
       [](py::handle problem) {
         const Problem& p = read_bound<Problem>(problem, "problem", "_core.Problem");
         std::vector<double> start;
-        {
-          py::gil_scoped_release release;  // plain C++ over the problem's arrays
-          pybubble::first_fit_floor(p, start);
-        }
+        without_gil([&] { return pybubble::first_fit_floor(p, start); });  // plain C++ over the problem's arrays
         return to_array(std::move(start));
       },
       py::arg("problem"),

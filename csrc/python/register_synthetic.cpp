@@ -3,6 +3,7 @@
 #include "arrays.h"
 #include "pybubble/synthetic.h"
 #include "register.h"
+#include "without_gil.h"
 
 namespace py = pybind11;
 
@@ -39,12 +40,8 @@ void register_synthetic(py::module_& m) {
 #undef PYBUBBLE_READ
           throw py::value_error(pybubble::quote_capped(key) + ": not a field of a generated problem");
         }
-        std::unique_ptr<pybubble::Problem> out;
-        {
-          py::gil_scoped_release release;  // plain C++ from the spec's numbers
-          out = std::make_unique<pybubble::Problem>(pybubble::synthetic_problem(s));
-        }
-        return out;
+        // Plain C++ from the spec's numbers.
+        return without_gil([&] { return std::make_unique<pybubble::Problem>(pybubble::synthetic_problem(s)); });
       },
       "A generated 1F1B problem with TP gaps and a ViT-like encoder (keyword arguments: stages, "
       "lanes_per_stage, microbatches, encoder_layers, kernels_per_layer, llm_fwd, llm_bwd, tp_gaps_per_op, "

@@ -4,6 +4,7 @@
 #include "pybubble/limits.h"
 #include "pybubble/validate.h"
 #include "register.h"
+#include "without_gil.h"
 
 namespace py = pybind11;
 
@@ -20,8 +21,7 @@ void register_validate(py::module_& m) {
         s.shift_front = read_float(shift_front, "shift_front");
         s.shift_back = read_float(shift_back, "shift_back");
         // Pure C++ over copied arrays: no Python object is touched.
-        py::gil_scoped_release release;
-        return pybubble::validate(p, s);
+        return without_gil([&] { return pybubble::validate(p, s); });
       },
       py::arg("problem"), py::arg("start"), py::arg("assignment"), py::arg("step_time"),
       py::arg("shift_front"), py::arg("shift_back"),

@@ -3,6 +3,7 @@ a ValueError naming the field, never a crash, a hang or a wrapped value."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -223,3 +224,34 @@ def test_ctrl_c_stops_a_long_simulation(tmp_path):
         proc.kill()
     assert proc.returncode == 3, err
     assert out.startswith("interrupted after")
+
+
+# -- the validator's tolerance comes from the problem --------------------------------------------
+
+FAR_PROBLEM = {
+    "format": "pybubble.problem/1", "horizon": 10.0,
+    "lanes": [{"name": "lane0", "compute_free": [[0.0, 10.0]], "link_free": []}],
+    "microbatches": [{"forward_needed": 10.0, "grad_ready": 10.0}],
+    "tasks": [{"id": i, "lane": 0, "duration": 1.0, "resource": "compute", "phase": "fwd" if i < 4 else "bwd",
+               "microbatch": 0, "after": []} for i in range(5)],
+}
+# Four tasks on top of each other at 0 and one at 1e300, with a matching step time: a schedule that
+# used to widen the validator's tolerance to 1e288 us and pass.
+FAR_SCHEDULE = {"format": "pybubble.schedule/1", "step_time": 1e300, "shift_front": 0.0, "shift_back": 1e300,
+                "start": [0.0, 0.0, 0.0, 0.0, 1e300], "assignment": [0]}
+
+
+def test_a_far_start_does_not_widen_the_tolerance():
+    problem = pybubble.load_problem(FAR_PROBLEM)
+    violations = pybubble.validate(problem, pybubble.load_schedule(FAR_SCHEDULE))
+    assert "tasks 0 and 1 overlap on lane 0 (compute)" in violations
+    assert len([v for v in violations if "overlap" in v]) == 3
+
+
+def test_cli_validate_exits_1_on_a_far_start(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps(FAR_PROBLEM))
+    (tmp_path / "s.json").write_text(json.dumps(FAR_SCHEDULE))
+    r = subprocess.run([sys.executable, "-m", "pybubble", "validate", "p.json", "s.json"], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "overlap" in r.stdout

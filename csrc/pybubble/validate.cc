@@ -44,12 +44,11 @@ std::vector<std::string> validate(const Problem& p, const Schedule& s) {
   }
   std::vector<std::string> v;
   const auto& f = p.fields();
-  // a <= b up to kTimeTolerance, plus the rounding of the largest time in the schedule.
+  // a <= b up to kTimeTolerance, plus the rounding of times as large as the problem allows: its
+  // horizon plus all its durations (tasks packed back to back before 0 or after the horizon). From
+  // the problem only: a schedule must not widen its own tolerance with a far-away start.
   double scale = p.horizon();
-  for (int32_t t = 0; t < n; ++t) {
-    const double st = s.start[static_cast<size_t>(t)];
-    if (std::isfinite(st)) scale = std::max(scale, std::max(std::fabs(st), f.duration[static_cast<size_t>(t)]));
-  }
+  for (int32_t t = 0; t < n; ++t) scale += f.duration[static_cast<size_t>(t)];
   const double tol = kTimeTolerance + kRelativeTolerance * scale;
   auto leq = [tol](double a, double b) { return a <= b + tol; };
   auto task_end = [&](int32_t t) { return s.start[static_cast<size_t>(t)] + f.duration[static_cast<size_t>(t)]; };

@@ -20,11 +20,9 @@ void check(const double* costs, int64_t n, int64_t m) {
     throw std::invalid_argument("num_microbatches: " + format_number(m) + " is not in [1, " +
                                 format_number(n) + "] (the number of samples)");
   }
+  // Times, so that every sum of up to kMaxSamples of them stays finite.
   for (int64_t i = 0; i < 2 * n; ++i) {
-    if (!std::isfinite(costs[i]) || costs[i] < 0.0) {
-      throw std::invalid_argument("costs[" + format_number(i / 2) + ", " + format_number(i % 2) + "]: " +
-                                  format_number(costs[i]) + " is not a finite non-negative number");
-    }
+    check_duration(costs[i], [i] { return "costs[" + format_number(i / 2) + ", " + format_number(i % 2) + "]"; });
   }
 }
 

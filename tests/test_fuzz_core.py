@@ -83,6 +83,20 @@ def any_value(draw, like=None):
     return reorder(draw, arr)
 
 
+REFUSED = object()
+
+
+def attempt(call):
+    """call(), or REFUSED when it raises ValueError; counted as hypothesis events."""
+    try:
+        out = call()
+    except ValueError:
+        event("refused")
+        return REFUSED
+    event("accepted")
+    return out
+
+
 def namespace(d):
     return SimpleNamespace(**{k: namespace(v) if isinstance(v, dict) else v for k, v in d.items()})
 
@@ -106,12 +120,9 @@ def test_problem(seed, data):
             arrays[group][key] = data.draw(any_value(like=arrays[group][key]))
         else:
             arrays[group] = data.draw(any_value(like=np.asarray(arrays[group])))
-    try:
-        core = _core.Problem(namespace(arrays))
-    except ValueError:
-        event("refused")
+    core = attempt(lambda: _core.Problem(namespace(arrays)))
+    if core is REFUSED:
         return
-    event("accepted")
     problem = pybubble.Problem(core)
     for policy in ("greedy", "coarse"):
         check_schedule(problem, _core.Scheduler(core).run(policy))
@@ -130,12 +141,9 @@ def test_scheduler_run(seed, data):
     durations = data.draw(st.one_of(st.none(), any_value(like=a["duration"])))
     policy = data.draw(st.one_of(st.sampled_from(["greedy", "coarse"]), SCALARS))
     scheduler = _core.Scheduler(problem.core)
-    try:
-        result = scheduler.run(policy, durations)
-    except ValueError:
-        event("refused")
+    result = attempt(lambda: scheduler.run(policy, durations))
+    if result is REFUSED:
         return
-    event("accepted")
     if durations is not None:
         a["duration"] = np.asarray(durations, np.float64)
         problem = pybubble.Problem.from_arrays(**a)
@@ -151,12 +159,9 @@ def test_validate(seed, data):
     for _ in range(data.draw(st.integers(1, 3))):
         i = data.draw(st.integers(0, 5))
         args[i] = data.draw(any_value(like=args[i] if i in (1, 2) else None))
-    try:
-        violations = _core.validate(*args)
-    except ValueError:
-        event("refused")
+    violations = attempt(lambda: _core.validate(*args))
+    if violations is REFUSED:
         return
-    event("accepted")
     assert isinstance(violations, list) and all(isinstance(v, str) for v in violations)
 
 
@@ -188,12 +193,9 @@ def test_simulate_pipeline(seed, data):
         spec[key] = data.draw(any_value(like=old) if isinstance(old, np.ndarray) else SCALARS)
     if data.draw(st.integers(0, 20)) == 0:
         spec[data.draw(st.sampled_from(sorted(spec)))] = None
-    try:
-        out = _core.simulate_pipeline(**spec)
-    except ValueError:
-        event("refused")
+    out = attempt(lambda: _core.simulate_pipeline(**spec))
+    if out is REFUSED:
         return
-    event("accepted")
     assert math.isfinite(out["step_time"])
     assert (out["op_end"] >= out["op_start"]).all() and (out["bubble_end"] > out["bubble_start"]).all()
     assert (out["forward_needed"] <= out["grad_ready"]).all()
@@ -210,21 +212,14 @@ def test_balance(data):
     costs = np.random.default_rng(n).lognormal(size=(n, 2))
     costs = data.draw(st.one_of(st.just(costs), any_value(like=costs)))
     m = data.draw(st.one_of(st.integers(1, 13), SCALARS))
-    try:
-        a = _core.balance_microbatches(costs, m)
-        event("balanced")
-    except ValueError:
-        a = None
-    if a is not None:
+    a = attempt(lambda: _core.balance_microbatches(costs, m))
+    if a is not REFUSED:
         assert a.shape == (len(costs),) and a.dtype == np.int64
         assert sorted(set(a.tolist())) == list(range(m))  # every microbatch non-empty
         assert _core.max_microbatch_cost(costs, a, m) >= _core.balance_lower_bound(costs, m) * (1 - 1e-12)
     assignment = data.draw(any_value(like=np.zeros(len(np.atleast_1d(costs)), np.int64)))
-    try:
-        cost = _core.max_microbatch_cost(costs, assignment, m)
-    except ValueError:
-        return
-    assert math.isfinite(cost) and cost >= 0.0
+    cost = attempt(lambda: _core.max_microbatch_cost(costs, assignment, m))
+    assert cost is REFUSED or (math.isfinite(cost) and cost >= 0.0)
 
 
 FIELDS = ("stages", "lanes_per_stage", "microbatches", "encoder_layers", "kernels_per_layer", "llm_fwd", "llm_bwd",
@@ -237,12 +232,9 @@ def test_synthetic_problem(data):
     kwargs = {}
     for key in data.draw(st.lists(st.sampled_from(FIELDS + ("speed",)), max_size=3, unique=True)):
         kwargs[key] = data.draw(SCALARS)
-    try:
-        core = _core.synthetic_problem(**kwargs)
-    except ValueError:
-        event("refused")
+    core = attempt(lambda: _core.synthetic_problem(**kwargs))
+    if core is REFUSED:
         return
-    event("accepted")
     problem = pybubble.Problem(core)
     check_schedule(problem, _core.Scheduler(core).run("greedy"))
 
@@ -252,8 +244,4 @@ def test_synthetic_problem(data):
 def test_problem_arguments_of_the_wrong_kind(value):
     for call in (lambda: _core.Scheduler(value), lambda: _core.first_fit_floor(value),
                  lambda: _core.validate(value, [], [], 0.0, 0.0, 0.0), lambda: _core.Problem(value)):
-        try:
-            call()
-        except ValueError:
-            continue
-        raise AssertionError(f"accepted {value!r}")
+        assert attempt(call) is REFUSED, f"accepted {value!r}"

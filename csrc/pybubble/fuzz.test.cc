@@ -124,6 +124,31 @@ ProblemInput random_problem(Random& r) {
   return in;
 }
 
+// Runs `call`: true when it returns, false when it refuses its input with invalid_argument (any
+// other exception escapes and fails the test).
+template <typename Call>
+bool accepts(Call&& call) {
+  try {
+    call();
+    return true;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+// Runs `rounds` rounds of `one(r, round)` (true: its input was accepted), every other one hostile;
+// returns how many were accepted.
+template <typename One>
+int fuzz(uint64_t seed, int rounds, One&& one) {
+  Random r(seed);
+  int accepted = 0;
+  for (int round = 0; round < rounds; ++round) {
+    r.hostile = round % 2 == 0;
+    accepted += one(r, round);
+  }
+  return accepted;
+}
+
 // The schedule a scheduler run must produce: valid against the problem it ran with.
 void expect_valid(const ProblemInput& in, const Schedule& s, int round) {
   const Problem checked(in);
@@ -133,28 +158,23 @@ void expect_valid(const ProblemInput& in, const Schedule& s, int round) {
 }
 
 TEST(Fuzz, ProblemSchedulerAndValidator) {
-  Random r(11);
-  int accepted = 0;
-  for (int round = 0; round < 15000; ++round) {
-    r.hostile = round % 2 == 0;
-    ProblemInput in = random_problem(r);
-    try {
+  EXPECT_GT(fuzz(11, 15000, [](Random& r, int round) {
+    const ProblemInput in = random_problem(r);
+    const bool ok = accepts([&] {
       const Problem p(in);
-      ++accepted;
       Scheduler sched(p);
       for (Policy pol : {Policy::kGreedy, Policy::kCoarse}) expect_valid(p.fields(), sched.run(pol), round);
       std::vector<double> start;
       first_fit_floor(p, start);
       EXPECT_EQ(start.size(), static_cast<size_t>(p.num_tasks()));
       // New durations of any length and value.
-      std::vector<double> d = r.numbers(r.near(p.num_tasks()), 0.0, 20.0);
-      try {
+      const std::vector<double> d = r.numbers(r.near(p.num_tasks()), 0.0, 20.0);
+      accepts([&] {
         const Schedule& s = sched.run(Policy::kGreedy, &d);
         ProblemInput with = p.fields();
         with.duration = d;
         expect_valid(with, s, round);
-      } catch (const std::invalid_argument&) {
-      }
+      });
       // Any schedule: violations or a refusal of its shape, nothing else.
       Schedule any;
       any.start = r.numbers(r.near(p.num_tasks()), -50.0, 150.0);
@@ -162,14 +182,10 @@ TEST(Fuzz, ProblemSchedulerAndValidator) {
       any.step_time = r.number(0.0, 200.0);
       any.shift_front = r.number(0.0, 50.0);
       any.shift_back = r.number(0.0, 50.0);
-      try {
-        validate(p, any);
-      } catch (const std::invalid_argument&) {
-      }
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  EXPECT_GT(accepted, 1000);
+      accepts([&] { validate(p, any); });
+    });
+    return ok;
+  }), 1000);
 }
 
 // A table of `ranks` rows: 1F1B most of the time (then mutated), random actions sometimes.
@@ -226,14 +242,10 @@ void expect_windows(const WindowSet& w, int32_t ranks, double step_time, int rou
 }
 
 TEST(Fuzz, SimulatorAndItsFreeWindows) {
-  Random r(12);
-  int accepted = 0;
-  for (int round = 0; round < 15000; ++round) {
-    r.hostile = round % 2 == 0;
+  EXPECT_GT(fuzz(12, 15000, [](Random& r, int round) {
     const PipelineSpec sp = random_spec(r);
-    try {
+    const bool ok = accepts([&] {
       const PipelineTimeline tl = simulate_pipeline(sp);
-      ++accepted;
       EXPECT_TRUE(std::isfinite(tl.step_time)) << "round " << round;
       for (size_t i = 0; i < tl.op_start.size(); ++i) EXPECT_LE(tl.op_start[i], tl.op_end[i]) << "round " << round;
       for (size_t i = 0; i < tl.bubble_start.size(); ++i) EXPECT_LT(tl.bubble_start[i], tl.bubble_end[i]);
@@ -241,22 +253,17 @@ TEST(Fuzz, SimulatorAndItsFreeWindows) {
       expect_windows(tl.link_free, sp.ranks, tl.step_time, round);
       EXPECT_EQ(tl.forward_needed.size(), static_cast<size_t>(sp.microbatches));
       for (size_t k = 0; k < tl.grad_ready.size(); ++k) EXPECT_LE(tl.forward_needed[k], tl.grad_ready[k]);
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  EXPECT_GT(accepted, 1000);
+    });
+    return ok;
+  }), 1000);
 }
 
 TEST(Fuzz, Balance) {
-  Random r(13);
-  int accepted = 0;
-  for (int round = 0; round < 6000; ++round) {
-    r.hostile = round % 2 == 0;
+  EXPECT_GT(fuzz(13, 6000, [](Random& r, int round) {
     const int64_t n = r.below(12), m = r.integer(-1, 13);
     const std::vector<double> costs = r.numbers(2 * n, 0.0, 10.0);
-    try {
+    const bool ok = accepts([&] {
       const std::vector<int64_t> a = balance_microbatches(costs.data(), n, m);
-      ++accepted;
       ASSERT_EQ(a.size(), static_cast<size_t>(n));
       std::vector<int64_t> count(static_cast<size_t>(m), 0);
       for (int64_t k : a) {
@@ -266,22 +273,15 @@ TEST(Fuzz, Balance) {
       }
       for (int64_t c : count) EXPECT_GE(c, 1) << "round " << round;
       EXPECT_GE(max_microbatch_cost(costs.data(), n, a.data(), m), balance_lower_bound(costs.data(), n, m) * (1 - 1e-12));
-    } catch (const std::invalid_argument&) {
-    }
+    });
     const std::vector<int64_t> any = r.integers(n, -1, m);
-    try {
-      max_microbatch_cost(costs.data(), n, any.data(), m);
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  EXPECT_GT(accepted, 100);
+    accepts([&] { max_microbatch_cost(costs.data(), n, any.data(), m); });
+    return ok;
+  }), 100);
 }
 
 TEST(Fuzz, GeneratedProblems) {
-  Random r(14);
-  int accepted = 0;
-  for (int round = 0; round < 300; ++round) {
-    r.hostile = round % 2 == 0;
+  EXPECT_GT(fuzz(14, 500, [](Random& r, int round) {
     SyntheticSpec s;
     s.stages = static_cast<int32_t>(r.integer(1, 3));
     s.lanes_per_stage = static_cast<int32_t>(r.integer(1, 2));
@@ -295,14 +295,12 @@ TEST(Fuzz, GeneratedProblems) {
     s.encoder_scale = r.number(0.0, 2.0);
     s.jitter = r.number(0.0, 0.9);
     s.seed = static_cast<uint64_t>(r.integer(0, 1000));
-    try {
+    const bool ok = accepts([&] {
       const Problem p(synthetic_problem(s));
-      ++accepted;
       expect_valid(p.fields(), schedule(p, Policy::kGreedy), round);
-    } catch (const std::invalid_argument&) {
-    }
-  }
-  EXPECT_GT(accepted, 30);
+    });
+    return ok;
+  }), 50);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "arrays.h"
 
 #include <cmath>
+#include <limits>
 
 namespace py = pybind11;
 using pybubble::format_number;
@@ -74,63 +75,69 @@ std::string element_name(const std::string& name, const py::array& a, size_t fla
   return name + "[" + format_number(flat) + "]";
 }
 
+namespace {
+
+// `a` as a C-contiguous array of T: a cast NumPy makes (exact after the kind checks above).
+template <typename T>
+py::array_t<T, py::array::c_style | py::array::forcecast> cast(const py::array& a) {
+  auto s = py::array_t<T, py::array::c_style | py::array::forcecast>::ensure(a);
+  if (!s) throw py::error_already_set();
+  return s;
+}
+
+// The integers of `a` (held as T: int64_t or uint64_t) as Out, each checked by `fits(x)`; `refuse`
+// names a value that does not fit.
+template <typename T, typename Out, typename Fits, typename Refuse>
+std::vector<Out> checked_values(const py::array& a, Fits&& fits, Refuse&& refuse) {
+  const auto s = cast<T>(a);
+  std::vector<Out> out(static_cast<size_t>(s.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const T x = s.data()[i];
+    if (!fits(x)) refuse(i, x);
+    out[i] = static_cast<Out>(x);
+  }
+  return out;
+}
+
+// Whether integer x has a double of the same value (2^digits is the first double past T's range).
+template <typename T>
+bool exact_in_double(T x) {
+  const double d = static_cast<double>(x);
+  return d < std::ldexp(1.0, std::numeric_limits<T>::digits) && static_cast<T>(d) == x;
+}
+
+}  // namespace
+
 std::vector<int64_t> int64_values(const py::array& a, const std::string& name) {
   const char kind = a.dtype().kind();
   if (kind == 'f' && a.size() > 0) {
     throw py::value_error(name + ": dtype " + dtype_name(a) + " is not an integer type (values would be cut)");
   }
-  if (kind == 'u' && a.itemsize() == 8) {
-    const auto u = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(a);
-    if (!u) throw py::error_already_set();
-    std::vector<int64_t> out(static_cast<size_t>(u.size()));
-    for (size_t i = 0; i < out.size(); ++i) {
-      const uint64_t x = u.data()[i];
-      if (x > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+  if (kind != 'u' || a.itemsize() < 8) {
+    const auto s = cast<int64_t>(a);
+    return std::vector<int64_t>(s.data(), s.data() + s.size());
+  }
+  return checked_values<uint64_t, int64_t>(
+      a, [](uint64_t x) { return x <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()); },
+      [&](size_t i, uint64_t x) {
         throw py::value_error(element_name(name, a, i) + ": " + format_number(x) + " is not in [" +
                               format_number(std::numeric_limits<int64_t>::min()) + ", " +
                               format_number(std::numeric_limits<int64_t>::max()) + "]");
-      }
-      out[i] = static_cast<int64_t>(x);
-    }
-    return out;
-  }
-  const auto s = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
-  if (!s) throw py::error_already_set();
-  return std::vector<int64_t>(s.data(), s.data() + s.size());
+      });
 }
 
 std::vector<double> float64_values(const py::array& a, const std::string& name) {
   const char kind = a.dtype().kind();
   if (kind == 'f') {
-    const auto s = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(a);
-    if (!s) throw py::error_already_set();
+    const auto s = cast<double>(a);
     return std::vector<double>(s.data(), s.data() + s.size());
   }
   // Integers: each must convert to a double exactly.
-  const auto lossy = [&](size_t i, const std::string& value) {
-    return py::value_error(element_name(name, a, i) + ": " + value + " has no exact float64 value");
+  const auto lossy = [&](size_t i, auto x) {
+    throw py::value_error(element_name(name, a, i) + ": " + format_number(x) + " has no exact float64 value");
   };
-  std::vector<double> out(static_cast<size_t>(a.size()));
-  if (kind == 'u' && a.itemsize() == 8) {
-    const auto u = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(a);
-    if (!u) throw py::error_already_set();
-    for (size_t i = 0; i < out.size(); ++i) {
-      const uint64_t x = u.data()[i];
-      const double d = static_cast<double>(x);
-      if (d >= 18446744073709551616.0 || static_cast<uint64_t>(d) != x) throw lossy(i, format_number(x));
-      out[i] = d;
-    }
-    return out;
-  }
-  const auto s = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(a);
-  if (!s) throw py::error_already_set();
-  for (size_t i = 0; i < out.size(); ++i) {
-    const int64_t x = s.data()[i];
-    const double d = static_cast<double>(x);
-    if (d >= 9223372036854775808.0 || static_cast<int64_t>(d) != x) throw lossy(i, format_number(x));
-    out[i] = d;
-  }
-  return out;
+  if (kind == 'u' && a.itemsize() == 8) return checked_values<uint64_t, double>(a, exact_in_double<uint64_t>, lossy);
+  return checked_values<int64_t, double>(a, exact_in_double<int64_t>, lossy);
 }
 
 py::int_ python_int(py::handle value, const std::string& name) {

@@ -68,22 +68,18 @@ PipelineSpec read_spec(const py::kwargs& kw) {
   return sp;
 }
 
+// The timeline's arrays, each once; Python reads them by these names (pybubble.timeline).
+#define PYBUBBLE_TIMELINE_ARRAYS(X)                                                                    \
+  X(op_rank) X(op_chunk) X(op_stage) X(op_kind) X(op_microbatch) X(op_start) X(op_end) X(bubble_rank) \
+  X(bubble_kind) X(bubble_start) X(bubble_end) X(forward_needed) X(grad_ready)
+
+// The timeline as a dict of NumPy arrays that take over its vectors (no copy).
 py::dict timeline_dict(PipelineTimeline&& tl) {
   py::dict d;
   d["step_time"] = tl.step_time;
-  d["op_rank"] = to_array(std::move(tl.op_rank));
-  d["op_chunk"] = to_array(std::move(tl.op_chunk));
-  d["op_stage"] = to_array(std::move(tl.op_stage));
-  d["op_kind"] = to_array(std::move(tl.op_kind));
-  d["op_microbatch"] = to_array(std::move(tl.op_microbatch));
-  d["op_start"] = to_array(std::move(tl.op_start));
-  d["op_end"] = to_array(std::move(tl.op_end));
-  d["bubble_rank"] = to_array(std::move(tl.bubble_rank));
-  d["bubble_kind"] = to_array(std::move(tl.bubble_kind));
-  d["bubble_start"] = to_array(std::move(tl.bubble_start));
-  d["bubble_end"] = to_array(std::move(tl.bubble_end));
-  d["forward_needed"] = to_array(std::move(tl.forward_needed));
-  d["grad_ready"] = to_array(std::move(tl.grad_ready));
+#define PYBUBBLE_MOVE(field) d[#field] = to_array(std::move(tl.field));
+  PYBUBBLE_TIMELINE_ARRAYS(PYBUBBLE_MOVE)
+#undef PYBUBBLE_MOVE
   for (auto [name, w] : {std::pair{"compute_free", &tl.compute_free}, std::pair{"link_free", &tl.link_free}}) {
     d[(std::string(name) + "_offset").c_str()] = to_array(std::move(w->offset));
     d[(std::string(name) + "_start").c_str()] = to_array(std::move(w->start));

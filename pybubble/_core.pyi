@@ -6,6 +6,8 @@ import numpy as np
 import numpy.typing as npt
 
 TIME_TOLERANCE: float
+LIMITS: dict[str, int | float]
+"""The largest input the core accepts (csrc/pybubble/limits.h): counts, and "time" in us."""
 
 class WindowArrays(Protocol):
     """One resource's free windows in CSR form: lane l's windows are [offset[l], offset[l + 1])."""

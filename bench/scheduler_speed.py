@@ -1,7 +1,9 @@
-"""Core vs pure-Python reference on the ViT-22B-sized problem, measured in one run.
+"""Core vs its floor and vs the pure-Python reference on the ViT-22B-sized problem, in one run.
 
-Prints the median time of each (repeated runs, single thread) and their ratio, and checks that both
-return the same schedule. Usage: python bench/scheduler_speed.py [--repeat N]
+Prints the median time of each (repeated runs, single thread), the core's ratio to the floor (a
+one-pass first-fit loop in C++ over the same tasks and windows: the least work any scheduler
+filling them does) and to the reference, and checks that core and reference return the same
+schedule. Usage: python bench/scheduler_speed.py [--repeat N]
 """
 
 from __future__ import annotations
@@ -39,18 +41,26 @@ def main() -> None:
     fast = schedule(problem)
     slow = reference_schedule(problem)
     assert np.array_equal(fast.start, slow.start) and validate(problem, fast) == []
-    with progress_bar("timing the core and the reference", total=3) as update:  # redrawn between timings only
-        t_core = median_time(lambda: core.run("greedy"), 50 * args.repeat)
-        update(1)
+    assert _core.first_fit_floor(problem.core).shape == (problem.num_tasks,)
+    # Core and floor interleaved, so that both see the same machine.
+    t_core, t_floor = [], []
+    with progress_bar("timing the core, its floor and the reference", total=12) as update:  # between timings only
+        for i in range(10):
+            t_core.append(median_time(lambda: core.run("greedy"), 5 * args.repeat))
+            t_floor.append(median_time(lambda: _core.first_fit_floor(problem.core), 5 * args.repeat))
+            update(i + 1)
+        t_core, t_floor = statistics.median(t_core), statistics.median(t_floor)
         t_api = median_time(lambda: schedule(problem), 10 * args.repeat)
-        update(2)
+        update(11)
         t_ref = median_time(lambda: reference_schedule(problem), args.repeat)
-        update(3)
+        update(12)
     print(f"problem: {problem.num_tasks} tasks, {windows} windows, {problem.num_lanes} lanes, "
           f"{problem.num_microbatches} microbatches")
     print(f"core (Scheduler.run, reused)   median {t_core * 1e3:8.3f} ms")
+    print(f"floor (first-fit pass, C++)    median {t_floor * 1e3:8.3f} ms")
     print(f"core (pybubble.schedule)       median {t_api * 1e3:8.3f} ms")
     print(f"reference (pure Python)        median {t_ref * 1e3:8.3f} ms")
+    print(f"core / floor: {t_core / t_floor:.2f}x")
     print(f"speed-up core vs reference: {t_ref / t_core:.0f}x (run), {t_ref / t_api:.0f}x (API call)")
     print(f"step: {fast.step_time / 1e3:.1f} ms greedy vs horizon {problem.horizon / 1e3:.1f} ms, "
           f"hidden {fast.hidden_fraction(problem):.1%}")

@@ -1,31 +1,44 @@
 """Type stubs for pybubble's C++ extension."""
 
+from typing import Any, Protocol
+
 import numpy as np
 import numpy.typing as npt
 
 TIME_TOLERANCE: float
+LIMITS: dict[str, int | float]
+"""The largest input the core accepts (csrc/pybubble/limits.h): counts, and "time" in us."""
+
+class WindowArrays(Protocol):
+    """One resource's free windows in CSR form: lane l's windows are [offset[l], offset[l + 1])."""
+
+    offset: npt.ArrayLike  # int64, num_lanes + 1 entries
+    start: npt.ArrayLike  # float64
+    end: npt.ArrayLike  # float64
+
+class TaskArrays(Protocol):
+    """The tasks' arrays: predecessors of task t are after[after_offset[t]:after_offset[t + 1]]."""
+
+    lane: npt.ArrayLike  # integers
+    microbatch: npt.ArrayLike  # integers
+    resource: npt.ArrayLike  # integers: 0 compute, 1 comm
+    phase: npt.ArrayLike  # integers: 0 fwd, 1 bwd
+    after_offset: npt.ArrayLike  # integers, num_tasks + 1 entries
+    after: npt.ArrayLike  # integers
+    duration: npt.ArrayLike  # float64
+
+class ProblemArrays(Protocol):
+    """What _core.Problem reads, by attribute."""
+
+    horizon: float
+    compute_free: WindowArrays
+    link_free: WindowArrays
+    forward_needed: npt.ArrayLike  # float64, one per LLM microbatch
+    grad_ready: npt.ArrayLike  # float64, one per LLM microbatch
+    tasks: TaskArrays
 
 class Problem:
-    def __init__(
-        self,
-        horizon: float,
-        num_lanes: int,
-        compute_offset: npt.ArrayLike,
-        compute_start: npt.ArrayLike,
-        compute_end: npt.ArrayLike,
-        link_offset: npt.ArrayLike,
-        link_start: npt.ArrayLike,
-        link_end: npt.ArrayLike,
-        forward_needed: npt.ArrayLike,
-        grad_ready: npt.ArrayLike,
-        lane: npt.ArrayLike,
-        microbatch: npt.ArrayLike,
-        duration: npt.ArrayLike,
-        resource: npt.ArrayLike,
-        phase: npt.ArrayLike,
-        after_offset: npt.ArrayLike,
-        after: npt.ArrayLike,
-    ) -> None: ...
+    def __init__(self, arrays: ProblemArrays) -> None: ...
     @property
     def horizon(self) -> float: ...
     @property
@@ -34,7 +47,9 @@ class Problem:
     def num_tasks(self) -> int: ...
     @property
     def num_microbatches(self) -> int: ...
-    def fields(self) -> dict[str, object]: ...
+    def arrays(self) -> dict[str, Any]:
+        """{"horizon": float, "compute_free": {"offset", "start", "end"}, "link_free": {...},
+        "forward_needed": array, "grad_ready": array, "tasks": {"lane", ..., "after"}}"""
 
 class Scheduler:
     def __init__(self, problem: Problem) -> None: ...
@@ -42,6 +57,7 @@ class Scheduler:
         self, policy: str = "greedy", durations: npt.ArrayLike | None = None
     ) -> tuple[np.ndarray, np.ndarray, float, float, float]: ...
 
+def first_fit_floor(problem: Problem) -> np.ndarray: ...
 def validate(
     problem: Problem,
     start: npt.ArrayLike,
@@ -51,24 +67,26 @@ def validate(
     shift_back: float,
 ) -> list[str]: ...
 def synthetic_problem(
-    stages: int,
-    lanes_per_stage: int,
-    microbatches: int,
-    encoder_layers: int,
-    kernels_per_layer: int,
-    llm_fwd: float,
-    llm_bwd: float,
-    tp_gaps_per_op: int,
-    tp_gap: float,
-    encoder_scale: float,
-    jitter: float,
-    seed: int,
+    *,
+    stages: int = 4,
+    lanes_per_stage: int = 2,
+    microbatches: int = 8,
+    encoder_layers: int = 8,
+    kernels_per_layer: int = 16,
+    llm_fwd: float = 4000.0,
+    llm_bwd: float = 8000.0,
+    tp_gaps_per_op: int = 4,
+    tp_gap: float = 150.0,
+    encoder_scale: float = 1.0,
+    jitter: float = 0.2,
+    seed: int = 0,
 ) -> Problem: ...
 def balance_microbatches(costs: npt.ArrayLike, num_microbatches: int) -> np.ndarray: ...
 def balance_lower_bound(costs: npt.ArrayLike, num_microbatches: int) -> float: ...
 def max_microbatch_cost(costs: npt.ArrayLike, assignment: npt.ArrayLike, num_microbatches: int) -> float: ...
 
 def simulate_pipeline(
+    *,
     ranks: int,
     chunks: int,
     microbatches: int,
@@ -84,4 +102,6 @@ def simulate_pipeline(
     tp_duration: float,
     dp_allgather: float,
     dp_reducescatter: float,
-) -> dict[str, object]: ...
+) -> dict[str, Any]: ...
+def simulate_pipeline_seconds(repeat: int, **spec: Any) -> float:
+    """The median seconds of `repeat` runs of simulate_pipeline(**spec) in C++."""

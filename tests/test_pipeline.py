@@ -330,9 +330,12 @@ def test_problem_on_timeline_takes_numpy_scalars_and_an_id_equal_to_the_index():
 def test_huge_numbers_in_a_table_are_value_errors():
     with pytest.raises(ValueError, match=r"schedule\[0\]\[2\]: '0F99999999999' has a stage or microbatch of 2\*\*31"):
         simulate_pipeline({0: ["0F0", "0B0", "0F99999999999", "0B1"]})
-    # A large microbatch number is rejected by counting actions, without a table per microbatch.
-    with pytest.raises(ValueError, match=r"table: 0F1 is missing \(4 actions for 1 stages and 2000000001"):
+    # A large microbatch number is rejected by the microbatch limit, or within it by counting
+    # actions, without a table per microbatch.
+    with pytest.raises(ValueError, match=r"microbatches: 2000000001, more than the limit of 1000000"):
         simulate_pipeline({0: ["0F0", "0B0", "0F2000000000", "0B1"]})
+    with pytest.raises(ValueError, match=r"table: 0F1 is missing \(4 actions for 1 stages and 1000000"):
+        simulate_pipeline({0: ["0F0", "0B0", "0F999999", "0B1"]})
     with pytest.raises(ValueError, match=r"fwd: 'a' is not a number"):
         simulate_pipeline("1f1b", fwd="a")
 

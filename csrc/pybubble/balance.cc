@@ -1,5 +1,9 @@
 #include "pybubble/balance.h"
 
+#include "pybubble/cancel.h"
+#include "pybubble/checks.h"
+#include "pybubble/message.h"
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -11,15 +15,14 @@ namespace {
 
 void check(const double* costs, int64_t n, int64_t m) {
   if (n < 1) throw std::invalid_argument("costs: no samples");
+  check_count(n, kMaxSamples, "samples", "costs");
   if (m < 1 || m > n) {
-    throw std::invalid_argument("num_microbatches: " + std::to_string(m) + " is not in [1, " +
-                                std::to_string(n) + "] (the number of samples)");
+    throw std::invalid_argument("num_microbatches: " + format_number(m) + " is not in [1, " +
+                                format_number(n) + "] (the number of samples)");
   }
+  // Times, so that every sum of up to kMaxSamples of them stays finite.
   for (int64_t i = 0; i < 2 * n; ++i) {
-    if (!std::isfinite(costs[i]) || costs[i] < 0.0) {
-      throw std::invalid_argument("costs[" + std::to_string(i / 2) + ", " + std::to_string(i % 2) + "]: " +
-                                  std::to_string(costs[i]) + " is not a finite non-negative number");
-    }
+    check_duration(costs[i], [i] { return "costs[" + format_number(i / 2) + ", " + format_number(i % 2) + "]"; });
   }
 }
 
@@ -38,11 +41,12 @@ double balance_lower_bound(const double* costs, int64_t n, int64_t m) {
 }
 
 double max_microbatch_cost(const double* costs, int64_t n, const int64_t* assignment, int64_t m) {
+  check(costs, n, m);
   std::vector<double> load(static_cast<size_t>(2 * m), 0.0);
   for (int64_t i = 0; i < n; ++i) {
     if (assignment[i] < 0 || assignment[i] >= m) {
-      throw std::invalid_argument("assignment[" + std::to_string(i) + "]: " + std::to_string(assignment[i]) +
-                                  " is not in [0, " + std::to_string(m) + ")");
+      throw std::invalid_argument("assignment[" + format_number(i) + "]: " + format_number(assignment[i]) +
+                                  " is not in [0, " + format_number(m) + ")");
     }
     for (int d = 0; d < 2; ++d) load[static_cast<size_t>(2 * assignment[i] + d)] += costs[2 * i + d];
   }
@@ -74,6 +78,7 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
   // Largest first: each sample to the microbatch where it raises the larger normalised part least
   // (empty microbatches first, so none stays empty). Loads are kept raw.
   for (int64_t i : order) {
+    poll_cancel(m);
     int64_t best = 0;
     double best_key = INFINITY, best_sum = INFINITY;
     for (int64_t k = 0; k < m; ++k) {
@@ -94,7 +99,9 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
   // Improve the raw objective: move a sample out of the bottleneck microbatch, or swap it with one
   // elsewhere, while that lowers the larger of the two microbatches' loads. Bounded rounds.
   auto peak = [&](int64_t k) { return std::max(load[static_cast<size_t>(2 * k)], load[static_cast<size_t>(2 * k + 1)]); };
-  for (int round = 0; round < 4 * m; ++round) {
+  // With one microbatch there is nowhere to move a sample: skip the rounds (they would find
+  // nothing, after n * n pair checks).
+  for (int round = 0; m > 1 && round < 4 * m; ++round) {
     int64_t top = 0;
     for (int64_t k = 1; k < m; ++k) {
       if (peak(k) > peak(top)) top = k;
@@ -103,6 +110,7 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
     bool improved = false;
     for (int64_t i = 0; i < n && !improved; ++i) {
       if (out[static_cast<size_t>(i)] != top || count[static_cast<size_t>(top)] < 2) continue;
+      poll_cancel(m);
       for (int64_t k = 0; k < m && !improved; ++k) {
         if (k == top) continue;
         const double te = load[static_cast<size_t>(2 * top)] - c(i, 0), tl = load[static_cast<size_t>(2 * top + 1)] - c(i, 1);
@@ -121,6 +129,7 @@ std::vector<int64_t> balance_microbatches(const double* costs, int64_t n, int64_
     }
     for (int64_t i = 0; i < n && !improved; ++i) {
       if (out[static_cast<size_t>(i)] != top) continue;
+      poll_cancel(n);
       for (int64_t q = 0; q < n && !improved; ++q) {
         const int64_t k = out[static_cast<size_t>(q)];
         if (k == top) continue;

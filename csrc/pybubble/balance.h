@@ -8,7 +8,7 @@
 namespace pybubble {
 
 /// Assigns each of the n samples (costs[2 i] = encoder cost, costs[2 i + 1] = LLM cost; finite,
-/// >= 0) to one of `num_microbatches` microbatches (1 <= num_microbatches <= n), every microbatch
+/// in [0, kMaxTime]) to one of `num_microbatches` microbatches (1 <= num_microbatches <= n), every microbatch
 /// non-empty. Greedy largest-first placement in costs normalised by each part's lower bound (so
 /// both parts are balanced), then moves and swaps out of the bottleneck microbatch while they
 /// lower the largest raw cost. O(n log n + n m).

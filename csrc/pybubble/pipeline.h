@@ -1,6 +1,7 @@
 // The LLM pipeline simulator: runs an action table (torch.distributed.pipelining's format) with
 // per-stage costs, point-to-point latency, TP collectives inside ops and exposed DP collectives,
-// and yields every op, every bubble with its kind, and the encoder's dependency points.
+// and yields every op, every bubble with its kind, each rank's free windows and the encoder's dependency
+// points.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +50,8 @@ struct PipelineSpec {
   double dp_reducescatter = 0.0;   ///< exposed reduce-scatter after the last op
 };
 
-/// The simulated step: ops (in each rank's order), bubbles and link-busy intervals per rank.
+/// The simulated step: ops (in each rank's order), bubbles and free windows per rank. The link is
+/// busy exactly during the bubbles of kinds kTp, kDpAllgather and kDpReducescatter.
 struct PipelineTimeline {
   double step_time = 0.0;  ///< from 0 to the end of the reduce-scatter
   std::vector<int32_t> op_rank, op_chunk, op_stage, op_microbatch;  ///< per op
@@ -58,24 +60,18 @@ struct PipelineTimeline {
   std::vector<int32_t> bubble_rank;                                  ///< per bubble
   std::vector<uint8_t> bubble_kind;                                  ///< per bubble (BubbleKind)
   std::vector<double> bubble_start, bubble_end;                      ///< per bubble, sorted per rank
-  std::vector<int32_t> link_busy_rank;                               ///< per link-busy interval
-  std::vector<double> link_busy_start, link_busy_end;                ///< TP and DP collectives
   std::vector<double> forward_needed;  ///< F_k: stage 0 starts the forward of microbatch k
   std::vector<double> grad_ready;      ///< B_k: stage 0 ends the backward (B or I) of microbatch k
+  /// The windows each rank leaves free, one CSR row per rank (a problem's lane windows):
+  /// compute_free = its bubbles, touching or overlapping ones merged; link_free = [0, step_time]
+  /// less its merged link-busy intervals (TP and DP collectives).
+  WindowSet compute_free, link_free;
 };
 
 /// Simulates `spec`: each rank runs its actions in table order, each as soon as the rank is free
 /// and its dependencies are done. Throws std::invalid_argument naming the field and value for bad
 /// input, and for a deadlocked table naming which action waits on which.
 PipelineTimeline simulate_pipeline(const PipelineSpec& spec);
-
-/// The windows a rank leaves free, one CSR row per rank: `compute` = its bubbles sorted, touching
-/// or overlapping ones merged, empty ones dropped; `link` = [0, step_time] less its merged
-/// link-busy intervals (TP and DP collectives). These are a problem's lane windows.
-struct FreeWindows {
-  WindowSet compute, link;
-};
-FreeWindows free_windows(const PipelineTimeline& tl, int32_t ranks);
 
 /// Fills the table of `spec` with 1F1B for spec.ranks and spec.microbatches (chunks must be 1):
 /// rank r runs min(p - r - 1, m) warm-up forwards, then one forward and one backward in turn,

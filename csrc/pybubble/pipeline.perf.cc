@@ -63,5 +63,6 @@ void BM_SimulateInterleaved(benchmark::State& state) {
 }
 BENCHMARK(BM_SimulateInterleaved)->Unit(benchmark::kMillisecond);
 
+
 }  // namespace
 }  // namespace pybubble

@@ -57,7 +57,8 @@ TEST(Pipeline, TpCollectivesAreBubblesInsideOps) {
   size_t tp = 0;
   for (uint8_t k : tl.bubble_kind) tp += k == kTp;
   EXPECT_EQ(tp, 2u * 2u * 2u * 2u);  // ranks * (F + B) * microbatches * collectives
-  EXPECT_EQ(tl.link_busy_start.size(), tp);
+  // The link is free between the collectives: 8 per rank split [0, step] into 9 windows.
+  EXPECT_EQ(tl.link_free.offset, (std::vector<int64_t>{0, 9, 18}));
   EXPECT_EQ(tl.step_time, 3 * 30.0);
 }
 
@@ -110,6 +111,14 @@ TEST(Pipeline, HugeCountsAreRejectedBeforeAllocating) {
     simulate_pipeline(sp);
     FAIL() << "accepted";
   } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "microbatches: 2147483647, more than the limit of 1000000 (LIMITS['microbatches'])");
+  }
+  sp.microbatch[2] = 999999;
+  sp.microbatches = 1000000;  // within the limit, far beyond the table's 4 actions
+  try {
+    simulate_pipeline(sp);
+    FAIL() << "accepted";
+  } catch (const std::invalid_argument& e) {
     EXPECT_EQ(std::string(e.what()).rfind("table: 0F1 is missing", 0), 0u) << e.what();
   }
   sp = one_f_one_b(2, 2, 1.0, 2.0);
@@ -122,7 +131,7 @@ TEST(Pipeline, HugeCountsAreRejectedBeforeAllocating) {
     simulate_pipeline(sp);
     FAIL() << "accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("tp_comm.count: 2147483647", 0), 0u) << e.what();
+    EXPECT_EQ(std::string(e.what()), "tp_comm.count x 8 ops: 17179869176, more than the limit of 20000000 (LIMITS['tp_gaps'])");
   }
   sp.tp_duration = 0.1;  // 0.1 * 2^31 leaves no compute: checked in floating point, no overflow
   try {
@@ -153,23 +162,22 @@ TEST(Pipeline, ErrorsWriteNumbersShortest) {
 }
 
 TEST(Pipeline, FreeWindowsMergeBubblesAndComplementTheLink) {
-  PipelineTimeline tl;
-  tl.step_time = 100.0;
-  // rank 0: touching and overlapping bubbles out of order, one empty; rank 1: none
-  tl.bubble_rank = {0, 0, 0, 0};
-  tl.bubble_start = {30.0, 0.0, 10.0, 50.0};
-  tl.bubble_end = {40.0, 10.0, 20.0, 50.0};
-  tl.bubble_kind = {kTp, kDpAllgather, kPpWarmup, kTp};
-  tl.link_busy_rank = {1, 0, 0};
-  tl.link_busy_start = {5.0, 0.0, 5.0};
-  tl.link_busy_end = {6.0, 10.0, 20.0};
-  const FreeWindows w = free_windows(tl, 2);
-  EXPECT_EQ(w.compute.offset, (std::vector<int64_t>{0, 2, 2}));
-  EXPECT_EQ(w.compute.start, (std::vector<double>{0.0, 30.0}));
-  EXPECT_EQ(w.compute.end, (std::vector<double>{20.0, 40.0}));
-  EXPECT_EQ(w.link.offset, (std::vector<int64_t>{0, 1, 3}));
-  EXPECT_EQ(w.link.start, (std::vector<double>{20.0, 0.0, 6.0}));
-  EXPECT_EQ(w.link.end, (std::vector<double>{100.0, 5.0, 100.0}));
+  // 2 ranks, 1F1B, one TP collective per op, an all-gather: rank 1's all-gather touches its
+  // warm-up gap (one window), rank 0's does not (its first forward starts at once).
+  PipelineSpec sp = one_f_one_b(2, 1, 10.0, 20.0);
+  sp.tp_count = 1;
+  sp.tp_duration = 2.0;
+  sp.dp_allgather = 3.0;
+  const PipelineTimeline tl = simulate_pipeline(sp);
+  // rank 0: F [3, 13] with TP [7, 9], B [43, 63] with TP [52, 54];
+  // rank 1: F [13, 23] with TP [17, 19], B [23, 43] with TP [32, 34]; step 63.
+  EXPECT_EQ(tl.step_time, 63.0);
+  EXPECT_EQ(tl.compute_free.offset, (std::vector<int64_t>{0, 4, 8}));
+  EXPECT_EQ(tl.compute_free.start, (std::vector<double>{0, 7, 13, 52, 0, 17, 32, 43}));
+  EXPECT_EQ(tl.compute_free.end, (std::vector<double>{3, 9, 43, 54, 13, 19, 34, 63}));
+  EXPECT_EQ(tl.link_free.offset, (std::vector<int64_t>{0, 3, 6}));
+  EXPECT_EQ(tl.link_free.start, (std::vector<double>{3, 9, 54, 3, 19, 34}));
+  EXPECT_EQ(tl.link_free.end, (std::vector<double>{7, 52, 63, 17, 32, 63}));
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 #include "pybubble/problem.h"
 
+#include "pybubble/cancel.h"
+#include "pybubble/checks.h"
+#include "pybubble/message.h"
+
 #include <cmath>
 #include <limits>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -12,52 +15,37 @@ namespace {
 
 [[noreturn]] void fail(const std::string& msg) { throw std::invalid_argument(msg); }
 
-std::string num(double v) {
-  std::ostringstream os;
-  os.precision(17);
-  os << v;
-  return os.str();
-}
-
 /// `where()` names the field; it is called only to build the message of a failure, so the
 /// checks of large problems build no strings.
 template <typename Where>
 void check_finite(double v, Where&& where) {
-  if (!std::isfinite(v)) fail(where() + ": " + num(v) + " is not a finite number");
-}
-
-void check_finite(double v, const char* field) {
-  check_finite(v, [&] { return std::string(field); });
+  if (!std::isfinite(v)) fail(where() + ": " + format_number(v) + " is not a finite number");
 }
 
 void check_windows(const WindowSet& w, int64_t num_lanes, double horizon, const char* name) {
   const std::string n = name;
-  if (w.offset.size() != static_cast<size_t>(num_lanes + 1)) {
-    fail(n + ": offsets hold " + std::to_string(w.offset.size()) + " entries, expected " +
-         std::to_string(num_lanes + 1));
+  if (w.start.size() != w.end.size()) {
+    fail(n + ".start, " + n + ".end: " + format_number(w.start.size()) + " starts and " + format_number(w.end.size()) +
+         " ends");
   }
-  if (w.start.size() != w.end.size()) fail(n + ": starts and ends differ in length");
-  if (w.offset[0] != 0) fail(n + ": offsets must begin at 0");
-  if (w.offset[static_cast<size_t>(num_lanes)] != static_cast<int64_t>(w.start.size())) {
-    fail(n + ": offsets must end at the number of windows");
-  }
+  check_count(static_cast<int64_t>(w.start.size()), kMaxWindows, "windows", n);
+  check_offsets(w.offset, num_lanes, static_cast<int64_t>(w.start.size()), n + ".offset");
   for (int64_t l = 0; l < num_lanes; ++l) {
     const int64_t b = w.offset[static_cast<size_t>(l)], e = w.offset[static_cast<size_t>(l + 1)];
-    if (e < b) fail(n + ": offsets must not decrease (lane " + std::to_string(l) + ")");
     double prev_end = 0.0;
     for (int64_t i = b; i < e; ++i) {
       const auto f = [&] {
-        return "lanes[" + std::to_string(l) + "]." + n + "[" + std::to_string(i - b) + "]";
+        return "lanes[" + format_number(l) + "]." + n + "[" + format_number(i - b) + "]";
       };
       const double s = w.start[static_cast<size_t>(i)], en = w.end[static_cast<size_t>(i)];
       check_finite(s, [&] { return f() + "[0]"; });
       check_finite(en, [&] { return f() + "[1]"; });
-      if (!(s < en)) fail(f() + ": start " + num(s) + " is not before end " + num(en));
-      if (s < 0.0) fail(f() + ": start " + num(s) + " is before 0");
-      if (en > horizon) fail(f() + ": end " + num(en) + " is after the horizon " + num(horizon));
+      if (!(s < en)) fail(f() + ": start " + format_number(s) + " is not before end " + format_number(en));
+      if (s < 0.0) fail(f() + ": start " + format_number(s) + " is before 0");
+      if (en > horizon) fail(f() + ": end " + format_number(en) + " is after the horizon " + format_number(horizon));
       if (i > b && s < prev_end) {
-        fail(f() + ": start " + num(s) + " overlaps or precedes the previous window ending at " +
-             num(prev_end) + " (windows must be sorted and disjoint)");
+        fail(f() + ": start " + format_number(s) + " overlaps or precedes the previous window ending at " +
+             format_number(prev_end) + " (windows must be sorted and disjoint)");
       }
       prev_end = en;
     }
@@ -67,66 +55,59 @@ void check_windows(const WindowSet& w, int64_t num_lanes, double horizon, const 
 }  // namespace
 
 Problem::Problem(ProblemInput in) : in_(std::move(in)) {
-  check_finite(in_.horizon, "horizon");
-  if (in_.horizon < 0.0) fail("horizon: " + num(in_.horizon) + " is negative");
-  if (in_.num_lanes < 0 || in_.num_lanes > std::numeric_limits<int32_t>::max() / 2) {
-    fail("lanes: " + std::to_string(in_.num_lanes) + " is not a valid number of lanes");
-  }
+  check_duration(in_.horizon, [] { return std::string("horizon"); });
+  if (in_.num_lanes < 0) fail("lanes: " + format_number(in_.num_lanes) + " is not a number of lanes");
+  check_count(in_.num_lanes, kMaxLanes, "lanes", "lanes");
   check_windows(in_.compute_free, in_.num_lanes, in_.horizon, "compute_free");
   check_windows(in_.link_free, in_.num_lanes, in_.horizon, "link_free");
 
   const size_t m = in_.forward_needed.size();
   if (in_.grad_ready.size() != m) fail("microbatches: forward_needed and grad_ready differ in length");
-  if (m > static_cast<size_t>(std::numeric_limits<int32_t>::max() / 4)) fail("microbatches: too many");
+  check_count(static_cast<int64_t>(m), kMaxMicrobatches, "microbatches", "microbatches");
   for (size_t k = 0; k < m; ++k) {
-    const auto f = [&] { return "microbatches[" + std::to_string(k) + "]"; };
+    const auto f = [&] { return "microbatches[" + format_number(k) + "]"; };
     const double fn = in_.forward_needed[k], gr = in_.grad_ready[k];
     check_finite(fn, [&] { return f() + ".forward_needed"; });
     check_finite(gr, [&] { return f() + ".grad_ready"; });
     if (fn < 0.0 || fn > in_.horizon) {
-      fail(f() + ".forward_needed: " + num(fn) + " is outside [0, horizon=" + num(in_.horizon) + "]");
+      fail(f() + ".forward_needed: " + format_number(fn) + " is outside [0, horizon=" + format_number(in_.horizon) + "]");
     }
     if (gr < 0.0 || gr > in_.horizon) {
-      fail(f() + ".grad_ready: " + num(gr) + " is outside [0, horizon=" + num(in_.horizon) + "]");
+      fail(f() + ".grad_ready: " + format_number(gr) + " is outside [0, horizon=" + format_number(in_.horizon) + "]");
     }
-    if (gr < fn) fail(f() + ".grad_ready: " + num(gr) + " is before forward_needed " + num(fn));
+    if (gr < fn) fail(f() + ".grad_ready: " + format_number(gr) + " is before forward_needed " + format_number(fn));
   }
 
   const size_t n = in_.duration.size();
-  if (n > static_cast<size_t>(std::numeric_limits<int32_t>::max() / 2)) fail("tasks: too many");
+  check_count(static_cast<int64_t>(n), kMaxTasks, "tasks", "tasks");
+  check_count(static_cast<int64_t>(in_.after.size()), kMaxPredecessors, "predecessors", "tasks.after");
   if (in_.lane.size() != n || in_.microbatch.size() != n || in_.resource.size() != n ||
       in_.phase.size() != n) {
     fail("tasks: lane, microbatch, duration, resource and phase differ in length");
   }
-  if (in_.after_offset.size() != n + 1) {
-    fail("tasks: after offsets hold " + std::to_string(in_.after_offset.size()) +
-         " entries, expected " + std::to_string(n + 1));
-  }
-  if (in_.after_offset[0] != 0 ||
-      in_.after_offset[n] != static_cast<int64_t>(in_.after.size())) {
-    fail("tasks: after offsets must run from 0 to the number of predecessors");
-  }
+  check_offsets(in_.after_offset, static_cast<int64_t>(n), static_cast<int64_t>(in_.after.size()),
+                "tasks.after_offset");
   lane_.resize(n);
   microbatch_.resize(n);
   resource_.resize(n);
   phase_.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    const auto f = [&] { return "tasks[" + std::to_string(i) + "]"; };
+    poll_cancel();
+    const auto f = [&] { return "tasks[" + format_number(i) + "]"; };
     if (in_.lane[i] < 0 || in_.lane[i] >= in_.num_lanes) {
-      fail(f() + ".lane: " + std::to_string(in_.lane[i]) + " is not in [0, " +
-           std::to_string(in_.num_lanes) + ")");
+      fail(f() + ".lane: " + format_number(in_.lane[i]) + " is not in [0, " +
+           format_number(in_.num_lanes) + ")");
     }
     if (in_.microbatch[i] < 0 || in_.microbatch[i] >= static_cast<int64_t>(m)) {
-      fail(f() + ".microbatch: " + std::to_string(in_.microbatch[i]) + " is not in [0, " +
-           std::to_string(m) + ")");
+      fail(f() + ".microbatch: " + format_number(in_.microbatch[i]) + " is not in [0, " +
+           format_number(m) + ")");
     }
-    check_finite(in_.duration[i], [&] { return f() + ".duration"; });
-    if (in_.duration[i] < 0.0) fail(f() + ".duration: " + num(in_.duration[i]) + " is negative");
+    check_duration(in_.duration[i], [&] { return f() + ".duration"; });
     if (in_.resource[i] != kCompute && in_.resource[i] != kComm) {
-      fail(f() + ".resource: " + std::to_string(in_.resource[i]) + " is not 0 (compute) or 1 (comm)");
+      fail(f() + ".resource: " + format_number(in_.resource[i]) + " is not 0 (compute) or 1 (comm)");
     }
     if (in_.phase[i] != kFwd && in_.phase[i] != kBwd) {
-      fail(f() + ".phase: " + std::to_string(in_.phase[i]) + " is not 0 (fwd) or 1 (bwd)");
+      fail(f() + ".phase: " + format_number(in_.phase[i]) + " is not 0 (fwd) or 1 (bwd)");
     }
     lane_[i] = static_cast<int32_t>(in_.lane[i]);
     microbatch_[i] = static_cast<int32_t>(in_.microbatch[i]);
@@ -139,24 +120,22 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
   std::vector<int64_t> succ_count(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const int64_t b = in_.after_offset[i], e = in_.after_offset[i + 1];
-    if (e < b || e > static_cast<int64_t>(in_.after.size())) {
-      fail("tasks[" + std::to_string(i) + "].after: offsets must not decrease");
-    }
+    poll_cancel(1 + e - b);
     for (int64_t q = b; q < e; ++q) {
       const int64_t p = in_.after[static_cast<size_t>(q)];
-      const auto f = [&] { return "tasks[" + std::to_string(i) + "].after[" + std::to_string(q - b) + "]"; };
-      if (p < 0) fail(f() + ": " + std::to_string(p) + " is negative");
+      const auto f = [&] { return "tasks[" + format_number(i) + "].after[" + format_number(q - b) + "]"; };
+      if (p < 0) fail(f() + ": " + format_number(p) + " is negative");
       if (p >= static_cast<int64_t>(i)) {
-        fail(f() + ": " + std::to_string(p) + " is not < " + std::to_string(i));
+        fail(f() + ": " + format_number(p) + " is not < " + format_number(i));
       }
       if (phase_[static_cast<size_t>(p)] == kBwd && phase_[i] == kFwd) {
-        fail(f() + ": " + std::to_string(p) + " is a backward task, a predecessor of forward task " +
-             std::to_string(i));
+        fail(f() + ": " + format_number(p) + " is a backward task, a predecessor of forward task " +
+             format_number(i));
       }
       if (microbatch_[static_cast<size_t>(p)] != microbatch_[i]) {
-        fail(f() + ": " + std::to_string(p) + " belongs to microbatch " +
-             std::to_string(microbatch_[static_cast<size_t>(p)]) + ", task " + std::to_string(i) +
-             " to microbatch " + std::to_string(microbatch_[i]));
+        fail(f() + ": " + format_number(p) + " belongs to microbatch " +
+             format_number(microbatch_[static_cast<size_t>(p)]) + ", task " + format_number(i) +
+             " to microbatch " + format_number(microbatch_[i]));
       }
       pred_[static_cast<size_t>(q)] = static_cast<int32_t>(p);
       if (phase_[static_cast<size_t>(p)] == phase_[i]) ++succ_count[static_cast<size_t>(p)];

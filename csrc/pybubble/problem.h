@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "pybubble/limits.h"
+
 namespace pybubble {
 
 /// Which unit of a lane a task occupies: the compute units or the network link.
@@ -37,6 +39,27 @@ struct ProblemInput {
   std::vector<int64_t> after_offset;  ///< CSR offsets into `after`, size num_tasks + 1
   std::vector<int64_t> after;         ///< predecessor ids
 };
+
+/// Every array of a ProblemInput, once: X(group, name, element type, member, limit, limit name,
+/// extra). `group` is empty for a top-level array; the array holds at most limit + extra entries
+/// (limits.h). The bindings read `arrays.group.name` (or `arrays.name`) into `member`, check its
+/// dtype and length and write it back through this list.
+#define PYBUBBLE_PROBLEM_ARRAYS(X)                                                               \
+  X(compute_free, offset, int64_t, compute_free.offset, kMaxLanes, "lanes", 1)                   \
+  X(compute_free, start, double, compute_free.start, kMaxWindows, "windows", 0)                  \
+  X(compute_free, end, double, compute_free.end, kMaxWindows, "windows", 0)                      \
+  X(link_free, offset, int64_t, link_free.offset, kMaxLanes, "lanes", 1)                         \
+  X(link_free, start, double, link_free.start, kMaxWindows, "windows", 0)                        \
+  X(link_free, end, double, link_free.end, kMaxWindows, "windows", 0)                            \
+  X(, forward_needed, double, forward_needed, kMaxMicrobatches, "microbatches", 0)               \
+  X(, grad_ready, double, grad_ready, kMaxMicrobatches, "microbatches", 0)                       \
+  X(tasks, lane, int64_t, lane, kMaxTasks, "tasks", 0)                                           \
+  X(tasks, microbatch, int64_t, microbatch, kMaxTasks, "tasks", 0)                               \
+  X(tasks, resource, int64_t, resource, kMaxTasks, "tasks", 0)                                   \
+  X(tasks, phase, int64_t, phase, kMaxTasks, "tasks", 0)                                         \
+  X(tasks, after_offset, int64_t, after_offset, kMaxTasks, "tasks", 1)                           \
+  X(tasks, after, int64_t, after, kMaxPredecessors, "predecessors", 0)                           \
+  X(tasks, duration, double, duration, kMaxTasks, "tasks", 0)
 
 /// A checked problem plus the indexes the scheduler and validator walk. All fields are read-only
 /// after construction.

@@ -66,7 +66,26 @@ TEST(Problem, NamesTheBadField) {
   EXPECT_EQ(error_of(in), "microbatches[0].grad_ready: 40 is before forward_needed 50");
   in = two_tasks();
   in.after_offset = {0, 0};
-  EXPECT_EQ(error_of(in), "tasks: after offsets hold 2 entries, expected 3");
+  EXPECT_EQ(error_of(in), "tasks.after_offset: 2 entries, expected 3");
+}
+
+TEST(Problem, OffsetsAreCheckedBeforeTheyIndex) {
+  // Rising then falling: lane 0 would walk windows 0..2 of the only one.
+  auto in = two_tasks();
+  in.num_lanes = 2;
+  in.compute_free.offset = {0, 3, 1};
+  in.link_free.offset = {0, 0, 0};
+  EXPECT_EQ(error_of(in), "compute_free.offset[1]: 3 is not in [0, 1]");
+  in.compute_free.offset = {0, 1, 0};
+  EXPECT_EQ(error_of(in), "compute_free.offset[2]: 0 is below the offset before it, 1");
+  in.compute_free.offset = {0, 0, 1};
+  in.link_free = {{0, 1, 0}, {1.0}, {2.0}};
+  EXPECT_EQ(error_of(in), "link_free.offset[2]: 0 is below the offset before it, 1");
+  in = two_tasks();
+  in.after_offset = {0, 5, 1};
+  EXPECT_EQ(error_of(in), "tasks.after_offset[1]: 5 is not in [0, 1]");
+  in.after_offset = {0, 1, 0};
+  EXPECT_EQ(error_of(in), "tasks.after_offset[2]: 0 is below the offset before it, 1");
 }
 
 // Random corruption of valid inputs: the core either rejects the input with invalid_argument or

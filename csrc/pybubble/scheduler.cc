@@ -1,5 +1,9 @@
 #include "pybubble/scheduler.h"
 
+#include "pybubble/cancel.h"
+#include "pybubble/checks.h"
+#include "pybubble/message.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -13,13 +17,17 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 Policy parse_policy(const std::string& name) {
   if (name == "greedy") return Policy::kGreedy;
   if (name == "coarse") return Policy::kCoarse;
-  throw std::invalid_argument("policy: '" + name + "' is not one of greedy, coarse");
+  throw std::invalid_argument("policy: " + quote_capped(name) + " is not one of greedy, coarse");
 }
 
 Scheduler::Scheduler(const Problem& problem) : p_(problem) {
   const size_t n = static_cast<size_t>(p_.num_tasks());
   const size_t m = static_cast<size_t>(p_.num_microbatches());
   keys_ = 2 * p_.num_lanes();
+  key_.resize(n);
+  for (size_t t = 0; t < n; ++t) {
+    key_[t] = 2 * p_.lane(static_cast<int32_t>(t)) + p_.resource(static_cast<int32_t>(t));
+  }
   end_.resize(n);
   cursor_.resize(static_cast<size_t>(keys_));
   saved_.resize(static_cast<size_t>(keys_));
@@ -41,20 +49,31 @@ Scheduler::Scheduler(const Problem& problem) : p_(problem) {
   out_.assignment.resize(m);
 }
 
+// Remembers every lane's cursor before a microbatch is tried inside the step.
+void Scheduler::checkpoint() { std::copy(cursor_.begin(), cursor_.end(), saved_.begin()); }
+
+// Undoes a failed try of microbatch j's tasks of phase ph inside the step: the cursors as they
+// were at the checkpoint, none of those tasks inside. Returns false (the try's result).
+bool Scheduler::roll_back(int32_t j, int ph) {
+  std::copy(saved_.begin(), saved_.end(), cursor_.begin());
+  for (const int32_t* q = p_.tasks_begin(j, ph); q != p_.tasks_end(j, ph); ++q) inside_[static_cast<size_t>(*q)] = 0;
+  return false;
+}
+
 // Forward tasks of microbatch j from position `first` on, inside the step: as early as possible,
 // each in the first window of its lane and resource (after the lane's previous task) that holds
 // it whole, and every task ending by forward_needed[j]. Returns false, with nothing kept, when
 // that is impossible.
 bool Scheduler::place_forward_in_step(int32_t j, int64_t first) {
   const double deadline = p_.fields().forward_needed[static_cast<size_t>(j)];
-  std::copy(cursor_.begin(), cursor_.end(), saved_.begin());
+  checkpoint();
   const int32_t* b = p_.tasks_begin(j, kFwd);
   for (const int32_t* it = b + first; it != p_.tasks_end(j, kFwd); ++it) {
     const int32_t t = *it;
-    const int r = p_.resource(t);
-    const int32_t l = p_.lane(t);
-    const WindowSet& ws = p_.windows(r);
-    Cursor& c = cursor_[static_cast<size_t>(2 * l + r)];
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int32_t l = k >> 1;
+    const WindowSet& ws = p_.windows(k & 1);
+    Cursor& c = cursor_[static_cast<size_t>(k)];
     double ready = c.time;
     for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
       if (inside_[static_cast<size_t>(*q)]) ready = std::max(ready, end_[static_cast<size_t>(*q)]);
@@ -71,11 +90,7 @@ bool Scheduler::place_forward_in_step(int32_t j, int64_t first) {
       }
       if (s + d <= ws.end[static_cast<size_t>(w)]) break;
     }
-    if (w == last) {
-      std::copy(saved_.begin(), saved_.end(), cursor_.begin());
-      for (const int32_t* q = b; q != p_.tasks_end(j, kFwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
-      return false;
-    }
+    if (w == last) return roll_back(j, kFwd);
     out_.start[static_cast<size_t>(t)] = s;
     end_[static_cast<size_t>(t)] = s + d;
     inside_[static_cast<size_t>(t)] = 1;
@@ -96,10 +111,9 @@ int64_t Scheduler::forward_suffix(int32_t j) {
   for (const int32_t* it = p_.tasks_end(j, kFwd); it != b;) {
     --it;
     const int32_t t = *it;
-    const int r = p_.resource(t);
-    const int32_t l = p_.lane(t);
-    const size_t k = static_cast<size_t>(2 * l + r);
-    const WindowSet& ws = p_.windows(r);
+    const size_t k = static_cast<size_t>(key_[static_cast<size_t>(t)]);
+    const int32_t l = static_cast<int32_t>(k >> 1);
+    const WindowSet& ws = p_.windows(static_cast<int>(k & 1));
     double latest = std::min(deadline, probe_time_[k]);
     for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
       latest = std::min(latest, probe_mark_[static_cast<size_t>(*q)]);
@@ -131,7 +145,7 @@ void Scheduler::place_forward_front(int32_t j) {
   const int32_t* b = p_.tasks_begin(j, kFwd);
   for (const int32_t* it = b + fwd_first_[static_cast<size_t>(j)]; it != b;) {
     const int32_t t = *--it;
-    Cursor& c = cursor_[static_cast<size_t>(2 * p_.lane(t) + p_.resource(t))];
+    Cursor& c = cursor_[static_cast<size_t>(key_[static_cast<size_t>(t)])];
     double latest = c.time;
     for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
       latest = std::min(latest, out_.start[static_cast<size_t>(*q)]);
@@ -140,6 +154,7 @@ void Scheduler::place_forward_front(int32_t j) {
     out_.start[static_cast<size_t>(t)] = s;
     end_[static_cast<size_t>(t)] = s + dur_[t];
     c.time = s;
+    first_start_ = std::min(first_start_, s);
   }
 }
 
@@ -181,7 +196,7 @@ void Scheduler::build_backward_windows() {
   for (int32_t j = 0; j < m; ++j) {
     const auto [b, e] = in_step(j);
     for (const int32_t* it = b; it != e; ++it) {
-      if (dur_[*it] > 0.0) ++busy_off_[static_cast<size_t>(2 * p_.lane(*it) + p_.resource(*it) + 1)];
+      if (dur_[*it] > 0.0) ++busy_off_[static_cast<size_t>(key_[static_cast<size_t>(*it)] + 1)];
     }
   }
   for (int32_t k = 0; k < keys_; ++k) busy_off_[static_cast<size_t>(k) + 1] += busy_off_[static_cast<size_t>(k)];
@@ -191,7 +206,7 @@ void Scheduler::build_backward_windows() {
     const auto [b, e] = in_step(j);
     for (const int32_t* it = b; it != e; ++it) {
       if (dur_[*it] > 0.0) {
-        const size_t k = static_cast<size_t>(2 * p_.lane(*it) + p_.resource(*it));
+        const size_t k = static_cast<size_t>(key_[static_cast<size_t>(*it)]);
         busy_[static_cast<size_t>(cursor_[k].window++)] = *it;
       }
     }
@@ -232,11 +247,12 @@ void Scheduler::build_backward_windows() {
 // of the LLM microbatch it feeds. Returns false, with nothing kept, when that is impossible.
 bool Scheduler::place_backward_in_step(int32_t j, int64_t last) {
   const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
-  std::copy(cursor_.begin(), cursor_.end(), saved_.begin());
+  checkpoint();
   const int32_t* b = p_.tasks_begin(j, kBwd);
+  double reach = -kInf;  // the furthest end of this try: rounding may carry it past a window's end
   for (const int32_t* it = b + last; it != b;) {
     const int32_t t = *--it;
-    const int32_t k = 2 * p_.lane(t) + p_.resource(t);
+    const int32_t k = key_[static_cast<size_t>(t)];
     Cursor& c = cursor_[static_cast<size_t>(k)];
     double latest = c.time;
     for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
@@ -254,17 +270,15 @@ bool Scheduler::place_backward_in_step(int32_t j, int64_t last) {
       }
       if (s >= bw_start_[static_cast<size_t>(w)]) break;
     }
-    if (w < first) {
-      std::copy(saved_.begin(), saved_.end(), cursor_.begin());
-      for (const int32_t* q = b; q != p_.tasks_end(j, kBwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
-      return false;
-    }
+    if (w < first) return roll_back(j, kBwd);
     out_.start[static_cast<size_t>(t)] = s;
     end_[static_cast<size_t>(t)] = s + d;
     inside_[static_cast<size_t>(t)] = 1;
     c.time = s;
     c.window = w;
+    reach = std::max(reach, s + d);
   }
+  last_end_ = std::max(last_end_, reach);
   return true;
 }
 
@@ -277,7 +291,7 @@ int64_t Scheduler::backward_prefix(int32_t j) {
   const int32_t* b = p_.tasks_begin(j, kBwd);
   for (const int32_t* it = b; it != p_.tasks_end(j, kBwd); ++it) {
     const int32_t t = *it;
-    const size_t k = static_cast<size_t>(2 * p_.lane(t) + p_.resource(t));
+    const size_t k = static_cast<size_t>(key_[static_cast<size_t>(t)]);
     double early = std::max(ready, probe_time_[k]);
     for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
       if (p_.phase(*q) == kBwd) early = std::max(early, probe_mark_[static_cast<size_t>(*q)]);
@@ -309,7 +323,7 @@ void Scheduler::place_backward_back(int32_t j) {
   for (const int32_t* it = p_.tasks_begin(j, kBwd) + bwd_last_[static_cast<size_t>(j)];
        it != p_.tasks_end(j, kBwd); ++it) {
     const int32_t t = *it;
-    Cursor& c = cursor_[static_cast<size_t>(2 * p_.lane(t) + p_.resource(t))];
+    Cursor& c = cursor_[static_cast<size_t>(key_[static_cast<size_t>(t)])];
     double s = c.time;
     for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
       s = std::max(s, end_[static_cast<size_t>(*q)]);
@@ -317,36 +331,36 @@ void Scheduler::place_backward_back(int32_t j) {
     out_.start[static_cast<size_t>(t)] = s;
     end_[static_cast<size_t>(t)] = s + dur_[t];
     c.time = s + dur_[t];
+    last_end_ = std::max(last_end_, s + dur_[t]);
   }
 }
 
+// Step time and shifts from the extremes kept while placing: only tasks before the step start
+// before 0, and only tasks after it (or a backward task inside it, by rounding) end after the
+// horizon.
 void Scheduler::finish() {
-  double first = 0.0, last = p_.horizon();
-  const int32_t n = p_.num_tasks();
-  for (int32_t t = 0; t < n; ++t) {
-    first = std::min(first, out_.start[static_cast<size_t>(t)]);
-    last = std::max(last, end_[static_cast<size_t>(t)]);
-  }
-  out_.shift_front = -first;
-  out_.shift_back = last - p_.horizon();
-  out_.step_time = last - first;
+  out_.shift_front = -first_start_;
+  out_.shift_back = last_end_ - p_.horizon();
+  out_.step_time = last_end_ - first_start_;
 }
 
-const Schedule& Scheduler::run(Policy policy, const double* durations) {
+const Schedule& Scheduler::run(Policy policy, const std::vector<double>* durations) {
   const int32_t n = p_.num_tasks(), m = p_.num_microbatches();
   if (durations != nullptr) {
-    for (int32_t t = 0; t < n; ++t) {
-      if (!std::isfinite(durations[t]) || durations[t] < 0.0) {
-        throw std::invalid_argument("durations[" + std::to_string(t) + "]: " +
-                                    std::to_string(durations[t]) +
-                                    " is not a finite non-negative number");
-      }
+    if (durations->size() != static_cast<size_t>(n)) {
+      throw std::invalid_argument("durations: " + format_number(durations->size()) + " values for " +
+                                  format_number(n) + " tasks");
     }
-    dur_ = durations;
+    for (int32_t t = 0; t < n; ++t) {
+      check_duration((*durations)[static_cast<size_t>(t)], [t] { return "durations[" + format_number(t) + "]"; });
+    }
+    dur_ = durations->data();
   } else {
     dur_ = p_.fields().duration.data();
   }
   const bool greedy = policy == Policy::kGreedy;
+  first_start_ = 0.0;
+  last_end_ = p_.horizon();
   const WindowSet* ws[2] = {&p_.windows(kCompute), &p_.windows(kComm)};
   std::fill(inside_.begin(), inside_.end(), 0);
 
@@ -357,6 +371,7 @@ const Schedule& Scheduler::run(Policy policy, const double* durations) {
   }
   for (int32_t j = 0; j < m; ++j) {
     const int64_t count = p_.tasks_end(j, kFwd) - p_.tasks_begin(j, kFwd);
+    poll_cancel(1 + 3 * count);  // up to two tries and a probe
     int64_t first = count;
     if (greedy) {
       if (place_forward_in_step(j, 0)) {
@@ -390,6 +405,7 @@ const Schedule& Scheduler::run(Policy policy, const double* durations) {
     for (int32_t i = 0; i < m; ++i) {
       const int32_t j = order_[static_cast<size_t>(i)];
       const int64_t count = p_.tasks_end(j, kBwd) - p_.tasks_begin(j, kBwd);
+      poll_cancel(1 + 3 * count);
       int64_t last = 0;
       if (place_backward_in_step(j, count)) {
         last = count;
@@ -404,6 +420,40 @@ const Schedule& Scheduler::run(Policy policy, const double* durations) {
   for (int32_t j = 0; j < m; ++j) place_backward_back(j);
   finish();
   return out_;
+}
+
+double first_fit_floor(const Problem& p, std::vector<double>& start) {
+  const int32_t n = p.num_tasks(), keys = 2 * p.num_lanes();
+  start.resize(static_cast<size_t>(n));
+  std::vector<double> end(static_cast<size_t>(n)), time(static_cast<size_t>(keys), 0.0);
+  std::vector<int64_t> window(static_cast<size_t>(keys));
+  for (int32_t k = 0; k < keys; ++k) window[static_cast<size_t>(k)] = p.windows(k % 2).offset[static_cast<size_t>(k / 2)];
+  double last_end = p.horizon();
+  for (int32_t t = 0; t < n; ++t) {
+    const int r = p.resource(t);
+    const int32_t l = p.lane(t);
+    const size_t k = static_cast<size_t>(2 * l + r);
+    const WindowSet& ws = p.windows(r);
+    double ready = time[k];
+    for (const int32_t* q = p.pred_begin(t); q != p.pred_end(t); ++q) ready = std::max(ready, end[static_cast<size_t>(*q)]);
+    const double d = p.duration(t);
+    const int64_t last = ws.offset[static_cast<size_t>(l) + 1];
+    int64_t w = window[k];
+    double s = std::max(ready, p.horizon());
+    for (; w < last; ++w) {
+      const double at = std::max(ready, ws.start[static_cast<size_t>(w)]);
+      if (at + d <= ws.end[static_cast<size_t>(w)]) {
+        s = at;
+        break;
+      }
+    }
+    start[static_cast<size_t>(t)] = s;
+    end[static_cast<size_t>(t)] = s + d;
+    time[k] = s + d;
+    window[k] = w;
+    last_end = std::max(last_end, s + d);
+  }
+  return last_end;
 }
 
 Schedule schedule(const Problem& problem, Policy policy) {

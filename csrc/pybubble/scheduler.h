@@ -41,13 +41,15 @@ class Scheduler {
 
   /// Schedules with the problem's own durations, or with `durations` (num_tasks values, each
   /// finite and >= 0, else std::invalid_argument). The result stays valid until the next run.
-  const Schedule& run(Policy policy, const double* durations = nullptr);
+  const Schedule& run(Policy policy, const std::vector<double>* durations = nullptr);
 
  private:
   struct Cursor {
     double time;
     int64_t window;
   };
+  void checkpoint();
+  bool roll_back(int32_t j, int ph);
   bool place_forward_in_step(int32_t j, int64_t first);
   int64_t forward_suffix(int32_t j);
   void place_forward_front(int32_t j);
@@ -61,6 +63,8 @@ class Scheduler {
   const Problem& p_;
   const double* dur_ = nullptr;
   int32_t keys_ = 0;  // 2 * num_lanes: one cursor per (lane, resource)
+  std::vector<int32_t> key_;  // per task: 2 lane + resource
+  double first_start_ = 0.0, last_end_ = 0.0;  // min(0, starts) and max(horizon, ends) so far
   std::vector<double> end_;
   std::vector<Cursor> cursor_, saved_;
   std::vector<uint8_t> inside_;           // task placed inside the step
@@ -78,6 +82,14 @@ class Scheduler {
   std::vector<int32_t> busy_;
   Schedule out_;
 };
+
+/// The floor the scheduler's speed is measured against: one pass over the tasks in id order, each
+/// placed first-fit, in the first window of its lane and resource that holds it after its
+/// predecessors and the lane's previous task (after the horizon if none does). Writes the starts
+/// into `start` (resized to num_tasks) and returns the last end. Ignores deadlines and
+/// microbatches: not a valid schedule in general, only the least work that a scheduler filling the
+/// same windows with the same tasks does.
+double first_fit_floor(const Problem& problem, std::vector<double>& start);
 
 /// One-shot convenience: Scheduler(problem).run(policy).
 Schedule schedule(const Problem& problem, Policy policy);

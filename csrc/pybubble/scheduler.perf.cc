@@ -40,6 +40,21 @@ void BM_Schedule(benchmark::State& state) {
       benchmark::Counter(p.num_tasks(), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The floor: one first-fit pass over the same tasks and windows (see first_fit_floor).
+void BM_FirstFitFloor(benchmark::State& state) {
+  Problem p(synthetic_problem(spec_for(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)))));
+  std::vector<double> start;
+  const double end = first_fit_floor(p, start);
+  if (!(end >= p.horizon()) || start.size() != static_cast<size_t>(p.num_tasks())) state.SkipWithError("bad floor");
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(first_fit_floor(p, start));
+  }
+  state.counters["tasks"] = p.num_tasks();
+  state.counters["tasks_per_s"] =
+      benchmark::Counter(p.num_tasks(), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_FirstFitFloor)->Args({32, 48})->Unit(benchmark::kMicrosecond);
+
 // {microbatches, layers, greedy}: ~1k, ~6k, ~50k (ViT-22B-sized), ~200k, ~1M tasks.
 BENCHMARK(BM_Schedule)
     ->Args({4, 8, 1})

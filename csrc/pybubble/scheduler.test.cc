@@ -63,13 +63,21 @@ TEST(Scheduler, ReusesItsMemoryForNewDurations) {
   Scheduler sched(p);
   std::vector<double> d = p.fields().duration;
   for (double& x : d) x *= 3.0;
-  const Schedule a = sched.run(Policy::kGreedy, d.data());
+  const Schedule a = sched.run(Policy::kGreedy, &d);
   const Schedule b = sched.run(Policy::kGreedy);
   const Schedule c = schedule(p, Policy::kGreedy);
   EXPECT_EQ(b.start, c.start);
   EXPECT_GT(a.step_time, b.step_time);
   d[3] = -1.0;
-  EXPECT_THROW(sched.run(Policy::kGreedy, d.data()), std::invalid_argument);
+  EXPECT_THROW(sched.run(Policy::kGreedy, &d), std::invalid_argument);
+  d.pop_back();  // fewer durations than tasks: refused before any is read
+  try {
+    sched.run(Policy::kGreedy, &d);
+    FAIL() << "short durations accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "durations: " + std::to_string(d.size()) + " values for " +
+                                         std::to_string(p.num_tasks()) + " tasks");
+  }
 }
 
 TEST(Scheduler, GreedyIsValidAndNeverWorseThanCoarseOnGeneratedPipelines) {

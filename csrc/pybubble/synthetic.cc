@@ -1,8 +1,13 @@
 #include "pybubble/synthetic.h"
 
+#include "pybubble/cancel.h"
+#include "pybubble/message.h"
+
+#include "pybubble/checks.h"
 #include "pybubble/pipeline.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -50,30 +55,70 @@ struct SplitMix64 {
 
 }  // namespace
 
+namespace {
+
+void check_at_least(int64_t value, int64_t lo, const char* field) {
+  if (value < lo) {
+    throw std::invalid_argument(std::string(field) + ": " + format_number(value) + " is < " + format_number(lo));
+  }
+}
+
+// `value` finite and above `lo` (or at least `lo` when `inclusive`).
+void check_number(double value, double lo, bool inclusive, const char* field) {
+  if (!std::isfinite(value) || (inclusive ? !(value >= lo) : !(value > lo))) {
+    throw std::invalid_argument(std::string(field) + ": " + format_number(value) + " is not a finite number " +
+                                (inclusive ? ">= " : "> ") + format_number(lo));
+  }
+}
+
+}  // namespace
+
 ProblemInput synthetic_problem(const SyntheticSpec& sp) {
-  if (sp.stages < 1) throw std::invalid_argument("stages: " + std::to_string(sp.stages) + " is < 1");
-  if (sp.lanes_per_stage < 1) {
-    throw std::invalid_argument("lanes_per_stage: " + std::to_string(sp.lanes_per_stage) + " is < 1");
-  }
-  if (sp.microbatches < 1) {
-    throw std::invalid_argument("microbatches: " + std::to_string(sp.microbatches) + " is < 1");
-  }
+  check_at_least(sp.stages, 1, "stages");
+  check_at_least(sp.lanes_per_stage, 1, "lanes_per_stage");
+  check_at_least(sp.microbatches, 1, "microbatches");
   if (sp.encoder_layers < sp.stages) {
-    throw std::invalid_argument("encoder_layers: " + std::to_string(sp.encoder_layers) +
-                                " is fewer than the stages");
+    throw std::invalid_argument("encoder_layers: " + format_number(sp.encoder_layers) + " is fewer than the stages (" +
+                                format_number(sp.stages) + ")");
   }
-  if (sp.kernels_per_layer < 1) {
-    throw std::invalid_argument("kernels_per_layer: " + std::to_string(sp.kernels_per_layer) + " is < 1");
+  check_at_least(sp.kernels_per_layer, 1, "kernels_per_layer");
+  check_number(sp.llm_fwd, 0.0, false, "llm_fwd");
+  check_number(sp.llm_bwd, 0.0, false, "llm_bwd");
+  check_at_least(sp.tp_gaps_per_op, 0, "tp_gaps_per_op");
+  check_number(sp.tp_gap, 0.0, true, "tp_gap");
+  if (sp.tp_gaps_per_op > 0 && !(sp.tp_gap * (sp.tp_gaps_per_op + 1.0) < sp.llm_fwd)) {
+    throw std::invalid_argument("tp_gap: " + format_number(sp.tp_gaps_per_op) + " gaps of " + format_number(sp.tp_gap) +
+                                " leave no compute in an LLM forward of " + format_number(sp.llm_fwd));
   }
-  if (!(sp.llm_fwd > 0) || !(sp.llm_bwd > 0)) throw std::invalid_argument("llm_fwd, llm_bwd: must be > 0");
-  if (sp.tp_gaps_per_op < 0 || !(sp.tp_gap >= 0)) {
-    throw std::invalid_argument("tp_gaps_per_op, tp_gap: must be >= 0");
+  check_number(sp.encoder_scale, 0.0, true, "encoder_scale");
+  if (!(sp.jitter >= 0 && sp.jitter < 1)) {
+    throw std::invalid_argument("jitter: " + format_number(sp.jitter) + " is not in [0, 1)");
   }
-  if (sp.tp_gaps_per_op > 0 && !(sp.tp_gap * (sp.tp_gaps_per_op + 1) < sp.llm_fwd)) {
-    throw std::invalid_argument("tp_gap: " + std::to_string(sp.tp_gap) + " leaves no compute in an LLM forward");
+  // Limits, checked on the counts the spec implies before anything is built.
+  check_count(sp.stages, kMaxStages, "stages", "stages");
+  check_count(sp.microbatches, kMaxMicrobatches, "microbatches", "microbatches");
+  check_count(int64_t{sp.stages} * sp.lanes_per_stage, kMaxLanes, "lanes", "stages x lanes_per_stage");
+  for (auto [value, field] : {std::pair{sp.llm_fwd, "llm_fwd"}, std::pair{sp.llm_bwd, "llm_bwd"},
+                              std::pair{sp.tp_gap, "tp_gap"}}) {
+    if (value > kMaxTime) throw std::invalid_argument(std::string(field) + ": " + format_number(value) + " " + kAboveMaxTime);
   }
-  if (!(sp.encoder_scale >= 0) || !(sp.jitter >= 0 && sp.jitter < 1)) {
-    throw std::invalid_argument("encoder_scale must be >= 0 and jitter in [0, 1)");
+  const double longest_kernel = sp.encoder_scale * 120.0 * (1.0 + sp.jitter);  // a backward MLP GEMM
+  if (longest_kernel > kMaxTime) {
+    throw std::invalid_argument("encoder_scale: " + format_number(sp.encoder_scale) + " makes a kernel of " +
+                                format_number(longest_kernel) + " us, above the largest time (LIMITS['time'])");
+  }
+  const double tasks = 2.0 * sp.microbatches *
+                       (static_cast<double>(sp.encoder_layers) * sp.kernels_per_layer + (sp.stages - 1));
+  if (tasks > static_cast<double>(kMaxTasks)) {
+    throw std::invalid_argument("microbatches x encoder_layers x kernels_per_layer: " + format_number(tasks) +
+                                " tasks, more than the limit of " + format_number(kMaxTasks) + " (LIMITS['tasks'])");
+  }
+  const double windows = static_cast<double>(sp.stages) * sp.lanes_per_stage *
+                         (2.0 * sp.microbatches * (sp.tp_gaps_per_op + 1.0) + 3.0);
+  if (windows > static_cast<double>(kMaxWindows)) {
+    throw std::invalid_argument("stages x lanes_per_stage x microbatches x tp_gaps_per_op: up to " +
+                                format_number(windows) + " windows, more than the limit of " +
+                                format_number(kMaxWindows) + " (LIMITS['windows'])");
   }
   const int32_t p = sp.stages, m = sp.microbatches, lps = sp.lanes_per_stage;
   // The LLM step: 1F1B simulated by the pipeline simulator, TP collectives inside every op.
@@ -92,9 +137,8 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
   ProblemInput in;
   in.horizon = horizon;
   in.num_lanes = static_cast<int64_t>(p) * lps;
-  // Each of a stage's lanes sees the stage's free windows (pybubble::free_windows).
-  const FreeWindows free = free_windows(tl, p);
-  for (auto [w, src] : {std::pair{&in.compute_free, &free.compute}, std::pair{&in.link_free, &free.link}}) {
+  // Each of a stage's lanes sees the stage's free windows.
+  for (auto [w, src] : {std::pair{&in.compute_free, &tl.compute_free}, std::pair{&in.link_free, &tl.link_free}}) {
     w->offset.push_back(0);
     for (int32_t s = 0; s < p; ++s) {
       for (int32_t k = 0; k < lps; ++k) {
@@ -123,14 +167,15 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
     return static_cast<int64_t>(in.duration.size()) - 1;
   };
   for (int32_t j = 0; j < m; ++j) {
+    poll_cancel(static_cast<int64_t>(sp.encoder_layers) * sp.kernels_per_layer);
     const int32_t sub = j % lps;
     int64_t prev = -1;
     for (int32_t ph = 0; ph < 2; ++ph) {
       for (int32_t si = 0; si < p; ++si) {
         const int32_t s = ph == kFwd ? si : p - 1 - si;
         const int32_t lane = (p - 1 - s) * lps + sub;
-        const int32_t first = sp.encoder_layers * s / p, last = sp.encoder_layers * (s + 1) / p;
-        for (int32_t layer = first; layer < last; ++layer) {
+        const int64_t first = int64_t{sp.encoder_layers} * s / p, last = int64_t{sp.encoder_layers} * (s + 1) / p;
+        for (int64_t layer = first; layer < last; ++layer) {
           for (int32_t k = 0; k < sp.kernels_per_layer; ++k) {
             const int32_t idx = ph == kFwd ? k % 16 : 15 - (k % 16);
             const KernelShape& ks = kLayer[idx];

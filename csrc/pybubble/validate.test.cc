@@ -57,6 +57,21 @@ TEST_F(ValidateTest, CatchesNonFiniteStarts) {
   EXPECT_TRUE(mentions(validate(p_, s_), "is not finite"));
 }
 
+TEST_F(ValidateTest, AFarStartDoesNotWidenTheTolerance) {
+  // Every task of a lane stacked at one start, and one task far after the horizon: overlaps that
+  // a tolerance taken from the schedule's largest time (1e288 us) hid.
+  const int32_t lane = p_.lane(0);
+  int32_t far = -1;
+  for (int32_t t = 0; t < p_.num_tasks(); ++t) {
+    if (p_.lane(t) == lane && p_.resource(t) == kCompute) {
+      s_.start[static_cast<size_t>(t)] = -1000.0;
+      far = t;
+    }
+  }
+  s_.start[static_cast<size_t>(far)] = 1e300;
+  EXPECT_TRUE(mentions(validate(p_, s_), "overlap on lane"));
+}
+
 TEST_F(ValidateTest, RejectsSchedulesOfTheWrongShape) {
   s_.start.pop_back();
   EXPECT_THROW(validate(p_, s_), std::invalid_argument);

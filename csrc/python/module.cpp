@@ -8,4 +8,5 @@ PYBIND11_MODULE(_core, m) {
   register_synthetic(m);
   register_pipeline(m);
   register_balance(m);
+  register_limits(m);
 }

@@ -9,3 +9,4 @@ void register_validate(pybind11::module_& m);
 void register_synthetic(pybind11::module_& m);
 void register_pipeline(pybind11::module_& m);
 void register_balance(pybind11::module_& m);
+void register_limits(pybind11::module_& m);

@@ -1,69 +1,125 @@
 #include "arrays.h"
+#include "pybubble/limits.h"
 #include "pybubble/pipeline.h"
 #include "register.h"
+#include "without_gil.h"
 
+#include <algorithm>
+#include <chrono>
 #include <utility>
 
 namespace py = pybind11;
+using pybubble::PipelineSpec;
+using pybubble::PipelineTimeline;
+
+namespace {
+
+// Readers of the spec's arguments, with their limits (limits.h).
+template <typename T>
+std::vector<T> actions(py::handle v, const std::string& name) {
+  return read_array<T>(v, name, {pybubble::kMaxActions, "actions"});
+}
+std::vector<int64_t> row_offsets(py::handle v, const std::string& name) {
+  return read_array<int64_t>(v, name, {pybubble::kMaxStages, "stages", 1});
+}
+// One cost per (rank, chunk): a table holds a forward and a backward of each, so as many as half
+// its actions.
+std::vector<double> costs(py::handle v, const std::string& name) {
+  return read_array<double>(v, name, {pybubble::kMaxActions / 2, "actions"});
+}
+
+// The spec's fields, each once: X(field, reader). Its arguments in Python carry the same names.
+#define PYBUBBLE_SPEC_FIELDS(X)       \
+  X(ranks, read_int<int32_t>)         \
+  X(chunks, read_int<int32_t>)        \
+  X(microbatches, read_int<int32_t>)  \
+  X(row_offset, row_offsets)          \
+  X(stage, actions<int32_t>)          \
+  X(kind, actions<uint8_t>)           \
+  X(microbatch, actions<int32_t>)     \
+  X(fwd, costs)                       \
+  X(bwd, costs)                       \
+  X(wgrad, costs)                     \
+  X(p2p, read_float)                  \
+  X(tp_count, read_int<int32_t>)      \
+  X(tp_duration, read_float)          \
+  X(dp_allgather, read_float)         \
+  X(dp_reducescatter, read_float)
+
+// The spec from keyword arguments: every field required, no other name taken.
+PipelineSpec read_spec(const py::kwargs& kw) {
+  static const char* const names[] = {
+#define PYBUBBLE_NAME(field, reader) #field,
+      PYBUBBLE_SPEC_FIELDS(PYBUBBLE_NAME)
+#undef PYBUBBLE_NAME
+  };
+  for (const auto& item : kw) {
+    const std::string key = py::str(item.first);
+    if (std::none_of(std::begin(names), std::end(names), [&](const char* n) { return key == n; })) {
+      throw py::value_error(pybubble::quote_capped(key) + ": not an argument of the simulation");
+    }
+  }
+  PipelineSpec sp;
+#define PYBUBBLE_READ(field, reader)                                                 \
+  if (!kw.contains(#field)) throw py::value_error(#field ": missing");               \
+  sp.field = reader(kw[#field], #field);
+  PYBUBBLE_SPEC_FIELDS(PYBUBBLE_READ)
+#undef PYBUBBLE_READ
+  return sp;
+}
+
+// The timeline's arrays, each once; Python reads them by these names (pybubble.timeline).
+#define PYBUBBLE_TIMELINE_ARRAYS(X)                                                                    \
+  X(op_rank) X(op_chunk) X(op_stage) X(op_kind) X(op_microbatch) X(op_start) X(op_end) X(bubble_rank) \
+  X(bubble_kind) X(bubble_start) X(bubble_end) X(forward_needed) X(grad_ready)
+
+// The timeline as a dict of NumPy arrays that take over its vectors (no copy).
+py::dict timeline_dict(PipelineTimeline&& tl) {
+  py::dict d;
+  d["step_time"] = tl.step_time;
+#define PYBUBBLE_MOVE(field) d[#field] = to_array(std::move(tl.field));
+  PYBUBBLE_TIMELINE_ARRAYS(PYBUBBLE_MOVE)
+#undef PYBUBBLE_MOVE
+  for (auto [name, w] : {std::pair{"compute_free", &tl.compute_free}, std::pair{"link_free", &tl.link_free}}) {
+    d[(std::string(name) + "_offset").c_str()] = to_array(std::move(w->offset));
+    d[(std::string(name) + "_start").c_str()] = to_array(std::move(w->start));
+    d[(std::string(name) + "_end").c_str()] = to_array(std::move(w->end));
+  }
+  return d;
+}
+
+}  // namespace
 
 void register_pipeline(py::module_& m) {
   m.def(
       "simulate_pipeline",
-      [](int32_t ranks, int32_t chunks, int32_t microbatches, const carray<int64_t>& row_offset,
-         const carray<int32_t>& stage, const carray<uint8_t>& kind, const carray<int32_t>& microbatch,
-         const carray<double>& fwd, const carray<double>& bwd, const carray<double>& wgrad, double p2p,
-         int32_t tp_count, double tp_duration, double dp_allgather, double dp_reducescatter) {
-        pybubble::PipelineSpec sp;
-        sp.ranks = ranks;
-        sp.chunks = chunks;
-        sp.microbatches = microbatches;
-        sp.row_offset = to_vector(row_offset);
-        sp.stage = to_vector(stage);
-        sp.kind = to_vector(kind);
-        sp.microbatch = to_vector(microbatch);
-        sp.fwd = to_vector(fwd);
-        sp.bwd = to_vector(bwd);
-        sp.wgrad = to_vector(wgrad);
-        sp.p2p = p2p;
-        sp.tp_count = tp_count;
-        sp.tp_duration = tp_duration;
-        sp.dp_allgather = dp_allgather;
-        sp.dp_reducescatter = dp_reducescatter;
-        pybubble::PipelineTimeline tl;
-        pybubble::FreeWindows free;
-        {
-          // Pure C++ on data copied out of Python objects: other threads may run meanwhile.
-          py::gil_scoped_release release;
-          tl = pybubble::simulate_pipeline(sp);
-          free = pybubble::free_windows(tl, sp.ranks);
-        }
-        py::dict d;
-        d["step_time"] = tl.step_time;
-        d["op_rank"] = to_array(std::move(tl.op_rank));
-        d["op_chunk"] = to_array(std::move(tl.op_chunk));
-        d["op_stage"] = to_array(std::move(tl.op_stage));
-        d["op_kind"] = to_array(std::move(tl.op_kind));
-        d["op_microbatch"] = to_array(std::move(tl.op_microbatch));
-        d["op_start"] = to_array(std::move(tl.op_start));
-        d["op_end"] = to_array(std::move(tl.op_end));
-        d["bubble_rank"] = to_array(std::move(tl.bubble_rank));
-        d["bubble_kind"] = to_array(std::move(tl.bubble_kind));
-        d["bubble_start"] = to_array(std::move(tl.bubble_start));
-        d["bubble_end"] = to_array(std::move(tl.bubble_end));
-        d["link_busy_rank"] = to_array(std::move(tl.link_busy_rank));
-        d["link_busy_start"] = to_array(std::move(tl.link_busy_start));
-        d["link_busy_end"] = to_array(std::move(tl.link_busy_end));
-        d["forward_needed"] = to_array(std::move(tl.forward_needed));
-        d["grad_ready"] = to_array(std::move(tl.grad_ready));
-        for (auto [name, w] : {std::pair{"compute_free", &free.compute}, std::pair{"link_free", &free.link}}) {
-          d[(std::string(name) + "_offset").c_str()] = to_array(std::move(w->offset));
-          d[(std::string(name) + "_start").c_str()] = to_array(std::move(w->start));
-          d[(std::string(name) + "_end").c_str()] = to_array(std::move(w->end));
-        }
-        return d;
+      [](const py::kwargs& kw) {
+        const PipelineSpec sp = read_spec(kw);
+        // Pure C++ on data copied out of Python objects: other threads may run meanwhile.
+        return timeline_dict(without_gil([&] { return pybubble::simulate_pipeline(sp); }));
       },
-      py::arg("ranks"), py::arg("chunks"), py::arg("microbatches"), py::arg("row_offset"), py::arg("stage"),
-      py::arg("kind"), py::arg("microbatch"), py::arg("fwd"), py::arg("bwd"), py::arg("wgrad"), py::arg("p2p"),
-      py::arg("tp_count"), py::arg("tp_duration"), py::arg("dp_allgather"), py::arg("dp_reducescatter"),
-      "Simulates an action table; returns the timeline as flat arrays (see pybubble.timeline).");
+      "Simulates an action table (keyword arguments: ranks, chunks, microbatches, row_offset, stage, kind, "
+      "microbatch, fwd, bwd, wgrad, p2p, tp_count, tp_duration, dp_allgather, dp_reducescatter); returns the "
+      "timeline as flat arrays (see pybubble.timeline).");
+  m.def(
+      "simulate_pipeline_seconds",
+      [](py::handle repeat, const py::kwargs& kw) {
+        const int32_t runs = read_int<int32_t>(repeat, "repeat");
+        if (runs < 1) throw py::value_error("repeat: " + pybubble::format_number(runs) + " is < 1");
+        const PipelineSpec sp = read_spec(kw);
+        std::vector<double> seconds(static_cast<size_t>(runs));
+        without_gil([&] {  // timing plain C++
+          for (double& s : seconds) {
+            // As BM_SimulateInterleaved: the timeline's memory is taken and given back each run.
+            const auto t0 = std::chrono::steady_clock::now();
+            pybubble::simulate_pipeline(sp);
+            s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          }
+        });
+        std::sort(seconds.begin(), seconds.end());
+        return seconds[seconds.size() / 2];
+      },
+      py::arg("repeat"),
+      "The median seconds of `repeat` simulations of the same spec in C++ (the arguments of "
+      "simulate_pipeline), for the benchmark's ratio of the Python call to the core.");
 }

@@ -1,78 +1,81 @@
 #include <memory>
 
-#include <pybind11/stl.h>
-
 #include "arrays.h"
 #include "pybubble/problem.h"
 #include "register.h"
+#include "without_gil.h"
 
 namespace py = pybind11;
 using pybubble::Problem;
 using pybubble::ProblemInput;
-using pybubble::WindowSet;
+
+namespace {
+
+// The field's name in messages and in Problem.arrays(): "group.name", or "name" at the top level.
+std::string field_name(const char* group, const char* name) {
+  return *group ? std::string(group) + "." + name : std::string(name);
+}
+
+// The object holding `group`'s arrays: `arrays` itself for the top level.
+py::object group_of(py::handle arrays, const char* group) {
+  return *group ? read_attr(arrays, group, group) : py::reinterpret_borrow<py::object>(arrays);
+}
+
+ProblemInput read_problem(py::handle arrays) {
+  ProblemInput in;
+  in.horizon = read_float(read_attr(arrays, "horizon", "horizon"), "horizon");
+#define PYBUBBLE_READ(group, name, type, member, limit, limit_name, extra)                           \
+  in.member = read_array<type>(read_attr(group_of(arrays, #group), #name, field_name(#group, #name)), \
+                               field_name(#group, #name), {pybubble::limit, limit_name, extra});
+  PYBUBBLE_PROBLEM_ARRAYS(PYBUBBLE_READ)
+#undef PYBUBBLE_READ
+  // One offset per lane plus one, the same count for both resources.
+  if (in.compute_free.offset.empty()) {
+    throw py::value_error("compute_free.offset: empty; it holds num_lanes + 1 entries, from 0");
+  }
+  if (in.link_free.offset.size() != in.compute_free.offset.size()) {
+    throw py::value_error("link_free.offset: " + pybubble::format_number(in.link_free.offset.size()) +
+                          " entries, compute_free.offset has " +
+                          pybubble::format_number(in.compute_free.offset.size()) + " (num_lanes + 1 each)");
+  }
+  in.num_lanes = static_cast<int64_t>(in.compute_free.offset.size()) - 1;
+  return in;
+}
+
+py::dict write_problem(const ProblemInput& f) {
+  py::dict out;
+  out["horizon"] = f.horizon;
+  auto group_dict = [&out](const char* group) -> py::dict {
+    if (!*group) return out;
+    if (!out.contains(group)) out[group] = py::dict();
+    return out[group].cast<py::dict>();
+  };
+#define PYBUBBLE_WRITE(group, name, type, member, limit, limit_name, extra) group_dict(#group)[#name] = to_array(f.member);
+  PYBUBBLE_PROBLEM_ARRAYS(PYBUBBLE_WRITE)
+#undef PYBUBBLE_WRITE
+  return out;
+}
+
+}  // namespace
 
 void register_problem(py::module_& m) {
   py::class_<Problem>(m, "Problem", "A checked pybubble.problem/1 held by the core.")
-      .def(py::init([](double horizon, int64_t num_lanes, const carray<int64_t>& compute_offset,
-                       const carray<double>& compute_start, const carray<double>& compute_end,
-                       const carray<int64_t>& link_offset, const carray<double>& link_start,
-                       const carray<double>& link_end, const carray<double>& forward_needed,
-                       const carray<double>& grad_ready, const carray<int64_t>& lane,
-                       const carray<int64_t>& microbatch, const carray<double>& duration,
-                       const carray<int64_t>& resource, const carray<int64_t>& phase,
-                       const carray<int64_t>& after_offset, const carray<int64_t>& after) {
-             ProblemInput in;
-             in.horizon = horizon;
-             in.num_lanes = num_lanes;
-             in.compute_free = {to_vector(compute_offset), to_vector(compute_start), to_vector(compute_end)};
-             in.link_free = {to_vector(link_offset), to_vector(link_start), to_vector(link_end)};
-             in.forward_needed = to_vector(forward_needed);
-             in.grad_ready = to_vector(grad_ready);
-             in.lane = to_vector(lane);
-             in.microbatch = to_vector(microbatch);
-             in.duration = to_vector(duration);
-             in.resource = to_vector(resource);
-             in.phase = to_vector(phase);
-             in.after_offset = to_vector(after_offset);
-             in.after = to_vector(after);
+      .def(py::init([](py::handle arrays) {
+             ProblemInput in = read_problem(arrays);
              // The checks and indexes are plain C++ over the copied vectors: other threads (the
              // planner's) run meanwhile.
-             std::unique_ptr<Problem> out;
-             {
-               py::gil_scoped_release release;
-               out = std::make_unique<Problem>(std::move(in));
-             }
-             return out;
+             return without_gil([&] { return std::make_unique<Problem>(std::move(in)); });
            }),
-           py::arg("horizon"), py::arg("num_lanes"), py::arg("compute_offset"), py::arg("compute_start"),
-           py::arg("compute_end"), py::arg("link_offset"), py::arg("link_start"), py::arg("link_end"),
-           py::arg("forward_needed"), py::arg("grad_ready"), py::arg("lane"), py::arg("microbatch"),
-           py::arg("duration"), py::arg("resource"), py::arg("phase"), py::arg("after_offset"),
-           py::arg("after"))
+           py::arg("arrays"),
+           "Checks and holds a problem: `arrays` has a float `horizon`, `compute_free` and `link_free` (each "
+           "with `offset`, `start`, `end`), `forward_needed`, `grad_ready` and `tasks` (`lane`, `microbatch`, "
+           "`resource`, `phase`, `after_offset`, `after`, `duration`) as attributes.")
       .def_property_readonly("horizon", &Problem::horizon)
       .def_property_readonly("num_lanes", &Problem::num_lanes)
       .def_property_readonly("num_tasks", &Problem::num_tasks)
       .def_property_readonly("num_microbatches", &Problem::num_microbatches)
-      .def("fields", [](const Problem& p) {
-        const ProblemInput& f = p.fields();
-        py::dict d;
-        d["horizon"] = f.horizon;
-        d["num_lanes"] = f.num_lanes;
-        d["compute_offset"] = to_array(f.compute_free.offset);
-        d["compute_start"] = to_array(f.compute_free.start);
-        d["compute_end"] = to_array(f.compute_free.end);
-        d["link_offset"] = to_array(f.link_free.offset);
-        d["link_start"] = to_array(f.link_free.start);
-        d["link_end"] = to_array(f.link_free.end);
-        d["forward_needed"] = to_array(f.forward_needed);
-        d["grad_ready"] = to_array(f.grad_ready);
-        d["lane"] = to_array(f.lane);
-        d["microbatch"] = to_array(f.microbatch);
-        d["duration"] = to_array(f.duration);
-        d["resource"] = to_array(f.resource);
-        d["phase"] = to_array(f.phase);
-        d["after_offset"] = to_array(f.after_offset);
-        d["after"] = to_array(f.after);
-        return d;
-      }, "All fields as NumPy arrays, in the constructor's argument names.");
+      .def("arrays", [](const Problem& p) { return write_problem(p.fields()); },
+           "The problem's arrays as a nested dict with the constructor's names ({'horizon': float, "
+           "'compute_free': {'offset', 'start', 'end'}, 'link_free': {...}, 'forward_needed', 'grad_ready', "
+           "'tasks': {...}}).");
 }

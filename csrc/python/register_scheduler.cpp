@@ -1,10 +1,13 @@
 #include <pybind11/stl.h>
 
-#include <optional>
+#include <memory>
+
 
 #include "arrays.h"
+#include "pybubble/limits.h"
 #include "pybubble/scheduler.h"
 #include "register.h"
+#include "without_gil.h"
 
 namespace py = pybind11;
 using pybubble::Problem;
@@ -18,24 +21,32 @@ py::tuple as_tuple(const pybubble::Schedule& s) {
 
 void register_scheduler(py::module_& m) {
   py::class_<Scheduler>(m, "Scheduler", "Schedules one problem, again and again with new durations.")
-      .def(py::init<const Problem&>(), py::arg("problem"), py::keep_alive<1, 2>())
+      .def(py::init([](py::handle problem) {
+             return std::make_unique<Scheduler>(read_bound<Problem>(problem, "problem", "_core.Problem"));
+           }),
+           py::arg("problem"), py::keep_alive<1, 2>())
       .def(
           "run",
-          [](Scheduler& self, const std::string& policy, std::optional<carray<double>> durations) {
-            const auto pol = pybubble::parse_policy(policy);
-            const double* d = nullptr;
-            if (durations) {
-              if (durations->ndim() != 1) throw py::value_error("durations: expected a one-dimensional array");
-              d = durations->data();
-            }
-            const pybubble::Schedule* out;
-            {
-              // Scheduling touches no Python object: let other threads run meanwhile.
-              py::gil_scoped_release release;
-              out = &self.run(pol, d);
-            }
-            return as_tuple(*out);
+          [](Scheduler& self, py::handle policy, py::handle durations) {
+            const auto pol = pybubble::parse_policy(read_text(policy, "policy"));
+            std::vector<double> d;
+            if (!durations.is_none()) d = read_array<double>(durations, "durations", {pybubble::kMaxTasks, "tasks"});
+            // Scheduling touches no Python object: other threads run meanwhile.
+            const pybubble::Schedule& out =
+                without_gil([&]() -> const pybubble::Schedule& { return self.run(pol, durations.is_none() ? nullptr : &d); });
+            return as_tuple(out);
           },
           py::arg("policy") = "greedy", py::arg("durations") = py::none(),
           "Returns (start, assignment, step_time, shift_front, shift_back).");
+  m.def(
+      "first_fit_floor",
+      [](py::handle problem) {
+        const Problem& p = read_bound<Problem>(problem, "problem", "_core.Problem");
+        std::vector<double> start;
+        without_gil([&] { return pybubble::first_fit_floor(p, start); });  // plain C++ over the problem's arrays
+        return to_array(std::move(start));
+      },
+      py::arg("problem"),
+      "The scheduler's speed floor: one first-fit pass over the same tasks and windows (not a valid "
+      "schedule); returns the starts.");
 }

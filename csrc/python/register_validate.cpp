@@ -1,25 +1,27 @@
 #include <pybind11/stl.h>
 
 #include "arrays.h"
+#include "pybubble/limits.h"
 #include "pybubble/validate.h"
 #include "register.h"
+#include "without_gil.h"
 
 namespace py = pybind11;
 
 void register_validate(py::module_& m) {
   m.def(
       "validate",
-      [](const pybubble::Problem& p, const carray<double>& start, const carray<int64_t>& assignment,
-         double step_time, double shift_front, double shift_back) {
+      [](py::handle problem, py::handle start, py::handle assignment, py::handle step_time,
+         py::handle shift_front, py::handle shift_back) {
+        const auto& p = read_bound<pybubble::Problem>(problem, "problem", "_core.Problem");
         pybubble::Schedule s;
-        s.start = to_vector(start);
-        s.assignment = to_vector(assignment);
-        s.step_time = step_time;
-        s.shift_front = shift_front;
-        s.shift_back = shift_back;
+        s.start = read_array<double>(start, "start", {pybubble::kMaxTasks, "tasks"});
+        s.assignment = read_array<int64_t>(assignment, "assignment", {pybubble::kMaxMicrobatches, "microbatches"});
+        s.step_time = read_float(step_time, "step_time");
+        s.shift_front = read_float(shift_front, "shift_front");
+        s.shift_back = read_float(shift_back, "shift_back");
         // Pure C++ over copied arrays: no Python object is touched.
-        py::gil_scoped_release release;
-        return pybubble::validate(p, s);
+        return without_gil([&] { return pybubble::validate(p, s); });
       },
       py::arg("problem"), py::arg("start"), py::arg("assignment"), py::arg("step_time"),
       py::arg("shift_front"), py::arg("shift_back"),

@@ -20,26 +20,6 @@ FORMAT = "pybubble.problem/1"
 """The format key of a problem document."""
 
 
-def _core_problem(a: ProblemArrays) -> _core.Problem:
-    """The core's checked problem of `a` (the core checks every field)."""
-    t = a.tasks
-    return _core.Problem(
-        horizon=a.horizon, num_lanes=a.num_lanes,
-        compute_offset=a.compute_free.offset, compute_start=a.compute_free.start, compute_end=a.compute_free.end,
-        link_offset=a.link_free.offset, link_start=a.link_free.start, link_end=a.link_free.end,
-        forward_needed=a.forward_needed, grad_ready=a.grad_ready, lane=t.lane, microbatch=t.microbatch,
-        duration=t.duration, resource=t.resource, phase=t.phase, after_offset=t.after_offset, after=t.after)
-
-
-def _core_arrays(core: _core.Problem) -> ProblemArrays:
-    f = core.fields()
-    return ProblemArrays.from_core({
-        "horizon": f["horizon"], "forward_needed": f["forward_needed"], "grad_ready": f["grad_ready"],
-        "compute_free": {k: f[f"compute_{k}"] for k in ("offset", "start", "end")},
-        "link_free": {k: f[f"link_{k}"] for k in ("offset", "start", "end")},
-        "tasks": {k: f[k] for k in ("lane", "microbatch", "duration", "resource", "phase", "after_offset", "after")}})
-
-
 def _from_core(name: str, doc: str) -> property:
     """A read-only property that reads the core problem's attribute `name`."""
     return property(lambda self: getattr(self.core, name), doc=doc)
@@ -65,7 +45,7 @@ class Problem:
         """Builds a problem from its arrays; checked by the core (ValueError naming the field)."""
         if not isinstance(arrays, ProblemArrays):
             raise ValueError(f"arrays: {shown(arrays)} is not a ProblemArrays")
-        return cls(_core_problem(arrays), lane_names)
+        return cls(_core.Problem(arrays), lane_names)  # the core reads the container's fields by name
 
     @classmethod
     def on_timeline(cls, timeline: Timeline, tasks: Tasks | Sequence[Mapping[str, Any]], lanes_per_stage: int = 1,
@@ -101,7 +81,7 @@ class Problem:
 
     def arrays(self) -> ProblemArrays:
         """The problem's arrays (a copy the caller may change)."""
-        return _core_arrays(self.core)
+        return ProblemArrays.from_core(self.core.arrays())
 
     def with_durations(self, durations: np.ndarray) -> "Problem":
         """The same problem with new task durations (checked)."""

@@ -13,19 +13,18 @@ def balance_microbatches(costs: np.ndarray, num_microbatches: int) -> np.ndarray
     """Assigns samples to microbatches: ``costs`` is N x 2 (encoder cost, LLM cost per sample);
     returns an int64 array of N microbatch indices in [0, num_microbatches), every microbatch
     non-empty, keeping the largest per-microbatch cost of either part close to its lower bound
-    (:func:`lower_bound`). Runs in the C++ core."""
-    return _core.balance_microbatches(np.asarray(costs, dtype=np.float64), int(num_microbatches))
+    (:func:`lower_bound`). Runs in the C++ core, which refuses lossy dtypes (ValueError)."""
+    return _core.balance_microbatches(costs, num_microbatches)
 
 
 def lower_bound(costs: np.ndarray, num_microbatches: int) -> float:
     """No assignment can do better: max(each part's total / num_microbatches, the largest cost)."""
-    return _core.balance_lower_bound(np.asarray(costs, dtype=np.float64), int(num_microbatches))
+    return _core.balance_lower_bound(costs, num_microbatches)
 
 
 def max_microbatch_cost(costs: np.ndarray, assignment: np.ndarray, num_microbatches: int) -> float:
     """The largest per-microbatch summed cost of either part under `assignment`."""
-    return _core.max_microbatch_cost(np.asarray(costs, dtype=np.float64), np.asarray(assignment, np.int64),
-                                     int(num_microbatches))
+    return _core.max_microbatch_cost(costs, assignment, num_microbatches)
 
 
 def order_by_bubbles(encoder_load: np.ndarray, bubble: np.ndarray) -> np.ndarray:

@@ -35,7 +35,7 @@ class OnlineScheduler:
 
     def reschedule(self, durations: np.ndarray) -> Schedule:
         """A schedule for the same problem with `durations` (float64, one per task, finite, >= 0)."""
-        d = np.ascontiguousarray(durations, dtype=np.float64)
+        d = np.asarray(durations)  # its dtype is checked by the core (no lossy cast here)
         if d.shape != (self.problem.num_tasks,):
             raise ValueError(f"durations: shape {d.shape}, expected ({self.problem.num_tasks},)")
         with self._lock:
@@ -53,7 +53,7 @@ class OnlineScheduler:
         """Schedules in the background; the Future holds the Schedule (or the ValueError)."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pybubble-online")
-        d = np.array(durations, dtype=np.float64)  # a private copy: the caller may reuse its buffer
+        d = np.array(durations)  # a private copy: the caller may reuse its buffer
         return self._pool.submit(self.reschedule, d)
 
     def close(self) -> None:

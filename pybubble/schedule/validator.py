@@ -21,6 +21,5 @@ def validate(problem: Problem, schedule: Schedule) -> list[str]:
     """
     if np.ndim(schedule.start) != 1 or np.ndim(schedule.assignment) != 1:
         raise ValueError("start, assignment: expected one-dimensional arrays")
-    return _core.validate(problem.core, np.asarray(schedule.start, np.float64),
-                          np.asarray(schedule.assignment, np.int64), float(schedule.step_time),
-                          float(schedule.shift_front), float(schedule.shift_back))
+    return _core.validate(problem.core, schedule.start, schedule.assignment, schedule.step_time,
+                          schedule.shift_front, schedule.shift_back)

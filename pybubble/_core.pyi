@@ -103,5 +103,8 @@ def simulate_pipeline(
     dp_allgather: float,
     dp_reducescatter: float,
 ) -> dict[str, Any]: ...
+def one_f_one_b(ranks: int, microbatches: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32],
+                                                       npt.NDArray[np.uint8], npt.NDArray[np.int32]]:
+    """The 1F1B table as (row_offset, stage, kind, microbatch) arrays."""
 def simulate_pipeline_seconds(repeat: int, **spec: Any) -> float:
     """The median seconds of `repeat` runs of simulate_pipeline(**spec) in C++."""

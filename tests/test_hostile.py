@@ -244,3 +244,14 @@ def test_docs_list_every_limit_with_its_value():
         row = next((line for line in text.splitlines() if line.startswith(f"| `{name}` |")), None)
         assert row is not None, f"docs/formats.md does not list {name}"
         assert f"{getattr(limits, name):,}" in row, f"docs/formats.md gives another value for {name}"
+
+
+def test_docs_list_every_limit_of_the_core_with_its_value():
+    from pybubble import _core
+
+    text = (ROOT / "docs" / "formats.md").read_text()
+    for key, value in _core.LIMITS.items():
+        row = next((line for line in text.splitlines() if line.startswith(f"| `{key}` |")), None)
+        assert row is not None, f"docs/formats.md does not list LIMITS['{key}']"
+        shown_value = f"{value:,}" if isinstance(value, int) else f"{value:g}".replace("e+", "e")
+        assert shown_value in row, f"docs/formats.md gives another value for LIMITS['{key}']"

@@ -73,6 +73,9 @@ std::string action_name(int32_t stage, uint8_t kind, int32_t microbatch) {
 void fill_one_f_one_b(PipelineSpec& sp) {
   if (sp.chunks != 1) throw std::invalid_argument("chunks: " + format_number(sp.chunks) + " is not 1 for 1F1B");
   const int32_t p = sp.ranks, m = sp.microbatches;
+  if (p < 1) throw std::invalid_argument("ranks: " + format_number(p) + " is < 1");
+  if (m < 1) throw std::invalid_argument("microbatches: " + format_number(m) + " is < 1");
+  check_count(2 * static_cast<int64_t>(p) * m, kMaxActions, "actions", "table");
   sp.row_offset.assign(1, 0);
   sp.stage.clear();
   sp.kind.clear();

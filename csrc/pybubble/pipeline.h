@@ -75,7 +75,9 @@ PipelineTimeline simulate_pipeline(const PipelineSpec& spec);
 
 /// Fills the table of `spec` with 1F1B for spec.ranks and spec.microbatches (chunks must be 1):
 /// rank r runs min(p - r - 1, m) warm-up forwards, then one forward and one backward in turn,
-/// then its remaining backwards.
+/// then its remaining backwards. The one 1F1B of pybubble: the Python tables and the generated
+/// problems both take it from here. Throws std::invalid_argument for ranks or microbatches < 1
+/// and for a table over LIMITS['actions'].
 void fill_one_f_one_b(PipelineSpec& spec);
 
 /// The action's name in torch's notation, e.g. "3F12".

@@ -180,5 +180,22 @@ TEST(Pipeline, FreeWindowsMergeBubblesAndComplementTheLink) {
   EXPECT_EQ(tl.link_free.end, (std::vector<double>{7, 52, 63, 17, 32, 63}));
 }
 
+TEST(Pipeline, OneFOneBRefusesBadCountsAndTablesOverTheLimit) {
+  PipelineSpec sp;
+  sp.ranks = 0;
+  sp.microbatches = 4;
+  EXPECT_THROW(fill_one_f_one_b(sp), std::invalid_argument);
+  sp.ranks = 4;
+  sp.microbatches = -1;
+  EXPECT_THROW(fill_one_f_one_b(sp), std::invalid_argument);
+  sp.microbatches = 1'000'000;
+  try {
+    fill_one_f_one_b(sp);
+    FAIL() << "a table of 8000000 actions was built";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "table: 8000000, more than the limit of 4000000 (LIMITS['actions'])");
+  }
+}
+
 }  // namespace
 }  // namespace pybubble

@@ -92,6 +92,19 @@ py::dict timeline_dict(PipelineTimeline&& tl) {
 
 void register_pipeline(py::module_& m) {
   m.def(
+      "one_f_one_b",
+      [](py::handle ranks, py::handle microbatches) {
+        PipelineSpec sp;
+        sp.ranks = read_int<int32_t>(ranks, "ranks");
+        sp.microbatches = read_int<int32_t>(microbatches, "microbatches");
+        pybubble::fill_one_f_one_b(sp);
+        return py::make_tuple(to_array(std::move(sp.row_offset)), to_array(std::move(sp.stage)),
+                              to_array(std::move(sp.kind)), to_array(std::move(sp.microbatch)));
+      },
+      py::arg("ranks"), py::arg("microbatches"),
+      "The 1F1B table of `ranks` ranks and `microbatches` microbatches as (row_offset, stage, kind, "
+      "microbatch) arrays (the table the generated problems use).");
+  m.def(
       "simulate_pipeline",
       [](const py::kwargs& kw) {
         const PipelineSpec sp = read_spec(kw);

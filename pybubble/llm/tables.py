@@ -17,6 +17,7 @@ from typing import NamedTuple, Union
 
 import numpy as np
 
+from .. import _core
 from ..config.checks import integer, shown
 from ..config.limits import MAX_TABLE_ACTIONS
 from ..config.schema import SCHEDULES
@@ -82,17 +83,12 @@ def gpipe(ranks: int, microbatches: int) -> Table:
 
 
 def one_f_one_b(ranks: int, microbatches: int) -> Table:
-    """1F1B: rank r runs min(p - r - 1, m) warm-up forwards, alternates F and B, drains its Bs."""
+    """1F1B: rank r runs min(p - r - 1, m) warm-up forwards, alternates F and B, drains its Bs (the
+    core builds it: the same table as its generated problems')."""
     p, m = _counts(ranks, microbatches)
-    table: Table = {}
-    for r in range(p):
-        warm = min(p - r - 1, m)
-        row: list[Action | None] = [Action(r, "F", k) for k in range(warm)]
-        for k in range(m - warm):
-            row += [Action(r, "F", warm + k), Action(r, "B", k)]
-        row += [Action(r, "B", k) for k in range(m - warm, m)]
-        table[r] = row
-    return table
+    offset, stage, kind, micro = _core.one_f_one_b(ranks=p, microbatches=m)
+    actions = [Action(g, KINDS[k], mb) for g, k, mb in zip(stage.tolist(), kind.tolist(), micro.tolist())]
+    return {r: actions[offset[r]:offset[r + 1]] for r in range(p)}
 
 
 def interleaved_warmup(ranks: int, microbatches: int, chunks: int) -> list[int]:

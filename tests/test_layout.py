@@ -146,12 +146,18 @@ def test_every_module_says_what_it_is():
 
 
 def test_no_name_is_defined_twice():
+    """A public function, class or constant (an upper-case name) is defined in one module only."""
     where = defaultdict(list)
     for name, tree in MODULES.items():
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_") \
                     and name.split(".")[-1] not in ("cli",) and node.name != "main":
                 where[node.name].append(name)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id.isupper() and not t.id.startswith("_"):
+                    where[t.id].append(name)
     twice = {n: ms for n, ms in where.items() if len(ms) > 1}
     assert not twice, twice
 

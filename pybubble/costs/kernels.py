@@ -32,7 +32,7 @@ PHASES = ("fwd", "bwd")
 """The encoder's passes: a kernel belongs to the forward or to the backward."""
 RESOURCES = ("compute", "comm")
 """What a kernel occupies: the compute units (SMs) or the network link."""
-KINDS = ("gemm", "attention", "attention_bwd", "activation", "norm", "elementwise", "collective")
+KERNEL_KINDS = ("gemm", "attention", "attention_bwd", "activation", "norm", "elementwise", "collective")
 """Cost-model classes of kernels (one efficiency each)."""
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 """Collectives a comm kernel may be."""

@@ -30,7 +30,7 @@ from typing import Any
 from ..config.checks import mapping, number, positive, required, shown
 from ..config.documents import naming, read_document
 from ..config.models import TransformerShape
-from .kernels import KINDS, Kernel, decompose_layer
+from .kernels import KERNEL_KINDS, Kernel, decompose_layer
 
 CALIBRATION_FORMAT = "pybubble.calibration/1"
 """The format key of a calibration file (per-kind efficiencies, cluster factors, or both)."""
@@ -79,7 +79,7 @@ class Hardware:
     gpus_per_node: int
     """Ranks that share the fast intra-node link."""
     efficiency: dict[str, Efficiency] = field(default_factory=dict)
-    """Default efficiency per kernel kind (see ``decompose.KINDS``)."""
+    """Default efficiency per kernel kind (see ``pybubble.costs.kernels.KERNEL_KINDS``)."""
 
 
 def _gpu_efficiency(gemm: float, attention: float, attention_bwd: float) -> dict[str, Efficiency]:
@@ -155,7 +155,7 @@ class CostModel:
 
     def __init__(self, spec: Hardware | str, calibration: str | os.PathLike[str] | Mapping[str, Any] | None = None):
         self.hardware = hardware(spec) if isinstance(spec, str) else replace(spec, efficiency=dict(spec.efficiency))
-        missing = [k for k in KINDS if k not in self.hardware.efficiency]
+        missing = [k for k in KERNEL_KINDS if k not in self.hardware.efficiency]
         if missing:
             raise ValueError(f"efficiency: no entry for kind(s) {', '.join(missing)}")
         self.compute_factor = 1.0
@@ -190,8 +190,8 @@ class CostModel:
         peaks = {name: positive(doc[name], name) for name in ("peak_flops", "memory_bandwidth") if name in doc}
         efficiency = {}
         for kind, fit in mapping(doc.get("kinds", {}), "kinds").items():
-            if kind not in KINDS:
-                raise ValueError(f"kinds: unknown kind {shown(kind)}; known: {', '.join(KINDS)}")
+            if kind not in KERNEL_KINDS:
+                raise ValueError(f"kinds: unknown kind {shown(kind)}; known: {', '.join(KERNEL_KINDS)}")
             where = f"kinds.{kind}"
             fit = mapping(fit, where)
             values = {name: number(required(fit, name, where), f"{where}.{name}")

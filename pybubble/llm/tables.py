@@ -22,14 +22,14 @@ from ..config.checks import integer, shown
 from ..config.limits import MAX_TABLE_ACTIONS
 from ..config.schema import SCHEDULES
 
-KINDS = ("F", "B", "I", "W")
+ACTION_KINDS = ("F", "B", "I", "W")
 """Action kinds: forward, full backward, input-gradient backward, weight-gradient backward."""
 NAMES = SCHEDULES
 """The named schedules (:func:`build_table`)."""
 _ACTION = re.compile(r"^([0-9]+)([FBIW])([0-9]+)$")
 _INT32_MAX = 2**31 - 1
-_KIND_CODE = np.zeros(256, np.uint8)  # ASCII letter -> index in KINDS
-_KIND_CODE[[ord(k) for k in KINDS]] = np.arange(len(KINDS), dtype=np.uint8)
+_KIND_CODE = np.zeros(256, np.uint8)  # ASCII letter -> index in ACTION_KINDS
+_KIND_CODE[[ord(k) for k in ACTION_KINDS]] = np.arange(len(ACTION_KINDS), dtype=np.uint8)
 
 
 class Action(NamedTuple):
@@ -39,7 +39,7 @@ class Action(NamedTuple):
     stage: int
     """The global stage (0 .. ranks * chunks - 1)."""
     kind: str
-    """One of :data:`KINDS`."""
+    """One of :data:`ACTION_KINDS`."""
     microbatch: int
     """The LLM microbatch."""
 
@@ -87,7 +87,7 @@ def one_f_one_b(ranks: int, microbatches: int) -> Table:
     core builds it: the same table as its generated problems')."""
     p, m = _counts(ranks, microbatches)
     offset, stage, kind, micro = _core.one_f_one_b(ranks=p, microbatches=m)
-    actions = [Action(g, KINDS[k], mb) for g, k, mb in zip(stage.tolist(), kind.tolist(), micro.tolist())]
+    actions = [Action(g, ACTION_KINDS[k], mb) for g, k, mb in zip(stage.tolist(), kind.tolist(), micro.tolist())]
     return {r: actions[offset[r]:offset[r + 1]] for r in range(p)}
 
 
@@ -259,13 +259,13 @@ def check_table(table: TableLike) -> Table:
 
 def _well_formed(a: object) -> bool:
     """A fast check of an Action's fields (the slow path parses it and names what is wrong)."""
-    return (type(a) is Action and type(a.stage) is int and type(a.microbatch) is int and a.kind in KINDS
+    return (type(a) is Action and type(a.stage) is int and type(a.microbatch) is int and a.kind in ACTION_KINDS
             and 0 <= a.stage < _INT32_MAX and 0 <= a.microbatch < _INT32_MAX)
 
 
 def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A checked table as flat arrays: row offsets, and per action its stage, kind index (in
-    :data:`KINDS`) and microbatch, idle steps dropped."""
+    :data:`ACTION_KINDS`) and microbatch, idle steps dropped."""
     offset = np.zeros(len(table) + 1, np.int64)
     actions: list[Action] = []
     for r in range(len(table)):
@@ -278,5 +278,5 @@ def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     return offset, np.array(stage, np.int32), code, np.array(micro, np.int32)
 
 
-__all__ = ["KINDS", "NAMES", "Action", "Table", "TableLike", "build_table", "check_table", "flatten", "gpipe",
+__all__ = ["ACTION_KINDS", "NAMES", "Action", "Table", "TableLike", "build_table", "check_table", "flatten", "gpipe",
            "interleaved_1f1b", "interleaved_warmup", "load_csv", "one_f_one_b", "zb_h1", "zbv"]

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _core
 from ..config.checks import finite, integer, shown
-from .tables import KINDS, NAMES, TableLike, build_table, check_table, flatten, load_csv
+from .tables import ACTION_KINDS, NAMES, TableLike, build_table, check_table, flatten, load_csv
 
 BUBBLE_KINDS = ("dp_allgather", "pp_warmup", "pp_steady", "pp_cooldown", "tp", "dp_reducescatter")
 """Kinds of bubbles, in the core's order (see docs/pipeline.md)."""
@@ -122,7 +122,7 @@ class Timeline:
     def ops(self) -> list[Op]:
         """Every action in each rank's table order."""
         a = self._arrays
-        return [Op(r, c, g, KINDS[k], mb, s, e) for r, c, g, k, mb, s, e in zip(
+        return [Op(r, c, g, ACTION_KINDS[k], mb, s, e) for r, c, g, k, mb, s, e in zip(
             a["op_rank"].tolist(), a["op_chunk"].tolist(), a["op_stage"].tolist(), a["op_kind"].tolist(),
             a["op_microbatch"].tolist(), a["op_start"].tolist(), a["op_end"].tolist())]
 

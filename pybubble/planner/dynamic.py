@@ -38,7 +38,7 @@ from ..viz.steps import save_step_chart
 from .search import Candidate, search
 from .workloads import Batch, WorkloadSpec, batches, microbatch_loads, sample_costs
 
-FORMAT = "pybubble.dynamic/1"
+DYNAMIC_FORMAT = "pybubble.dynamic/1"
 """The format key of a dynamic run's document."""
 MODES = ("static", "balanced", "online", "choice")
 """The ways of meeting batches that change (see the module docstring)."""
@@ -177,7 +177,7 @@ class DynamicRun:
         """The run as a pybubble.dynamic/1 document."""
         summ = self.summary()
         return {
-            "format": FORMAT,
+            "format": DYNAMIC_FORMAT,
             **self.extra,
             "horizon": float(self.horizon),
             "budget_ms": self.budget * 1e3,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _core
-from .problem import FORMAT, Problem, load_problem
+from .problem import PROBLEM_FORMAT, Problem, load_problem
 
 
 def synthetic(*, stages: int = 4, lanes_per_stage: int = 2, microbatches: int = 8,
@@ -72,7 +72,7 @@ def random_problem(seed: int, *, lanes: int = 2, microbatches: int = 3, max_wind
                               "phase": phase, "microbatch": j,
                               "after": [] if prev is None else [prev]})
                 prev = len(tasks) - 1
-    return load_problem({"format": FORMAT, "horizon": float(horizon), "lanes": lane_docs,
+    return load_problem({"format": PROBLEM_FORMAT, "horizon": float(horizon), "lanes": lane_docs,
                          "microbatches": [{"forward_needed": float(f), "grad_ready": float(g)}
                                           for f, g in zip(fn, gr)],
                          "tasks": tasks})

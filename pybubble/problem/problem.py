@@ -16,7 +16,7 @@ from ..costs.kernels import PHASES, RESOURCES
 from ..llm.timeline import Timeline, Windows
 from .arrays import ProblemArrays, Tasks
 
-FORMAT = "pybubble.problem/1"
+PROBLEM_FORMAT = "pybubble.problem/1"
 """The format key of a problem document."""
 
 
@@ -102,7 +102,7 @@ class Problem:
                   "link_free": [[s, e] for s, e in wins["comm"]]}
                  for name, wins in zip(self.lane_names, self.free_windows())]
         return {
-            "format": FORMAT,
+            "format": PROBLEM_FORMAT,
             "horizon": float(a.horizon),
             "lanes": lanes,
             "microbatches": [{"forward_needed": float(f), "grad_ready": float(g)}
@@ -136,7 +136,7 @@ def load_problem(source: PathOrDict | Problem) -> Problem:
     """
     if isinstance(source, Problem):
         return source
-    doc = read_document(source, FORMAT)
+    doc = read_document(source, PROBLEM_FORMAT)
     with naming(source):
         return _problem(doc)
 
@@ -171,4 +171,4 @@ def _problem(doc: Mapping[str, Any]) -> Problem:
     return Problem.from_arrays(arrays, names)
 
 
-__all__ = ["FORMAT", "PHASES", "RESOURCES", "Problem", "load_problem"]
+__all__ = ["PROBLEM_FORMAT", "PHASES", "RESOURCES", "Problem", "load_problem"]

@@ -14,7 +14,7 @@ from ..config.checks import array, integer, number, one_of, required
 from ..config.documents import PathOrDict, naming, read_document, write_document
 from ..problem.problem import Problem
 
-FORMAT = "pybubble.schedule/1"
+SCHEDULE_FORMAT = "pybubble.schedule/1"
 """The format key of a schedule document."""
 POLICIES = ("greedy", "coarse")
 """How tasks are placed: kernel-level filling of the bubbles, or all forwards before the step and
@@ -40,7 +40,7 @@ class Schedule:
         """The schedule as a pybubble.schedule/1 document."""
         # + 0.0 turns -0.0 (a task the core placed at -0 us) into 0.0
         return {
-            "format": FORMAT,
+            "format": SCHEDULE_FORMAT,
             "step_time": float(self.step_time) + 0.0,
             "shift_front": float(self.shift_front) + 0.0,
             "shift_back": float(self.shift_back) + 0.0,
@@ -90,7 +90,7 @@ def schedule(problem: Problem, policy: str = "greedy") -> Schedule:
 def load_schedule(source: PathOrDict) -> Schedule:
     """Loads a pybubble.schedule/1 from a JSON file path or a parsed dict (structure only; use
     :func:`pybubble.validate` to check it against a problem)."""
-    doc = read_document(source, FORMAT)
+    doc = read_document(source, SCHEDULE_FORMAT)
     with naming(source):
         return _schedule(doc)
 
@@ -108,4 +108,4 @@ def _schedule(doc: Any) -> Schedule:
     )
 
 
-__all__ = ["FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "load_schedule", "schedule"]
+__all__ = ["SCHEDULE_FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "load_schedule", "schedule"]

@@ -7,24 +7,15 @@ Usage: python bench/pipeline_speed.py [--repeat N]
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 
 import pybubble
 from pybubble import _core
 from pybubble.llm import tables as schedules
+from scheduler_speed import median_time  # bench/ is the script's folder
 
 COSTS = dict(fwd=1200.0, bwd=2400.0, p2p=20.0, tp_comm=(24, 30.0), dp_allgather=3000.0, dp_reducescatter=8000.0)
-
-
-def median_s(run, repeats):
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main():
@@ -45,15 +36,15 @@ def main():
     assert _core.simulate_pipeline(**spec)["step_time"] == timeline.step_time
     rounds = {"python": [], "core_call": [], "prep": [], "cpp": []}
     for _ in range(10):
-        rounds["python"].append(median_s(lambda: pybubble.simulate_pipeline(table, **COSTS), args.repeat))
-        rounds["core_call"].append(median_s(lambda: _core.simulate_pipeline(**spec), args.repeat))
-        rounds["prep"].append(median_s(lambda: schedules.flatten(schedules.check_table(table)), args.repeat))
+        rounds["python"].append(median_time(lambda: pybubble.simulate_pipeline(table, **COSTS), args.repeat))
+        rounds["core_call"].append(median_time(lambda: _core.simulate_pipeline(**spec), args.repeat))
+        rounds["prep"].append(median_time(lambda: schedules.flatten(schedules.check_table(table)), args.repeat))
         rounds["cpp"].append(_core.simulate_pipeline_seconds(args.repeat, **spec))
     med = {k: statistics.median(v) * 1e3 for k, v in rounds.items()}
     rng = {k: (min(v) * 1e3, max(v) * 1e3) for k, v in rounds.items()}
     print(f"ops {len(timeline.ops)}, bubbles {len(timeline.bubbles)}, step {timeline.step_time / 1000:.3f} ms")
     print(f"build table (Python)                  median "
-          f"{median_s(lambda: schedules.interleaved_1f1b(p, m, v), args.repeat) * 1e3:7.2f} ms")
+          f"{median_time(lambda: schedules.interleaved_1f1b(p, m, v), args.repeat) * 1e3:7.2f} ms")
     for key, label in (("python", "pybubble.simulate_pipeline(table)"), ("prep", "  of which table -> arrays (Python)"),
                        ("core_call", "  of which _core.simulate_pipeline"), ("cpp", "C++ simulate_pipeline (in C++)")):
         print(f"{label:37s} median {med[key]:7.2f} ms  (rounds {rng[key][0]:.2f}-{rng[key][1]:.2f})")

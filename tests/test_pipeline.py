@@ -124,8 +124,12 @@ def test_table_errors_name_the_field():
 def test_check_table_names_a_cell_with_two_actions_and_tolerates_spaces():
     with pytest.raises(ValueError, match=r"schedule\[0\]\[0\]: '0F0,0B0'"):
         tables.check_table({0: ["0F0,0B0"]})
-    with pytest.raises(ValueError, match=r"schedule\[0\]\[1\]: '0Q1'"):
-        tables.check_table({0: [tables.Action(0, "F", 0), tables.Action(0, "Q", 1)]})
+    with pytest.raises(ValueError, match=r"schedule\[0\]\[1\]: '0Q1'"):  # an Action's fields: when flattened
+        tables.flatten(tables.check_table({0: [tables.Action(0, "F", 0), tables.Action(0, "Q", 1)]}))
+    for bad in (tables.Action(0, "F", -1), tables.Action(0.5, "F", 0), tables.Action(0, "FB", 0),
+                tables.Action(2**31, "F", 0), tables.Action(0, 7, 0)):
+        with pytest.raises(ValueError, match=r"schedule\[1\]\[0\]"):
+            tables.flatten(tables.check_table({0: ["0F0", None], 1: [bad]}))
     offset, stage, kind, mb = tables.flatten(tables.check_table({0: [" 0F0", None, "0B0 "], 1: ["1F0", "1I0", "1W0"]}))
     assert offset.tolist() == [0, 2, 5] and stage.tolist() == [0, 0, 1, 1, 1]
     assert kind.tolist() == [0, 1, 0, 2, 3] and mb.tolist() == [0] * 5

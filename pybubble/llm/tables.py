@@ -30,6 +30,7 @@ _ACTION = re.compile(r"^([0-9]+)([FBIW])([0-9]+)$")
 _INT32_MAX = 2**31 - 1
 _KIND_CODE = np.zeros(256, np.uint8)  # ASCII letter -> index in ACTION_KINDS
 _KIND_CODE[[ord(k) for k in ACTION_KINDS]] = np.arange(len(ACTION_KINDS), dtype=np.uint8)
+_KIND_LETTERS = np.array([ord(k) for k in ACTION_KINDS], np.uint8)
 
 
 class Action(NamedTuple):
@@ -236,8 +237,9 @@ def load_csv(path: str | os.PathLike[str]) -> Table:
 
 
 def check_table(table: TableLike) -> Table:
-    """A user's table as ``{rank: [Action or None]}`` with ranks 0..p-1 (actions given as strings
-    are parsed); ValueError naming the cell."""
+    """A user's table as ``{rank: [Action or None]}`` with ranks 0..p-1, actions given as strings
+    parsed; ValueError naming the cell. The fields of actions given as :class:`Action` are checked
+    by :func:`flatten`, all at once."""
     if isinstance(table, Mapping):
         rows = dict(table)
     elif isinstance(table, Sequence) and not isinstance(table, str):
@@ -251,21 +253,27 @@ def check_table(table: TableLike) -> Table:
         row = rows[r]
         if isinstance(row, str) or not isinstance(row, Sequence):
             raise ValueError(f"schedule[{r}]: {shown(row)} is not a list of actions")
-        out[r] = [a if a is None or _well_formed(a) else Action.parse(str(a) if isinstance(a, Action) else a,
-                                                                    f"schedule[{r}][{i}]")
-                  for i, a in enumerate(row)]
+        if set(map(type, row)) <= _CELL_TYPES:  # actions and idle steps, looked at in C
+            out[r] = list(row)
+        else:
+            out[r] = [a if a is None or type(a) is Action else Action.parse(a, f"schedule[{r}][{i}]")
+                      for i, a in enumerate(row)]
     return out
 
 
+_CELL_TYPES = {Action, type(None)}
+
+
 def _well_formed(a: object) -> bool:
-    """A fast check of an Action's fields (the slow path parses it and names what is wrong)."""
-    return (type(a) is Action and type(a.stage) is int and type(a.microbatch) is int and a.kind in ACTION_KINDS
-            and 0 <= a.stage < _INT32_MAX and 0 <= a.microbatch < _INT32_MAX)
+    """Whether an Action's fields are what :meth:`Action.parse` would give."""
+    return (type(a) is Action and isinstance(a.stage, int) and isinstance(a.microbatch, int)
+            and a.kind in ACTION_KINDS and 0 <= a.stage < _INT32_MAX and 0 <= a.microbatch < _INT32_MAX)
 
 
 def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A checked table as flat arrays: row offsets, and per action its stage, kind index (in
-    :data:`ACTION_KINDS`) and microbatch, idle steps dropped."""
+    :data:`ACTION_KINDS`) and microbatch, idle steps dropped. The actions' fields are checked here
+    with NumPy; ValueError naming the first bad cell."""
     offset = np.zeros(len(table) + 1, np.int64)
     actions: list[Action] = []
     for r in range(len(table)):
@@ -274,8 +282,19 @@ def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
     if not actions:
         return offset, np.zeros(0, np.int32), np.zeros(0, np.uint8), np.zeros(0, np.int32)
     stage, kind, micro = zip(*actions)  # one pass in C over the tuples
-    code = _KIND_CODE[np.frombuffer("".join(kind).encode("ascii"), np.uint8)]
-    return offset, np.array(stage, np.int32), code, np.array(micro, np.int32)
+    try:
+        letters = "".join(kind).encode("ascii")
+        numbers = np.array((stage, micro))
+    except (TypeError, UnicodeEncodeError, ValueError, OverflowError):
+        letters, numbers = b"", np.zeros(0)
+    if (len(letters) != len(actions) or numbers.dtype.kind not in "iu" or not np.isin(
+            np.frombuffer(letters, np.uint8), _KIND_LETTERS).all() or numbers.min() < 0 or numbers.max() >= _INT32_MAX):
+        for r in range(len(table)):  # the slow path names the first bad cell
+            for i, a in enumerate(table[r]):
+                if a is not None and not _well_formed(a):
+                    Action.parse(str(a) if isinstance(a, Action) else a, f"schedule[{r}][{i}]")
+    code = _KIND_CODE[np.frombuffer(letters, np.uint8)]
+    return offset, numbers[0].astype(np.int32), code, numbers[1].astype(np.int32)
 
 
 __all__ = ["ACTION_KINDS", "NAMES", "Action", "Table", "TableLike", "build_table", "check_table", "flatten", "gpipe",

@@ -90,8 +90,7 @@ class BoundaryCommunicator:
 
     def has_output(self, llm_microbatch: int) -> bool:
         """Whether the encoder output LLM microbatch `llm_microbatch` takes has arrived."""
-        j = self.encoder_microbatch[llm_microbatch]
-        return j in self._outputs or (("out", j) in self._pending and self._pending["out", j][1].done())
+        return self._arrived("out", self.encoder_microbatch[llm_microbatch], self._outputs)
 
     def output_probe(self, llm_microbatch: int) -> WorkProbe | None:
         """On the first stage: the receive of ``llm_microbatch``'s encoder output while it is
@@ -103,13 +102,8 @@ class BoundaryCommunicator:
     def output(self, llm_microbatch: int) -> torch.Tensor:
         """On the first stage: the encoder output that feeds ``llm_microbatch`` (waits for it)."""
         j = self.encoder_microbatch[llm_microbatch]
-        if j not in self._outputs:
-            if ("out", j) not in self._pending:
-                raise RuntimeError(f"encoder microbatch {j} (LLM microbatch {llm_microbatch}) was never produced")
-            buf, probe = self._pending.pop(("out", j))
-            probe.result()
-            self._outputs[j] = buf.to(self.device)
-        return _taken_here(self._outputs[j])
+        return self._received("out", j, self._outputs,
+                              f"encoder microbatch {j} (LLM microbatch {llm_microbatch}) was never produced")
 
     # -- backward: first stage -> producer -----------------------------------------------------
     def send_grad(self, llm_microbatch: int, grad: torch.Tensor) -> int:
@@ -124,17 +118,26 @@ class BoundaryCommunicator:
 
     def grad_ready(self, j: int) -> bool:
         """Whether the gradient of encoder microbatch `j`'s output has arrived."""
-        return j in self._grads or (("grad", j) in self._pending and self._pending["grad", j][1].done())
+        return self._arrived("grad", j, self._grads)
 
     def grad(self, j: int) -> torch.Tensor:
         """On ``producer[j]``: the gradient of encoder microbatch j's output (waits for it)."""
-        if j not in self._grads:
-            if ("grad", j) not in self._pending:
-                raise RuntimeError(f"the gradient of encoder microbatch {j} was never sent")
-            buf, probe = self._pending.pop(("grad", j))
+        return self._received("grad", j, self._grads, f"the gradient of encoder microbatch {j} was never sent")
+
+    def _arrived(self, kind: str, j: int, store: dict[int, torch.Tensor]) -> bool:
+        """Whether the tensor of receive (`kind`, `j`) is here (kept in `store`) or has arrived."""
+        return j in store or ((kind, j) in self._pending and self._pending[kind, j][1].done())
+
+    def _received(self, kind: str, j: int, store: dict[int, torch.Tensor], missing: str) -> torch.Tensor:
+        """The tensor of receive (`kind`, `j`): waited for, moved to the device and kept in `store`;
+        RuntimeError(`missing`) when it was never posted."""
+        if j not in store:
+            if (kind, j) not in self._pending:
+                raise RuntimeError(missing)
+            buf, probe = self._pending.pop((kind, j))
             probe.result()
-            self._grads[j] = buf.to(self.device)
-        return _taken_here(self._grads[j])
+            store[j] = buf.to(self.device)
+        return _taken_here(store[j])
 
     def end_step(self) -> None:
         """Waits for this step's sends."""

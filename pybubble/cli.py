@@ -194,10 +194,16 @@ def cmd_bubbles(args: argparse.Namespace) -> int:
     t.add_column("total", justify="right", style="bold")
     t.add_column("share", justify="right")
     totals = [sum(k.values()) for k in times.values()]
-    for s, total in zip(times, totals):
-        t.add_row(str(s), *(f"{times[s][k] / 1e3:,.3f}" for k in kinds), f"{total / 1e3:,.3f}",
-                  f"{total / tl.step_time:.1%}")
+    shown_stages = _shown_rows(len(totals))
+    for s in shown_stages:
+        if s is None:
+            t.add_row("...", *("" for _ in kinds), "", "")
+            continue
+        t.add_row(str(s), *(f"{times[s][k] / 1e3:,.3f}" for k in kinds), f"{totals[s] / 1e3:,.3f}",
+                  f"{totals[s] / tl.step_time:.1%}")
     console.print(t)
+    if len(shown_stages) < len(totals):
+        console.print(f"({len(totals) - len(shown_stages) + 1:,} stages not shown; --trace and --plot have them all)")
     if args.trace:
         from .viz.trace import save_trace
 
@@ -435,6 +441,18 @@ def _picture_options(p: argparse.ArgumentParser, what: str) -> None:
     p.add_argument("--plot", metavar="FILE", help=f"write a Gantt chart of {what} here (.png or .svg)")
     p.add_argument("--window", metavar="START:END",
                    help="draw only this part of the step in --plot: ms from the step's start, e.g. 100:250")
+
+
+MAX_TABLE_ROWS = 24
+"""The most rows a table prints: longer ones show their first and last rows around a "..." row."""
+
+
+def _shown_rows(count: int) -> list[int | None]:
+    """The rows of a table of `count` rows to print (None: the "..." between its ends)."""
+    if count <= MAX_TABLE_ROWS:
+        return list(range(count))
+    half = MAX_TABLE_ROWS // 2
+    return [*range(half), None, *range(count - half, count)]
 
 
 def _pipeline_options(p: argparse.ArgumentParser, stages: str) -> None:

@@ -255,3 +255,11 @@ def test_docs_list_every_limit_of_the_core_with_its_value():
         assert row is not None, f"docs/formats.md does not list LIMITS['{key}']"
         shown_value = f"{value:,}" if isinstance(value, int) else f"{value:g}".replace("e+", "e")
         assert shown_value in row, f"docs/formats.md gives another value for LIMITS['{key}']"
+
+
+def test_many_stages_simulate_and_print_in_seconds(tmp_path):
+    """200,000 pipeline ranks and one microbatch: the core simulates it in linear time and the table
+    shows its first and last stages (the hang the review found)."""
+    r = run("bubbles", "--stages", 200_000, "--microbatches", 1, cwd=tmp_path, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "199999" in r.stdout and "..." in r.stdout and "stages not shown" in r.stdout

@@ -31,8 +31,8 @@ QUICKSTART = "pybubble plan examples/quickstart.yaml --plot plan.png"
 """The README's main command; its output is quoted in the README."""
 FIGURES = {
     "plan.png": QUICKSTART,
-    "plan_3072_cooldown.png":
-        "pybubble plan examples/optimus/strong_3072.yaml --plot plan_3072_cooldown.png --window 2150:2470",
+    "plan_3072_end.png":
+        "pybubble plan examples/optimus/strong_3072.yaml --plot plan_3072_end.png --window 2950:3250",
     "bubbles.png": "pybubble bubbles --schedule interleaved_1f1b --stages 8 --microbatches 32 --chunks 12 "
                    "--tp-count 2 --tp-duration 60 --dp-allgather 3000 --dp-reducescatter 8000 --plot bubbles.png",
     "dynamic.png": "pybubble dynamic examples/quickstart.yaml --steps 50 --plot dynamic.png",

@@ -317,6 +317,9 @@ def train(rank: int, args: argparse.Namespace) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             ends.append(time.perf_counter())
+            if rank == 0:  # progress, on stderr: the report stays the one line on stdout
+                took = ends[-1] - (ends[-2] if len(ends) > 1 else runtime.records[-1]["start"])
+                print(f"[{args.mode}] step {step + 1}/{args.steps}: {took * 1e3:.1f} ms", file=sys.stderr, flush=True)
     if trace_path:
         with open(f"{trace_path}.rank{rank}.json", "w") as f:
             json.dump({"start": runtime.records[-1]["start"], "events": runtime.records[-1]["trace"]}, f)
@@ -325,7 +328,7 @@ def train(rank: int, args: argparse.Namespace) -> dict:
         os.makedirs(args.profile, exist_ok=True)
         profiler.export_chrome_trace(os.path.join(args.profile, f"rank{rank}.json"))
         if rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
-            pybubble.save_trace(runtime.plan.timeline, os.path.join(args.profile, "plan.json"))
+            pybubble.save_trace(runtime.placement.timeline, os.path.join(args.profile, "plan.json"))
     mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
             "predicted": [r["predicted_s"] for r in runtime.records],
             "checksum": checksum([stage_module] + ([encoder] if rank == 0 else [])),

@@ -103,8 +103,8 @@ class EncoderRuntime:
         self.trace = False
         """True: each step's filler keeps (what, start, end) of its tasks, ops and waits in
         ``records[-1]["trace"]``."""
-        self.plan = None
-        """The plan of the last step (its ``timeline``: the LLM step as predicted)."""
+        self.placement = None
+        """The placement of the last step's encoder pieces (its ``timeline``: the LLM step as predicted)."""
         self._work: EncoderStep | None = None
         self._returned: float | None = None
         self._last_sample: np.ndarray | None = None
@@ -201,7 +201,7 @@ class EncoderRuntime:
         t = time.perf_counter()
         mode = self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
         with record_function("pybubble:plan"):
-            plan = self.plan = make_placement(mode, self.costs, self.microbatches)
+            plan = self.placement = make_placement(mode, self.costs, self.microbatches)
             predicted = placement_step_s(plan, self.costs)
         plan_s = time.perf_counter() - t
         with record_function("pybubble:sync"):

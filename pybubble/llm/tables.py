@@ -18,7 +18,7 @@ from typing import NamedTuple, Union
 import numpy as np
 
 from .. import _core
-from ..config.checks import integer, shown
+from ..config.checks import integer, one_of, shown
 from ..config.limits import MAX_TABLE_ACTIONS
 from ..config.schema import SCHEDULES
 
@@ -216,8 +216,7 @@ def zbv(ranks: int, microbatches: int) -> Table:
 def build_table(name: str, ranks: int, microbatches: int, chunks: int = 1,
                 warmup: int | Sequence[int] | None = None) -> Table:
     """The table of a named schedule (one of :data:`NAMES`)."""
-    if not isinstance(name, str) or name not in NAMES:
-        raise ValueError(f"schedule: {shown(name)} is not one of {', '.join(NAMES)}")
+    one_of(name, NAMES, "schedule")
     if warmup is not None and name != "interleaved_1f1b":
         raise ValueError(f"warmup: {warmup!r} applies only to interleaved_1f1b, not {name}")
     if name == "interleaved_1f1b":

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.checks import finite, integer, real_array
+from ..config.checks import finite, integer, positive, real_array
 from ..llm.step import LLMStep
 from ..llm.timeline import Timeline, simulate_pipeline
 from ..llm.step import even_split
@@ -90,11 +90,10 @@ class LayerTimes:
     """Backward of one LLM layer."""
 
     def __post_init__(self) -> None:
-        for name in ("encoder_fwd", "encoder_bwd", "llm_fwd", "llm_bwd"):
-            value = finite(getattr(self, name), name)
-            if value < 0 or (name.endswith("fwd") and value == 0):
-                kind = "> 0" if name.endswith("fwd") else ">= 0"
-                raise ValueError(f"{name}: {value!r} is not a finite number {kind}")
+        for name in ("encoder_fwd", "llm_fwd"):
+            positive(getattr(self, name), name)
+        for name in ("encoder_bwd", "llm_bwd"):
+            finite(getattr(self, name), name, minimum=0.0)
 
 
 def layer_times(step: LLMStep) -> LayerTimes:

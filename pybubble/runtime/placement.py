@@ -8,12 +8,12 @@ measured costs without touching the rest.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..config.checks import finite, one_of
 from ..llm.timeline import Timeline, simulate_pipeline
 from ..problem.arrays import Tasks
 from ..problem.problem import Problem
@@ -55,12 +55,9 @@ class MeasuredCosts:
             raise ValueError(f"piece_bwd_s: {len(self.piece_bwd_s)} pieces, piece_fwd_s has {len(self.piece_fwd_s)}")
         for name in ("stage_fwd_s", "stage_bwd_s", "piece_fwd_s", "piece_bwd_s"):
             for i, v in enumerate(getattr(self, name)):
-                if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                    raise ValueError(f"{name}[{i}]: {v!r} is not a finite number >= 0")
+                finite(v, f"{name}[{i}]", minimum=0.0)
         for name in ("p2p_s", "optimizer_s", "grad_sync_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"{name}: {v!r} is not a finite number >= 0")
+            finite(getattr(self, name), name, minimum=0.0)
 
     @property
     def stages(self) -> int:
@@ -70,9 +67,7 @@ class MeasuredCosts:
 
 def check_mode(mode: str) -> str:
     """`mode` if it is one of :data:`PLACEMENTS`."""
-    if mode not in PLACEMENTS:
-        raise ValueError(f"mode: {mode!r} is not one of {', '.join(PLACEMENTS)}")
-    return mode
+    return one_of(mode, PLACEMENTS, "mode")
 
 
 def producers(mode: str, microbatches: int, ranks: int) -> list[int]:

@@ -5,6 +5,7 @@ pipeline's bubbles). User code of the runtime's API: the runtime does the profil
 the encoder's gradient sync and the process launch.
 
     python examples/mllm.py --ranks 2 --steps 20 --mode pybubble [--encoder vit|timm|clip] [--profile DIR]
+        [--schedule 1f1b|gpipe|interleaved_1f1b|interleaved_zb|zbv|dualpipev] [--chunks V]
     pybubble measure DIR --predict DIR/plan.json
 """
 
@@ -24,12 +25,20 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed import pipelining
 
 import pybubble
 from pybubble.runtime import PLACEMENTS, EncoderRuntime, launch, llm_stream
 from pybubble.runtime.cuda import serialised_streams_note
 
 ENCODERS = ("vit", "timm", "clip")
+SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved_1f1b": "ScheduleInterleaved1F1B",
+             "interleaved_zb": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+             "dualpipev": "ScheduleDualPipeV"}
+"""--schedule: torch.distributed.pipelining's schedule classes (the last two hold two stages per
+rank in a V: the first and the last stage on rank 0)."""
+SINGLE_STAGE = ("1f1b", "gpipe")
+V_SHAPED = ("zbv", "dualpipev")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -50,6 +59,8 @@ class ModelConfig:
     enc_heads: int = 4
     llm_dim: int = 256
     llm_layers_per_stage: int = 2
+    """GPT blocks per pipeline rank (``--chunks V``: split over its V stages; the same GPT
+    whatever the schedule)."""
     llm_heads: int = 4
     text_len: int = 64
     """Text tokens per sample."""
@@ -70,7 +81,7 @@ class ModelConfig:
 SIZES = {
     "small": ModelConfig(),
     "tiny": ModelConfig(microbatches=2, microbatch_size=2, patches=4, patch=4, enc_dim=16, enc_layers=2,
-                        enc_heads=2, llm_dim=16, llm_layers_per_stage=1, llm_heads=2, text_len=8, vocab=32),
+                        enc_heads=2, llm_dim=16, llm_layers_per_stage=2, llm_heads=2, text_len=8, vocab=32),
 }
 
 
@@ -183,12 +194,11 @@ class FirstStage(nn.Module):
     """Token embedding, image tokens from the encoder in front of the text, the first GPT blocks.
     ``encoder_output(k)`` gives the image tokens of microbatch k."""
 
-    def __init__(self, cfg: ModelConfig, image_tokens: int):
+    def __init__(self, cfg: ModelConfig, image_tokens: int, blocks: list[nn.Module]):
         super().__init__()
         self.embed = nn.Embedding(cfg.vocab, cfg.llm_dim)
         self.pos = nn.Parameter(0.02 * torch.randn(image_tokens + cfg.text_len, cfg.llm_dim))
-        self.blocks = nn.Sequential(*(ViTBlock(cfg.llm_dim, cfg.llm_heads, causal=True)
-                                      for _ in range(cfg.llm_layers_per_stage)))
+        self.blocks = nn.Sequential(*blocks)
         self.encoder_output = None
         self.image_shape = (cfg.microbatch_size, image_tokens, cfg.llm_dim)
 
@@ -201,18 +211,18 @@ class FirstStage(nn.Module):
 
 
 class MiddleStage(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, blocks: list[nn.Module]):
         super().__init__()
-        self.blocks = nn.Sequential(*(ViTBlock(cfg.llm_dim, cfg.llm_heads, causal=True)
-                                      for _ in range(cfg.llm_layers_per_stage)))
+        self.blocks = nn.Sequential(*blocks)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.blocks(x)
 
 
 class LastStage(MiddleStage):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__(cfg)
+    def __init__(self, cfg: ModelConfig, blocks: list[nn.Module]):
+        super().__init__(cfg, blocks)
+        torch.manual_seed(cfg.seed + 2)
         self.norm = nn.LayerNorm(cfg.llm_dim)
         self.head = nn.Linear(cfg.llm_dim, cfg.vocab)
         self.text_len = cfg.text_len
@@ -221,14 +231,32 @@ class LastStage(MiddleStage):
         return self.head(self.norm(self.blocks(x)[:, -self.text_len:]))
 
 
-def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit") -> list[nn.Module]:
-    """The GPT cut into ``ranks`` pipeline stages (same initial weights whatever the rank)."""
+def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit", chunks: int = 1) -> list[nn.Module]:
+    """The GPT (``ranks * llm_layers_per_stage`` blocks) cut into ``ranks * chunks`` pipeline
+    stages: the same initial weights whatever the rank and the cut."""
+    layers, count = ranks * cfg.llm_layers_per_stage, ranks * chunks
+    if layers % count:
+        raise ValueError(f"chunks: {layers} GPT blocks do not split into {ranks} x {chunks} stages")
+    blocks = []
+    for i in range(layers):
+        torch.manual_seed(cfg.seed + 1000 + i)
+        blocks.append(ViTBlock(cfg.llm_dim, cfg.llm_heads, causal=True))
+    per = layers // count
     stages: list[nn.Module] = []
-    for s in range(ranks):
-        torch.manual_seed(cfg.seed + 1 + s)
-        stages.append(FirstStage(cfg, encoder_tokens(cfg, kind)) if s == 0 else LastStage(cfg) if s == ranks - 1
-                      else MiddleStage(cfg))
+    for s in range(count):
+        mine = blocks[s * per:(s + 1) * per]
+        torch.manual_seed(cfg.seed + 1)
+        stages.append(FirstStage(cfg, encoder_tokens(cfg, kind), mine) if s == 0 else LastStage(cfg, mine)
+                      if s == count - 1 else MiddleStage(cfg, mine))
     return stages
+
+
+def stages_of_rank(rank: int, ranks: int, schedule: str, chunks: int) -> list[int]:
+    """The pipeline stages rank ``rank`` holds: ``rank + c * ranks`` (looped schedules), or ``rank``
+    and ``2 * ranks - 1 - rank`` (V-shaped ones), as torch's schedules place them."""
+    if schedule in V_SHAPED:
+        return [rank, 2 * ranks - 1 - rank]
+    return [rank + c * ranks for c in range(chunks)]
 
 
 def make_batch(cfg: ModelConfig, step: int, kind: str = "vit") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -278,25 +306,29 @@ def reference_checksum(cfg: ModelConfig, ranks: int, steps: int, kind: str = "vi
 # -- one rank: the training loop ---------------------------------------------------------------
 def train(rank: int, args: argparse.Namespace) -> dict:
     """One rank's training loop (the process group is set up by ``launch``)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
     cfg, kind, ranks = config(args), args.encoder, args.ranks
     m = cfg.microbatches
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     encoder = build_encoder(cfg, kind).to(device)
-    stage_module = build_stages(cfg, ranks, kind)[rank].to(device)
-    stage = PipelineStage(stage_module, rank, ranks, device)
-    schedule = Schedule1F1B(stage, m, loss_fn=loss_fn(cfg), scale_grads=False)
+    chunks = chunks_of(args)
+    mine = stages_of_rank(rank, ranks, args.schedule, chunks)
+    every_stage = build_stages(cfg, ranks, kind, chunks)
+    stage_modules = [every_stage[s].to(device) for s in mine]
+    stages = [pipelining.PipelineStage(mod, s, ranks * chunks, device) for mod, s in zip(stage_modules, mine)]
+    schedule_class = getattr(pipelining, SCHEDULES[args.schedule])
+    schedule = schedule_class(stages[0] if args.schedule in SINGLE_STAGE else stages, m, loss_fn=loss_fn(cfg),
+                              scale_grads=False)
     images, _, _ = make_batch(cfg, 0, kind)
     # The runtime: pieces traced on one microbatch; on CUDA the gradient sum goes through NCCL.
-    runtime = EncoderRuntime(encoder, stage=stage, schedule=schedule, mode=args.mode,
-                             example=images[:cfg.microbatch_size], device=device,
+    runtime = EncoderRuntime(encoder, stage=stages[0] if len(stages) == 1 else stages, schedule=schedule,
+                             mode=args.mode, example=images[:cfg.microbatch_size], device=device,
                              grad_group=dist.group.WORLD if device.type == "cuda" else None)
-    if rank == 0:
-        stage_module.encoder_output = runtime.encoder_output
+    first, last = 0 in mine, ranks * chunks - 1 in mine
+    if first:
+        stage_modules[mine.index(0)].encoder_output = runtime.encoder_output
     trace_path = os.environ.get("PYBUBBLE_TRACE")  # the last step's tasks, ops and waits per rank
     runtime.trace = bool(trace_path)
-    opt = torch.optim.SGD([*encoder.parameters(), *stage_module.parameters()], lr=cfg.lr)
+    opt = torch.optim.SGD([*encoder.parameters(), *(p for mod in stage_modules for p in mod.parameters())], lr=cfg.lr)
     profiler = None
     if args.profile:
         activities = [torch.profiler.ProfilerActivity.CPU] + (
@@ -310,8 +342,8 @@ def train(rank: int, args: argparse.Namespace) -> dict:
             images, tokens, targets = make_batch(cfg, step, kind)
             if profiler is not None and step == args.steps - 1:
                 profiler.start()  # the last step only
-            args_ = (tokens.to(device), torch.arange(m)) if rank == 0 else ()
-            runtime.step(images, *args_, **({"target": targets.to(device)} if rank == ranks - 1 else {}))
+            args_ = (tokens.to(device), torch.arange(m)) if first else ()
+            runtime.step(images, *args_, **({"target": targets.to(device)} if last else {}))
             opt.step()
             opt.zero_grad()
             if device.type == "cuda":
@@ -331,7 +363,7 @@ def train(rank: int, args: argparse.Namespace) -> dict:
             pybubble.save_trace(runtime.placement.timeline, os.path.join(args.profile, "plan.json"))
     mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
             "predicted": [r["predicted_s"] for r in runtime.records],
-            "checksum": checksum([stage_module] + ([encoder] if rank == 0 else [])),
+            "checksum": checksum(stage_modules + ([encoder] if rank == 0 else [])),
             "filler": runtime.records[-1]["filler"], "filled": [r["filler"]["filled"] for r in runtime.records],
             "costs": asdict(runtime.costs)}
     every: list = [None] * ranks
@@ -350,6 +382,7 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
     predicted = every[0]["predicted"]
     return {
         "format": "pybubble.runtime_report/2", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
+        "schedule": args.schedule, "chunks": chunks_of(args),
         "steps": steps, "size": args.size, "device": args.device, "step_times_s": step_times,
         "predicted_steps_s": predicted, "settled_steps": settled,
         "median_step_s": statistics.median(step_times[s] for s in settled),
@@ -357,6 +390,11 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
         "param_checksum": sum(e["checksum"] for e in every), "costs": every[0]["costs"],
         "filler": [e["filler"] for e in every], "filled_per_step": [e["filled"] for e in every],
     }
+
+
+def chunks_of(args: argparse.Namespace) -> int:
+    """Stages per rank: ``--chunks``, or the schedule's own count (2 for a V, else 1)."""
+    return args.chunks or (2 if args.schedule in V_SHAPED else 1)
 
 
 def config(args: argparse.Namespace) -> ModelConfig:
@@ -391,6 +429,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-rank", type=int, default=-1, help="inject a fault on this rank (tests)")
     p.add_argument("--fail-step", type=int, default=0, help="... at this step")
     p.add_argument("--reference", action="store_true", help="also train in one process and report its checksum")
+    p.add_argument("--schedule", default="1f1b", help=f"the pipeline schedule: {', '.join(SCHEDULES)}")
+    p.add_argument("--chunks", type=int, default=0,
+                   help="stages per rank (default: 1; 2 for zbv and dualpipev, which need 2)")
     return p.parse_args(argv)
 
 
@@ -417,6 +458,25 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"timeout: {args.timeout} is not > 0")
     if args.fail_rank >= args.ranks:
         raise ValueError(f"fail_rank: {args.fail_rank} is not a rank (< {args.ranks})")
+    if args.schedule not in SCHEDULES:
+        raise ValueError(f"schedule: {args.schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if not hasattr(pipelining, SCHEDULES[args.schedule]):
+        raise ValueError(f"schedule: {args.schedule!r} needs torch.distributed.pipelining."
+                         f"{SCHEDULES[args.schedule]}, which torch {torch.__version__} does not have")
+    if args.chunks < 0:
+        raise ValueError(f"chunks: {args.chunks} is not >= 1")
+    chunks = chunks_of(args)
+    if args.schedule in SINGLE_STAGE and chunks != 1:
+        raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs one")
+    if args.schedule in V_SHAPED and chunks != 2:
+        raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs two (a V)")
+    layers = args.ranks * SIZES[args.size].llm_layers_per_stage
+    if layers % (args.ranks * chunks):
+        raise ValueError(f"chunks: the {layers} GPT blocks of size {args.size!r} do not split into "
+                         f"{args.ranks} x {chunks} stages")
+    if args.schedule == "dualpipev" and config(args).microbatches < args.ranks * chunks:
+        raise ValueError(f"microbatches: dualpipev needs at least one per stage ({args.ranks * chunks}), "
+                         f"size {args.size!r} has {config(args).microbatches}")
     if args.microbatches < 0:
         raise ValueError(f"microbatches: {args.microbatches} is not >= 1")
     if config(args).microbatches < args.ranks:

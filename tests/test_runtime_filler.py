@@ -107,21 +107,29 @@ def test_adapter_restores_the_schedules_module():
     import torch.distributed.pipelining.schedules as schedules
 
     class Stage:
-        def forward_one_chunk(self):
-            return "f"
+        def forward_one_chunk(self, mb):
+            return f"f{mb}"
 
-        def backward_one_chunk(self):
-            return "b"
+        def backward_one_chunk(self, mb, loss=None, full_backward=True):
+            return f"b{mb}"
+
+        def backward_weight_one_chunk(self, mb):
+            return f"w{mb}"
 
     original = schedules._wait_batch_p2p
     stage = Stage()
     filler = BubbleFiller([FillTask(name="x", duration_s=0.0, planned_start_s=0.0, run=lambda: None)],
-                          [0.0, 0.0], [("F", 0)], horizon_s=1.0)
-    with fill_pipeline_waits(filler, stage):
+                          [0.0] * 5, [("F", 0), ("I", 0), ("W", 0), ("B", 1)], horizon_s=1.0)
+    with fill_pipeline_waits(filler, [stage]):
         assert schedules._wait_batch_p2p == filler.wait
-        assert stage.forward_one_chunk() == "f" and filler._op == 1
+        assert stage.forward_one_chunk(0) == "f0" and filler._op == 1
+        assert stage.backward_one_chunk(0, full_backward=False) == "b0" and filler._op == 2
+        assert stage.backward_weight_one_chunk(0) == "w0" and filler._op == 3
+        # an op the table does not have next: the plan would not describe the step
+        with pytest.raises(RuntimeError, match="ran F1 where its action table has B1 next"):
+            stage.forward_one_chunk(1)
     assert schedules._wait_batch_p2p is original
-    assert "forward_one_chunk" not in vars(stage)
+    assert not {"forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"} & set(vars(stage))
 
 
 # -- CUDA mode: the window fitting, with a stand-in for the side stream ------------------------------
@@ -391,15 +399,26 @@ def test_cost_history_takes_medians_and_keeps_what_was_not_measured():
     history = CostHistory(initial, keep=3)
     nan = float("nan")
     for f in (1.0, 3.0, 2.0, 10.0):  # the first falls out of the last 3
-        rank0 = step_sample(fwd=[f], bwd=[2 * f], lead=0.01, sync=0.1, outside=0.2, plan=0.001,
-                            piece_fwd=[f / 10, nan], piece_bwd=[nan, nan])
-        rank1 = step_sample(fwd=[f + 1], bwd=[], lead=0.02, sync=0.3, outside=nan, plan=0.001,
-                            piece_fwd=[3 * f / 10, nan], piece_bwd=[nan, nan])
+        rank0 = step_sample(stage_fwd=[f, nan], stage_bwd=[2 * f, nan], stage_wgrad=[f / 2, nan], lead=0.01,
+                            sync=0.1, outside=0.2, plan=0.001, piece_fwd=[f / 10, nan], piece_bwd=[nan, nan])
+        rank1 = step_sample(stage_fwd=[nan, f + 1], stage_bwd=[nan, nan], stage_wgrad=[nan, nan], lead=0.02,
+                            sync=0.3, outside=nan, plan=0.001, piece_fwd=[3 * f / 10, nan], piece_bwd=[nan, nan])
         history.add(np.stack([rank0, rank1]))
     c = history.costs()
     assert c.stage_fwd_s == [3.0, 4.0] and c.stage_bwd_s == [6.0, 2.0]  # rank 1 saw no backward: kept
+    assert c.stage_wgrad_s == [1.5, 1.0]  # stage 1's W not seen: half its backward
     assert c.piece_fwd_s == pytest.approx([0.6, 0.2]) and c.piece_bwd_s == [0.3, 0.4]
     assert c.p2p_s == 0.5 and c.grad_sync_s == pytest.approx(0.1)  # as the last rank to reach it saw it
     assert c.optimizer_s == pytest.approx(0.211)  # the worst rank's set-up + time between steps + planning
-    with pytest.raises(ValueError, match=r"samples: shape \(1, 10\), expected \(2, 10\)"):
-        history.add(np.zeros((1, 10)))
+    with pytest.raises(ValueError, match=r"samples: shape \(1, 14\), expected \(2, 14\)"):
+        history.add(np.zeros((1, 14)))
+
+
+def test_stage_figures_split_the_ops_by_stage_and_kind():
+    from pybubble.runtime.costs import stage_figures
+
+    ops = [("F", 0), ("F", 0), ("I", 0), ("W", 0), ("F", 1), ("F", 1), ("I", 1), ("W", 1), ("B", 0)]
+    fwd, bwd, wgrad = stage_figures(ops, [0, 3, 3, 3, 0, 3, 3, 3, 0], [1, 2, 3, 4, 5, 6, 7, 9, 8], 4)
+    assert fwd[0] == 3 and fwd[3] == 4 and bwd[0] == 8  # medians; stage 0 ran full backwards
+    assert bwd[3] == 5 + 6.5 and wgrad[3] == 6.5  # I + W
+    assert all(x != x for x in (fwd[1], bwd[2], wgrad[0]))  # NaN: not this rank's, or not run

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+import torch.distributed.pipelining  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
 PLACEMENTS = ("megatron", "coarse", "pybubble")
@@ -57,6 +58,35 @@ def test_real_encoders_reach_the_single_process_parameters(tmp_path, encoder):
     sums, reference = checksums(tmp_path, "--ranks", 2, "--encoder", encoder, modes=("megatron", "pybubble"))
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
+
+
+@pytest.fixture(scope="module")
+def one_f_one_b(tmp_path_factory) -> float:
+    """The pybubble mode's checksum under --schedule 1f1b (2 ranks, tiny, 3 steps)."""
+    sums, _ = checksums(tmp_path_factory.mktemp("1f1b"), "--ranks", 2, "--schedule", "1f1b", modes=("pybubble",))
+    return sums["pybubble"]
+
+
+@pytest.mark.parametrize("schedule, modes", [
+    (["--schedule", "interleaved_1f1b", "--chunks", 2], PLACEMENTS),
+    (["--schedule", "zbv"], PLACEMENTS),
+    (["--schedule", "interleaved_zb", "--chunks", 2], ("pybubble",)),
+    (["--schedule", "gpipe"], ("pybubble",)),
+])
+def test_multi_stage_schedules_reach_the_parameters_of_1f1b(tmp_path, one_f_one_b, schedule, modes):
+    # The same GPT cut into 2 x V stages: the modes agree with each other, with the unsplit
+    # single-process training and with --schedule 1f1b.
+    sums, reference = checksums(tmp_path, "--ranks", 2, *schedule, modes=modes)
+    for mode, s in sums.items():
+        assert s == pytest.approx(reference, rel=1e-6), mode
+        assert s == pytest.approx(one_f_one_b, rel=1e-6), mode
+
+
+@pytest.mark.skipif(not hasattr(torch.distributed.pipelining, "ScheduleDualPipeV"), reason="torch has no DualPipeV")
+def test_dualpipev_reaches_the_single_process_parameters(tmp_path):
+    sums, reference = checksums(tmp_path, "--ranks", 2, "--schedule", "dualpipev", "--microbatches", 4,
+                                modes=("pybubble",))
+    assert sums["pybubble"] == pytest.approx(reference, rel=1e-6)
 
 
 def test_profile_writes_traces_that_pybubble_measure_reads(tmp_path):
@@ -153,6 +183,14 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout():
     (["--fail-rank", 5], "error: fail_rank: 5 is not a rank (< 2)"),
     (["--device", "tpu"], "error: device: 'tpu' is not one of cpu, cuda"),
     (["--ranks", 4, "--size", "tiny"], "error: ranks: 4 exceeds the 2 microbatches of size 'tiny'"),
+    (["--schedule", "looped"], "error: schedule: 'looped' is not one of 1f1b, gpipe, interleaved_1f1b, "
+                               "interleaved_zb, zbv, dualpipev"),
+    (["--schedule", "1f1b", "--chunks", 2], "error: chunks: 2 stages per rank, but 1f1b runs one"),
+    (["--schedule", "zbv", "--chunks", 3], "error: chunks: 3 stages per rank, but zbv runs two (a V)"),
+    (["--schedule", "interleaved_1f1b", "--chunks", 3],
+     "error: chunks: the 4 GPT blocks of size 'small' do not split into 2 x 3 stages"),
+    (["--schedule", "dualpipev", "--size", "tiny"],
+     "error: microbatches: dualpipev needs at least one per stage (4), size 'tiny' has 2"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message):
     r = mllm(*args)

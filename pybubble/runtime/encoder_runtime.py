@@ -24,11 +24,11 @@ from torch import nn
 from torch.profiler import record_function
 
 from .boundary import BoundaryCommunicator
-from .costs import CostHistory, step_sample
+from .costs import CostHistory, stage_figures, step_sample
 from .cuda import side_stream
 from .encoder_step import EncoderStep
-from .pipelining import check_torch_version, fill_pipeline_waits
-from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s
+from .pipelining import check_torch_version, fill_pipeline_waits, schedule_table
+from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s, stage_ranks
 from .segments import MicrobatchRun, split_into_pieces
 
 
@@ -48,9 +48,13 @@ def sync_grads(module: nn.Module, group: dist.ProcessGroup | None) -> None:
 
 
 class EncoderRuntime:
-    """Runs ``encoder`` (on every rank of a 1-stage-per-rank pipeline) inside the bubbles of
-    ``schedule`` (a ``torch.distributed.pipelining`` single-stage schedule such as
-    ``Schedule1F1B`` over ``stage``).
+    """Runs ``encoder`` (on every rank of the pipeline) inside the bubbles of ``schedule``: a
+    ``torch.distributed.pipelining`` schedule, single-stage (``Schedule1F1B``, ``ScheduleGPipe``
+    over ``stage``) or multi-stage (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
+    ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV`` over this rank's stages: ``stage`` is then
+    their list). The step is predicted from the schedule's own action table
+    (``schedule.pipeline_order``) and the encoder's pieces follow it; the encoder outputs go to
+    the rank that holds the LLM's first stage.
 
     - ``mode``: ``megatron`` (the whole encoder inside the first stage's ops), ``coarse`` (spread
       over the ranks, forwards before the pipeline, backwards after it) or ``pybubble`` (its pieces
@@ -62,7 +66,7 @@ class EncoderRuntime:
       summed (default ``group``; on CUDA pass the NCCL group).
     - ``keep``: steps whose measured costs the plan follows (medians).
 
-    The first stage's module gets the encoder output of LLM microbatch ``k`` from
+    The first stage's module (on the rank that holds it) gets the encoder output of LLM microbatch ``k`` from
     :meth:`encoder_output` (a tensor that requires grad; its gradient goes back to the rank that
     produced it). Call :meth:`step` instead of ``schedule.step``; then run the optimizer over the
     encoder's and the stage's parameters as usual.
@@ -76,13 +80,26 @@ class EncoderRuntime:
         self.mode = check_mode(mode)
         self.encoder = encoder
         self.stage = stage
+        self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
+        """This rank's pipeline stages."""
         self.schedule = schedule
         self.device = torch.device(device)
         self.rank = dist.get_rank()
         self.ranks = dist.get_world_size()
-        if getattr(stage, "num_stages", self.ranks) != self.ranks:
-            raise ValueError(f"stage: {stage.num_stages} stages over {self.ranks} ranks (one stage per rank)")
-        self.microbatches = int(schedule._n_microbatches)
+        self.table = schedule_table(schedule)
+        """The schedule's action table (its compute actions), which the plan simulates."""
+        if len(self.table) != self.ranks:
+            raise ValueError(f"schedule: its action table has {len(self.table)} ranks, the job {self.ranks}")
+        owner = stage_ranks(self.table)
+        self.num_stages = len(owner)
+        for st in self.stages:
+            if getattr(st, "num_stages", self.num_stages) != self.num_stages:
+                raise ValueError(f"stage: {st.num_stages} stages, the schedule's table has {self.num_stages}")
+        mine = sorted(s for s, r in owner.items() if r == self.rank)
+        given = sorted(getattr(st, "stage_index", s) for st, s in zip(self.stages, mine))
+        if len(self.stages) != len(mine) or given != mine:
+            raise ValueError(f"stage: stages {given} on rank {self.rank}, the schedule's table runs {mine} there")
+        self.microbatches = 1 + max(a.microbatch for row in self.table.values() for a in row)
         self.group = group if group is not None else dist.new_group(list(range(self.ranks)), backend="gloo")
         self.grad_group = self.group if grad_group is None else grad_group
         example = tuple(t.to(self.device) for t in _inputs_of(example))
@@ -94,7 +111,7 @@ class EncoderRuntime:
             output = out.output()
         self.output_shape, self.output_dtype = tuple(output.shape), output.dtype
         self.side = side_stream(self.device)
-        self.history = CostHistory(self._profile(example), keep=keep)
+        self.history = CostHistory(self._profile(example), keep=keep, ranks=self.ranks)
         self.costs: MeasuredCosts = self.history.initial
         self.steps = 0
         self.records: list[dict[str, Any]] = []
@@ -149,7 +166,8 @@ class EncoderRuntime:
         every = [torch.zeros_like(mine) for _ in range(self.ranks)]
         dist.all_gather(every, mine, group=self.group)
         a = torch.stack(every).numpy()
-        return MeasuredCosts(stage_fwd_s=[1e-6] * self.ranks, stage_bwd_s=[1e-6] * self.ranks,  # from the first step
+        stages = self.num_stages
+        return MeasuredCosts(stage_fwd_s=[1e-6] * stages, stage_bwd_s=[1e-6] * stages,  # from the first step
                              p2p_s=float(a[:, 0].max()), piece_fwd_s=a[:, 1:1 + n].mean(axis=0).tolist(),
                              piece_bwd_s=a[:, 1 + n:].mean(axis=0).tolist())
 
@@ -162,8 +180,8 @@ class EncoderRuntime:
         timed = self.side is None  # on CUDA a task's launch is not its duration: the profile's stay
         piece_fwd = [statistics.mean(ts[i] for ts in fwd_t) if fwd_t and timed else float("nan") for i in range(n)]
         piece_bwd = [statistics.mean(ts[i] for ts in bwd_t) if bwd_t and timed else float("nan") for i in range(n)]
-        return step_sample(fwd=[b for (k, _), b in zip(ops, f.op_busy_s) if k == "F"],
-                           bwd=[b for (k, _), b in zip(ops, f.op_busy_s) if k == "B"], lead=f.lead_busy_s,
+        stage_fwd, stage_bwd, stage_wgrad = stage_figures(ops, f.op_stages, f.op_busy_s, self.num_stages)
+        return step_sample(stage_fwd=stage_fwd, stage_bwd=stage_bwd, stage_wgrad=stage_wgrad, lead=f.lead_busy_s,
                            sync=sync_s if self.mode != "megatron" else float("nan"), outside=float("nan"),
                            plan=plan_s, piece_fwd=piece_fwd, piece_bwd=piece_bwd)
 
@@ -201,7 +219,7 @@ class EncoderRuntime:
         t = time.perf_counter()
         mode = self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
         with record_function("pybubble:plan"):
-            plan = self.placement = make_placement(mode, self.costs, self.microbatches)
+            plan = self.placement = make_placement(mode, self.costs, self.microbatches, self.table)
             predicted = placement_step_s(plan, self.costs)
         plan_s = time.perf_counter() - t
         with record_function("pybubble:sync"):
@@ -210,7 +228,7 @@ class EncoderRuntime:
         with record_function("pybubble:setup"):
             m, inputs = self.microbatches, _inputs_of(encoder_input)
             chunks = [torch.tensor_split(x.to(self.device), m) for x in inputs]
-            boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=0,
+            boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=plan.first_stage,
                                             producer=plan.producer, assignment=plan.assignment,
                                             output_shape=self.output_shape, dtype=self.output_dtype,
                                             device=self.device)
@@ -227,7 +245,7 @@ class EncoderRuntime:
             with record_function("pybubble:front"):
                 filler.run_front()
             filler.begin_step(frame0=start)
-            with fill_pipeline_waits(filler, self.stage), record_function("pybubble:schedule"):
+            with fill_pipeline_waits(filler, self.stages), record_function("pybubble:schedule"):
                 result = self.schedule.step(*args, **kwargs)
             filler.end_pipeline()
             with record_function("pybubble:drain"):

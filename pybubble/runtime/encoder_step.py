@@ -44,7 +44,7 @@ class EncoderStep:
             for j in range(len(plan.producer)):
                 last = 2 * n * j + n - 1
                 self.output_arrival_s[j] = (front + float(plan.start_s[last]) + costs.piece_fwd_s[-1]
-                                            + (costs.p2p_s if plan.producer[j] != 0 else 0.0))
+                                            + (costs.p2p_s if plan.producer[j] != plan.first_stage else 0.0))
         for j, producer in enumerate(plan.producer):
             if producer != rank:
                 continue
@@ -53,7 +53,7 @@ class EncoderStep:
             base = 2 * n * j  # task ids of j in plan.problem (see plan.piece_tasks)
             fwd = []
             needed_at = float("inf")
-            if plan.start_s is not None and producer != 0:
+            if plan.start_s is not None and producer != plan.first_stage:
                 needed_at = shift_front_s(plan) + float(plan.timeline.forward_needed[k]) / 1e6 - costs.p2p_s
             for i in range(n):
                 start = 0.0 if plan.start_s is None else float(plan.start_s[base + i])

@@ -149,13 +149,17 @@ class BubbleFiller:
     def __init__(self, tasks: Sequence[FillTask], gaps_s: Sequence[float],
                  next_ops: Sequence[tuple[str, int]], horizon_s: float, fill: bool = True,
                  side: SideStream | None = None, op_starts_s: Sequence[float] | None = None,
-                 force_until_s: Sequence[float] | None = None):
+                 force_until_s: Sequence[float] | None = None, op_stages: Sequence[int] | None = None):
         if len(gaps_s) != len(next_ops) + 1:
             raise ValueError(f"gaps_s: {len(gaps_s)} gaps for {len(next_ops)} ops (need ops + 1)")
         if op_starts_s is not None and len(op_starts_s) != len(next_ops):
             raise ValueError(f"op_starts_s: {len(op_starts_s)} starts for {len(next_ops)} ops")
         if force_until_s is not None and len(force_until_s) != len(next_ops):
             raise ValueError(f"force_until_s: {len(force_until_s)} times for {len(next_ops)} ops")
+        if op_stages is not None and len(op_stages) != len(next_ops):
+            raise ValueError(f"op_stages: {len(op_stages)} stages for {len(next_ops)} ops")
+        self.op_stages = [0] * len(next_ops) if op_stages is None else list(op_stages)
+        """The pipeline stage of each op (this rank's stages of a multi-stage schedule)."""
         self.force_until_s = None if force_until_s is None else list(force_until_s)
         """Per op: forward tasks the first stage is planned to need before this time (seconds after
         the frame origin) run before the wait ahead of the op: the filler gets no control again

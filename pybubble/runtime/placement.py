@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config.checks import finite, one_of
+from ..llm.tables import Table, build_table
 from ..llm.timeline import Timeline, simulate_pipeline
 from ..problem.arrays import Tasks
 from ..problem.problem import Problem
@@ -33,9 +34,9 @@ class MeasuredCosts:
     """Seconds, one microbatch each."""
 
     stage_fwd_s: list[float]
-    """Forward of each LLM pipeline stage."""
+    """Forward of each LLM pipeline stage (global stage index, as in the schedule's table)."""
     stage_bwd_s: list[float]
-    """Backward of each LLM pipeline stage."""
+    """Full backward of each LLM pipeline stage (B, or I + W in a zero-bubble schedule)."""
     p2p_s: float
     """Latency of one pipeline send/receive (activation or gradient)."""
     piece_fwd_s: list[float]
@@ -47,21 +48,26 @@ class MeasuredCosts:
     step, the trainer's own work between steps, the runtime's planning and synchronisation."""
     grad_sync_s: float = 0.0
     """All-reduce of the encoder's gradients (modes that spread the encoder over ranks)."""
+    stage_wgrad_s: list[float] | None = None
+    """The weight-gradient part W of each stage's backward (zero-bubble schedules; I takes the
+    rest); None: half of it."""
 
     def __post_init__(self) -> None:
         if len(self.stage_fwd_s) != len(self.stage_bwd_s) or not self.stage_fwd_s:
             raise ValueError(f"stage_bwd_s: {len(self.stage_bwd_s)} stages, stage_fwd_s has {len(self.stage_fwd_s)}")
         if len(self.piece_fwd_s) != len(self.piece_bwd_s) or not self.piece_fwd_s:
             raise ValueError(f"piece_bwd_s: {len(self.piece_bwd_s)} pieces, piece_fwd_s has {len(self.piece_fwd_s)}")
-        for name in ("stage_fwd_s", "stage_bwd_s", "piece_fwd_s", "piece_bwd_s"):
-            for i, v in enumerate(getattr(self, name)):
+        if self.stage_wgrad_s is not None and len(self.stage_wgrad_s) != len(self.stage_fwd_s):
+            raise ValueError(f"stage_wgrad_s: {len(self.stage_wgrad_s)} stages, stage_fwd_s has {len(self.stage_fwd_s)}")
+        for name in ("stage_fwd_s", "stage_bwd_s", "stage_wgrad_s", "piece_fwd_s", "piece_bwd_s"):
+            for i, v in enumerate(getattr(self, name) or ()):
                 finite(v, f"{name}[{i}]", minimum=0.0)
         for name in ("p2p_s", "optimizer_s", "grad_sync_s"):
             finite(getattr(self, name), name, minimum=0.0)
 
     @property
     def stages(self) -> int:
-        """Pipeline stages (one per rank)."""
+        """Pipeline stages (of every rank)."""
         return len(self.stage_fwd_s)
 
 
@@ -70,21 +76,52 @@ def check_mode(mode: str) -> str:
     return one_of(mode, PLACEMENTS, "mode")
 
 
-def producers(mode: str, microbatches: int, ranks: int) -> list[int]:
-    """The rank that runs encoder microbatch j: rank 0 in megatron mode, round robin otherwise."""
+def producers(mode: str, microbatches: int, ranks: int, first_stage_rank: int = 0) -> list[int]:
+    """The rank that runs encoder microbatch j: the first stage's rank in megatron mode, round
+    robin otherwise."""
     check_mode(mode)
-    return [0 if mode == "megatron" else j % ranks for j in range(microbatches)]
+    return [first_stage_rank if mode == "megatron" else j % ranks for j in range(microbatches)]
 
 
-def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage: bool = False) -> Timeline:
-    """The 1F1B step of the LLM (with the whole encoder inside stage 0's ops when asked)."""
-    fwd = [t * US for t in costs.stage_fwd_s]
-    bwd = [t * US for t in costs.stage_bwd_s]
+def stage_ranks(table: Table) -> dict[int, int]:
+    """The rank that runs each stage of an action table."""
+    return {a.stage: r for r, row in table.items() for a in row if a is not None}
+
+
+def first_stage_rank(table: Table) -> int:
+    """The rank that holds the LLM's first stage (stage 0) in an action table."""
+    return stage_ranks(table).get(0, 0)
+
+
+def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage: bool = False,
+                      table: Table | None = None) -> Timeline:
+    """The LLM step of ``table`` (the schedule's action table; default 1F1B, one stage per rank)
+    with the measured stage costs (with the whole encoder inside stage 0's ops when asked: its
+    backward inside stage 0's W when the table splits it)."""
+    table = build_table("1f1b", costs.stages, microbatches) if table is None else table
+    ranks, owner = len(table), stage_ranks(table)
+    if sorted(owner) != list(range(costs.stages)):
+        raise ValueError(f"table: stages {sorted(owner)} are not the {costs.stages} stages of the costs")
+    chunks = costs.stages // ranks
+    fwd, bwd = np.zeros((ranks, chunks)), np.zeros((ranks, chunks))
+    wgrad = None if costs.stage_wgrad_s is None else np.zeros((ranks, chunks))
+    place = {}
+    for r in range(ranks):
+        for c, s in enumerate(sorted(s for s, rr in owner.items() if rr == r)):
+            place[s] = (r, c)
+            fwd[r, c], bwd[r, c] = costs.stage_fwd_s[s] * US, costs.stage_bwd_s[s] * US
+            if wgrad is not None:
+                wgrad[r, c] = costs.stage_wgrad_s[s] * US
+    if wgrad is None:
+        wgrad = bwd / 2
     if encoder_on_first_stage:
-        fwd[0] += sum(costs.piece_fwd_s) * US
-        bwd[0] += sum(costs.piece_bwd_s) * US
-    return simulate_pipeline("1f1b", ranks=costs.stages, microbatches=microbatches, fwd=fwd, bwd=bwd,
-                             p2p=costs.p2p_s * US)
+        fwd[place[0]] += sum(costs.piece_fwd_s) * US
+        bwd[place[0]] += sum(costs.piece_bwd_s) * US
+        wgrad[place[0]] += sum(costs.piece_bwd_s) * US
+    # torch's first stage runs its whole backward in W (its I has no input to differentiate); the
+    # core wants some of it in I
+    wgrad = np.minimum(wgrad, bwd * (1 - 1e-6))
+    return simulate_pipeline(table, fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=costs.p2p_s * US)
 
 
 def piece_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> Tasks:
@@ -120,27 +157,33 @@ class Placement:
     """The bubble-filling problem of the encoder's pieces (None in megatron mode)."""
     schedule: Schedule | None
     """Its schedule (None in megatron mode)."""
+    first_stage: int = 0
+    """The rank that holds the LLM's first stage (where the encoder outputs go)."""
 
 
-def make_placement(mode: str, costs: MeasuredCosts, microbatches: int) -> Placement:
+def make_placement(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None) -> Placement:
     """Megatron: the encoder inside stage 0. coarse / pybubble: the core's ``coarse`` / ``greedy``
-    schedule of the encoder's tasks over all ranks."""
-    ranks = costs.stages
-    producer = producers(mode, microbatches, ranks)
+    schedule of the encoder's tasks over all ranks. ``table``: the schedule's action table
+    (default 1F1B, one stage per rank)."""
+    table = build_table("1f1b", costs.stages, microbatches) if table is None else table
+    producer = producers(mode, microbatches, len(table), first_stage_rank(table))
     if mode == "megatron":
-        return Placement(mode=mode, timeline=measured_timeline(costs, microbatches, True), producer=producer,
-                    assignment=list(range(microbatches)), start_s=None, problem=None, schedule=None)
-    timeline = measured_timeline(costs, microbatches)
+        return Placement(mode=mode, timeline=measured_timeline(costs, microbatches, True, table), producer=producer,
+                         assignment=list(range(microbatches)), start_s=None, problem=None, schedule=None,
+                         first_stage=first_stage_rank(table))
+    timeline = measured_timeline(costs, microbatches, table=table)
     problem = Problem.on_timeline(timeline, piece_tasks(costs, producer))
     sched = schedule(problem, "coarse" if mode == "coarse" else "greedy")
     return Placement(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
-                start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched)
+                     start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched,
+                     first_stage=first_stage_rank(table))
 
 
-def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int) -> float:
-    """Predicted step time (s) of ``mode``: the simulated LLM step with the encoder where the mode
-    puts it, plus what follows the pipeline (gradient sync of a spread encoder, optimizer)."""
-    return placement_step_s(make_placement(check_mode(mode), costs, microbatches), costs)
+def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None) -> float:
+    """Predicted step time (s) of ``mode``: the simulated LLM step of ``table`` (default 1F1B)
+    with the encoder where the mode puts it, plus what follows the pipeline (gradient sync of a
+    spread encoder, optimizer)."""
+    return placement_step_s(make_placement(check_mode(mode), costs, microbatches, table), costs)
 
 
 def placement_step_s(plan: Placement, costs: MeasuredCosts) -> float:
@@ -160,17 +203,20 @@ def rank_filler(plan: Placement, rank: int, tasks: list[FillTask], side: SideStr
     from the LLM timeline, how far ahead each wait must produce the first stage's inputs (to the
     end of the ops that follow it without a receive), and its tasks (run on the host, or launched
     on ``side`` on CUDA)."""
-    ops = sorted((op for op in plan.timeline.ops if op.stage == rank), key=lambda op: op.start)
+    every = plan.timeline.ops
+    ops = [op for op in every if op.rank == rank]  # in the table's order, the order they run in
+    owner = {op.stage: op.rank for op in every}
     gaps, t = [], 0.0
     for op in ops:
         gaps.append((op.start - t) / US)
         t = op.end
     gaps.append((plan.timeline.step_time - t) / US)
     front = shift_front_s(plan)
-    last = plan.timeline.ranks - 1
+    last = max(owner)
 
-    def receives(op) -> bool:  # its input comes from a neighbour: the schedule waits before it
-        return (op.kind == "F" and op.stage > 0) or (op.kind in "BI" and op.stage < last)
+    def receives(op) -> bool:  # its input comes from another rank: the schedule waits before it
+        return ((op.kind == "F" and op.stage > 0 and owner[op.stage - 1] != rank)
+                or (op.kind in "BI" and op.stage < last and owner[op.stage + 1] != rank))
 
     until = []
     for n in range(len(ops)):
@@ -180,6 +226,6 @@ def rank_filler(plan: Placement, rank: int, tasks: list[FillTask], side: SideStr
         until.append(front + ops[k].end / US)
     return BubbleFiller(tasks, gaps, [(op.kind, op.microbatch) for op in ops], plan.timeline.step_time / US,
                         fill=plan.mode == "pybubble", side=side, op_starts_s=[front + op.start / US for op in ops],
-                        force_until_s=until)
+                        force_until_s=until, op_stages=[op.stage for op in ops])
 
 

@@ -365,6 +365,8 @@ def train(rank: int, args: argparse.Namespace) -> dict:
             "predicted": [r["predicted_s"] for r in runtime.records],
             "checksum": checksum(stage_modules + ([encoder] if rank == 0 else [])),
             "filler": runtime.records[-1]["filler"], "filled": [r["filler"]["filled"] for r in runtime.records],
+            "overruns": [r["filler"]["overruns"] for r in runtime.records],
+            "held_max_s": [r["filler"]["held_max_s"] for r in runtime.records],
             "costs": asdict(runtime.costs)}
     every: list = [None] * ranks
     dist.all_gather_object(every, mine, group=runtime.group)
@@ -389,6 +391,10 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
         "predicted_step_s": statistics.median(predicted[s] for s in settled),
         "param_checksum": sum(e["checksum"] for e in every), "costs": every[0]["costs"],
         "filler": [e["filler"] for e in every], "filled_per_step": [e["filled"] for e in every],
+        # per rank, over the settled steps: LLM ops held up by a task longer than its estimate,
+        # and the longest hold-up (at most one piece)
+        "overruns": [sum(e["overruns"][s] for s in settled) for e in every],
+        "held_max_s": [max(e["held_max_s"][s] for s in settled) for e in every],
     }
 
 

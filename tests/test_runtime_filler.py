@@ -422,3 +422,65 @@ def test_stage_figures_split_the_ops_by_stage_and_kind():
     assert fwd[0] == 3 and fwd[3] == 4 and bwd[0] == 8  # medians; stage 0 ran full backwards
     assert bwd[3] == 5 + 6.5 and wgrad[3] == 6.5  # I + W
     assert all(x != x for x in (fwd[1], bwd[2], wgrad[0]))  # NaN: not this rank's, or not run
+
+
+class EventWork:
+    """A stand-in for a ``dist.Work``: completes when ``event`` is set (by a task)."""
+
+    def __init__(self):
+        import threading
+
+        self.event, self.returning = threading.Event(), threading.Event()
+
+    def wait(self):
+        self.event.wait(30)
+        self.returning.set()
+        return True
+
+    def complete(self):
+        """Completes the work and waits until its waiter saw it."""
+        self.event.set()
+        self.returning.wait(30)
+
+
+def test_an_op_is_held_up_by_at_most_the_piece_running_when_its_input_comes():
+    # The input arrives while task 1 runs: task 1 ends, no task starts after it (the gap is given
+    # up), and the hold-up is that piece's rest, no overrun (it ran within its estimate).
+    work, log = EventWork(), []
+
+    def run(i):
+        log.append(i)
+        if i == 1:
+            work.complete()
+        time.sleep(0.005)
+
+    tasks = [FillTask(name=str(i), duration_s=0.2, planned_start_s=0.01 * i, run=lambda i=i: run(i))
+             for i in range(6)]
+    filler = BubbleFiller(tasks, [10.0, 0.0], [("F", 0)], horizon_s=20.0)
+    filler.begin_step()
+    filler.wait([work])
+    assert log == [0, 1]
+    assert 0.0 < filler.stats.held_max_s <= filler.stats.held_s < 0.2  # within the piece's estimate
+    assert filler.stats.overruns == 0
+    assert filler.pace == 0.5  # tasks ran far under their estimates (kept at the floor)
+
+    # A piece that runs far over its estimate holds the op up longer than one estimated piece:
+    # counted as an overrun, and the pace of the tasks left follows (a task fits a gap when its
+    # estimate times the pace does).
+    work, log = EventWork(), []
+
+    def slow(i):
+        log.append(i)
+        work.complete()
+        time.sleep(0.05)
+
+    tasks = [FillTask(name=str(i), duration_s=0.002, planned_start_s=0.01 * i, run=lambda i=i: slow(i))
+             for i in range(3)]
+    filler = BubbleFiller(tasks, [10.0, 0.0], [("F", 0)], horizon_s=20.0)
+    filler.begin_step()
+    filler.wait([work])
+    assert log == [0]
+    assert filler.stats.held_max_s >= 0.04 and filler.stats.overruns == 1
+    assert filler.pace == 3.0  # 25 times over its estimate: the ceiling
+    task, too_long = filler._pick(0.005)  # 2 ms estimated, 6 ms at this pace: does not fit 5 ms
+    assert task is None and too_long == pytest.approx(0.006)

@@ -128,6 +128,14 @@ class FillerStats:
     waited_s: float = 0.0
     """CPU: time spent blocked with no task running (in waits, and for inputs from other ranks in
     the front and the drain): the rank's idle time outside collectives."""
+    held_s: float = 0.0
+    """CPU: how long the LLM's ops were held up by tasks: from the arrival of what a wait waited
+    for to the end of the task then running, summed over the waits."""
+    held_max_s: float = 0.0
+    """CPU: the longest such hold-up (at most one piece: no task starts once the input is there)."""
+    overruns: int = 0
+    """CPU: hold-ups longer than the estimate of the task that caused them (the piece ran longer
+    than the filler expected when it started it)."""
 
 
 class BubbleFiller:
@@ -198,6 +206,8 @@ class BubbleFiller:
         self.op_clock: Callable[[], float] = time.perf_counter
         """The clock of the ops' own time (on CUDA, for a profiling step: one that synchronizes
         the device first)."""
+        self._ran_estimated_s = 0.0
+        self._ran_took_s = 0.0
 
     # -- step structure -------------------------------------------------------------------------
     @property
@@ -260,11 +270,22 @@ class BubbleFiller:
         end = time.perf_counter()
         if self.side is None:
             task.took_s = end - t
+            self._ran_estimated_s += task.duration_s
+            self._ran_took_s += task.took_s
         if not self._in_wait:
             self._excluded += end - t
         if self.trace is not None:
             self.trace.append((task.name, t, end))  # on CUDA: the launch, not the kernels
         return end - t if self.side is None else task.duration_s
+
+    @property
+    def pace(self) -> float:
+        """CPU: how long this step's tasks took against their estimates so far (their sums'
+        ratio, 1 before any ran, kept within [0.5, 3]): a task fits a gap when its estimate times
+        the pace does, so the estimates follow the machine's load as the step runs."""
+        if self.side is not None or self._ran_estimated_s <= 0.0:
+            return 1.0
+        return min(3.0, max(0.5, self._ran_took_s / self._ran_estimated_s))
 
     def _next(self) -> FillTask | None:
         while self._cursor < len(self.tasks) and self.tasks[self._cursor].done:
@@ -279,6 +300,7 @@ class BubbleFiller:
         blocked: set[int] = set()
         too_long: float | None = None
         seen = 0
+        pace = self.pace
         for i in range(self._cursor, len(self.tasks)):
             task = self.tasks[i]
             if task.done:
@@ -293,8 +315,9 @@ class BubbleFiller:
                 continue
             if not task.ready():
                 continue
-            if task.duration_s > room_s:
-                too_long = task.duration_s if too_long is None else min(too_long, task.duration_s)
+            need = task.duration_s * pace
+            if need > room_s:
+                too_long = need if too_long is None else min(too_long, need)
                 continue
             return task, too_long
         return None, too_long
@@ -398,6 +421,8 @@ class BubbleFiller:
         origin; the drift is updated from what is seen."""
         entered = time.perf_counter()
         ran = 0.0
+        last: FillTask | None = None
+        last_end = 0.0
         if self.fill and self.side is None:
             deadline = self._deadline(arrival_s, gap_s)
             pending = lambda: not all(p.done() for p in probes)  # noqa: E731
@@ -414,12 +439,19 @@ class BubbleFiller:
                         self.stats.deferred += 1
                     continue
                 took = self._run(task)
+                last, last_end = task, time.perf_counter()
                 ran += took
                 self.stats.filled_s += took
                 self.stats.filled += 1
         for p in probes:
             p.result()
         arrived = max(p.done_at for p in probes)
+        if last is not None and last_end > arrived:
+            # The input came while the last task ran: the op waited for the task's end.
+            held = last_end - arrived
+            self.stats.held_s += held
+            self.stats.held_max_s = max(self.stats.held_max_s, held)
+            self.stats.overruns += held > last.duration_s
         self.stats.waited_s += max(0.0, time.perf_counter() - entered - ran)
         if arrival_s is not None and arrived > entered:
             self._drift = arrived - (self._frame0 + arrival_s)

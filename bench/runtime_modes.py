@@ -1,19 +1,23 @@
-"""Runs the example trainer (examples/mllm.py) in its three modes and prints each mode's median
-step, its prediction error and its speed-ups over megatron and coarse.
+"""Runs the example trainer (examples/mllm.py) in its three modes and prints, per round, each
+mode's median step and the speed-ups of pybubble over megatron and coarse, then the median of the
+per-round speed-ups with their range and each mode's prediction error.
 
 The modes take turns (``--rounds`` launches per mode, megatron, coarse, pybubble, megatron, ...)
-so that a change in the machine's load hits all three alike; the steps are spread over the rounds
-as evenly as they go. Each launch profiles and re-plans on its own; a launch's first two steps
-(profiling, first adapted plan) are left out of its figures. Medians are over the settled steps
-of a mode; the prediction is the median of the runtime's per-step predictions.
+so that a change in the machine's load hits all three of a round alike: a round's ratios compare
+launches that ran back to back, and their median over the rounds is what a noisy machine moves
+least. The steps are spread over the rounds as evenly as they go. Each launch profiles and
+re-plans on its own; a launch's first two steps (profiling, first adapted plan) are left out of
+its figures. The prediction is the median of the runtime's per-step predictions.
 
-    python bench/runtime_modes.py --ranks 2 --steps 24 [--rounds 3] [--encoder vit|timm|clip] [--out runtime_modes.json]
+    python bench/runtime_modes.py [--ranks 2] [--steps 48] [--rounds 6] [--encoder vit|timm|clip]
+        [--schedule 1f1b|interleaved_1f1b|zbv|...] [--chunks V] [--out runtime_modes.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -23,13 +27,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import mllm  # noqa: E402  (the example trainer, user code of pybubble.runtime)
 
 
+def round_ratios(reports: dict[str, list[dict]]) -> list[dict[str, float]]:
+    """Per round: each mode's median settled step and pybubble's speed-ups over megatron and coarse."""
+    out = []
+    for r in range(len(reports["pybubble"])):
+        med = {m: reports[m][r]["median_step_s"] for m in mllm.PLACEMENTS}
+        out.append({**{f"{m}_s": med[m] for m in mllm.PLACEMENTS},
+                    "vs_megatron": med["megatron"] / med["pybubble"], "vs_coarse": med["coarse"] / med["pybubble"]})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--steps", type=int, default=24, help="steps per mode, over all rounds")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=48, help="steps per mode, over all rounds")
+    p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--size", default="small")
     p.add_argument("--encoder", default="vit", help=f"{', '.join(mllm.ENCODERS)}")
+    p.add_argument("--schedule", default="1f1b", help=f"the pipeline schedule: {', '.join(mllm.SCHEDULES)}")
+    p.add_argument("--chunks", type=int, default=0, help="stages per rank (default: the schedule's)")
     p.add_argument("--out", help="write every launch's report (JSON) here")
     a = p.parse_args(argv)
     if a.rounds < 1:
@@ -48,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     for r, steps in enumerate(per_round):
         for mode in mllm.PLACEMENTS:
             args = mllm.parse_args(["--ranks", str(a.ranks), "--steps", str(steps), "--size", a.size,
-                                    "--mode", mode, "--encoder", a.encoder])
+                                    "--mode", mode, "--encoder", a.encoder, "--schedule", a.schedule,
+                                    "--chunks", str(a.chunks)])
             try:
                 mllm.check_args(args)
                 rep = mllm.run(args)
@@ -57,25 +74,44 @@ def main(argv: list[str] | None = None) -> int:
                 return 2 if isinstance(e, ValueError) else 1
             reports[mode].append(rep)
             print(f"[{time.monotonic() - t0:6.1f} s] round {r + 1}/{a.rounds} {mode:<9} {steps} steps: median "
-                  f"{rep['median_step_s'] * 1e3:.1f} ms, predicted {rep['predicted_step_s'] * 1e3:.1f} ms", flush=True)
+                  f"{rep['median_step_s'] * 1e3:.1f} ms, predicted {rep['predicted_step_s'] * 1e3:.1f} ms, "
+                  f"overruns {sum(rep['overruns'])}", flush=True)
+        ratios = round_ratios({m: rs[r:r + 1] for m, rs in reports.items()})[0]
+        load = os.getloadavg()[0]
+        print(f"round {r + 1}: pybubble {ratios['vs_megatron']:.2f}x megatron, {ratios['vs_coarse']:.2f}x coarse "
+              f"(load {load:.2f})", flush=True)
+    rounds_out = round_ratios(reports)
     settled = {m: [r["step_times_s"][s] for r in rs for s in r["settled_steps"]] for m, rs in reports.items()}
     median = {m: statistics.median(ts) for m, ts in settled.items()}
     predicted = {m: statistics.median(p for r in rs for p in (r["predicted_steps_s"][s] for s in r["settled_steps"]))
                  for m, rs in reports.items()}
     sums = {m: rs[-1]["param_checksum"] for m, rs in reports.items()}
-    print(f"{a.ranks} ranks, encoder {a.encoder}, {a.steps} steps per mode in {a.rounds} rounds, size {a.size}")
-    print(f"{'mode':<10} {'median step':>12} {'predicted':>10} {'error':>7} {'vs megatron':>12} {'vs coarse':>10}")
+    print(f"{a.ranks} ranks, schedule {a.schedule} ({mllm.chunks_of(args)} stage(s) per rank), encoder {a.encoder}, "
+          f"{a.steps} steps per mode in {a.rounds} rounds, size {a.size}")
+    print(f"{'round':<6} {'megatron':>10} {'coarse':>10} {'pybubble':>10} {'vs megatron':>12} {'vs coarse':>10}")
+    for r, x in enumerate(rounds_out):
+        print(f"{r + 1:<6} {x['megatron_s'] * 1e3:>7.1f} ms {x['coarse_s'] * 1e3:>7.1f} ms {x['pybubble_s'] * 1e3:>7.1f} ms "
+              f"{x['vs_megatron']:>11.2f}x {x['vs_coarse']:>9.2f}x")
+    summary = {}
+    for key in ("vs_megatron", "vs_coarse"):
+        values = [x[key] for x in rounds_out]
+        summary[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    print(f"pybubble per round: median {summary['vs_megatron']['median']:.2f}x megatron "
+          f"[{summary['vs_megatron']['min']:.2f}-{summary['vs_megatron']['max']:.2f}], "
+          f"median {summary['vs_coarse']['median']:.2f}x coarse "
+          f"[{summary['vs_coarse']['min']:.2f}-{summary['vs_coarse']['max']:.2f}]")
+    print(f"{'mode':<10} {'median step':>12} {'predicted':>10} {'error':>7} {'overruns':>9}")
     for mode in mllm.PLACEMENTS:
         err = predicted[mode] / median[mode] - 1.0
-        print(f"{mode:<10} {median[mode] * 1e3:>9.1f} ms {predicted[mode] * 1e3:>7.1f} ms {err:>+7.1%} "
-              f"{median['megatron'] / median[mode]:>11.2f}x {median['coarse'] / median[mode]:>9.2f}x")
+        overruns = sum(sum(r["overruns"]) for r in reports[mode])
+        print(f"{mode:<10} {median[mode] * 1e3:>9.1f} ms {predicted[mode] * 1e3:>7.1f} ms {err:>+7.1%} {overruns:>9}")
     same = [rs[-1]["param_checksum"] for rs in reports.values()]
     spread = (max(same) - min(same)) / abs(same[0])
     print(f"parameter checksums of the last launches ({per_round[-1]} steps) agree within {spread:.1e} (relative)")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"median_step_s": median, "predicted_step_s": predicted, "checksums": sums,
-                       "reports": reports}, f, indent=1)
+                       "rounds": rounds_out, "per_round": summary, "reports": reports}, f, indent=1)
     return 0
 
 

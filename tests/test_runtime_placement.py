@@ -71,3 +71,64 @@ def test_bad_costs_name_the_field():
         costs(p2p_s=float("nan"))
     with pytest.raises(ValueError, match="mode: 'fast' is not one of megatron, coarse, pybubble"):
         make_placement("fast", costs(), 4)
+
+
+def torch_schedule(cls_name, rank, ranks, stage_ids, stages, microbatches):
+    """A torch.distributed.pipelining schedule over stand-in stages (its action table needs no
+    process group)."""
+    from types import SimpleNamespace
+
+    from torch.distributed import pipelining
+
+    fake = [SimpleNamespace(group_size=ranks, group_rank=rank, num_stages=stages, stage_index=i, submod=None,
+                            is_first=i == 0, is_last=i == stages - 1) for i in stage_ids]
+    cls = getattr(pipelining, cls_name)
+    return cls(fake[0] if len(fake) == 1 else fake, microbatches)
+
+
+@pytest.mark.parametrize("cls_name, stage_ids, name, chunks", [
+    ("Schedule1F1B", [0], "1f1b", 1),
+    ("ScheduleGPipe", [0], "gpipe", 1),
+    ("ScheduleInterleaved1F1B", [0, 2], "interleaved_1f1b", 2),
+    ("ScheduleZBVZeroBubble", [0, 3], "zbv", 2),
+])
+def test_schedule_table_reads_the_order_torch_runs(cls_name, stage_ids, name, chunks):
+    from pybubble.llm.tables import build_table
+    from pybubble.runtime.pipelining import schedule_table
+
+    table = schedule_table(torch_schedule(cls_name, 0, 2, stage_ids, 2 * chunks, 4))
+    expected = build_table(name, 2, 4, chunks)
+    assert table == {r: [a for a in row if a is not None] for r, row in expected.items()}  # idle steps dropped
+
+
+def test_zero_bubble_tables_keep_their_split_backwards():
+    from pybubble.runtime.pipelining import schedule_table
+
+    table = schedule_table(torch_schedule("ScheduleInterleavedZeroBubble", 0, 2, [0, 2], 4, 4))
+    kinds = {a.kind for row in table.values() for a in row}
+    assert kinds == {"F", "I", "W"} and all(len(row) == 4 * 2 * 3 for row in table.values())
+    with pytest.raises(ValueError, match="schedule: object has no pipeline_order"):
+        schedule_table(object())
+
+
+def test_a_multi_stage_plan_follows_the_schedule_table():
+    from pybubble.llm.tables import build_table
+
+    table = build_table("zbv", 2, 4)  # rank 0 holds stages 0 and 3, rank 1 stages 1 and 2
+    c = costs(stage_fwd_s=[0.01, 0.02, 0.03, 0.04], stage_bwd_s=[0.02, 0.04, 0.06, 0.08],
+              stage_wgrad_s=[0.02, 0.01, 0.03, 0.04])
+    plan = make_placement("pybubble", c, 4, table)
+    assert plan.timeline.chunks == 2 and plan.first_stage == 0 and plan.producer == [0, 1, 0, 1]
+    ops = {(op.stage, op.kind): op.end - op.start for op in plan.timeline.ops}
+    assert ops[3, "F"] == pytest.approx(40_000) and ops[3, "W"] == pytest.approx(40_000)
+    assert ops[2, "I"] == pytest.approx(30_000)  # I: the backward less its W
+    assert ops[0, "I"] == pytest.approx(0.02, abs=1e-3)  # torch's first stage: its whole backward in W
+    f1 = rank_filler(plan, 1, [])
+    assert [f"{s}{k}{m}" for s, (k, m) in zip(f1.op_stages, f1.next_ops)] == [str(a) for a in table[1] if a]
+    mega = make_placement("megatron", c, 4, table)
+    assert mega.producer == [0] * 4
+    fwd0 = [op for op in mega.timeline.ops if op.stage == 0 and op.kind == "F"][0]
+    assert fwd0.end - fwd0.start == pytest.approx(10_000 + 20_000)  # stage 0's forward holds the encoder's
+    assert predict_step_s("pybubble", c, 4, table) < predict_step_s("megatron", c, 4, table)
+    with pytest.raises(ValueError, match=r"table: stages \[0, 1, 2, 3\] are not the 2 stages of the costs"):
+        make_placement("pybubble", costs(), 4, table)

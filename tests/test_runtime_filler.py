@@ -443,22 +443,29 @@ class EventWork:
         self.returning.wait(30)
 
 
-def test_an_op_is_held_up_by_at_most_the_piece_running_when_its_input_comes():
-    # The input arrives while task 1 runs: task 1 ends, no task starts after it (the gap is given
-    # up), and the hold-up is that piece's rest, no overrun (it ran within its estimate).
+def fill_until_arrival(estimate_s, completes_in, sleep_s, count=6):
+    """A filler with ``count`` tasks estimated at ``estimate_s`` each, in one long gap, waiting for a
+    work that task ``completes_in`` completes before sleeping ``sleep_s``: the tasks that ran."""
     work, log = EventWork(), []
 
     def run(i):
         log.append(i)
-        if i == 1:
+        if i == completes_in:
             work.complete()
-        time.sleep(0.005)
+        time.sleep(sleep_s)
 
-    tasks = [FillTask(name=str(i), duration_s=0.2, planned_start_s=0.01 * i, run=lambda i=i: run(i))
-             for i in range(6)]
+    tasks = [FillTask(name=str(i), duration_s=estimate_s, planned_start_s=0.01 * i, run=lambda i=i: run(i))
+             for i in range(count)]
     filler = BubbleFiller(tasks, [10.0, 0.0], [("F", 0)], horizon_s=20.0)
     filler.begin_step()
     filler.wait([work])
+    return filler, log
+
+
+def test_an_op_is_held_up_by_at_most_the_piece_running_when_its_input_comes():
+    # The input arrives while task 1 runs: task 1 ends, no task starts after it (the gap is given
+    # up), and the hold-up is that piece's rest, no overrun (it ran within its estimate).
+    filler, log = fill_until_arrival(0.2, completes_in=1, sleep_s=0.005)
     assert log == [0, 1]
     assert 0.0 < filler.stats.held_max_s <= filler.stats.held_s < 0.2  # within the piece's estimate
     assert filler.stats.overruns == 0
@@ -467,18 +474,7 @@ def test_an_op_is_held_up_by_at_most_the_piece_running_when_its_input_comes():
     # A piece that runs far over its estimate holds the op up longer than one estimated piece:
     # counted as an overrun, and the pace of the tasks left follows (a task fits a gap when its
     # estimate times the pace does).
-    work, log = EventWork(), []
-
-    def slow(i):
-        log.append(i)
-        work.complete()
-        time.sleep(0.05)
-
-    tasks = [FillTask(name=str(i), duration_s=0.002, planned_start_s=0.01 * i, run=lambda i=i: slow(i))
-             for i in range(3)]
-    filler = BubbleFiller(tasks, [10.0, 0.0], [("F", 0)], horizon_s=20.0)
-    filler.begin_step()
-    filler.wait([work])
+    filler, log = fill_until_arrival(0.002, completes_in=0, sleep_s=0.05)
     assert log == [0]
     assert filler.stats.held_max_s >= 0.04 and filler.stats.overruns == 1
     assert filler.pace == 3.0  # 25 times over its estimate: the ceiling

@@ -11,7 +11,7 @@ from .encoder_runtime import EncoderRuntime, sync_grads
 from .encoder_step import EncoderStep
 from .filler import BubbleFiller, FillTask, WorkProbe
 from .launch import launch
-from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits
+from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits, schedule_table
 from .placement import PLACEMENTS, MeasuredCosts, Placement, make_placement, predict_step_s
 from .segments import MicrobatchRun, Piece, split_into_pieces
 
@@ -19,5 +19,5 @@ __all__ = [
     "BoundaryCommunicator", "BubbleFiller", "CostHistory", "EncoderRuntime", "EncoderStep", "FillTask", "PLACEMENTS",
     "MeasuredCosts", "MicrobatchRun", "Piece", "Placement", "SUPPORTED_TORCH", "SideStream", "WorkProbe",
     "check_torch_version", "fill_pipeline_waits", "launch", "llm_stream", "make_placement", "predict_step_s",
-    "side_stream", "split_into_pieces", "sync_grads",
+    "schedule_table", "side_stream", "split_into_pieces", "sync_grads",
 ]

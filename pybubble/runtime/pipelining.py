@@ -42,15 +42,6 @@ def check_torch_version(version: str | None = None) -> None:
             f"{', '.join(SUPPORTED_TORCH)})")
 
 
-def schedule_stages(schedule: Any) -> list[Any]:
-    """The ``PipelineStage`` objects a torch schedule runs on this rank (one for a single-stage
-    schedule, ``V`` for a multi-stage one)."""
-    stages = getattr(schedule, "_stages", None)
-    if stages is None:
-        stages = [getattr(schedule, "_stage")]
-    return list(stages)
-
-
 def schedule_table(schedule: Any) -> Table:
     """The compute actions of a torch schedule's action table, as pybubble's
     :data:`~pybubble.llm.tables.Table` (``{rank: [Action]}``, in each rank's order of execution).

@@ -1,21 +1,29 @@
-"""A small multimodal LLM trained with a 1F1B pipeline over CPU ranks (gloo) or GPUs (NCCL, one per
-rank), its vision encoder run by pybubble.runtime.EncoderRuntime the Megatron way (inside stage 0),
-coarse (spread over the ranks, before and after the LLM) or pybubble (its pieces inside the
-pipeline's bubbles). User code of the runtime's API: the runtime does the profiling, the plan,
-the encoder's gradient sync and the process launch.
+"""A small multimodal LLM trained with a pipeline (1F1B, or another torch.distributed.pipelining
+schedule) over CPU ranks (gloo) or GPUs (NCCL, one per
+rank), on a DeviceMesh ("pp", "dp") as torchtitan builds it, its LLM stages sharded with FSDP2 or
+wrapped in DDP over "dp", its vision encoder run by pybubble.runtime.EncoderRuntime the Megatron
+way (inside stage 0), coarse (spread over the ranks, before and after the LLM) or pybubble (its
+pieces inside the pipeline's bubbles). User code of the runtime's API: the runtime does the
+profiling, the plan and the encoder's gradient sync.
 
+    python -m torch.distributed.run --nproc-per-node 2 examples/mllm.py --mode pybubble --steps 8
+    python -m torch.distributed.run --nproc-per-node 4 examples/mllm.py --dp 2 --pp 2 --dp-wrap ddp
     python examples/mllm.py --ranks 2 --steps 20 --mode pybubble [--encoder vit|timm|clip] [--profile DIR]
         [--schedule 1f1b|gpipe|interleaved_1f1b|interleaved_zb|zbv|dualpipev] [--chunks V]
     pybubble measure DIR --predict DIR/plan.json
+
+Without torchrun the example starts its ranks itself (pybubble.runtime.launch, the same code path).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -28,7 +36,7 @@ from torch import nn
 from torch.distributed import pipelining
 
 import pybubble
-from pybubble.runtime import PLACEMENTS, EncoderRuntime, launch, llm_stream
+from pybubble.runtime import PLACEMENTS, EncoderRuntime, launch, llm_stream, run_rank
 from pybubble.runtime.cuda import serialised_streams_note
 
 ENCODERS = ("vit", "timm", "clip")
@@ -39,6 +47,10 @@ SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved_1f1b
 rank in a V: the first and the last stage on rank 0)."""
 SINGLE_STAGE = ("1f1b", "gpipe")
 V_SHAPED = ("zbv", "dualpipev")
+DP_WRAPS = ("fsdp", "ddp")
+FAULTS = ("raise", "kill", "stall", "encoder", "slow")
+"""Injected faults (tests): raise before the step, SIGKILL in the middle of a forward, sleep far
+past the timeout there, raise inside an encoder piece, or run every LLM forward twice as long."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -304,31 +316,132 @@ def reference_checksum(cfg: ModelConfig, ranks: int, steps: int, kind: str = "vi
 
 
 # -- one rank: the training loop ---------------------------------------------------------------
-def train(rank: int, args: argparse.Namespace) -> dict:
-    """One rank's training loop (the process group is set up by ``launch``)."""
-    cfg, kind, ranks = config(args), args.encoder, args.ranks
+def replica_slice(x: torch.Tensor, cfg: ModelConfig, dp: int, replica: int) -> torch.Tensor:
+    """Data-parallel replica ``replica``'s share of a step's batch: its ``microbatch_size / dp``
+    samples of every microbatch (the replicas' averaged gradients are the whole batch's)."""
+    per = cfg.microbatch_size // dp
+    m = cfg.microbatches
+    return x.view(m, cfg.microbatch_size, *x.shape[1:])[:, replica * per:(replica + 1) * per].reshape(m * per, *x.shape[1:])
+
+
+def full_checksum(module: nn.Module) -> float:
+    """float64 sum of a module's parameters, FSDP2-sharded ones gathered (a collective over dp)."""
+    return float(sum((p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().sum()
+                     for p in module.parameters()))
+
+
+class Fault:
+    """An injected fault (``--fault`` on ``--fail-rank`` at ``--fail-step``): see :data:`FAULTS`."""
+
+    def __init__(self, args: argparse.Namespace, rank: int):
+        self.kind, self.step = args.fault, args.fail_step
+        self.on = rank == args.fail_rank
+        self.rank, self.timeout = rank, args.timeout
+        self.now = -1
+        """The running step."""
+
+    def before_step(self, step: int) -> None:
+        self.now = step
+        if self.on and self.kind == "raise" and step == self.step:
+            raise RuntimeError(f"injected fault on rank {self.rank} at step {step} (--fail-rank/--fail-step)")
+
+    def _here(self) -> bool:
+        return self.on and self.now == self.step
+
+    def stage_hooks(self, module: nn.Module) -> None:
+        """Faults inside the LLM stage's forward."""
+        started: list[float] = []
+
+        def pre(_m, _args):
+            started.append(time.perf_counter())
+            if self._here() and self.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self._here() and self.kind == "stall":
+                time.sleep(20 * self.timeout)
+
+        def post(_m, _args, _out):
+            took = time.perf_counter() - started.pop()
+            if self.on and self.kind == "slow":
+                time.sleep(took)  # a straggler: every forward twice as long, every step
+
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+
+    def encoder_pieces(self, runtime: EncoderRuntime) -> None:
+        """A fault inside the encoder's last piece."""
+        if not (self.on and self.kind == "encoder"):
+            return
+        piece = runtime.pieces[-1]
+
+        def fn(*state):
+            if self._here():
+                raise RuntimeError(f"injected fault in encoder piece {piece.name} on rank {self.rank} at step {self.now}")
+            return piece.fn(*state)
+
+        runtime.pieces[-1] = dataclasses.replace(piece, fn=fn)
+
+
+def build_mesh(args: argparse.Namespace, device: torch.device):
+    """The trainer's DeviceMesh: ("pp", "dp"), pp outermost as torchtitan orders its dimensions."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (args.pp, args.dp), mesh_dim_names=("pp", "dp"))
+
+
+def data_parallel(stage_module: nn.Module, args: argparse.Namespace, mesh) -> nn.Module:
+    """A stage's module as the pipeline runs it: sharded with FSDP2 (each block, then the whole)
+    or wrapped in DDP over the mesh's "dp", or as it is without data parallelism."""
+    if args.dp > 1 and args.dp_wrap == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in stage_module.blocks:
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(stage_module, mesh=mesh["dp"])
+        return stage_module
+    if args.dp > 1:
+        return nn.parallel.DistributedDataParallel(stage_module, process_group=mesh["dp"].get_group())
+    return stage_module
+
+
+def train(rank: int, args: argparse.Namespace) -> list[dict] | None:
+    """One rank's training loop (the process group is set up by torchrun or ``launch``); rank 0
+    returns every rank's figures."""
+    cfg, kind = config(args), args.encoder
     m = cfg.microbatches
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    mesh = build_mesh(args, device)
+    pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
     encoder = build_encoder(cfg, kind).to(device)
     chunks = chunks_of(args)
-    mine = stages_of_rank(rank, ranks, args.schedule, chunks)
-    every_stage = build_stages(cfg, ranks, kind, chunks)
+    mine = stages_of_rank(pp_rank, args.pp, args.schedule, chunks)  # this rank's stages
+    every_stage = build_stages(cfg, args.pp, kind, chunks)
     stage_modules = [every_stage[s].to(device) for s in mine]
-    stages = [pipelining.PipelineStage(mod, s, ranks * chunks, device) for mod, s in zip(stage_modules, mine)]
+    fault = Fault(args, rank)
+    llms = []
+    for s, stage_module in zip(mine, stage_modules):
+        if s == 0:
+            stage_module.image_shape = (cfg.microbatch_size // args.dp, *stage_module.image_shape[1:])
+        fault.stage_hooks(stage_module)
+        llms.append(data_parallel(stage_module, args, mesh))
+    stages = [pipelining.PipelineStage(llm, s, args.pp * chunks, device, group=mesh["pp"].get_group())
+              for llm, s in zip(llms, mine)]
     schedule_class = getattr(pipelining, SCHEDULES[args.schedule])
     schedule = schedule_class(stages[0] if args.schedule in SINGLE_STAGE else stages, m, loss_fn=loss_fn(cfg),
                               scale_grads=False)
+    share = lambda x: replica_slice(x, cfg, args.dp, dp_rank)  # noqa: E731
     images, _, _ = make_batch(cfg, 0, kind)
-    # The runtime: pieces traced on one microbatch; on CUDA the gradient sum goes through NCCL.
+    # The runtime on the trainer's mesh: pieces traced on one microbatch; on CUDA the gradient sums
+    # go through the mesh's NCCL groups.
     runtime = EncoderRuntime(encoder, stage=stages[0] if len(stages) == 1 else stages, schedule=schedule,
-                             mode=args.mode, example=images[:cfg.microbatch_size], device=device,
-                             grad_group=dist.group.WORLD if device.type == "cuda" else None)
-    first, last = 0 in mine, ranks * chunks - 1 in mine
+                             mode=args.mode, mesh=mesh, microbatches=m,
+                             example=share(images)[:cfg.microbatch_size // args.dp], device=device)
+    fault.encoder_pieces(runtime)
+    first, last = 0 in mine, args.pp * chunks - 1 in mine
     if first:
         stage_modules[mine.index(0)].encoder_output = runtime.encoder_output
     trace_path = os.environ.get("PYBUBBLE_TRACE")  # the last step's tasks, ops and waits per rank
     runtime.trace = bool(trace_path)
-    opt = torch.optim.SGD([*encoder.parameters(), *(p for mod in stage_modules for p in mod.parameters())], lr=cfg.lr)
+    opt = torch.optim.SGD([*encoder.parameters(), *(p for llm in llms for p in llm.parameters())], lr=cfg.lr)
     profiler = None
     if args.profile:
         activities = [torch.profiler.ProfilerActivity.CPU] + (
@@ -337,13 +450,21 @@ def train(rank: int, args: argparse.Namespace) -> dict:
     ends = []
     with torch.cuda.stream(llm_stream(device)) if device.type == "cuda" else contextlib.nullcontext():
         for step in range(args.steps):
-            if rank == args.fail_rank and step == args.fail_step:
-                raise RuntimeError(f"injected fault on rank {rank} at step {step} (--fail-rank/--fail-step)")
-            images, tokens, targets = make_batch(cfg, step, kind)
+            fault.before_step(step)
+            images, tokens, targets = (share(x) for x in make_batch(cfg, step, kind))
             if profiler is not None and step == args.steps - 1:
                 profiler.start()  # the last step only
             args_ = (tokens.to(device), torch.arange(m)) if first else ()
-            runtime.step(images, *args_, **({"target": targets.to(device)} if last else {}))
+            # torch 2.13: the first step infers the stages' shapes by running them for real, outside
+            # DDP's no_sync, and that extra backward breaks the reducer's first bucket rebuild
+            # ("rebuilt parameter indices size is not same as original model parameters size",
+            # plain Schedule1F1B too). Under no_sync it is not recorded; the schedule still prepares
+            # and all-reduces the last microbatch's backward.
+            with contextlib.ExitStack() as no_sync:
+                for llm in llms:
+                    if step == 0 and isinstance(llm, nn.parallel.DistributedDataParallel):
+                        no_sync.enter_context(llm.no_sync())
+                runtime.step(images, *args_, **({"target": targets.to(device)} if last else {}))
             opt.step()
             opt.zero_grad()
             if device.type == "cuda":
@@ -361,20 +482,35 @@ def train(rank: int, args: argparse.Namespace) -> dict:
         profiler.export_chrome_trace(os.path.join(args.profile, f"rank{rank}.json"))
         if rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
             pybubble.save_trace(runtime.placement.timeline, os.path.join(args.profile, "plan.json"))
+    stage_sum = sum(full_checksum(mod) for mod in stage_modules)  # every rank: FSDP2 gathers its shards over dp
     mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
             "predicted": [r["predicted_s"] for r in runtime.records],
-            "checksum": checksum(stage_modules + ([encoder] if rank == 0 else [])),
+            # each parameter once: the stage of dp replica 0, the encoder of rank 0
+            "checksum": (stage_sum if dp_rank == 0 else 0.0) + (checksum([encoder]) if rank == 0 else 0.0),
             "filler": runtime.records[-1]["filler"], "filled": [r["filler"]["filled"] for r in runtime.records],
+            "waits": [r["waits"] for r in runtime.records], "costs": asdict(runtime.costs),
             "overruns": [r["filler"]["overruns"] for r in runtime.records],
-            "held_max_s": [r["filler"]["held_max_s"] for r in runtime.records],
-            "costs": asdict(runtime.costs)}
-    every: list = [None] * ranks
-    dist.all_gather_object(every, mine, group=runtime.group)
-    return every
+            "held_max_s": [r["filler"]["held_max_s"] for r in runtime.records]}
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every if rank == 0 else None
+
+
+def settled_waits(every: list[dict], settled: list[int]) -> list[dict]:
+    """Per rank, per kind of wait: seconds waited and seconds filled, summed over the settled
+    steps (None: a kind not observed)."""
+    out = []
+    for e in every:
+        kinds = {}
+        for kind in ("pp", "dp", "tp"):
+            seen = [e["waits"][s][kind] for s in settled if e["waits"][s][kind] is not None]
+            kinds[kind] = None if not seen else {f: sum(w[f] for w in seen) for f in ("waited_s", "filled_s")}
+        out.append(kinds)
+    return out
 
 
 def report(args: argparse.Namespace, every: list[dict]) -> dict:
-    """The run's report (pybubble.runtime_report/2): step s takes from the last rank's end of step
+    """The run's report (pybubble.runtime_report/3): step s takes from the last rank's end of step
     s - 1 (for step 0: the first rank's start) to the last rank's end of step s, everything
     included (the runtime's planning and barriers, the optimizer)."""
     steps = args.steps
@@ -383,14 +519,17 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
     settled = list(range(min(2, steps - 1), steps))  # step 0 profiles, step 1 is the first adapted plan
     predicted = every[0]["predicted"]
     return {
-        "format": "pybubble.runtime_report/2", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
+        "format": "pybubble.runtime_report/3", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
         "schedule": args.schedule, "chunks": chunks_of(args),
+        "pp": args.pp, "dp": args.dp, "dp_wrap": args.dp_wrap if args.dp > 1 else None,
+        "launcher": "torchrun" if args.torchrun else "launch",
         "steps": steps, "size": args.size, "device": args.device, "step_times_s": step_times,
         "predicted_steps_s": predicted, "settled_steps": settled,
         "median_step_s": statistics.median(step_times[s] for s in settled),
         "predicted_step_s": statistics.median(predicted[s] for s in settled),
         "param_checksum": sum(e["checksum"] for e in every), "costs": every[0]["costs"],
         "filler": [e["filler"] for e in every], "filled_per_step": [e["filled"] for e in every],
+        "waits": settled_waits(every, settled),
         # per rank, over the settled steps: LLM ops held up by a task longer than its estimate,
         # and the longest hold-up (at most one piece)
         "overruns": [sum(e["overruns"][s] for s in settled) for e in every],
@@ -411,18 +550,31 @@ def config(args: argparse.Namespace) -> ModelConfig:
     return cfg
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Launches the ranks and returns the report (raises ``RuntimeError`` when a rank failed)."""
-    every = launch(train, args.ranks, args, backend="nccl" if args.device == "cuda" else "gloo", timeout=args.timeout)
+def finish(args: argparse.Namespace, every: list[dict]) -> dict:
+    """The report, with the single-process reference's checksum when asked."""
     out = report(args, every)
     if args.reference:
-        out["reference_checksum"] = reference_checksum(config(args), args.ranks, args.steps, args.encoder)
+        out["reference_checksum"] = reference_checksum(config(args), args.pp, args.steps, args.encoder)
     return out
+
+
+def backend(args: argparse.Namespace) -> str:
+    return "nccl" if args.device == "cuda" else "gloo"
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Launches the ranks (pybubble.runtime.launch) and returns the report (raises
+    ``RuntimeError`` when a rank failed)."""
+    return finish(args, launch(train, args.ranks, args, backend=backend(args), timeout=args.timeout))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/mllm.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=2, help="pipeline stages, one process each (default 2)")
+    p.add_argument("--ranks", type=int, default=0,
+                   help="processes to start (without torchrun; default dp x pp, or 2)")
+    p.add_argument("--pp", type=int, default=0, help="pipeline stages, one rank each (default: ranks / dp)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (default 1)")
+    p.add_argument("--dp-wrap", default="fsdp", help=f"how the LLM's stages are data-parallel: {', '.join(DP_WRAPS)}")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--mode", default="pybubble", help="megatron, coarse or pybubble")
     p.add_argument("--encoder", default="vit", help=f"the vision encoder: {', '.join(ENCODERS)}")
@@ -434,16 +586,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits for a failed peer")
     p.add_argument("--fail-rank", type=int, default=-1, help="inject a fault on this rank (tests)")
     p.add_argument("--fail-step", type=int, default=0, help="... at this step")
+    p.add_argument("--fault", default="raise", help=f"... of this kind: {', '.join(FAULTS)}")
     p.add_argument("--reference", action="store_true", help="also train in one process and report its checksum")
     p.add_argument("--schedule", default="1f1b", help=f"the pipeline schedule: {', '.join(SCHEDULES)}")
     p.add_argument("--chunks", type=int, default=0,
                    help="stages per rank (default: 1; 2 for zbv and dualpipev, which need 2)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.torchrun = "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    args.given_ranks = args.ranks
+    if args.torchrun:
+        args.ranks = int(os.environ["WORLD_SIZE"])
+    elif not args.ranks:
+        args.ranks = args.dp * args.pp if args.pp else 2 * args.dp
+    if not args.pp and args.dp >= 1:
+        args.pp = args.ranks // args.dp
+    return args
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if args.torchrun and args.given_ranks and args.given_ranks != args.ranks:
+        raise ValueError(f"ranks: {args.given_ranks} but torchrun started {args.ranks} processes")
     if args.ranks < 2:
         raise ValueError(f"ranks: {args.ranks} is not >= 2")
+    if args.dp < 1:
+        raise ValueError(f"dp: {args.dp} is not >= 1")
+    if args.dp * args.pp != args.ranks:
+        raise ValueError(f"pp: dp {args.dp} x pp {args.pp} is not the {args.ranks} ranks")
+    if args.pp < 2:
+        raise ValueError(f"pp: {args.pp} is not >= 2")
+    if args.dp_wrap not in DP_WRAPS:
+        raise ValueError(f"dp_wrap: {args.dp_wrap!r} is not one of {', '.join(DP_WRAPS)}")
     if args.steps < 1:
         raise ValueError(f"steps: {args.steps} is not >= 1")
     if args.mode not in PLACEMENTS:
@@ -456,7 +628,7 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"device: {args.device!r} is not one of cpu, cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' but no CUDA device is available (torch.cuda.is_available() is False)")
-    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks and not args.torchrun:
         # NCCL refuses two ranks of one communicator on the same GPU.
         raise ValueError(f"device: 'cuda' needs one GPU per rank ({args.ranks} ranks, "
                          f"{torch.cuda.device_count()} GPUs)")
@@ -464,6 +636,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"timeout: {args.timeout} is not > 0")
     if args.fail_rank >= args.ranks:
         raise ValueError(f"fail_rank: {args.fail_rank} is not a rank (< {args.ranks})")
+    if args.fault not in FAULTS:
+        raise ValueError(f"fault: {args.fault!r} is not one of {', '.join(FAULTS)}")
     if args.schedule not in SCHEDULES:
         raise ValueError(f"schedule: {args.schedule!r} is not one of {', '.join(SCHEDULES)}")
     if not hasattr(pipelining, SCHEDULES[args.schedule]):
@@ -476,18 +650,28 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs one")
     if args.schedule in V_SHAPED and chunks != 2:
         raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs two (a V)")
-    layers = args.ranks * SIZES[args.size].llm_layers_per_stage
-    if layers % (args.ranks * chunks):
+    layers = args.pp * SIZES[args.size].llm_layers_per_stage
+    if layers % (args.pp * chunks):
         raise ValueError(f"chunks: the {layers} GPT blocks of size {args.size!r} do not split into "
-                         f"{args.ranks} x {chunks} stages")
-    if args.schedule == "dualpipev" and config(args).microbatches < args.ranks * chunks:
-        raise ValueError(f"microbatches: dualpipev needs at least one per stage ({args.ranks * chunks}), "
+                         f"{args.pp} x {chunks} stages")
+    if args.schedule == "dualpipev" and config(args).microbatches < args.pp * chunks:
+        raise ValueError(f"microbatches: dualpipev needs at least one per stage ({args.pp * chunks}), "
                          f"size {args.size!r} has {config(args).microbatches}")
     if args.microbatches < 0:
         raise ValueError(f"microbatches: {args.microbatches} is not >= 1")
-    if config(args).microbatches < args.ranks:
-        raise ValueError(f"ranks: {args.ranks} exceeds the {config(args).microbatches} microbatches of size "
-                         f"{args.size!r}")
+    cfg = config(args)
+    if cfg.microbatches < args.pp:
+        raise ValueError(f"pp: {args.pp} exceeds the {cfg.microbatches} microbatches of size {args.size!r}")
+    if cfg.microbatch_size % args.dp:
+        raise ValueError(f"dp: {args.dp} does not divide the microbatch size {cfg.microbatch_size} of size {args.size!r}")
+
+
+def write_report(args: argparse.Namespace, out: dict) -> None:
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(out, f, indent=1)
+    print(f"{args.mode} ({args.encoder}): median step {out['median_step_s'] * 1e3:.1f} ms, predicted "
+          f"{out['predicted_step_s'] * 1e3:.1f} ms, param_checksum {out['param_checksum']:.9g}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -495,20 +679,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if not args.torchrun or os.environ.get("RANK") == "0":
+            print(f"error: {e}", file=sys.stderr)
         return 2
     if args.device == "cuda" and (note := serialised_streams_note()):
         print(f"note: {note}", file=sys.stderr)
+    if args.torchrun:  # this process is one rank; torchrun ends the others when one fails
+        every = run_rank(train, args, backend=backend(args), timeout=args.timeout)
+        if every is not None:
+            write_report(args, finish(args, every))
+        return 0
     try:
         out = run(args)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.report:
-        with open(args.report, "w") as f:
-            json.dump(out, f, indent=1)
-    print(f"{args.mode} ({args.encoder}): median step {out['median_step_s'] * 1e3:.1f} ms, predicted "
-          f"{out['predicted_step_s'] * 1e3:.1f} ms, param_checksum {out['param_checksum']:.9g}")
+    write_report(args, out)
     return 0
 
 

@@ -42,6 +42,18 @@ def check_torch_version(version: str | None = None) -> None:
             f"{', '.join(SUPPORTED_TORCH)})")
 
 
+def schedule_microbatches(schedule) -> int:
+    """The microbatches per step of a ``torch.distributed.pipelining`` schedule: the count it was
+    built with. torch keeps it in a private attribute (``_n_microbatches``; no public accessor in
+    the supported versions): this is the one place that reads it (a trainer may pass
+    ``microbatches=`` to :class:`~pybubble.runtime.EncoderRuntime` instead)."""
+    n = getattr(schedule, "_n_microbatches", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"schedule: {type(schedule).__name__} has no microbatch count (_n_microbatches = {n!r}); "
+                         "pass microbatches=")
+    return n
+
+
 def schedule_table(schedule: Any) -> Table:
     """The compute actions of a torch schedule's action table, as pybubble's
     :data:`~pybubble.llm.tables.Table` (``{rank: [Action]}``, in each rank's order of execution).
@@ -55,7 +67,7 @@ def schedule_table(schedule: Any) -> Table:
     single = {"Schedule1F1B": one_f_one_b, "ScheduleGPipe": gpipe}
     for cls in type(schedule).__mro__:
         if cls.__module__ == _schedules.__name__ and cls.__name__ in single:
-            return single[cls.__name__](schedule._num_stages, schedule._n_microbatches)
+            return single[cls.__name__](schedule._num_stages, schedule_microbatches(schedule))
     order = getattr(schedule, "pipeline_order", None)
     if not order:
         raise ValueError(f"schedule: {type(schedule).__name__} has no pipeline_order (action table)")

@@ -47,6 +47,8 @@ SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved_1f1b
 rank in a V: the first and the last stage on rank 0)."""
 SINGLE_STAGE = ("1f1b", "gpipe")
 V_SHAPED = ("zbv", "dualpipev")
+SPLIT_BACKWARD = ("interleaved_zb", "zbv", "dualpipev")
+"""Schedules that split some backwards into I and W."""
 DP_WRAPS = ("fsdp", "ddp")
 FAULTS = ("raise", "kill", "stall", "encoder", "slow")
 """Injected faults (tests): raise before the step, SIGKILL in the middle of a forward, sleep far
@@ -650,6 +652,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs one")
     if args.schedule in V_SHAPED and chunks != 2:
         raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs two (a V)")
+    if args.schedule in SPLIT_BACKWARD and args.dp > 1:
+        # Seen with torch 2.13: the three modes agree with each other but not with the
+        # single-process training (FSDP2 and DDP alike), while 1f1b, gpipe and interleaved_1f1b do.
+        raise ValueError(f"schedule: {args.schedule!r} splits the backward (I, W), which does not reach the "
+                         f"single-process parameters with --dp {args.dp} here; use 1f1b, gpipe or interleaved_1f1b")
     layers = args.pp * SIZES[args.size].llm_layers_per_stage
     if layers % (args.pp * chunks):
         raise ValueError(f"chunks: the {layers} GPT blocks of size {args.size!r} do not split into "

@@ -68,15 +68,17 @@ def one_f_one_b(tmp_path_factory) -> float:
 
 
 @pytest.mark.parametrize("schedule, modes", [
-    (["--schedule", "interleaved_1f1b", "--chunks", 2], PLACEMENTS),
-    (["--schedule", "zbv"], PLACEMENTS),
-    (["--schedule", "interleaved_zb", "--chunks", 2], ("pybubble",)),
-    (["--schedule", "gpipe"], ("pybubble",)),
+    (["--ranks", 2, "--schedule", "interleaved_1f1b", "--chunks", 2], PLACEMENTS),
+    (["--ranks", 2, "--schedule", "zbv"], PLACEMENTS),
+    (["--ranks", 2, "--schedule", "interleaved_zb", "--chunks", 2], ("pybubble",)),
+    (["--ranks", 2, "--schedule", "gpipe"], ("pybubble",)),
+    # two stages per rank beside data parallelism (4 processes on 2 cores: correctness only)
+    (["--dp", 2, "--pp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2], ("pybubble",)),
 ])
 def test_multi_stage_schedules_reach_the_parameters_of_1f1b(tmp_path, one_f_one_b, schedule, modes):
-    # The same GPT cut into 2 x V stages: the modes agree with each other, with the unsplit
+    # The same GPT cut into pp x V stages: the modes agree with each other, with the unsplit
     # single-process training and with --schedule 1f1b.
-    sums, reference = checksums(tmp_path, "--ranks", 2, *schedule, modes=modes)
+    sums, reference = checksums(tmp_path, *schedule, modes=modes)
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
         assert s == pytest.approx(one_f_one_b, rel=1e-6), mode
@@ -194,6 +196,9 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout():
      "error: chunks: the 4 GPT blocks of size 'small' do not split into 2 x 3 stages"),
     (["--schedule", "dualpipev", "--size", "tiny"],
      "error: microbatches: dualpipev needs at least one per stage (4), size 'tiny' has 2"),
+    (["--schedule", "zbv", "--dp", 2, "--pp", 2],
+     "error: schedule: 'zbv' splits the backward (I, W), which does not reach the single-process parameters "
+     "with --dp 2 here; use 1f1b, gpipe or interleaved_1f1b"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message):
     r = mllm(*args)

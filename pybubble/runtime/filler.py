@@ -130,7 +130,7 @@ class FillerStats:
     the front and the drain): the rank's idle time outside collectives."""
     held_s: float = 0.0
     """CPU: how long the LLM's ops were held up by tasks: from the arrival of what a wait waited
-    for to the end of the task then running, summed over the waits."""
+    for (pipeline and data-parallel waits) to the end of the task then running, summed."""
     held_max_s: float = 0.0
     """CPU: the longest such hold-up (at most one piece: no task starts once the input is there)."""
     overruns: int = 0
@@ -425,6 +425,8 @@ class BubbleFiller:
         self.stats.dp_waits += 1
         t = time.perf_counter()
         ran, count = 0.0, 0
+        last: FillTask | None = None
+        last_end = 0.0
         self._in_wait = True
         try:
             with record_function(_WAIT):
@@ -442,10 +444,12 @@ class BubbleFiller:
                             if task is None:
                                 break
                             ran += self._run(task)
+                            last, last_end = task, time.perf_counter()
                             count += 1
                 for p in probes:
                     p.result()
                 completed = max((p.done_at for p in probes), default=t)
+                self._note_hold(last, last_end, completed)
         finally:
             self._in_wait = False
             end = time.perf_counter()
@@ -456,6 +460,16 @@ class BubbleFiller:
             self.stats.dp_filled_s += ran
             self.stats.dp_filled += count
         return 0.0 if completed is None else max(0.0, completed - t)
+
+    def _note_hold(self, last: FillTask | None, last_end: float, arrived: float) -> None:
+        """Counts the hold-up of a wait whose works completed (``arrived``) while its last task
+        (``last``, ended at ``last_end``) ran: the op waited for the task's end."""
+        if last is None or last_end <= arrived:
+            return
+        held = last_end - arrived
+        self.stats.held_s += held
+        self.stats.held_max_s = max(self.stats.held_max_s, held)
+        self.stats.overruns += held > last.duration_s
 
     def _deadline(self, arrival_s: float | None, gap_s: float) -> float:
         """The predicted end of the current gap (CPU, perf_counter seconds): the predicted arrival
@@ -501,12 +515,7 @@ class BubbleFiller:
         for p in probes:
             p.result()
         arrived = max(p.done_at for p in probes)
-        if last is not None and last_end > arrived:
-            # The input came while the last task ran: the op waited for the task's end.
-            held = last_end - arrived
-            self.stats.held_s += held
-            self.stats.held_max_s = max(self.stats.held_max_s, held)
-            self.stats.overruns += held > last.duration_s
+        self._note_hold(last, last_end, arrived)
         self.stats.waited_s += max(0.0, time.perf_counter() - entered - ran)
         if arrival_s is not None and arrived > entered:
             self._drift = arrived - (self._frame0 + arrival_s)

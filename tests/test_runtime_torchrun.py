@@ -124,12 +124,16 @@ BAD_GROUPS = textwrap.dedent("""
         "both": dict(mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("pp",)), pp_group=dist.group.WORLD),
         "zero": dict(microbatches=0),
     }
+    ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+    ddp.register_comm_hook(None, lambda state, bucket: None)  # the trainer's own hook: DDP takes one
+    ddp_stage = PipelineStage(ddp, 0, 1, torch.device("cpu"))
+    cases["hooked"] = dict(stage=ddp_stage, schedule=Schedule1F1B(ddp_stage, 2, loss_fn=lambda y, t: y.sum()))
     for name, kwargs in cases.items():
+        kwargs = {"stage": stage, "schedule": schedule, **kwargs}
         try:
-            EncoderRuntime(encoder, stage=stage, schedule=schedule, mode="pybubble", example=torch.ones(2, 4),
-                           **kwargs)
+            EncoderRuntime(encoder, mode="pybubble", example=torch.ones(2, 4), **kwargs)
         except ValueError as e:
-            print(f"{name}: {e}")
+            print(f"{name}: {e}".splitlines()[0])
     dist.destroy_process_group()
 """)
 
@@ -143,8 +147,10 @@ def test_bad_groups_and_counts_raise_value_errors_naming_the_field():
     r = subprocess.run([sys.executable, "-c", BAD_GROUPS], capture_output=True, text=True, timeout=120,
                        cwd=Path(tempfile.gettempdir()), env={**os.environ, "PORT": str(port)})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.splitlines() == [
+    lines = r.stdout.splitlines()
+    assert lines[:3] == [
         "no pp: mesh: no 'pp' dimension (its dimensions: ('dp',))",
         "both: mesh: give a mesh or pp_group/dp_group, not both",
         "zero: microbatches: 0 is not an integer >= 1 (the pp ranks)",
     ]
+    assert len(lines) == 4 and lines[3].startswith("hooked: stage: its DDP module already has a communication hook (")

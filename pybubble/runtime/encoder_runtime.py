@@ -157,8 +157,8 @@ class EncoderRuntime:
             raise ValueError(f"microbatches: {microbatches}, the schedule's table runs {in_table}")
         self.microbatches = microbatches
         self.group = group if group is not None else self._own_group(mesh)
-        kinds = [observe_data_parallel(getattr(st, "submod", None) or nn.Module(), self._wait_dp, self.dp_group)
-                 for st in self.stages]
+        kinds = [observe_data_parallel(st.submod, self._wait_dp, self.dp_group)
+                 for st in self.stages if getattr(st, "submod", None) is not None]
         self.data_parallel = next((k for k in kinds if k is not None), None)
         """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
         self._dp_seen: list[float] = []

@@ -26,7 +26,7 @@ from rich.table import Table
 from . import __version__
 from .config.checks import finite, integer, interval
 from .problem.problem import load_problem
-from .schedule.scheduler import POLICIES, load_schedule, schedule
+from .schedule.scheduler import POLICIES, load_schedule, schedule_problem
 from .schedule.validator import validate
 
 console = Console(highlight=False)
@@ -125,7 +125,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     """Schedule a problem file's encoder tasks into its bubbles and print the step."""
     problem = load_problem(args.problem)
     t0 = time.perf_counter()
-    sched = schedule(problem, args.policy)
+    sched = schedule_problem(problem, args.policy)
     took = time.perf_counter() - t0
     if args.output:
         sched.save(args.output)

@@ -101,7 +101,7 @@ def test_a_config_with_one_value_replaced_loads_or_raises_value_error(tmp_path, 
 @given(seed=st.integers(0, 10_000), data=st.data())
 def test_a_schedule_with_one_value_replaced_loads_and_validates_or_raises_value_error(tmp_path, seed, data):
     problem = random_problem(seed)
-    doc = pybubble.schedule(problem).to_dict()
+    doc = pybubble.schedule_problem(problem).to_dict()
     doc = replaced(doc, data.draw(st.sampled_from(paths_in(doc))), data.draw(VALUES))
     path = tmp_path / "s.json"
     path.write_text(json.dumps(doc))

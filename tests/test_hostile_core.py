@@ -88,13 +88,13 @@ def test_problem_arrays_refuse_lossy_dtypes(key, value, message):
 
 def test_problem_arrays_accept_lossless_dtypes_in_any_order():
     a = small_arrays()
-    ref = pybubble.schedule(from_flat(a))
+    ref = pybubble.schedule_problem(from_flat(a))
     a["lane"] = a["lane"].astype(np.uint8)
     a["after"] = np.asarray(a["after"], np.int16)
     a["duration"] = np.asfortranarray(a["duration"].astype(np.int32))[::-1][::-1]
     a["compute_start"] = a["compute_start"].astype(">f8")  # big-endian
     p = from_flat(a)
-    assert np.array_equal(pybubble.schedule(p).start, ref.start)
+    assert np.array_equal(pybubble.schedule_problem(p).start, ref.start)
 
 
 def pipeline_spec(**change):

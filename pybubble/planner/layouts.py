@@ -32,7 +32,7 @@ from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline, Windows
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem
-from ..schedule.scheduler import schedule
+from ..schedule.scheduler import schedule_problem
 from .search import Candidate, encoder_tp_ok, encoder_work
 
 
@@ -239,7 +239,7 @@ def separate(step: LLMStep) -> Separate:
         whole = Windows.whole(pp_enc * n, 0.0, horizon)
         problem = Problem.on_timeline(timeline, work.tasks(partition), windows=(whole, whole),
                                       lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
-        cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem),
+        cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
                          memory_bytes=memory)
         option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
         if best is None or option.step_time * (gpus + extra) < best.step_time * (gpus + best.extra_gpus):

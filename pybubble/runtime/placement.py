@@ -17,7 +17,7 @@ from ..config.checks import finite, one_of
 from ..llm.timeline import Timeline, simulate_pipeline
 from ..problem.arrays import Tasks
 from ..problem.problem import Problem
-from ..schedule.scheduler import Schedule, schedule
+from ..schedule.scheduler import Schedule, schedule_problem
 from .cuda import SideStream
 from .filler import BubbleFiller, FillTask
 
@@ -132,7 +132,7 @@ def make_placement(mode: str, costs: MeasuredCosts, microbatches: int) -> Placem
                     assignment=list(range(microbatches)), start_s=None, problem=None, schedule=None)
     timeline = measured_timeline(costs, microbatches)
     problem = Problem.on_timeline(timeline, piece_tasks(costs, producer))
-    sched = schedule(problem, "coarse" if mode == "coarse" else "greedy")
+    sched = schedule_problem(problem, "coarse" if mode == "coarse" else "greedy")
     return Placement(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
                 start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched)
 

@@ -62,3 +62,9 @@ def test_microbatch_loads_in_order_or_by_assignment():
         microbatch_loads(cost, 4)
     with pytest.raises(ValueError, match="assignment"):
         microbatch_loads(cost, 2, np.array([0, 1, 2, 0, 1, 0]))
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, float("inf"), 1.5, "0"])
+def test_a_seed_that_is_no_64_bit_integer_is_a_value_error(seed):
+    with pytest.raises(ValueError, match="seed"):
+        next(batches(WorkloadSpec(), samples=4, steps=1, seed=seed))

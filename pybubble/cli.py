@@ -251,9 +251,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         t.add_row(row.name, f"{row.step_time / 1e3:,.1f}", f"{megatron / row.step_time:.3f}x",
                   f"{report.mfu(row.step_time, row.gpus):.1%}",
                   "-" if row.hidden_fraction is None else f"{row.hidden_fraction:.1%}",
-                  f"{row.memory_bytes / 1e9:.1f}", f"{row.gpus:,}",
+                  f"{row.memory_bytes / 1e9:.1f}" + ("" if row.fits else " *"), f"{row.gpus:,}",
                   style="bold" if row.name == "pybubble" else None)
     console.print(t)
+    if not all(row.fits for row in rows):
+        console.print(f"* more than memory_gb ({c.memory_gb:g} GB per GPU): does not fit, not compared")
     layouts = Table.grid(padding=(0, 2))
     layouts.add_column(no_wrap=True)
     layouts.add_column(overflow="fold")
@@ -273,10 +275,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.plot:
         with drawing(args.plot):
             report.save_plot(args.plot, window=window)
-    best = report.best
-    summary("plan", step_ms=best.step_time / 1e3, vs_megatron=megatron / best.step_time,
-            vs_coarse=report.baselines["coarse"].step_time / best.step_time, hidden=best.hidden_fraction,
-            planner_s=report.planner_seconds)
+    step = report.step_time
+    summary("plan", step_ms=step / 1e3, vs_megatron=megatron / step, vs_coarse=report.baselines["coarse"].step_time / step,
+            hidden=report.hidden_fraction or 0.0, planner_s=report.planner_seconds)
     return 0
 
 

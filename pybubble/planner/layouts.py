@@ -50,6 +50,13 @@ class Baseline:
     """The simulated step (megatron and megatron_balanced)."""
     layout: str = ""
     """How the layers are placed, in words."""
+    memory_limit: float = float("inf")
+    """The config's memory per GPU (bytes): a layout above it does not fit and is not compared."""
+
+    @property
+    def fits(self) -> bool:
+        """Whether the layout's busiest GPU holds it within :attr:`memory_limit`."""
+        return self.memory_bytes <= self.memory_limit
 
 
 def plan_words(plan: LLMPlan) -> str:
@@ -97,7 +104,8 @@ def megatron(step: LLMStep) -> Baseline:
     enc_layers[0, 0] = sum(n for n, _, _ in enc)
     mem = step.stage_memory(tl, encoder_layers=enc_layers, encoder_tp=encoder_tp(config))
     return Baseline(name="megatron", step_time=tl.step_time, memory_bytes=float(mem.max()), timeline=tl,
-                    layout=f"encoders on stage 0 (TP {encoder_tp(config)}); LLM {plan_words(p)}")
+                    layout=f"encoders on stage 0 (TP {encoder_tp(config)}); LLM {plan_words(p)}",
+                    memory_limit=config.memory_gb * GB)
 
 
 def balanced_cuts(costs: np.ndarray, parts: int) -> np.ndarray:
@@ -157,12 +165,15 @@ def megatron_balanced(step: LLMStep) -> Baseline:
         s, k, sl = c % p.pp, c // p.pp, slice(ends[c], ends[c + 1])
         fwd[s, k], bwd[s, k] = f[sl].sum(), b[sl].sum()
         enc_layers[s, k], llm_layers[s, k] = is_enc[sl].sum(), (~is_enc[sl]).sum()
-    tl = step.simulate(fwd, bwd)
+    # a virtual stage of frozen encoder layers alone computes no backward; the pipeline still runs
+    # its backward action (it passes the step on): one nanosecond
+    tl = step.simulate(fwd, np.maximum(bwd, 1e-3))
     mem = step.stage_memory(tl, encoder_layers=enc_layers, llm_layers=llm_layers, encoder_tp=encoder_tp(config))
     stages_with_encoder = int((enc_layers.sum(axis=1) > 0).sum())
     return Baseline(name="megatron_balanced", step_time=tl.step_time, memory_bytes=float(mem.max()),
                     timeline=tl, layout=f"layers balanced over {v} virtual stages; encoders on "
-                                        f"{stages_with_encoder} stage(s); LLM {plan_words(p)}")
+                                        f"{stages_with_encoder} stage(s); LLM {plan_words(p)}",
+                    memory_limit=config.memory_gb * GB)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -367,6 +367,24 @@ def config(args: argparse.Namespace) -> ModelConfig:
     return cfg
 
 
+def planning_config(args: argparse.Namespace) -> dict:
+    """The pybubble planning config that describes this run's models and ranks (``--write-config``):
+    the GPT's blocks as the LLM (image tokens and text in one sequence), the vit encoder, one pipeline
+    stage per rank on the CPU (``cluster.gpu: cpu``), 1F1B."""
+    cfg = config(args)
+    if args.encoder != "vit":
+        raise ValueError(f"write_config: the config describes the vit encoder, not {args.encoder!r}")
+    return {"cluster": {"gpus": args.ranks, "gpu": "cpu", "gpus_per_node": args.ranks},
+            "llm": {"name": "example-gpt", "layers": args.ranks * cfg.llm_layers_per_stage, "hidden": cfg.llm_dim,
+                    "heads": cfg.llm_heads, "ffn_hidden": 4 * cfg.llm_dim, "vocab": cfg.vocab},
+            "encoders": [{"name": "example-vit", "layers": cfg.enc_layers, "hidden": cfg.enc_dim,
+                          "heads": cfg.enc_heads, "ffn_hidden": 4 * cfg.enc_dim, "tokens": cfg.patches,
+                          "tokens_per_sample": cfg.patches}],
+            "training": {"global_batch": cfg.microbatches * cfg.microbatch_size, "micro_batch": cfg.microbatch_size,
+                         "seq_len": encoder_tokens(cfg, args.encoder) + cfg.text_len},
+            "llm_plan": {"dp": 1, "pp": args.ranks, "tp": 1, "schedule": "1f1b"}}
+
+
 def run(args: argparse.Namespace) -> dict:
     """Launches the ranks and returns the report (raises ``RuntimeError`` when a rank failed)."""
     every = launch(train, args.ranks, args, backend="nccl" if args.device == "cuda" else "gloo", timeout=args.timeout)
@@ -391,6 +409,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-rank", type=int, default=-1, help="inject a fault on this rank (tests)")
     p.add_argument("--fail-step", type=int, default=0, help="... at this step")
     p.add_argument("--reference", action="store_true", help="also train in one process and report its checksum")
+    p.add_argument("--write-config", metavar="FILE",
+                   help="write the pybubble planning config of this run's models and ranks (YAML) and exit")
     return p.parse_args(argv)
 
 
@@ -431,6 +451,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.write_config:
+        import yaml
+
+        with open(args.write_config, "w") as f:
+            yaml.safe_dump(planning_config(args), f, sort_keys=False)
+        print(f"wrote {args.write_config}")
+        return 0
     if args.device == "cuda" and (note := serialised_streams_note()):
         print(f"note: {note}", file=sys.stderr)
     try:

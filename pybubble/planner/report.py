@@ -230,11 +230,12 @@ def describe(c: Candidate) -> str:
             f"partition {list(c.partition)}")
 
 
-def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], None] | None = None) -> PlanReport:
+def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
+         costs: CostModel | None = None) -> PlanReport:
     """Plans `config`: the LLM step derived once, then the search, the baselines and the
-    non-colocated layout on it."""
+    non-colocated layout on it (with `costs`, default: the config's cost model and calibration)."""
     t0 = time.perf_counter()
-    step = LLMStep.of(config)
+    step = LLMStep.of(config, costs)
     found = search(step, workers=workers, progress=progress)
     coarse = found.coarse
     baselines = {"megatron": megatron(step.with_plan(config.baseline_plan("megatron"))),

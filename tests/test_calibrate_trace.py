@@ -230,3 +230,67 @@ def test_what_if_command(tmp_path):
     other = tmp_path / "other.yaml"
     other.write_text(json.dumps({**JOB, "cluster": {"gpus": 16}, "llm_plan": {**JOB["llm_plan"], "pp": 8}}))
     one_error_line(run("measure", path, "--what-if", other), "ranks: the trace has 4 ranks")
+
+
+def as_profiler_traces(simulated: Path, folder: Path) -> Path:
+    """The simulator's trace rewritten as torch.profiler writes a trainer's step that never used
+    pybubble, one file per rank: torch.distributed.pipelining's ``PP:`` annotations around the ops'
+    CPU work, NCCL's collective annotations, ``distributedInfo``."""
+    events = json.loads(simulated.read_text())["traceEvents"]
+    ranks = sorted({e["pid"] for e in events if e.get("ph") == "X"})
+    folder.mkdir()
+    names = {"dp_allgather": "nccl:_all_gather_base", "dp_reducescatter": "nccl:_reduce_scatter_base"}
+    for r in ranks:
+        out = []
+        for e in events:
+            if e.get("ph") != "X" or e["pid"] != r:
+                continue
+            if e["cat"] == "op":
+                out.append({"ph": "X", "cat": "user_annotation", "name": f"PP:{e['name']}", "pid": 100 + r, "tid": 1,
+                            "ts": e["ts"], "dur": e["dur"]})
+                out.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 100 + r, "tid": 1,
+                            "ts": e["ts"], "dur": e["dur"]})
+            elif e["cat"] == "bubble" and e["name"] in names:
+                out.append({"ph": "X", "cat": "user_annotation", "name": names[e["name"]], "pid": 100 + r, "tid": 1,
+                            "ts": e["ts"], "dur": e["dur"]})
+        (folder / f"worker{r}.json").write_text(json.dumps(
+            {"distributedInfo": {"backend": "nccl", "rank": r, "world_size": len(ranks)}, "traceEvents": out}))
+    return folder
+
+
+def test_the_fit_reads_a_trainers_profiler_traces_that_never_used_pybubble(tmp_path):
+    """PP: annotations and NCCL collectives, the encoder inside stage 0's ops (Megatron-LM's layout):
+    the factors come back from the rank files as from the simulator's own trace."""
+    path, truth = megatron_trace(tmp_path, "megatron", KNOWN)
+    folder = as_profiler_traces(path, tmp_path / "prof")
+    fit = fit_step(job(tmp_path), read_step(folder))
+    assert fit.ranks == 4
+    for kind, want in KNOWN.items():
+        assert fit.factors[kind] == pytest.approx(want, rel=0.02), kind
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(json.dumps(JOB))
+    r = run("measure", folder, "--what-if", cfg)
+    assert r.returncode == 0, r.stderr
+    fields = dict(kv.split("=") for kv in r.stdout.strip().splitlines()[-1].split()[1:])
+    assert float(fields["measured_ms"]) == pytest.approx(truth.step_time / 1e3, rel=1e-3)
+    assert abs(float(fields["error"])) < 0.02
+
+
+def test_the_fit_reads_the_example_trainers_profile(tmp_path):
+    """The runtime's own --profile traces of real gloo ranks (tiny models, megatron mode): every op
+    kind of the example's config is measured and fitted (the figures are this machine's)."""
+    pytest.importorskip("torch")
+    example = ROOT / "examples" / "mllm.py"
+    prof, cfg = tmp_path / "prof", tmp_path / "example.yaml"
+    common = ["--ranks", "2", "--size", "tiny"]
+    r = subprocess.run([sys.executable, str(example), *common, "--write-config", str(cfg)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, str(example), *common, "--steps", "3", "--mode", "megatron", "--profile",
+                        str(prof)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = run("calibrate", "--trace", prof, "--config", cfg, "-o", tmp_path / "c.json")
+    assert r.returncode == 0, r.stderr
+    factors = json.loads((tmp_path / "c.json").read_text())["op_factors"]
+    assert set(factors) == {"llm_fwd", "llm_bwd", "p2p", "encoder_fwd", "encoder_bwd"}
+    assert all(v > 0 for v in factors.values())

@@ -61,7 +61,7 @@ FLOWS = ('{"ph": "s", "id": %d, "pid": %d, "tid": %d, "ts": %.3f, "cat": "ac2g",
 SPAN = '{"ph": "X", "cat": "%s", "name": "%s", "pid": %s, "tid": %d, "ts": %.3f, "dur": %.3f, "args": {}}'
 NCCL = ("ncclDevKernel_SendRecv(ncclDevComm*, unsigned long, ncclWork*)",
         "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)")
-KERNEL_BYTES = 1400  # about what one kernel's events take (op, launch, kernel, flow arrows)
+KERNEL_BYTES = 1295  # what one kernel's events take (op, launch, kernel, flow arrows)
 
 
 def rank_ops():

@@ -250,3 +250,34 @@ def test_measure_does_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        cwd=tempfile.gettempdir())
     assert r.stdout.strip() == "False", r.stderr
+
+
+TRICKY = json.dumps({"traceEvents": [{"ph": "X", "name": 'a"[[{\\' * 40 + "]" * 90, "args": {"x": ["\\\\\"[{" * 30, [[]]]}},
+                                     {"name": "\\" * 7 + "[" * 80 + '"' + "\\\\" * 5}] * 4}).encode()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 65536])
+def test_nesting_is_tracked_outside_strings_across_reads_of_any_size(size):
+    """Brackets, quotes and backslashes inside strings (escaped quotes, runs of backslashes cut
+    between two reads) do not count as nesting; the depth ends at 0."""
+    import io
+
+    from pybubble.measure.trace import _Nesting
+
+    stream = _Nesting(io.BytesIO(TRICKY), "t.json")
+    assert b"".join(iter(lambda: stream.read(size), b"")) == TRICKY
+    assert stream.depth == 0 and not stream.in_string
+
+
+@pytest.mark.parametrize("depth, ok", [(64, True), (65, False), (1_000_000, False)])
+def test_a_trace_nested_past_the_limit_is_refused_as_it_is_read(tmp_path, depth, ok):
+    """ijson's memory grows with the square of the nesting (a prefix per level): a small file
+    nested a million deep is refused at the limit of pybubble's documents, not read."""
+    inner = "[" * (depth - 3) + "]" * (depth - 3)
+    path = tmp_path / "deep.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 1, "args": ' + inner + "}]}")
+    if ok:
+        assert len(list(Trace(path).events())) == 1
+    else:
+        with pytest.raises(ValueError, match=re.escape(f"{path}: nested deeper than the limit of 64 levels")):
+            list(Trace(path).events())

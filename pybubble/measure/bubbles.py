@@ -333,9 +333,9 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
     rest = _subtract(gaps, collective)
     by_kind = dict.fromkeys(IDLE_KINDS, 0.0)
     by_kind["collective"] = _length(_overlap(gaps, collective))
-    letters = np.array([_op_kind(n) for n in t.names] or [""])[t.name]
-    fwd = op_mask & (letters == "F")
-    bwd = op_mask & np.isin(letters, ["B", "I", "W"])
+    kinds = np.array([_op_kind(n) for n in t.names] or [-1], np.int8)[t.name]  # index in "FBIW"
+    fwd = op_mask & (kinds == 0)
+    bwd = op_mask & (kinds > 0)
     phases_known = bool(bwd.any() and fwd.any())
     if phases_known:
         first_b, last_f = float(t.start[bwd].min()), float(t.end[fwd].max())
@@ -353,10 +353,10 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
                        idle_by_kind=by_kind, waiting=waiting, transferring=transferring, phases_known=phases_known)
 
 
-def _op_kind(name: str) -> str:
-    """F, B, I or W for a pipeline op's annotation (``PP:0B3``, ``Forward 3``), else ''."""
+def _op_kind(name: str) -> int:
+    """The index in "FBIW" of a pipeline op's annotation (``PP:0B3``, ``Forward 3``), else -1."""
     m = _OP.match(name)
-    return (m.group(1) or m.group(2)[0]) if m else ""
+    return _OP_KINDS.index(m.group(1) or m.group(2)[0]) if m else -1
 
 
 def trace_files(source: str | os.PathLike[str]) -> list[Path]:

@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import IO, Any
 
 import ijson
+import numpy as np
+
+from ..config.limits import MAX_NESTING
 
 GZIP_MAGIC = b"\x1f\x8b"
 """The first two bytes of a gzip file."""
@@ -55,8 +58,8 @@ class Trace:
         except OSError as e:
             raise ValueError(f"{self.path}: cannot read: {e.strerror}") from None
 
-    def _open(self) -> IO[bytes]:
-        return gzip.open(self.path, "rb") if self.gzipped else open(self.path, "rb")
+    def _open(self) -> "_Nesting":
+        return _Nesting(gzip.open(self.path, "rb") if self.gzipped else open(self.path, "rb"), self.path)
 
     def events(self) -> Iterator[Any]:
         """Each entry of the trace's events in file order (dicts in a well-formed trace: callers
@@ -84,8 +87,6 @@ class Trace:
             raise ValueError(f"{self.path}: not a valid gzip file ({e})") from None
         except OSError as e:
             raise ValueError(f"{self.path}: cannot read: {e.strerror or e}") from None
-        except RecursionError:
-            raise ValueError(f"{self.path}: nested too deeply") from None
 
     def _head(self) -> str | None:
         """Reads the file up to its events: the top-level fields written before them, and the prefix
@@ -108,6 +109,52 @@ class Trace:
                     if prefix == name and event in ("end_map", "end_array", "string", "number", "boolean", "null"):
                         self.fields[name] = builders[name].value
         return None
+
+
+class _Nesting:
+    """A binary stream that refuses JSON nested deeper than :data:`MAX_NESTING` as it is read: ijson
+    keeps a prefix per open level, so its memory grows with the square of the depth (a 400 kB file
+    nested 200,000 deep would take a hundred GB). The depth is tracked outside strings (escapes
+    included), a chunk at a time with NumPy."""
+
+    def __init__(self, raw: IO[bytes], path: Path):
+        self.raw, self.path = raw, path
+        self.depth, self.in_string, self.backslashes = 0, False, 0
+
+    def read(self, size: int = -1) -> bytes:
+        """The next bytes of the stream, checked."""
+        chunk = self.raw.read(size)
+        if chunk:
+            self._scan(chunk)
+        return chunk
+
+    def _scan(self, chunk: bytes) -> None:
+        b = np.frombuffer(chunk, np.uint8)
+        quotes = np.flatnonzero(b == 0x22)
+        escaped = np.zeros(len(quotes), bool)
+        if len(quotes) and ((b[np.maximum(quotes - 1, 0)] == 0x5C).any() or (quotes[0] == 0 and self.backslashes)):
+            # a quote is escaped by an odd run of backslashes before it (runs may start in the last chunk)
+            last_other = np.maximum.accumulate(np.where(b != 0x5C, np.arange(len(b)), -1))
+            before = np.where(quotes > 0, last_other[np.maximum(quotes - 1, 0)], -1)
+            run = quotes - 1 - before + np.where(before < 0, self.backslashes, 0)
+            escaped = run % 2 == 1
+        real = quotes[~escaped]
+        brackets = np.flatnonzero((b == 0x5B) | (b == 0x7B) | (b == 0x5D) | (b == 0x7D))
+        outside = brackets[(np.searchsorted(real, brackets) + self.in_string) % 2 == 0]
+        if len(outside):
+            levels = self.depth + np.cumsum(np.where((b[outside] == 0x5B) | (b[outside] == 0x7B), 1, -1))
+            if levels.max() > MAX_NESTING:
+                raise ValueError(f"{self.path}: nested deeper than the limit of {MAX_NESTING} levels")
+            self.depth = int(levels[-1])
+        self.in_string = (self.in_string + len(real)) % 2 == 1
+        trail = len(chunk) - len(chunk.rstrip(b"\\"))
+        self.backslashes = trail + (self.backslashes if trail == len(chunk) else 0)
+
+    def __enter__(self) -> "_Nesting":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.raw.close()
 
 
 __all__ = ["GZIP_MAGIC", "TRACE_FIELDS", "Trace"]

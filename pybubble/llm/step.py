@@ -99,17 +99,26 @@ def wgrad_share(costs: CostModel) -> float:
     return costs.op_factor("llm_wgrad") / (2 * costs.backward_factor())
 
 
-def _simulate(config: Config, costs: CostModel, fwd: float | np.ndarray, bwd: float | np.ndarray,
-              tp_comm: tuple[int, float] | None, wgrad: float | np.ndarray | None = None) -> Timeline:
+def step_comm(config: Config, costs: CostModel) -> tuple[float, float, float]:
+    """The communication of `config`'s LLM step at `costs` (us): one pipeline send of a microbatch's
+    activations (0 without pipeline parallelism), and the distributed optimizer's exposed parameter
+    all-gather and gradient reduce-scatter (0 without data parallelism). Each DP rank holds 1/dp of
+    its stage's parameters (bf16) and gathers the rest; gradients (fp32) are reduce-scattered the
+    same way; the rank with the most layers sets the time."""
     llm, plan, tr = config.llm, config.llm_plan, config.training
     activation = float(llm.dtype_bytes * tr.micro_batch * tr.seq_len * llm.hidden) / plan.tp
     p2p = costs.p2p_time(activation) if plan.pp > 1 else 0.0
-    # Each DP rank holds 1/dp of its stage's parameters (bf16) and gathers the rest; gradients
-    # (fp32) are reduce-scattered the same way. The rank with the most layers sets the time.
     stage_params = float(llm.params_per_layer * chunk_layers(plan, llm.layers).sum(axis=1).max()) / plan.tp
     dp = plan.dp
     gather = costs.collective_time("all_gather", stage_params * llm.dtype_bytes, dp) if dp > 1 else 0.0
     scatter = costs.collective_time("reduce_scatter", stage_params * GRAD_BYTES, dp) if dp > 1 else 0.0
+    return p2p, gather, scatter
+
+
+def _simulate(config: Config, costs: CostModel, fwd: float | np.ndarray, bwd: float | np.ndarray,
+              tp_comm: tuple[int, float] | None, wgrad: float | np.ndarray | None = None) -> Timeline:
+    plan = config.llm_plan
+    p2p, gather, scatter = step_comm(config, costs)
     if wgrad is None:  # where the schedule splits a backward, W takes its weight-gradient half
         wgrad = np.asarray(bwd) * wgrad_share(costs)
     return simulate_pipeline(plan.schedule, ranks=plan.pp, microbatches=config.microbatches,
@@ -226,4 +235,5 @@ class LLMStep:
         return _stage_memory(self.config, timeline, encoder_layers, llm_layers, encoder_tp)
 
 
-__all__ = ["GRAD_BYTES", "LLMStep", "activation_peak", "chunk_layers", "cost_model", "even_split", "wgrad_share"]
+__all__ = ["GRAD_BYTES", "LLMStep", "activation_peak", "chunk_layers", "cost_model", "even_split", "step_comm",
+           "wgrad_share"]

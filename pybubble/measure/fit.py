@@ -39,7 +39,7 @@ import numpy as np
 from ..config.checks import finite
 from ..config.schema import Config
 from ..costs.roofline import CALIBRATION_FORMAT, OP_KINDS, CostModel
-from ..llm.step import GRAD_BYTES, LLMStep, chunk_layers, cost_model
+from ..llm.step import LLMStep, cost_model, step_comm
 from .bubbles import trace_files
 from .trace import Trace
 
@@ -208,14 +208,9 @@ def _predicted(config: Config) -> tuple[LLMStep, dict[str, float]]:
     costs: CostModel = cost_model(config)
     costs.op_factors = {}
     step = LLMStep.of(config, costs)
-    llm, plan, tr = config.llm, config.llm_plan, config.training
-    unit = {"p2p": 0.0, "all_gather": 0.0, "reduce_scatter": 0.0, "encoder_fwd": 0.0, "encoder_bwd": 0.0}
-    if plan.pp > 1:
-        unit["p2p"] = costs.p2p_time(float(llm.dtype_bytes * tr.micro_batch * tr.seq_len * llm.hidden) / plan.tp)
-    if plan.dp > 1:
-        params = float(llm.params_per_layer * chunk_layers(plan, llm.layers).sum(axis=1).max()) / plan.tp
-        unit["all_gather"] = costs.collective_time("all_gather", params * llm.dtype_bytes, plan.dp)
-        unit["reduce_scatter"] = costs.collective_time("reduce_scatter", params * GRAD_BYTES, plan.dp)
+    p2p, gather, scatter = step_comm(config, costs)
+    unit = {"p2p": p2p, "all_gather": gather, "reduce_scatter": scatter, "encoder_fwd": 0.0, "encoder_bwd": 0.0}
+    tr = config.training
     for enc, images in zip(config.encoders, config.encoder_images):
         m = enc.model
         unit["encoder_fwd"] += m.layers * costs.layer_time(m, images, m.tokens, phase="fwd")

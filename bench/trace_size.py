@@ -87,15 +87,13 @@ def write_trace(path: Path, gigabytes: float) -> dict[str, float]:
             f.write(",\n" + SPAN % ("gpu_user_annotation", name, 0, STREAM, t0, o.end - o.start))
             if o.kind == "F" or o.microbatch < MICROBATCHES - 1:  # the transfer to or from the neighbour
                 f.write(",\n" + SPAN % ("kernel", NCCL[0], 0, NCCL_STREAM, t0 - 300.0, 250.0))
-            lines = []
-            for k in range(kernels_per_op):
+            for k in range(kernels_per_op):  # one kernel at a time: this process stays small (see measure)
                 n += 1
                 ts = t0 + k * width
                 cpu = ts - 40.0
-                lines.append(CPU_OP % (PID, TID, cpu, 12.5, n, n, n) + ",\n" + LAUNCH % (PID, TID, cpu + 6.0, n, n)
-                             + ",\n" + KERNEL % (STREAM, ts, width, n, STREAM, n) + ",\n"
-                             + FLOWS % (n, PID, TID, cpu + 6.0, n, STREAM, ts))
-            f.write(",\n" + ",\n".join(lines))
+                f.write(",\n" + CPU_OP % (PID, TID, cpu, 12.5, n, n, n) + ",\n" + LAUNCH % (PID, TID, cpu + 6.0, n, n)
+                        + ",\n" + KERNEL % (STREAM, ts, width, n, STREAM, n) + ",\n"
+                        + FLOWS % (n, PID, TID, cpu + 6.0, n, STREAM, ts))
         f.write(",\n" + SPAN % ("kernel", NCCL[1], 0, NCCL_STREAM, BASE_US + step, ALLREDUCE_US))
         f.write(',\n {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "GPU 0"}}\n ],\n'
                 ' "traceName": "rank1.pt.trace.json", "displayTimeUnit": "ms", "baseTimeNanoseconds": 1732000000000000000\n}\n')
@@ -104,7 +102,9 @@ def write_trace(path: Path, gigabytes: float) -> dict[str, float]:
 
 
 def measure(path: Path, json_out: Path) -> tuple[float, float]:
-    """``pybubble measure PATH --json JSON_OUT`` in a subprocess: (seconds, peak RSS in MB)."""
+    """``pybubble measure PATH --json JSON_OUT`` in a subprocess: (seconds, peak RSS in MB). A child's
+    ``ru_maxrss`` is at least this process's own peak when it started (Linux records the peak of
+    the memory it leaves at exec), so this process keeps small: it writes traces a kernel at a time."""
     t0 = time.perf_counter()
     p = subprocess.Popen([sys.executable, "-m", "pybubble", "measure", str(path), "--json", str(json_out)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

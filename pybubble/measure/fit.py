@@ -40,7 +40,7 @@ from ..config.checks import finite
 from ..config.schema import Config
 from ..costs.roofline import CALIBRATION_FORMAT, OP_KINDS, CostModel
 from ..llm.step import LLMStep, cost_model, step_comm
-from .bubbles import trace_files
+from .bubbles import Spans, _clip, _length, _union, trace_files
 from .trace import Trace
 
 _OP = re.compile(r"^(?:PP:)?(\d+)([FBIW])(\d+)$")
@@ -79,15 +79,14 @@ class MeasuredRank:
         self.start, self.end = min(self.start, start), max(self.end, end)
 
 
-def _inside(outer: tuple[float, float], intervals: list[tuple[float, float]]) -> float:
-    """The length of the union of `intervals` inside `outer`."""
-    lo, hi = outer
-    total, reach = 0.0, lo
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals if s < hi and e > lo):
-        if e > reach:
-            total += e - max(s, reach)
-            reach = e
-    return total
+def _spans(events: list[tuple[float, float]]) -> Spans:
+    """The union of `events`' intervals (:data:`pybubble.measure.bubbles.Spans`)."""
+    return _union((np.array([s for s, _ in events], np.float64), np.array([e for _, e in events], np.float64)))
+
+
+def _inside(lo: float, hi: float, spans: Spans) -> float:
+    """The length of `spans` between `lo` and `hi`."""
+    return _length(_clip(spans, lo, hi))
 
 
 _Event = tuple[str, Any, Any, float, float]  # name, category, pid, start, end
@@ -135,19 +134,19 @@ def _profiled(events: list[_Event], rank: int) -> MeasuredRank:
     """One rank's torch.profiler trace."""
     iv = [(name, s, e, cat) for name, cat, _, s, e in events]
     r = MeasuredRank(rank=rank)
-    inner = [(s, e) for n, s, e, _ in iv if _INSIDE_OPS.match(n)]
-    tasks = [(s, e) for n, s, e, _ in iv if _TASK.match(n)]
-    own = [(s, e) for n, s, e, _ in iv if _OWN_SYNC.match(n)]
+    inner = _spans([(s, e) for n, s, e, _ in iv if _INSIDE_OPS.match(n)])
+    tasks = _spans([(s, e) for n, s, e, _ in iv if _TASK.match(n)])
+    own = _spans([(s, e) for n, s, e, _ in iv if _OWN_SYNC.match(n)])
     for name, s, e, cat in iv:
         if cat in ("user_annotation", "gpu_user_annotation") and (m := _OP.match(name)) and name.startswith("PP:"):
-            r.ops.append((int(m.group(1)), m.group(2), int(m.group(3)), s, e, _inside((s, e), inner)))
-            r.encoder_in_ops |= _inside((s, e), tasks) > 0
+            r.ops.append((int(m.group(1)), m.group(2), int(m.group(3)), s, e, _inside(s, e, inner)))
+            r.encoder_in_ops |= _inside(s, e, tasks) > 0
             r.spanning(s, e)
         elif m := _TASK.match(name):
             key = (int(m.group(1)), "fwd" if m.group(2) == "f" else "bwd")
             r.encoder[key] = r.encoder.get(key, 0.0) + e - s
             r.spanning(s, e)
-        elif (name.startswith(("nccl:", "gloo:")) or cat == "kernel") and _inside((s, e), own) < e - s:
+        elif (name.startswith(("nccl:", "gloo:")) or cat == "kernel") and _inside(s, e, own) < e - s:
             for kind, pattern in _COLLECTIVE.items():
                 if pattern.search(name):
                     r.collectives[kind] = r.collectives.get(kind, 0.0) + e - s

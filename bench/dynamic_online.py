@@ -38,7 +38,7 @@ def main() -> None:
     costs = [sample_costs(b, encoder=enc, llm=llm, costs=cm)
              for b in batches(WorkloadSpec(), samples=microbatches * micro_batch, steps=args.steps, seed=args.seed)]
     mean_mb = float(np.mean([c[:, 0].sum() for c in costs])) / microbatches
-    static = pybubble.schedule(problem)  # the mean batch: every factor 1
+    static = pybubble.schedule_problem(problem)  # the mean batch: every factor 1
     online = pybubble.OnlineScheduler(problem)
     steps: dict[str, list[float]] = {"static (replayed)": [], "online": [], "balanced + online": []}
     took: list[float] = []

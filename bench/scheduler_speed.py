@@ -18,7 +18,7 @@ from pybubble import _core, validate
 from pybubble.cli import progress_bar
 from pybubble.problem.generated import vit22b_sized
 from pybubble.schedule.reference import reference_schedule
-from pybubble.schedule.scheduler import schedule
+from pybubble.schedule.scheduler import schedule_problem
 
 
 def median_time(fn, repeat: int) -> float:
@@ -38,7 +38,7 @@ def main() -> None:
     arrays = problem.arrays()
     windows = arrays.compute_free.start.size + arrays.link_free.start.size
     core = _core.Scheduler(problem.core)
-    fast = schedule(problem)
+    fast = schedule_problem(problem)
     slow = reference_schedule(problem)
     assert np.array_equal(fast.start, slow.start) and validate(problem, fast) == []
     assert _core.first_fit_floor(problem.core).shape == (problem.num_tasks,)
@@ -50,7 +50,7 @@ def main() -> None:
             t_floor.append(median_time(lambda: _core.first_fit_floor(problem.core), 5 * args.repeat))
             update(i + 1)
         t_core, t_floor = statistics.median(t_core), statistics.median(t_floor)
-        t_api = median_time(lambda: schedule(problem), 10 * args.repeat)
+        t_api = median_time(lambda: schedule_problem(problem), 10 * args.repeat)
         update(11)
         t_ref = median_time(lambda: reference_schedule(problem), args.repeat)
         update(12)
@@ -58,7 +58,7 @@ def main() -> None:
           f"{problem.num_microbatches} microbatches")
     print(f"core (Scheduler.run, reused)   median {t_core * 1e3:8.3f} ms")
     print(f"floor (first-fit pass, C++)    median {t_floor * 1e3:8.3f} ms")
-    print(f"core (pybubble.schedule)       median {t_api * 1e3:8.3f} ms")
+    print(f"core (schedule_problem)       median {t_api * 1e3:8.3f} ms")
     print(f"reference (pure Python)        median {t_ref * 1e3:8.3f} ms")
     print(f"core / floor: {t_core / t_floor:.2f}x")
     print(f"speed-up core vs reference: {t_ref / t_core:.0f}x (run), {t_ref / t_api:.0f}x (API call)")

@@ -45,6 +45,8 @@ SCHEDULES = {"1f1b": "Schedule1F1B", "gpipe": "ScheduleGPipe", "interleaved_1f1b
              "dualpipev": "ScheduleDualPipeV"}
 """--schedule: torch.distributed.pipelining's schedule classes (the last two hold two stages per
 rank in a V: the first and the last stage on rank 0)."""
+PLANNED_SCHEDULES = ("1f1b", "gpipe", "interleaved_1f1b", "zbv")
+"""--schedule values that --write-config can describe (the planner's own schedule names)."""
 SINGLE_STAGE = ("1f1b", "gpipe")
 V_SHAPED = ("zbv", "dualpipev")
 SPLIT_BACKWARD = ("interleaved_zb", "zbv", "dualpipev")
@@ -554,6 +556,30 @@ def config(args: argparse.Namespace) -> ModelConfig:
     return cfg
 
 
+def planning_config(args: argparse.Namespace) -> dict:
+    """The pybubble planning config that describes this run's models and ranks (``--write-config``):
+    the GPT's blocks as the LLM (image tokens and text in one sequence), the vit encoder, its data- and
+    pipeline-parallel degrees and its schedule on the CPU (``cluster.gpu: cpu``)."""
+    cfg = config(args)
+    if args.encoder != "vit":
+        raise ValueError(f"write_config: the config describes the vit encoder, not {args.encoder!r}")
+    if args.schedule not in PLANNED_SCHEDULES:
+        raise ValueError(f"write_config: the planner has no schedule {args.schedule!r} "
+                         f"(one of {', '.join(PLANNED_SCHEDULES)})")
+    plan = {"dp": args.dp, "pp": args.pp, "tp": 1, "schedule": args.schedule}
+    if args.schedule == "interleaved_1f1b":
+        plan["vpp"] = chunks_of(args)
+    return {"cluster": {"gpus": args.ranks, "gpu": "cpu", "gpus_per_node": args.ranks},
+            "llm": {"name": "example-gpt", "layers": args.pp * cfg.llm_layers_per_stage, "hidden": cfg.llm_dim,
+                    "heads": cfg.llm_heads, "ffn_hidden": 4 * cfg.llm_dim, "vocab": cfg.vocab},
+            "encoders": [{"name": "example-vit", "layers": cfg.enc_layers, "hidden": cfg.enc_dim,
+                          "heads": cfg.enc_heads, "ffn_hidden": 4 * cfg.enc_dim, "tokens": cfg.patches,
+                          "tokens_per_sample": cfg.patches}],
+            "training": {"global_batch": cfg.microbatches * cfg.microbatch_size, "micro_batch": cfg.microbatch_size // args.dp,
+                         "seq_len": encoder_tokens(cfg, args.encoder) + cfg.text_len},
+            "llm_plan": plan}
+
+
 def finish(args: argparse.Namespace, every: list[dict]) -> dict:
     """The report, with the single-process reference's checksum when asked."""
     out = report(args, every)
@@ -595,6 +621,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--schedule", default="1f1b", help=f"the pipeline schedule: {', '.join(SCHEDULES)}")
     p.add_argument("--chunks", type=int, default=0,
                    help="stages per rank (default: 1; 2 for zbv and dualpipev, which need 2)")
+    p.add_argument("--write-config", metavar="FILE",
+                   help="write the pybubble planning config of this run's models and ranks (YAML) and exit")
     args = p.parse_args(argv)
     args.torchrun = "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
     args.given_ranks = args.ranks
@@ -691,6 +719,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.torchrun or os.environ.get("RANK") == "0":
             print(f"error: {e}", file=sys.stderr)
         return 2
+    if args.write_config:
+        import yaml
+
+        with open(args.write_config, "w") as f:
+            yaml.safe_dump(planning_config(args), f, sort_keys=False)
+        print(f"wrote {args.write_config}")
+        return 0
     if args.device == "cuda" and (note := serialised_streams_note()):
         print(f"note: {note}", file=sys.stderr)
     if args.torchrun:  # this process is one rank; torchrun ends the others when one fails

@@ -24,7 +24,7 @@ from .problem.arrays import ProblemArrays, Tasks  # noqa: E402
 from .problem.problem import Problem, load_problem  # noqa: E402
 from .schedule.balance import balance_microbatches  # noqa: E402
 from .schedule.online import OnlineScheduler, replay  # noqa: E402
-from .schedule.scheduler import Schedule, load_schedule, schedule  # noqa: E402
+from .schedule.scheduler import Schedule, load_schedule, schedule_problem  # noqa: E402
 from .schedule.validator import validate  # noqa: E402
 from .viz.gantt import save_gantt  # noqa: E402
 from .viz.trace import save_trace  # noqa: E402
@@ -52,7 +52,7 @@ __all__ = [
     "replay",
     "save_gantt",
     "save_trace",
-    "schedule",
+    "schedule_problem",
     "simulate_pipeline",
     "validate",
 ]

@@ -26,7 +26,7 @@ from rich.table import Table
 from . import __version__
 from .config.checks import finite, integer, interval
 from .problem.problem import load_problem
-from .schedule.scheduler import POLICIES, load_schedule, schedule
+from .schedule.scheduler import POLICIES, load_schedule, schedule_problem
 from .schedule.validator import validate
 
 console = Console(highlight=False)
@@ -125,7 +125,7 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     """Schedule a problem file's encoder tasks into its bubbles and print the step."""
     problem = load_problem(args.problem)
     t0 = time.perf_counter()
-    sched = schedule(problem, args.policy)
+    sched = schedule_problem(problem, args.policy)
     took = time.perf_counter() - t0
     if args.output:
         sched.save(args.output)
@@ -251,9 +251,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         t.add_row(row.name, f"{row.step_time / 1e3:,.1f}", f"{megatron / row.step_time:.3f}x",
                   f"{report.mfu(row.step_time, row.gpus):.1%}",
                   "-" if row.hidden_fraction is None else f"{row.hidden_fraction:.1%}",
-                  f"{row.memory_bytes / 1e9:.1f}", f"{row.gpus:,}",
+                  f"{row.memory_bytes / 1e9:.1f}" + ("" if row.fits else " *"), f"{row.gpus:,}",
                   style="bold" if row.name == "pybubble" else None)
     console.print(t)
+    if not all(row.fits for row in rows):
+        console.print(f"* more than memory_gb ({c.memory_gb:g} GB per GPU): does not fit, not compared")
     layouts = Table.grid(padding=(0, 2))
     layouts.add_column(no_wrap=True)
     layouts.add_column(overflow="fold")
@@ -273,10 +275,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.plot:
         with drawing(args.plot):
             report.save_plot(args.plot, window=window)
-    best = report.best
-    summary("plan", step_ms=best.step_time / 1e3, vs_megatron=megatron / best.step_time,
-            vs_coarse=report.baselines["coarse"].step_time / best.step_time, hidden=best.hidden_fraction,
-            planner_s=report.planner_seconds)
+    step = report.step_time
+    summary("plan", step_ms=step / 1e3, vs_megatron=megatron / step, vs_coarse=report.baselines["coarse"].step_time / step,
+            hidden=report.hidden_fraction or 0.0, planner_s=report.planner_seconds)
     return 0
 
 
@@ -318,9 +319,12 @@ def cmd_kernels(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Time real layer kernels with torch and fit the cost model's efficiencies."""
+    """Time real layer kernels with torch and fit the cost model's efficiencies, or fit it to a measured step."""
     from .config.documents import write_document, write_text
     from .costs.calibration import FIT_X, calibrate, error_table
+
+    if args.trace or args.config:
+        return _calibrate_on_trace(args)
 
     t0 = time.perf_counter()
     with progress_bar(f"timing kernels on {args.device}") as update:
@@ -340,6 +344,37 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         write_text(args.errors, error_table(doc))
         console.print(f"wrote {args.errors}")
     summary("calibrate", device=args.device, kinds=len(doc["kinds"]), samples=len(doc["samples"]), took_s=took)
+    return 0
+
+
+def _calibrate_on_trace(args: argparse.Namespace) -> int:
+    """``pybubble calibrate --trace DIR --config CONFIG``: the op factors fitted to a measured step."""
+    from .config.documents import read_document, write_document
+    from .config.schema import load_config
+    from .costs.roofline import CALIBRATION_FORMAT
+    from .measure.fit import fit_step, read_step
+
+    if not (args.trace and args.config):
+        raise ValueError("--trace and --config go together: the measured step and the config of its job")
+    config = load_config(args.config)
+    fit = fit_step(config, read_step(args.trace))
+    base = {}
+    if config.cluster.calibration:
+        base = {k: v for k, v in read_document(config.cluster.calibration, CALIBRATION_FORMAT).items()
+                if k not in ("op_factors", "fit", "fitted_on")}
+    write_document(args.output, fit.to_calibration(base, config.cluster.gpu, os.path.basename(os.path.normpath(args.trace))))
+    t = table(f"op factors fitted to {args.trace} ({fit.ranks} ranks) for {args.config}")
+    for col in ("op kind", "measured /\npredicted", "measured", "residual\nmedian", "residual\nlargest"):
+        t.add_column(col, justify="left" if col == "op kind" else "right")
+    for kind, factor in fit.factors.items():
+        res = sorted(abs(r) for r in fit.residuals.get(kind, []))
+        t.add_row(kind, f"{factor:.3f}", f"{fit.rows.get(kind, 0)}",
+                  f"{res[len(res) // 2]:.1%}" if res else "-", f"{res[-1]:.1%}" if res else "-")
+    console.print(t)
+    console.print(f"wrote {args.output} (name it as cluster.calibration in a config to plan with it)")
+    summary("calibrate", trace=args.trace, kinds=len(fit.factors),
+            **{k: round(v, 4) for k, v in fit.factors.items()},
+            worst_residual=max((abs(r) for rs in fit.residuals.values() for r in rs), default=0.0))
     return 0
 
 
@@ -384,8 +419,36 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     return 0
 
 
+def _what_if(args: argparse.Namespace) -> int:
+    """``pybubble measure TRACE --what-if CONFIG``: pybubble's plan on the measured step's bubbles."""
+    from .config.schema import load_config
+    from .planner.report import describe
+    from .planner.what_if import what_if
+
+    config = load_config(args.what_if)
+    w = what_if(args.trace, config, workers=min(2, os.cpu_count() or 1))
+    factors = ", ".join(f"{k} {v:.3f}" for k, v in w.fit.factors.items())
+    idle = "" if w.measured_idle is None else f", {_ms(w.measured_idle)} idle over all ranks"
+    console.print(f"[bold]{args.trace}[/]: {w.fit.ranks} ranks, measured step {_ms(w.measured_step)} "
+                  f"({w.layout} layout){idle}")
+    console.print(f"op factors fitted to it (measured / predicted): {factors}")
+    error = w.predicted_step / w.measured_step - 1
+    console.print(f"{w.layout} at these factors: {_ms(w.predicted_step)} ({error:+.1%} against the measured step)")
+    adopted = w.report.in_pipeline
+    console.print(f"pybubble with {args.what_if}'s encoder: {_ms(w.pybubble_step)} "
+                  f"({w.measured_step / w.pybubble_step:.3f}x the measured step), "
+                  + (f"{w.hidden_fraction:.1%} of the encoder's compute in the measured bubbles; "
+                     f"{describe(w.report.best)}" if adopted is None else f"{adopted.name}'s layout"))
+    summary("what-if", measured_ms=w.measured_step / 1e3, predicted_ms=w.predicted_step / 1e3,
+            error=error, pybubble_ms=w.pybubble_step / 1e3, hidden=w.hidden_fraction,
+            speedup=w.measured_step / w.pybubble_step)
+    return 0
+
+
 def cmd_measure(args: argparse.Namespace) -> int:
     """Measure the idle time per rank and kind in torch.profiler traces of a pipeline run."""
+    if args.what_if:
+        return _what_if(args)
     from .config.documents import write_document
     from .measure.bubbles import IDLE_KINDS, compare, measure, predicted_bubbles, save_plot, to_dict
 
@@ -561,8 +624,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "calibrate", cmd_calibrate,
                  "Times every compute kernel of a layer at a few shapes with torch (needs torch), fits the\n"
-                 "roofline's efficiency and overhead per kernel kind, and writes them for --calibration.",
-                 "pybubble calibrate --device cpu -o calib.json --errors calib.md")
+                 "roofline's efficiency and overhead per kernel kind, and writes them for --calibration.\n"
+                 "With --trace and --config: fits the cost model to a measured step instead (torch.profiler\n"
+                 "traces of a torch.distributed.pipelining step): per op kind, measured over predicted time.",
+                 "pybubble calibrate --trace prof/ --config job.yaml -o calib.json")
+    p.add_argument("--trace", metavar="DIR",
+                   help="torch.profiler traces of one step (a folder, one per rank, or one file) to fit to")
+    p.add_argument("--config", metavar="CONFIG", help="the planning config of the traced job (with --trace)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where to time the kernels (cpu: one thread, fp32; cuda: the first GPU, bf16)")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
@@ -593,6 +661,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="a Chrome trace (JSON) of one rank, or a folder with one per rank")
     p.add_argument("--predict", metavar="FILE",
                    help="a planning config (YAML) or a timeline's Chrome trace (JSON) to compare with")
+    p.add_argument("--what-if", metavar="CONFIG",
+                   help="the planning config of the traced job: the cost model fitted to the trace, then how much "
+                        "of its encoder pybubble hides in the measured bubbles and the step it predicts")
     p.add_argument("--json", metavar="FILE", help="write the measurement (pybubble.measure/1 JSON) here")
     p.add_argument("--plot", metavar="FILE", help="write idle per rank and kind as a bar chart here (.png or .svg)")
     p.add_argument("--min-gap-us", type=float, default=100.0, metavar="US",

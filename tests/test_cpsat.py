@@ -96,7 +96,7 @@ def tiny_pipeline(seed: int) -> pybubble.Problem:
 def gaps(problems, scale):
     out = []
     for problem in problems:
-        sched = pybubble.schedule(problem)
+        sched = pybubble.schedule_problem(problem)
         assert pybubble.validate(problem, sched) == []
         best = optimum(problem, scale)
         assert sched.step_time >= best - 1e-6, "the heuristic cannot beat the optimum"

@@ -113,6 +113,6 @@ def test_full_problem_loads_schedules_and_validates(pp_enc, tp_enc, frozen):
            "tasks": [dict(t, id=i) for i, t in enumerate(tasks)]}
     problem = pybubble.load_problem(doc)
     assert problem.num_tasks == len(tasks) and problem.num_lanes == plan.pp_llm * plan.lanes_per_stage
-    sched = pybubble.schedule(problem)
+    sched = pybubble.schedule_problem(problem)
     assert pybubble.validate(problem, sched) == []
     assert sched.step_time >= horizon

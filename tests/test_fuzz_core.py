@@ -154,7 +154,7 @@ def test_scheduler_run(seed, data):
 @SETTINGS
 def test_validate(seed, data):
     problem = random_problem(seed)
-    s = pybubble.schedule(problem)
+    s = pybubble.schedule_problem(problem)
     args = [problem.core, s.start, s.assignment, s.step_time, s.shift_front, s.shift_back]
     for _ in range(data.draw(st.integers(1, 3))):
         i = data.draw(st.integers(0, 5))

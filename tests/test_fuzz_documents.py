@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import pybubble
@@ -97,12 +97,23 @@ def test_a_config_with_one_value_replaced_loads_or_raises_value_error(tmp_path, 
                 config.llm_plan.dp * config.llm_plan.pp * config.llm_plan.tp)
 
 
+SCHEDULE_FIELDS = ("step_time", "shift_front", "shift_back", "start", "assignment", "format")
+
+
 @FUZZ
-@given(seed=st.integers(0, 10_000), data=st.data())
-def test_a_schedule_with_one_value_replaced_loads_and_validates_or_raises_value_error(tmp_path, seed, data):
+@given(seed=st.integers(0, 10_000), field=st.sampled_from(SCHEDULE_FIELDS), index=st.none() | st.integers(0, 10**6),
+       value=VALUES)
+# issue 23: load_schedule raised OverflowError (not ValueError) for a 64-bit overflow in assignment
+@example(seed=0, field="assignment", index=0, value=2**63)
+@example(seed=0, field="assignment", index=0, value=-(10**400))
+def test_a_schedule_with_one_value_replaced_loads_and_validates_or_raises_value_error(tmp_path, seed, field, index,
+                                                                                      value):
+    """A schedule with its field `field` (or, for a list and an `index`, one entry of it) replaced."""
     problem = random_problem(seed)
-    doc = pybubble.schedule(problem).to_dict()
-    doc = replaced(doc, data.draw(st.sampled_from(paths_in(doc))), data.draw(VALUES))
+    doc = pybubble.schedule_problem(problem).to_dict()
+    entries = doc[field]
+    path_in_doc = (field, index % len(entries)) if isinstance(entries, list) and entries and index is not None else (field,)
+    doc = replaced(doc, path_in_doc, value)
     path = tmp_path / "s.json"
     path.write_text(json.dumps(doc))
     sched = loads_or_value_error(pybubble.load_schedule, path)

@@ -4,6 +4,7 @@ or a ValueError (API); never a traceback, a hang, a blown-up memory, a lost file
 prints an unbounded value."""
 
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -15,7 +16,8 @@ import yaml
 
 import pybubble
 from pybubble.config import limits
-from pybubble.config.checks import SHOWN_CHARS, shown
+from pybubble.config.checks import SHOWN_CHARS, integer, positive_int, shown
+from pybubble.costs.roofline import CostModel
 from pybubble.config.documents import read_json, write_document
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,6 +163,71 @@ def test_problem_errors_name_the_file_and_the_field(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))
     one_error_line(run("schedule", path, cwd=tmp_path), f"{path}: tasks[3].lane: 'x' is not an integer")
+
+
+
+def _json_fields():
+    """(loader, document, path in it, the field its error names) for every integer and float field
+    kind of the JSON documents pybubble reads."""
+    problem = json.loads(PROBLEM.read_text())
+    schedule = pybubble.schedule_problem(pybubble.load_problem(problem)).to_dict()
+    calibration = {"format": "pybubble.calibration/1", "compute_factor": 0.9,
+                   "kinds": {"gemm": {"compute_efficiency": 0.8, "memory_efficiency": 0.8, "overhead_us": 5.0}}}
+    calibrated = lambda source: CostModel("h100", calibration=source)  # noqa: E731
+    return [(pybubble.load_schedule, schedule, ("assignment", 0), "assignment[0]"),
+            (pybubble.load_schedule, schedule, ("start", 1), "start[1]"),
+            (pybubble.load_schedule, schedule, ("step_time",), "step_time"),
+            (pybubble.load_problem, problem, ("tasks", 3, "lane"), "tasks[3].lane"),
+            (pybubble.load_problem, problem, ("tasks", 3, "after", 0), "tasks[3].after[0]"),
+            (pybubble.load_problem, problem, ("tasks", 3, "duration"), "tasks[3].duration"),
+            (pybubble.load_problem, problem, ("tasks", 3, "id"), "tasks[3].id"),
+            (pybubble.load_problem, problem, ("microbatches", 0, "forward_needed"), "forward_needed"),
+            (pybubble.load_problem, problem, ("lanes", 0, "compute_free", 0, 1), "compute_free"),
+            (pybubble.load_problem, problem, ("horizon",), "horizon"),
+            (calibrated, calibration, ("compute_factor",), "compute_factor"),
+            (calibrated, calibration, ("kinds", "gemm", "overhead_us"), "kinds.gemm.overhead_us")]
+
+
+INTEGER_FIELDS = ("assignment[0]", "tasks[3].lane", "tasks[3].after[0]", "tasks[3].id")
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 2**64, 10**400, -(10**400)],
+                         ids=["2**63", "-2**63-1", "2**64", "10**400", "-10**400"])
+@pytest.mark.parametrize("case", range(len(_json_fields())))
+def test_an_integer_of_any_size_in_a_json_document_is_a_value_error_naming_the_field(tmp_path, case, value):
+    """Issue 23: 2**63 in a schedule's assignment gave OverflowError from load_schedule, not
+    ValueError. Every loader refuses integers beyond 64 bits in integer fields, and beyond a float's
+    range in float fields (where 2**63 is a number like any other), naming the field."""
+    loader, doc, where, name = _json_fields()[case]
+    if name not in INTEGER_FIELDS and abs(value) < 10**400:
+        return  # a valid float; whether it is in range for the field is the field's own check
+    doc = json.loads(json.dumps(doc))
+    target = doc
+    for k in where[:-1]:
+        target = target[k]
+    target[where[-1]] = value
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(doc))
+    for source in (path, doc):
+        with pytest.raises(ValueError, match=re.escape(name)) as e:
+            loader(source)
+        assert len(str(e.value)) < 300
+    if loader is pybubble.load_schedule:
+        one_error_line(run("validate", PROBLEM, path, cwd=tmp_path), f"{path}: {name}")
+    elif loader is pybubble.load_problem:
+        one_error_line(run("schedule", path, cwd=tmp_path), f"{path}: ")
+
+
+def test_checked_integers_are_64_bit():
+    """The one check every integer read passes through refuses what no int64 holds, bounds or not."""
+    assert integer(2**63 - 1, "x") == 2**63 - 1 and integer(-(2**63), "x") == -(2**63)
+    for value, kwargs in [(2**63, {}), (-(2**63) - 1, {}), (2**63, {"minimum": 0}), (10**400, {"maximum": 10**500})]:
+        with pytest.raises(ValueError, match=r"^x: .* out of range"):
+            integer(value, "x", **kwargs)
+    with pytest.raises(ValueError, match="more than the limit"):
+        positive_int(10**400, "x", limit=10)
+    with pytest.raises(ValueError, match="out of range"):
+        positive_int(2**63, "x")
 
 
 # ---- the pipeline simulator's tables --------------------------------------------------------------

@@ -78,6 +78,10 @@ def test_scheduler_run_with_fewer_durations_than_tasks():
     ("horizon", lambda a: True, r"horizon: True is not a number"),
     ("horizon", lambda a: "1" * 1000, r"horizon: '1{40}\.\.\.' is not a number$"),
     ("horizon", lambda a: 10**400, r"horizon: an integer of 1329 bits \(dtype object\) is not a number"),
+    # issue 23: Python integers past 64 bits in a list, as a document's numbers arrive
+    ("lane", lambda a: [2**63] + a.tolist()[1:], r"lane: dtype float64 is not an integer type"),
+    ("after", lambda a: [-(10**400)] + a.tolist()[1:], r"after: dtype object is not a number type"),
+    ("duration", lambda a: [2**1100] + a.tolist()[1:], r"duration: dtype object is not a number type"),
 ])
 def test_problem_arrays_refuse_lossy_dtypes(key, value, message):
     a = small_arrays()
@@ -88,13 +92,13 @@ def test_problem_arrays_refuse_lossy_dtypes(key, value, message):
 
 def test_problem_arrays_accept_lossless_dtypes_in_any_order():
     a = small_arrays()
-    ref = pybubble.schedule(from_flat(a))
+    ref = pybubble.schedule_problem(from_flat(a))
     a["lane"] = a["lane"].astype(np.uint8)
     a["after"] = np.asarray(a["after"], np.int16)
     a["duration"] = np.asfortranarray(a["duration"].astype(np.int32))[::-1][::-1]
     a["compute_start"] = a["compute_start"].astype(">f8")  # big-endian
     p = from_flat(a)
-    assert np.array_equal(pybubble.schedule(p).start, ref.start)
+    assert np.array_equal(pybubble.schedule_problem(p).start, ref.start)
 
 
 def pipeline_spec(**change):

@@ -168,3 +168,47 @@ def test_the_positive_integer_check_exists_once(check):
     there and nowhere else."""
     writers = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if f"is not a {check}" in p.read_text()]
     assert writers == ["config/checks.py"]
+
+
+def bound_names(tree: ast.Module) -> dict[str, str]:
+    """The names a module's top level binds to something other than a module of its own package,
+    each with what binds it (a definition, an assignment or an import of a name from a module)."""
+    bound = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            bound[node.name] = f"def {node.name}"
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(t, ast.Name):
+                    bound[t.id] = f"{t.id} = ..."
+        elif isinstance(node, ast.ImportFrom) and not (node.level == 1 and node.module is None):
+            for alias in node.names:  # `from . import sub` binds the subpackage itself: fine
+                bound[alias.asname or alias.name] = f"from {'.' * node.level}{node.module or ''} import {alias.name}"
+    return bound
+
+
+def test_no_public_name_shadows_a_subpackage():
+    """`import pybubble.X.Y as y` resolves X as an attribute of pybubble first: a function or class
+    named like the subpackage X hides it ("cannot import name 'Y' from 'X'")."""
+    shadows = []
+    for name, tree in MODULES.items():
+        if not is_package(name):
+            continue
+        folder = PACKAGE.joinpath(*name.split(".")[1:])
+        subpackages = {p.name for p in folder.iterdir() if (p / "__init__.py").exists()}
+        shadows += [f"{name}.{n}: {how}" for n, how in bound_names(tree).items() if n in subpackages]
+    assert not shadows, "\n".join(shadows)
+
+
+@pytest.mark.parametrize("sub", [s for s in ORDER if s != "runtime"])
+def test_every_subpackage_imports_by_its_dotted_name(sub):
+    """Each subpackage's modules import as `import pybubble.SUB.MODULE as m` (runtime needs torch)."""
+    import importlib
+
+    for path in sorted((PACKAGE / sub).glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        module = importlib.import_module(f"pybubble.{sub}.{path.stem}")
+        namespace: dict = {}
+        exec(f"import pybubble.{sub}.{path.stem} as m", namespace)
+        assert namespace["m"] is module

@@ -1,14 +1,18 @@
 """pybubble measure: idle per rank and kind from torch.profiler Chrome traces (synthetic traces with
 known answers, CPU/gloo and CUDA/NCCL shaped), the prediction beside it, and bad input."""
 
+import gzip
 import json
+import re
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict
 
 import pytest
 
-from pybubble.measure.bubbles import compare, measure, predicted_bubbles
+from pybubble.measure.bubbles import RankTrace, compare, measure, predicted_bubbles, rank_bubbles, transfer_posts
+from pybubble.measure.trace import Trace
 
 
 def x(name, ts, dur, cat="cpu_op", tid=1, pid=7):
@@ -117,19 +121,108 @@ def test_cli_prints_writes_json_and_a_plot(tmp_path):
     assert (tmp_path / "m.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("content, message", [
-    ("not json {", r"error: .*rank0.json: not valid JSON"),
-    (json.dumps({"traceEvents": []}), r"error: .*rank0.json: no trace events"),
-])
-def test_bad_traces_exit_2_with_one_line(tmp_path, content, message):
-    (tmp_path / "rank0.json").write_text(content)
-    r = cli(tmp_path / "rank0.json")
-    assert r.returncode == 2
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ")
-    import re
+GOOD = json.dumps(cpu_rank(0)).encode()
+GZIPPED = gzip.compress(GOOD)
 
-    assert re.match(message, lines[0]), lines[0]
+
+@pytest.mark.parametrize("content, message", [
+    (b"not json {", r"not valid JSON: lexical error"),
+    (json.dumps({"traceEvents": []}).encode(), r"no trace events"),
+    (b"", r"empty file"),
+    (GOOD[:len(GOOD) // 2], r"not valid JSON: it ends early \(truncated\)"),  # truncated
+    (GZIPPED[:len(GZIPPED) // 2], r"not a valid gzip file"),  # a truncated gzip stream
+    (GZIPPED[:40] + bytes(b ^ 0x55 for b in GZIPPED[40:80]) + GZIPPED[80:], r"not (a valid gzip file|valid JSON)"),
+    (gzip.compress(b""), r"empty file"),
+    (json.dumps({"schemaVersion": 1, "traceEvents": {"ph": "X"}}).encode(), r"no trace events"),  # wrong schema
+    (json.dumps([1, "x", None]).encode(), r"no trace events"),
+    (json.dumps(42).encode(), r"no trace events"),
+    (json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": "soon", "dur": 1}]}).encode(),
+     r"traceEvents\[0\]\.ts: 'soon' is not a number"),
+    (json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 10**400}]}).encode(),
+     r"not valid JSON: parse error: integer overflow"),
+    (json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 1, "pid": [1]}]}).encode(),
+     r"traceEvents\[0\]: pid \[1\] and tid None are not numbers or names"),
+    (json.dumps({**cpu_rank(0), "distributedInfo": {"rank": 0, "world_size": "two"}}).encode(),
+     r"distributedInfo.world_size: 'two' is not an integer"),
+    (GOOD + b" {}", r"not valid JSON: parse error: trailing garbage"),
+    (json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": float("inf")}]}).encode(),
+     r"not valid JSON"),
+    (json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 2**1100}]}).encode(),
+     r"not valid JSON: parse error: integer overflow"),
+], ids=["not-json", "no-events", "empty", "truncated", "gzip-truncated", "gzip-corrupted", "gzip-empty",
+        "events-not-a-list", "list-of-non-events", "a-number", "ts-a-string", "dur-400-digits", "pid-a-list",
+        "world-size-a-string", "trailing-garbage", "dur-infinity", "dur-1100-bits"])
+@pytest.mark.parametrize("name", ["rank0.json", "rank0.json.gz"])
+def test_bad_traces_exit_2_with_one_line(tmp_path, content, message, name):
+    """Truncated, gzip-corrupted, wrong-schema and empty traces, with either suffix (gzip is told by
+    its first bytes): a ValueError naming the file; from the CLI, one error line and exit 2."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=re.escape(str(path)) + ": " + message):
+        measure(path)
+    r = cli(path)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: "), r.stderr
+    assert re.search(message, lines[0]), lines[0]
+
+
+def test_a_trace_streams_as_json_parses_it_whole(tmp_path):
+    """The streaming reader gives the events and fields that json.load gives, fields before or
+    after the events, from a plain or a gzipped file (whatever its name), or a bare list."""
+    doc = cpu_rank(1, world=2)
+    doc["traceEvents"] += [{"ph": "s", "id": 3, "ts": 1.5, "cat": "ac2g"}, {"ph": "M", "name": "thread_name",
+                                                                          "args": {"name": "main", "deep": [[{}]]}}]
+    for name, data, head in [("a.json", json.dumps(doc), False),
+                             ("b.json", json.dumps({"distributedInfo": doc["distributedInfo"], **doc}), True),
+                             ("c.json.gz", gzip.compress(json.dumps(doc).encode()), False),
+                             ("d.json", gzip.compress(json.dumps(doc).encode()), False)]:
+        path = tmp_path / name
+        path.write_bytes(data) if isinstance(data, bytes) else path.write_text(data)
+        trace = Trace(path)
+        assert trace.gzipped == isinstance(data, bytes)
+        assert list(trace.events()) == json.loads(json.dumps(doc))["traceEvents"]
+        assert trace.fields == {"distributedInfo": {"rank": 1, "world_size": 2}}
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(doc["traceEvents"]))
+    trace = Trace(bare)
+    assert list(trace.events()) == doc["traceEvents"] and trace.fields == {}
+
+
+def test_measure_streams_plain_and_gzipped_traces_alike(tmp_path):
+    """A folder of gzipped traces measures as the same traces in plain JSON, and as the whole-file
+    reading: the events measure keeps, read as a stream, are those of json.load's document."""
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir(), packed.mkdir()
+    docs = [cpu_rank(0), cpu_rank(1)]
+    write(plain, docs)
+    for r, doc in enumerate(docs):
+        (packed / f"rank{r}.pt.trace.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode()))
+    streamed, zipped = measure(plain), measure(packed)
+    whole = [json.loads((plain / f"rank{r}.json").read_text())["traceEvents"] for r in range(2)]
+    traces = [RankTrace.of_events(events) for events in whole]
+    posts = [transfer_posts(t)[0] for t in traces]
+    expected = [rank_bubbles(traces[r], r, posts[1 - r]) for r in range(2)]
+    assert [asdict(r) for r in streamed] == [asdict(r) for r in zipped] == [asdict(r) for r in expected]
+    assert streamed[0].idle_by_kind == {"warmup": 1500, "steady": 1000, "cooldown": 1000, "collective": 800}
+
+
+def test_measure_keeps_only_the_events_it_uses(tmp_path):
+    """CUDA launches, flow arrows, Python frames and metadata are dropped as the trace is read."""
+    doc = cpu_rank(0)
+    doc["traceEvents"] += [x("cudaLaunchKernel", 0, 1, "cuda_runtime"), x("train.py(12): step", 0, 1, "python_function"),
+                           {"ph": "f", "id": 1, "ts": 0, "cat": "ac2g"}, x("ProfilerStep#3", 0, 1010, "other")]
+    kept = RankTrace.of_events(doc["traceEvents"])
+    assert len(kept.start) == len(cpu_rank(0)["traceEvents"]) + 1  # the step, whatever its category
+    assert "ProfilerStep#3" in kept.names
+
+
+def test_one_trace_file_is_measured_alone(tmp_path):
+    """A single file is that rank's measurement even when its distributedInfo names a larger world."""
+    path = tmp_path / "rank1.json"
+    path.write_text(json.dumps(cpu_rank(1, world=4)))
+    [r] = measure(path)
+    assert r.rank == 1 and r.idle_by_kind["warmup"] == 1500
 
 
 def test_a_missing_rank_exits_2_with_one_line(tmp_path):
@@ -157,3 +250,34 @@ def test_measure_does_not_import_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        cwd=tempfile.gettempdir())
     assert r.stdout.strip() == "False", r.stderr
+
+
+TRICKY = json.dumps({"traceEvents": [{"ph": "X", "name": 'a"[[{\\' * 40 + "]" * 90, "args": {"x": ["\\\\\"[{" * 30, [[]]]}},
+                                     {"name": "\\" * 7 + "[" * 80 + '"' + "\\\\" * 5}] * 4}).encode()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64, 65536])
+def test_nesting_is_tracked_outside_strings_across_reads_of_any_size(size):
+    """Brackets, quotes and backslashes inside strings (escaped quotes, runs of backslashes cut
+    between two reads) do not count as nesting; the depth ends at 0."""
+    import io
+
+    from pybubble.measure.trace import _Nesting
+
+    stream = _Nesting(io.BytesIO(TRICKY), "t.json")
+    assert b"".join(iter(lambda: stream.read(size), b"")) == TRICKY
+    assert stream.depth == 0 and not stream.in_string
+
+
+@pytest.mark.parametrize("depth, ok", [(64, True), (65, False), (1_000_000, False)])
+def test_a_trace_nested_past_the_limit_is_refused_as_it_is_read(tmp_path, depth, ok):
+    """ijson's memory grows with the square of the nesting (a prefix per level): a small file
+    nested a million deep is refused at the limit of pybubble's documents, not read."""
+    inner = "[" * (depth - 3) + "]" * (depth - 3)
+    path = tmp_path / "deep.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "ts": 1, "dur": 1, "args": ' + inner + "}]}")
+    if ok:
+        assert len(list(Trace(path).events())) == 1
+    else:
+        with pytest.raises(ValueError, match=re.escape(f"{path}: nested deeper than the limit of 64 levels")):
+            list(Trace(path).events())

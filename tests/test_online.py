@@ -15,7 +15,7 @@ def test_reschedule_equals_a_fresh_schedule_of_the_changed_problem():
             d = problem.arrays().tasks.duration * rng.uniform(0.5, 1.5, problem.num_tasks)
             got = online.reschedule(d)
             changed = problem.with_durations(d)
-            want = pybubble.schedule(changed)
+            want = pybubble.schedule_problem(changed)
             np.testing.assert_array_equal(got.start, want.start)
             assert pybubble.validate(changed, got) == []
 
@@ -69,7 +69,7 @@ def test_ranked_candidates_are_the_best_plans_on_the_mean_batch(ranked):
 
     config = load_config(SMALL)
     step = pybubble.LLMStep.of(config)
-    even = {(p.pp_enc, p.tp_enc): pybubble.schedule(encoder_problem(
+    even = {(p.pp_enc, p.tp_enc): pybubble.schedule_problem(encoder_problem(
         step, p, even_split(config.microbatches, p.pipelines))).step_time for p in encoder_plans(config)}
     assert len(even) > 4
     steps = [c.step_time for c in ranked]

@@ -248,7 +248,7 @@ def test_warmup_adjustment_defers_forward_points_without_lengthening_the_step():
     task = [{"lane": 0, "duration": 4.0, "resource": "compute", "phase": "fwd", "microbatch": 6, "after": []}]
     for tl, fits in ((base, False), (adjusted, True)):
         problem = pybubble.Problem.on_timeline(tl, task)
-        sched = pybubble.schedule(problem)
+        sched = pybubble.schedule_problem(problem)
         assert pybubble.validate(problem, sched) == []
         assert (sched.step_time == tl.step_time) == fits
     # Too few warm-up forwards deadlock the table, and the error says where.
@@ -289,7 +289,7 @@ def test_problem_on_timeline_schedules_and_validates():
             w = lane[key]
             assert all(0 <= s < e <= tl.step_time for s, e in w)
             assert all(w[i][1] < w[i + 1][0] for i in range(len(w) - 1))
-    sched = pybubble.schedule(problem)
+    sched = pybubble.schedule_problem(problem)
     assert pybubble.validate(problem, sched) == []
 
 

@@ -50,7 +50,7 @@ def test_every_candidate_problem_schedules_validly_and_greedy_beats_coarse():
     assert {(p.pp_enc, p.tp_enc) for p in plans} == {(1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2)}
     for plan in plans:
         problem = encoder_problem(step, plan, even_split(cfg.microbatches, plan.pipelines))
-        greedy, coarse = pybubble.schedule(problem), pybubble.schedule(problem, "coarse")
+        greedy, coarse = pybubble.schedule_problem(problem), pybubble.schedule_problem(problem, "coarse")
         assert pybubble.validate(problem, greedy) == []
         assert greedy.step_time <= coarse.step_time
         assert problem.horizon == tl.step_time
@@ -66,7 +66,7 @@ def test_best_plan_hides_most_of_a_small_encoder():
     cfg = load_config(SMALL)
     best = search(cfg).best
     assert best.hidden_fraction > 0.5
-    assert best.step_time < pybubble.schedule(best.problem, "coarse").step_time
+    assert best.step_time < pybubble.schedule_problem(best.problem, "coarse").step_time
     assert pybubble.validate(best.problem, best.schedule) == []
 
 
@@ -91,7 +91,7 @@ def _brute_force(cfg):
     best = math.inf
     for plan in encoder_plans(cfg):
         for partition in compositions(cfg.microbatches, plan.pipelines):
-            best = min(best, pybubble.schedule(encoder_problem(step, plan, list(partition))).step_time)
+            best = min(best, pybubble.schedule_problem(encoder_problem(step, plan, list(partition))).step_time)
     return best
 
 
@@ -107,7 +107,7 @@ def test_local_search_never_loses_to_the_even_partition(monkeypatch):
     cfg = load_config(TINY)
     monkeypatch.setattr(planner, "EXHAUSTIVE", 0)  # local search everywhere
     found = search(cfg, workers=1)
-    even = min(pybubble.schedule(encoder_problem(found.step, p, even_split(cfg.microbatches, p.pipelines))).step_time
+    even = min(pybubble.schedule_problem(encoder_problem(found.step, p, even_split(cfg.microbatches, p.pipelines))).step_time
                for p in encoder_plans(cfg))
     assert _brute_force(cfg) <= found.best.step_time <= even
     assert pybubble.validate(found.best.problem, found.best.schedule) == []

@@ -136,7 +136,7 @@ def test_fuzzed_problems_load_or_raise_value_error(seed, data):
         p = pybubble.load_problem(json.loads(json.dumps(doc)))
     except ValueError:
         return
-    s = pybubble.schedule(p)
+    s = pybubble.schedule_problem(p)
     assert pybubble.validate(p, s) == []
 
 
@@ -163,4 +163,4 @@ def test_fuzzed_core_arrays_never_crash(seed, data):
         p = pybubble.Problem.from_arrays(arrays)
     except ValueError:
         return
-    assert pybubble.validate(p, pybubble.schedule(p)) == []
+    assert pybubble.validate(p, pybubble.schedule_problem(p)) == []

@@ -187,7 +187,7 @@ def test_the_calibration_file_is_found_beside_the_config_and_scales_the_roofline
     (None, "cluster.calibration: .*cluster.json: no such file"),
     ("{not json", "cluster.calibration: .*cluster.json: not valid JSON"),
     ({"format": "pybubble.problem/1"}, "cluster.calibration: .*cluster.json: format: 'pybubble.problem/1' is not"),
-    ({"format": "pybubble.calibration/1"}, "calibrates nothing: no kinds and none of compute_factor, comm_factor"),
+    ({"format": "pybubble.calibration/1"}, "calibrates nothing: no kinds, no op_factors and none of compute_factor, comm_factor"),
     ({**GOOD, "compute_factor": 1.5}, "cluster.calibration: .*compute_factor: 1.5 is not in \\(0, 1\\]"),
     ({**GOOD, "comm_factor": "fast"}, "comm_factor: 'fast' is not a number"),
     ({**GOOD, "hardware": "a100-80gb"}, "hardware: 'a100-80gb' is not this cost model's 'h100'"),

@@ -28,7 +28,7 @@ settings.load_profile("pybubble")
 @given(problems, st.sampled_from(["greedy", "coarse"]))
 @settings(max_examples=150)
 def test_every_schedule_is_valid(problem, policy):
-    sched = pybubble.schedule(problem, policy)
+    sched = pybubble.schedule_problem(problem, policy)
     assert pybubble.validate(problem, sched) == []
     assert sched.step_time >= problem.horizon
     assert sched.shift_front >= 0 and sched.shift_back >= 0
@@ -38,13 +38,13 @@ def test_every_schedule_is_valid(problem, policy):
 @given(problems)
 @settings(max_examples=150)
 def test_greedy_is_never_worse_than_coarse(problem):
-    assert pybubble.schedule(problem).step_time <= pybubble.schedule(problem, "coarse").step_time
+    assert pybubble.schedule_problem(problem).step_time <= pybubble.schedule_problem(problem, "coarse").step_time
 
 
 @given(problems, st.sampled_from(["greedy", "coarse"]))
 @settings(max_examples=100)
 def test_core_equals_reference(problem, policy):
-    core = pybubble.schedule(problem, policy)
+    core = pybubble.schedule_problem(problem, policy)
     ref = reference_schedule(problem, policy)
     np.testing.assert_array_equal(core.start, ref.start)
     np.testing.assert_array_equal(core.assignment, ref.assignment)
@@ -55,7 +55,7 @@ def test_core_equals_reference(problem, policy):
 @given(problems)
 @settings(max_examples=60)
 def test_coarse_keeps_forward_before_and_backward_after_the_step(problem):
-    sched = pybubble.schedule(problem, "coarse")
+    sched = pybubble.schedule_problem(problem, "coarse")
     a = problem.arrays()
     fwd = a.tasks.phase == 0
     assert np.all(sched.start[fwd] + a.tasks.duration[fwd] <= 1e-9)
@@ -65,7 +65,7 @@ def test_coarse_keeps_forward_before_and_backward_after_the_step(problem):
 @given(problems)
 @settings(max_examples=60)
 def test_schedule_round_trips_through_json(problem):
-    sched = pybubble.schedule(problem)
+    sched = pybubble.schedule_problem(problem)
     again = pybubble.load_schedule(sched.to_dict())
     np.testing.assert_array_equal(again.start, sched.start)
     assert pybubble.validate(pybubble.load_problem(problem.to_dict()), again) == []
@@ -73,7 +73,7 @@ def test_schedule_round_trips_through_json(problem):
 
 def test_greedy_hides_encoder_work_on_a_pipeline():
     problem = synthetic(stages=4, microbatches=8, encoder_layers=8, encoder_scale=2.0)
-    greedy, coarse = pybubble.schedule(problem), pybubble.schedule(problem, "coarse")
+    greedy, coarse = pybubble.schedule_problem(problem), pybubble.schedule_problem(problem, "coarse")
     assert coarse.hidden_fraction(problem) == 0.0
     assert greedy.hidden_fraction(problem) > 0.3
     assert greedy.step_time < coarse.step_time
@@ -89,12 +89,12 @@ def test_comm_tasks_never_go_into_compute_only_windows():
                      {"id": 1, "lane": 0, "duration": 5.0, "resource": "comm", "phase": "fwd",
                       "microbatch": 0, "after": [0]}]}
     problem = pybubble.load_problem(doc)
-    sched = pybubble.schedule(problem)
+    sched = pybubble.schedule_problem(problem)
     assert pybubble.validate(problem, sched) == []
     assert sched.start[1] + 5.0 <= 0.0  # the comm task runs before the step...
     assert sched.start[0] + 5.0 <= sched.start[1]  # ...and so does its predecessor
     doc["lanes"][0]["link_free"] = [[50.0, 60.0]]
-    sched = pybubble.schedule(pybubble.load_problem(doc))
+    sched = pybubble.schedule_problem(pybubble.load_problem(doc))
     assert sched.step_time == 100.0 and 50.0 <= sched.start[1] <= 55.0
 
 
@@ -108,7 +108,7 @@ def shifted(sched, start=None, **changes):
 
 def test_validator_reports_each_kind_of_violation():
     problem = synthetic(stages=2, microbatches=4, encoder_layers=2, kernels_per_layer=3)
-    sched = pybubble.schedule(problem)
+    sched = pybubble.schedule_problem(problem)
     a = problem.arrays()
     # A task moved before its predecessor.
     t = int(np.nonzero(a.tasks.after_offset[1:] - a.tasks.after_offset[:-1])[0][0])
@@ -135,7 +135,7 @@ def test_validator_reports_each_kind_of_violation():
 
 def test_validator_reports_missed_forward_needed():
     problem = synthetic(stages=2, microbatches=4, encoder_layers=2, kernels_per_layer=3)
-    sched = pybubble.schedule(problem)
+    sched = pybubble.schedule_problem(problem)
     # Swap the assignment so an encoder microbatch feeds an LLM microbatch too early for it.
     late = int(np.argmax(sched.assignment))
     early = int(np.argmin(sched.assignment))
@@ -147,7 +147,7 @@ def test_validator_reports_missed_forward_needed():
 
 def test_validate_rejects_schedules_of_the_wrong_shape():
     problem = synthetic(stages=2, microbatches=2, encoder_layers=2, kernels_per_layer=2)
-    sched = pybubble.schedule(problem)
+    sched = pybubble.schedule_problem(problem)
     with pytest.raises(ValueError, match="start: 3 entries"):
         pybubble.validate(problem, shifted(sched, start=[0.0, 1.0, 2.0]))
     with pytest.raises(ValueError, match="assignment: 1 entries"):
@@ -161,13 +161,13 @@ def test_scheduler_reruns_with_new_durations():
     core = _core.Scheduler(problem.core)
     d = problem.arrays().tasks.duration * 1.5
     start, assignment, step, front, back = core.run("greedy", d)
-    ref = pybubble.schedule(problem.with_durations(d))
+    ref = pybubble.schedule_problem(problem.with_durations(d))
     np.testing.assert_array_equal(start, ref.start)
     assert step == ref.step_time
     with pytest.raises(ValueError, match=r"durations\[0\]"):
         core.run("greedy", np.full(problem.num_tasks, -1.0))
     with pytest.raises(ValueError, match="policy"):
-        pybubble.schedule(problem, "best")
+        pybubble.schedule_problem(problem, "best")
 
 
 def test_saved_schedules_have_no_negative_zero(tmp_path):
@@ -176,7 +176,7 @@ def test_saved_schedules_have_no_negative_zero(tmp_path):
 
     made = Schedule(step_time=5.0, shift_front=-0.0, shift_back=-0.0, start=np.array([-0.0, 1.0]),
                     assignment=np.array([0]))
-    sched = pybubble.schedule(random_problem(31))  # the core gives shift_front = -0.0 here
+    sched = pybubble.schedule_problem(random_problem(31))  # the core gives shift_front = -0.0 here
     for s in (made, sched):
         s.save(tmp_path / "s.json")
         assert "-0.0" not in (tmp_path / "s.json").read_text()

@@ -40,13 +40,13 @@ def test_bad_specs_name_the_field(field, value):
 def test_replay_of_the_plan_itself_is_its_step_time():
     problem = synthetic(stages=4, microbatches=8, encoder_layers=8, encoder_scale=2.0)
     for policy in ("greedy", "coarse"):
-        sched = pybubble.schedule(problem, policy)
+        sched = pybubble.schedule_problem(problem, policy)
         assert pybubble.replay(problem, sched) == pytest.approx(sched.step_time, rel=1e-12)
 
 
 def test_replay_grows_with_the_work():
     problem = synthetic(stages=4, microbatches=8, encoder_layers=8, encoder_scale=2.0)
-    sched = pybubble.schedule(problem)
+    sched = pybubble.schedule_problem(problem)
     d = problem.arrays().tasks.duration
     steps = [pybubble.replay(problem.with_durations(d * f), sched) for f in (0.5, 1.0, 1.5, 2.0)]
     assert steps == sorted(steps) and steps[0] < steps[-1]
@@ -62,3 +62,9 @@ def test_microbatch_loads_in_order_or_by_assignment():
         microbatch_loads(cost, 4)
     with pytest.raises(ValueError, match="assignment"):
         microbatch_loads(cost, 2, np.array([0, 1, 2, 0, 1, 0]))
+
+
+@pytest.mark.parametrize("seed", [-1, 2**64, float("inf"), 1.5, "0"])
+def test_a_seed_that_is_no_64_bit_integer_is_a_value_error(seed):
+    with pytest.raises(ValueError, match="seed"):
+        next(batches(WorkloadSpec(), samples=4, steps=1, seed=seed))

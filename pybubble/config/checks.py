@@ -60,11 +60,29 @@ def positive(value: Any, where: str) -> float:
     return v
 
 
-def integer(value: Any, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    """`value` as an int (NumPy integers included, bools excluded), within [minimum, maximum]."""
+INT64 = (-(2**63), 2**63 - 1)
+"""The range of every integer pybubble reads: its arrays and the core hold integers as int64."""
+
+
+def _integral(value: Any, where: str) -> int:
+    """`value` as a Python int (NumPy integers included, bools excluded), of any size."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise ValueError(f"{where}: {shown(value)} is not an integer")
-    v = int(value)
+    return int(value)
+
+
+def _int64(v: int, value: Any, where: str) -> int:
+    """`v` if it fits :data:`INT64`: the one place where an integer of any size is refused before
+    it reaches an int64 array or the core (which would raise OverflowError, not ValueError)."""
+    if not INT64[0] <= v <= INT64[1]:
+        raise ValueError(f"{where}: {shown(value)} is out of range (not a 64-bit integer)")
+    return v
+
+
+def integer(value: Any, where: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """`value` as an int (NumPy integers included, bools excluded), within [minimum, maximum] and
+    within :data:`INT64` (every integer pybubble reads ends in an int64)."""
+    v = _integral(value, where)
     if (minimum is not None and v < minimum) or (maximum is not None and v > maximum):
         if maximum is None:
             want = f">= {minimum}"
@@ -73,17 +91,18 @@ def integer(value: Any, where: str, minimum: int | None = None, maximum: int | N
         else:
             want = f"in [{minimum}, {maximum}]"
         raise ValueError(f"{where}: {shown(value)} is not an integer {want}")
-    return v
+    return _int64(v, value, where)
 
 
 def positive_int(value: Any, where: str, limit: int | None = None) -> int:
-    """`value` as an int >= 1, and at most `limit` when given (one of :mod:`pybubble.config.limits`)."""
-    v = integer(value, where)
+    """`value` as an int >= 1, and at most `limit` when given (one of :mod:`pybubble.config.limits`)
+    and within :data:`INT64`."""
+    v = _integral(value, where)
     if v < 1:
         raise ValueError(f"{where}: {shown(value)} is not a positive integer")
     if limit is not None and v > limit:
         raise ValueError(f"{where}: {shown(value)} is more than the limit of {limit:,}")
-    return v
+    return _int64(v, value, where)
 
 
 def flag(value: Any, where: str) -> bool:
@@ -176,5 +195,5 @@ def interval(value: Any, where: str) -> tuple[float, float]:
     return start, end
 
 
-__all__ = ["SHOWN_CHARS", "array", "finite", "flag", "integer", "interval", "known_keys", "mapping", "number",
+__all__ = ["INT64", "SHOWN_CHARS", "array", "finite", "flag", "integer", "interval", "known_keys", "mapping", "number",
            "one_of", "positive", "positive_int", "real_array", "required", "shown"]

@@ -14,6 +14,12 @@ the achieved fraction of the roofline for every compute kernel (its time, less t
 divided by it), and ``comm_factor``, the achieved fraction of the nominal link bandwidth for every
 collective and point-to-point send.
 
+A calibration fitted to a measured step (``pybubble calibrate --trace``) carries ``op_factors``: per
+op kind of :data:`OP_KINDS`, the ratio of the measured time to the predicted one, which multiplies
+that kind's predicted time (an LLM layer's compute kernels by phase, the encoders' likewise, pipeline
+sends, each collective kind). ``llm_wgrad`` is the weight-gradient half W of a backward where the
+schedule splits one off (I takes the other half, ``llm_bwd``); without it W goes as ``llm_bwd``.
+
 Collectives use the ring model: ``alpha·(n-1) + (n-1)/n · bytes / bw`` for an all-gather or a
 reduce-scatter, twice that for an all-reduce; ``bw`` is NVLink inside a node, the network across.
 All times are microseconds.
@@ -29,13 +35,16 @@ from typing import Any
 
 from ..config.checks import mapping, number, positive, required, shown
 from ..config.documents import naming, read_document
-from ..config.models import TransformerShape
+from ..config.models import EncoderConfig, TransformerShape
 from .kernels import KERNEL_KINDS, Kernel, decompose_layer
 
 CALIBRATION_FORMAT = "pybubble.calibration/1"
 """The format key of a calibration file (per-kind efficiencies, cluster factors, or both)."""
 FACTORS = ("compute_factor", "comm_factor")
 """The cluster factors a calibration file may set, each in (0, 1]."""
+OP_KINDS = ("llm_fwd", "llm_bwd", "llm_wgrad", "p2p", "all_gather", "reduce_scatter", "all_reduce",
+            "encoder_fwd", "encoder_bwd")
+"""The op kinds of a step a calibration's ``op_factors`` may scale (measured / predicted time)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -162,6 +171,9 @@ class CostModel:
         """Achieved fraction of the roofline for compute kernels (a calibration's ``compute_factor``)."""
         self.comm_factor = 1.0
         """Achieved fraction of the links' bandwidth for collectives and sends (``comm_factor``)."""
+        self.op_factors: dict[str, float] = {}
+        """Measured over predicted time per op kind of :data:`OP_KINDS` (a calibration's
+        ``op_factors``; a kind not in it: 1)."""
         if calibration is not None:
             self.load_calibration(calibration)
 
@@ -176,8 +188,8 @@ class CostModel:
 
     def _load_calibration(self, doc: Mapping[str, Any]) -> None:
         """Checks the whole document first, then applies it: a bad field changes nothing."""
-        if "kinds" not in doc and not any(name in doc for name in FACTORS):
-            raise ValueError(f"calibrates nothing: no kinds and none of {', '.join(FACTORS)}")
+        if "kinds" not in doc and "op_factors" not in doc and not any(name in doc for name in FACTORS):
+            raise ValueError(f"calibrates nothing: no kinds, no op_factors and none of {', '.join(FACTORS)}")
         if "hardware" in doc and doc["hardware"] != self.hardware.name:
             raise ValueError(f"hardware: {shown(doc['hardware'])} is not this cost model's {self.hardware.name!r}")
         factors = {}
@@ -200,6 +212,12 @@ class CostModel:
                 efficiency[kind] = Efficiency(**values)
             except ValueError as e:
                 raise ValueError(f"{where}.{e}") from None
+        op_factors = {}
+        for kind, value in mapping(doc.get("op_factors", {}), "op_factors").items():
+            if kind not in OP_KINDS:
+                raise ValueError(f"op_factors: unknown op kind {shown(kind)}; known: {', '.join(OP_KINDS)}")
+            op_factors[kind] = positive(value, f"op_factors.{kind}")
+        self.op_factors.update(op_factors)
         for name, value in factors.items():
             setattr(self, name, value)
         for name, value in peaks.items():
@@ -207,6 +225,18 @@ class CostModel:
         self.hardware.efficiency.update(efficiency)
 
     # --- kernels ---------------------------------------------------------------------------
+
+    def op_factor(self, kind: str) -> float:
+        """The calibration's time factor of op kind `kind` (:data:`OP_KINDS`; 1 when not fitted;
+        ``llm_wgrad`` defaults to ``llm_bwd``)."""
+        if kind == "llm_wgrad" and kind not in self.op_factors:
+            kind = "llm_bwd"
+        return self.op_factors.get(kind, 1.0)
+
+    def backward_factor(self) -> float:
+        """The factor of a whole LLM backward: the mean of its input-gradient half (``llm_bwd``) and
+        its weight-gradient half (``llm_wgrad``), as the simulator splits a backward in two."""
+        return (self.op_factor("llm_bwd") + self.op_factor("llm_wgrad")) / 2
 
     def efficiency(self, kind: str, flops: float) -> float:
         """Achieved fraction of peak FLOP/s for a compute-bound kernel of `kind` and size `flops`."""
@@ -246,9 +276,9 @@ class CostModel:
         alpha = hw.nvlink_latency_us if inside else hw.network_latency_us
         one = alpha * (group - 1) + 1e6 * (group - 1) / group * nbytes / bw
         if op == "all_reduce":
-            return 2.0 * one
+            return 2.0 * one * self.op_factor(op)
         if op in ("all_gather", "reduce_scatter"):
-            return one
+            return one * self.op_factor(op)
         raise ValueError(f"collective: {op!r} is not all_reduce, all_gather or reduce_scatter")
 
     def p2p_time(self, nbytes: float, across_nodes: bool = True) -> float:
@@ -256,8 +286,10 @@ class CostModel:
         :attr:`comm_factor`)."""
         hw = self.hardware
         if across_nodes:
-            return hw.network_latency_us + 1e6 * nbytes / (hw.network_bandwidth * self.comm_factor)
-        return hw.nvlink_latency_us + 1e6 * nbytes / (hw.nvlink_bandwidth * self.comm_factor)
+            t = hw.network_latency_us + 1e6 * nbytes / (hw.network_bandwidth * self.comm_factor)
+        else:
+            t = hw.nvlink_latency_us + 1e6 * nbytes / (hw.nvlink_bandwidth * self.comm_factor)
+        return t * self.op_factor("p2p")
 
     # --- layers ----------------------------------------------------------------------------
 
@@ -265,10 +297,16 @@ class CostModel:
                       sequence_parallel: bool = False, phase: str = "fwd",
                       recompute: str = "none") -> list[tuple[Kernel, float]]:
         """The kernels of one layer with their predicted durations (arguments as
-        :func:`~pybubble.costs.kernels.decompose_layer`)."""
+        :func:`~pybubble.costs.kernels.decompose_layer`); compute kernels scaled by the op factor of
+        the model's role and the phase (``encoder_fwd``, ``llm_bwd``... an LLM backward by
+        :meth:`backward_factor`)."""
         kernels = decompose_layer(model, micro_batch, seq_len, tp=tp, sequence_parallel=sequence_parallel,
                                   phase=phase, recompute=recompute)
-        return [(k, self.kernel_time(k)) for k in kernels]
+        if isinstance(model, EncoderConfig):
+            factor = self.op_factor(f"encoder_{phase}")
+        else:
+            factor = self.op_factor("llm_fwd") if phase == "fwd" else self.backward_factor()
+        return [(k, self.kernel_time(k) * (factor if k.resource == "compute" else 1.0)) for k in kernels]
 
     def layer_time(self, model: TransformerShape, micro_batch: int, seq_len: int, tp: int = 1,
                    sequence_parallel: bool = False, phase: str = "fwd", recompute: str = "none") -> float:

@@ -93,19 +93,36 @@ def chunk_layers(plan: LLMPlan, layers: int) -> np.ndarray:
     return out
 
 
-def _simulate(config: Config, costs: CostModel, fwd: float | np.ndarray, bwd: float | np.ndarray,
-              tp_comm: tuple[int, float] | None) -> Timeline:
+def wgrad_share(costs: CostModel) -> float:
+    """The weight-gradient half W's share of an LLM backward at `costs`' op factors (1/2 without
+    them): ``llm_wgrad`` over twice :meth:`CostModel.backward_factor`."""
+    return costs.op_factor("llm_wgrad") / (2 * costs.backward_factor())
+
+
+def step_comm(config: Config, costs: CostModel) -> tuple[float, float, float]:
+    """The communication of `config`'s LLM step at `costs` (us): one pipeline send of a microbatch's
+    activations (0 without pipeline parallelism), and the distributed optimizer's exposed parameter
+    all-gather and gradient reduce-scatter (0 without data parallelism). Each DP rank holds 1/dp of
+    its stage's parameters (bf16) and gathers the rest; gradients (fp32) are reduce-scattered the
+    same way; the rank with the most layers sets the time."""
     llm, plan, tr = config.llm, config.llm_plan, config.training
     activation = float(llm.dtype_bytes * tr.micro_batch * tr.seq_len * llm.hidden) / plan.tp
     p2p = costs.p2p_time(activation) if plan.pp > 1 else 0.0
-    # Each DP rank holds 1/dp of its stage's parameters (bf16) and gathers the rest; gradients
-    # (fp32) are reduce-scattered the same way. The rank with the most layers sets the time.
     stage_params = float(llm.params_per_layer * chunk_layers(plan, llm.layers).sum(axis=1).max()) / plan.tp
     dp = plan.dp
     gather = costs.collective_time("all_gather", stage_params * llm.dtype_bytes, dp) if dp > 1 else 0.0
     scatter = costs.collective_time("reduce_scatter", stage_params * GRAD_BYTES, dp) if dp > 1 else 0.0
+    return p2p, gather, scatter
+
+
+def _simulate(config: Config, costs: CostModel, fwd: float | np.ndarray, bwd: float | np.ndarray,
+              tp_comm: tuple[int, float] | None, wgrad: float | np.ndarray | None = None) -> Timeline:
+    plan = config.llm_plan
+    p2p, gather, scatter = step_comm(config, costs)
+    if wgrad is None:  # where the schedule splits a backward, W takes its weight-gradient half
+        wgrad = np.asarray(bwd) * wgrad_share(costs)
     return simulate_pipeline(plan.schedule, ranks=plan.pp, microbatches=config.microbatches,
-                             chunks=plan.vpp, fwd=fwd, bwd=bwd, p2p=p2p, tp_comm=tp_comm,
+                             chunks=plan.vpp, fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=p2p, tp_comm=tp_comm,
                              dp_allgather=gather, dp_reducescatter=scatter)
 
 
@@ -198,12 +215,13 @@ class LLMStep:
         return tl.compute_free.repeated(lanes_per_stage), tl.nvlink_free.repeated(lanes_per_stage)
 
     def simulate(self, fwd: float | np.ndarray, bwd: float | np.ndarray,
-                 tp_comm: tuple[int, float] | None = None) -> Timeline:
+                 tp_comm: tuple[int, float] | None = None, wgrad: float | np.ndarray | None = None) -> Timeline:
         """The step with `fwd` and `bwd` per (rank, chunk) (a scalar: every one alike), the config's
         point-to-point activation transfers and the distributed optimizer's exposed parameter
         all-gather and gradient reduce-scatter; `tp_comm` opens TP collectives as bubbles (the
-        baselines leave them closed: they do not change the step time)."""
-        return _simulate(self.config, self.costs, fwd, bwd, tp_comm)
+        baselines leave them closed: they do not change the step time); `wgrad`: the W part of each
+        backward where the schedule splits one off (default: the LLM's, :func:`wgrad_share`)."""
+        return _simulate(self.config, self.costs, fwd, bwd, tp_comm, wgrad)
 
     def stage_memory(self, timeline: Timeline, encoder_layers: np.ndarray | None = None,
                      llm_layers: np.ndarray | None = None, encoder_tp: int | None = None) -> np.ndarray:
@@ -217,4 +235,5 @@ class LLMStep:
         return _stage_memory(self.config, timeline, encoder_layers, llm_layers, encoder_tp)
 
 
-__all__ = ["GRAD_BYTES", "LLMStep", "activation_peak", "chunk_layers", "cost_model", "even_split"]
+__all__ = ["GRAD_BYTES", "LLMStep", "activation_peak", "chunk_layers", "cost_model", "even_split", "step_comm",
+           "wgrad_share"]

@@ -1,10 +1,12 @@
 """Measured bubbles: idle time per rank read from ``torch.profiler`` Chrome traces of a pipeline
 run (one file per rank, or a folder of them), beside a prediction when given.
 
-No torch here: the traces are JSON. A rank's trace gives
+No torch here: the traces are JSON (plain or gzipped), read as a stream by
+:class:`pybubble.measure.trace.Trace`, whatever their size, keeping only the events used below
+(:class:`RankTrace`: about 25 bytes each). A rank's trace gives
 
 - its window: the last ``ProfilerStep#`` annotation when there is one, else the span of its
-  timeline's events;
+  timeline's events (on the CPU, the main thread's ops and annotations);
 - busy time: the union of its compute events: on the CPU (gloo) the ``cpu_op`` events of its
   main thread (the thread with the most of them) and its annotations of work (pipeline ops and
   pybubble's ``pybubble:schedule`` span of the whole schedule, less the waits annotated inside them; pybubble's ``pybubble:task:*``, ``plan`` and ``setup``; any
@@ -27,18 +29,22 @@ No torch here: the traces are JSON. A rank's trace gives
 
 from __future__ import annotations
 
+import math
 import os
 import re
-from collections import Counter
+from array import array
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config.checks import shown
-from ..config.documents import read_json
+import numpy as np
+
+from ..config.checks import integer, shown
 from ..config.schema import load_config
 from ..llm.step import LLMStep
 from ..viz.figures import pyplot, save_figure
+from .trace import Trace
 
 IDLE_KINDS = ("warmup", "steady", "cooldown", "collective")
 """Kinds of measured idle time."""
@@ -47,18 +53,33 @@ PREDICTED_KINDS = {"pp_warmup": "warmup", "pp_steady": "steady", "pp_cooldown": 
 """The simulator's bubble kinds (:data:`pybubble.llm.timeline.BUBBLE_KINDS`) as measured kinds."""
 MEASURE_FORMAT = "pybubble.measure/1"
 """The format key of a measurement's document."""
+EVENT_CATEGORIES = ("cpu_op", "user_annotation", "kernel", "gpu_user_annotation")
+"""The categories of complete ("X") events measure keeps (with those of any category named as a
+step, a sync region, a send or a receive): CUDA launches, Python frames, flow arrows and the like
+are dropped as the trace is read."""
+_CPU_OP, _NOTE, _KERNEL, _GPU_NOTE, _OTHER = range(5)
+_CATEGORY = {c: i for i, c in enumerate(EVENT_CATEGORIES)}
 _COLLECTIVE = re.compile(r"(all_?reduce|all_?gather|reduce_?scatter|barrier|broadcast|all_?to_?all)", re.I)
 _TRANSFER = re.compile(r"^(gloo:(send|recv)|nccl:(send|recv))|SendRecv|nccl.*(Send|Recv)", re.I)
 _OP = re.compile(r"^(?:PP:\d+([FBIW])\d+|(Forward|Backward) \d+)$")
 _REGION = re.compile(r"^(pybubble:(wait|front|drain|grad_sync|sync|schedule)|ProfilerStep#|gloo:|nccl:)")
-_SCHEDULE = "pybubble:schedule"
-_WAIT = "pybubble:wait"
+_SCHEDULE = re.compile(r"^pybubble:schedule$")
+_WAIT = re.compile(r"^pybubble:wait$")
+_SYNC_REGION = re.compile(r"^pybubble:(grad_sync|sync)$")
 _SYNC_OP = re.compile(r"^c10d::(allreduce|allgather|barrier|reduce_scatter|broadcast|alltoall)", re.I)
+_STEP = re.compile(r"^ProfilerStep#")
+_NCCL = re.compile(r"^nccl", re.I)
 MIN_GAP_US = 100.0
 """Gaps between busy events shorter than this are the host's own glue (Python, dispatch) between
 its ops, not idle time."""
 _SEND = re.compile(r"^(gloo|nccl):send|nccl.*Send", re.I)
 _RECV = re.compile(r"^(gloo|nccl):recv|nccl.*Recv", re.I)
+_ANY_CATEGORY = (_STEP, _SYNC_REGION, _SEND, _RECV)
+_OP_KINDS = "FBIW"
+
+Spans = tuple[np.ndarray, np.ndarray]
+"""Intervals as (starts, ends) arrays."""
+_NONE: Spans = (np.zeros(0), np.zeros(0))
 
 
 @dataclass(slots=True)
@@ -86,132 +107,238 @@ class RankBubbles:
     """False when the trace has no pipeline op annotations (warm-up and cool-down not separable)."""
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(intervals):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
+@dataclass(slots=True, eq=False)
+class RankTrace:
+    """The events of one rank's trace that measure uses (complete events of
+    :data:`EVENT_CATEGORIES`, and steps, sync regions, sends and receives of any category), as
+    columns in file order: about 25 bytes an event, whatever the event held in the file."""
+
+    names: list[str]
+    """The events' distinct names."""
+    name: np.ndarray
+    """int32: each event's index in :attr:`names`."""
+    category: np.ndarray
+    """int8: each event's index in :data:`EVENT_CATEGORIES` (4: another category)."""
+    thread: np.ndarray
+    """int32: each event's (pid, tid), numbered in order of first appearance."""
+    start: np.ndarray
+    """float64: each event's start (us)."""
+    end: np.ndarray
+    """float64: each event's end (us)."""
+    rank: int | None = None
+    """The rank of ``distributedInfo``, when the trace has one."""
+    world_size: int | None = None
+    """The world size of ``distributedInfo``, when the trace has one."""
+
+    @classmethod
+    def of_events(cls, events: Iterable[Any], where: str = "trace") -> "RankTrace":
+        """The events measure uses of `events` (a trace's ``traceEvents``; entries it does not use
+        are skipped); ``ValueError`` naming `where` and the event for a time that is not a finite
+        number, or a pid or tid that is not a scalar."""
+        names: list[str] = []
+        seen: dict[Any, tuple[int, bool]] = {}  # name -> (index, kept in any category)
+        threads: dict[Any, int] = {}
+        name_col, cat_col, thread_col = array("i"), array("b"), array("i")
+        start_col, end_col = array("d"), array("d")
+        for i, e in enumerate(events):
+            if type(e) is not dict or e.get("ph") != "X" or "ts" not in e or "dur" not in e:
+                continue
+            name = e.get("name", "")
+            if type(name) is not str:
+                name = shown(name)
+            known = seen.get(name)
+            if known is None:
+                known = seen[name] = (len(names), any(p.search(name) for p in _ANY_CATEGORY))
+                names.append(name)
+            category = _CATEGORY.get(e.get("cat"), _OTHER) if isinstance(e.get("cat"), str) else _OTHER
+            if category == _OTHER and not known[1]:
+                continue
+            ts, dur = e["ts"], e["dur"]
+            if type(ts) is not float or type(dur) is not float or not (math.isfinite(ts) and math.isfinite(dur)):
+                ts, dur = _time(ts, f"{where}: traceEvents[{i}].ts"), _time(dur, f"{where}: traceEvents[{i}].dur")
+            try:
+                thread = threads.setdefault((e.get("pid"), e.get("tid")), len(threads))
+            except TypeError:
+                raise ValueError(f"{where}: traceEvents[{i}]: pid {shown(e.get('pid'))} and tid "
+                                 f"{shown(e.get('tid'))} are not numbers or names") from None
+            name_col.append(known[0])
+            cat_col.append(category)
+            thread_col.append(thread)
+            start_col.append(ts)
+            end_col.append(ts + dur)
+        col = lambda a, dtype: np.frombuffer(a, dtype) if len(a) else np.zeros(0, dtype)  # noqa: E731
+        return cls(names=names, name=col(name_col, np.int32), category=col(cat_col, np.int8),
+                   thread=col(thread_col, np.int32), start=col(start_col, np.float64), end=col(end_col, np.float64))
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> "RankTrace":
+        """The trace file at `path` (JSON or gzipped JSON, any size: :class:`Trace`), with its
+        ``distributedInfo``'s rank and world size; ``ValueError`` naming the file when it is not a
+        trace or holds no complete events."""
+        trace = Trace(path)
+        out = cls.of_events(trace.events(), str(path))
+        if not len(out.start) and not out.names:
+            raise ValueError(f"{path}: no trace events (no complete 'X' events in traceEvents)")
+        info = trace.fields.get("distributedInfo")
+        if isinstance(info, dict):
+            if type(info.get("rank")) is int:
+                out.rank = integer(info["rank"], f"{path}: distributedInfo.rank", minimum=0)
+            if info.get("world_size") is not None:
+                out.world_size = integer(info["world_size"], f"{path}: distributedInfo.world_size", minimum=1)
+        return out
+
+    def named(self, pattern: re.Pattern[str]) -> np.ndarray:
+        """bool per event: whether its name matches `pattern` (``search``)."""
+        hits = np.fromiter((pattern.search(n) is not None for n in self.names), bool, len(self.names))
+        return hits[self.name]
+
+    def spans(self, mask: np.ndarray) -> Spans:
+        """The intervals of the events of `mask`."""
+        return self.start[mask], self.end[mask]
 
 
-def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def _time(value: Any, where: str) -> float:
+    """An event's ts or dur as a finite float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: {shown(value)} is not a number")
+    try:
+        v = float(value)
+    except OverflowError:
+        v = math.inf
+    if not math.isfinite(v):
+        raise ValueError(f"{where}: {shown(value)} is not a finite number")
+    return v
+
+
+def _union(spans: Spans) -> Spans:
+    """The union of intervals, as sorted disjoint intervals (touching ones merged, empty ones dropped)."""
+    s, e = spans
+    keep = e > s
+    s, e = s[keep], e[keep]
+    if not len(s):
+        return _NONE
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    first = np.flatnonzero(np.concatenate([[True], s[1:] > reach[:-1]]))
+    last = np.concatenate([first[1:] - 1, [len(s) - 1]])
+    return s[first], reach[last]
+
+
+def _joined(*parts: Spans) -> Spans:
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _overlap(a: Spans, b: Spans) -> Spans:
     """Intersection of two unions of disjoint sorted intervals."""
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        s, e = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if s < e:
-            out.append((s, e))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
+    points = np.concatenate([a[0], a[1], b[0], b[1]])
+    na, nb = len(a[0]), len(b[0])
+    in_a = np.concatenate([np.ones(na, np.int8), -np.ones(na, np.int8), np.zeros(2 * nb, np.int8)])
+    in_b = np.concatenate([np.zeros(2 * na, np.int8), np.ones(nb, np.int8), -np.ones(nb, np.int8)])
+    order = np.argsort(points, kind="stable")
+    points = points[order]
+    both = (np.cumsum(in_a[order]) > 0) & (np.cumsum(in_b[order]) > 0)
+    return _union((points[:-1][both[:-1]], points[1:][both[:-1]]))
 
 
-def _length(intervals: list[tuple[float, float]]) -> float:
-    return sum(e - s for s, e in intervals)
+def _subtract(a: Spans, b: Spans) -> Spans:
+    """``a`` less ``b`` (unions of disjoint sorted intervals): ``a`` within ``b``'s complement."""
+    if not len(a[0]):
+        return _NONE
+    b = _union(b)
+    return _overlap(a, _union((np.concatenate([[a[0][0]], b[1]]), np.concatenate([b[0], [a[1][-1]]]))))
 
 
-def _clip(intervals, lo: float, hi: float) -> list[tuple[float, float]]:
-    return [(max(s, lo), min(e, hi)) for s, e in intervals if min(e, hi) > max(s, lo)]
+def _length(spans: Spans) -> float:
+    return float(np.sum(spans[1] - spans[0]))
 
 
-def load_trace(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A Chrome trace as a dict with ``traceEvents``; ``ValueError`` naming the file otherwise (read
-    within the limits of :mod:`pybubble.config.limits`)."""
-    doc = read_json(path)
-    events = doc.get("traceEvents") if isinstance(doc, dict) else doc if isinstance(doc, list) else None
-    if not isinstance(events, list) or not any(isinstance(e, dict) and e.get("ph") == "X" for e in events):
-        raise ValueError(f"{path}: no trace events (no complete 'X' events in traceEvents)")
-    return {"traceEvents": events, **({k: v for k, v in doc.items() if k != "traceEvents"} if isinstance(doc, dict) else {})}
+def _clip(spans: Spans, lo: float, hi: float) -> Spans:
+    s, e = np.maximum(spans[0], lo), np.minimum(spans[1], hi)
+    keep = e > s
+    return s[keep], e[keep]
 
 
-def _x_events(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e and "dur" in e]
+def _gaps(busy: Spans, lo: float, hi: float, min_gap_us: float) -> Spans:
+    """The gaps of at least `min_gap_us` between the busy intervals (sorted, disjoint) in [lo, hi]."""
+    before = np.concatenate([[lo], busy[1]])
+    after = np.concatenate([busy[0], [hi]])
+    keep = after - before >= min_gap_us
+    return before[keep], after[keep]
 
 
-def _interval(e: dict[str, Any]) -> tuple[float, float]:
-    return float(e["ts"]), float(e["ts"]) + float(e["dur"])
+def _after(gaps: Spans, ends: np.ndarray, min_gap_us: float) -> Spans:
+    """For each of `ends`, from it to the end of each gap that ends after it and starts within
+    `min_gap_us` of it (the wait after a blocking collective's op returns)."""
+    first = np.searchsorted(gaps[1], ends, side="right")
+    stop = np.searchsorted(gaps[0], ends + min_gap_us, side="right")
+    counts = np.maximum(stop - first, 0)
+    index = np.repeat(first, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    return np.repeat(ends, counts), gaps[1][index]
 
 
-def transfer_posts(doc: dict[str, Any]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+def _main_thread(threads: np.ndarray) -> int:
+    """The thread with the most of `threads`' entries (the first of them to appear on a tie)."""
+    counts = np.bincount(threads)
+    tied = np.flatnonzero(counts == counts.max())
+    return int(tied[np.argmin([np.argmax(threads == t) for t in tied])])
+
+
+def transfer_posts(trace: RankTrace) -> tuple[Spans, Spans]:
     """A rank's posted sends and receives (gloo annotations, NCCL send/recv kernels), as unions."""
-    xs = _x_events(doc)
-    sends = _union([_interval(e) for e in xs if _SEND.search(str(e.get("name", "")))])
-    recvs = _union([_interval(e) for e in xs if _RECV.search(str(e.get("name", "")))])
-    return sends, recvs
+    return _union(trace.spans(trace.named(_SEND))), _union(trace.spans(trace.named(_RECV)))
 
 
-def rank_bubbles(doc: dict[str, Any], rank: int, peer_sends: list[tuple[float, float]] | None = None,
+def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
                  min_gap_us: float = MIN_GAP_US) -> RankBubbles:
     """One rank's busy and idle time from its trace (see the module's note); ``peer_sends``: the
     other ranks' posted sends (:func:`transfer_posts`), to separate transferring from waiting;
     gaps shorter than ``min_gap_us`` count as busy."""
-    xs = _x_events(doc)
-    iv = _interval
-    kernels = [e for e in xs if e.get("cat") == "kernel"]
-    busy_extra: list[tuple[float, float]] = []
-    if kernels:
-        device = "cuda"
-        busy_ev = [e for e in kernels if not str(e.get("name", "")).lower().startswith("nccl")]
-        timeline_ev = kernels + [e for e in xs if e.get("cat") == "gpu_user_annotation"]
-        op_ev = [e for e in xs if e.get("cat") == "gpu_user_annotation"]
-    else:
-        device = "cpu"
-        ops = [e for e in xs if e.get("cat") == "cpu_op"]
-        if not ops:
-            raise ValueError(f"rank {rank}: no cpu_op or kernel events")
-        main = Counter((e.get("pid"), e.get("tid")) for e in ops).most_common(1)[0][0]
-        timeline_ev = [e for e in xs if (e.get("pid"), e.get("tid")) == main]
-        notes = [e for e in timeline_ev if e.get("cat") == "user_annotation"]
-        op_ev = [e for e in notes if _OP.match(str(e.get("name", "")))]
-        work = [e for e in notes if not _OP.match(str(e.get("name", ""))) and not _REGION.match(str(e.get("name", "")))]
-        waits = _union([iv(e) for e in notes if e.get("name") == _WAIT])
-        busy_ev = [e for e in ops if (e.get("pid"), e.get("tid")) == main] + work
-        # Pipeline ops and the schedule's own code between them are busy, less the waits in them.
-        spans = [e for e in notes if e.get("name") == _SCHEDULE]
-        busy_extra = _subtract(_union([iv(e) for e in op_ev + spans]), waits)
-    steps = [e for e in xs if str(e.get("name", "")).startswith("ProfilerStep#")]
-    if steps:
-        lo, hi = iv(max(steps, key=lambda e: float(e["ts"])))
-    else:
-        lo = min(iv(e)[0] for e in timeline_ev)
-        hi = max(iv(e)[1] for e in timeline_ev)
-    busy = _clip(_union([iv(e) for e in busy_ev] + busy_extra), lo, hi)
     if not min_gap_us >= 0:
         raise ValueError(f"min_gap_us: {min_gap_us} is not >= 0")
-    gaps, t = [], lo
-    for s, e in busy:
-        if s - t >= min_gap_us:
-            gaps.append((t, s))
-        t = max(t, e)
-    if hi - t >= min_gap_us:
-        gaps.append((t, hi))
+    t, cat = trace, trace.category
+    kernels = cat == _KERNEL
+    busy_extra = _NONE
+    is_op = t.named(_OP)
+    if kernels.any():
+        device = "cuda"
+        busy_mask = kernels & ~t.named(_NCCL)
+        timeline = kernels | (cat == _GPU_NOTE)
+        op_mask = (cat == _GPU_NOTE) & is_op
+    else:
+        device = "cpu"
+        ops = cat == _CPU_OP
+        if not ops.any():
+            raise ValueError(f"rank {rank}: no cpu_op or kernel events")
+        timeline = t.thread == _main_thread(t.thread[ops])
+        notes = timeline & (cat == _NOTE)
+        op_mask = notes & is_op
+        work = notes & ~is_op & ~t.named(_REGION)
+        waits = _union(t.spans(notes & t.named(_WAIT)))
+        busy_mask = (ops & timeline) | work
+        # Pipeline ops and the schedule's own code between them are busy, less the waits in them.
+        busy_extra = _subtract(_union(t.spans(op_mask | (notes & t.named(_SCHEDULE)))), waits)
+    steps = np.flatnonzero(t.named(_STEP))
+    if len(steps):
+        last = steps[np.argmax(t.start[steps])]
+        lo, hi = float(t.start[last]), float(t.end[last])
+    else:
+        lo, hi = float(t.start[timeline].min()), float(t.end[timeline].max())
+    busy = _clip(_union(_joined(t.spans(busy_mask), busy_extra)), lo, hi)
+    gaps = _gaps(busy, lo, hi, min_gap_us)
     # A blocking collective waits after its c10d op returns: the gap after it is the collective's.
-    after_sync = []
-    for e in timeline_ev:
-        if _SYNC_OP.match(str(e.get("name", ""))):
-            end = iv(e)[1]
-            after_sync += [(end, ge) for gs, ge in gaps if gs <= end + min_gap_us and ge > end]
-    names = lambda pattern, evs: [iv(e) for e in evs if pattern.search(str(e.get("name", "")))]  # noqa: E731
-    collective = _union(names(_COLLECTIVE, [e for e in xs if e.get("cat") in
-                                            ("user_annotation", "cpu_op", "kernel", "gpu_user_annotation")
-                                            and not _TRANSFER.search(str(e.get("name", "")))])
-                        + after_sync + names(re.compile("^pybubble:(grad_sync|sync)$"), xs))
-    in_collective = _overlap(gaps, collective)
+    after_sync = _after(gaps, t.end[timeline & t.named(_SYNC_OP)], min_gap_us)
+    named_collective = (cat != _OTHER) & t.named(_COLLECTIVE) & ~t.named(_TRANSFER)
+    collective = _union(_joined(t.spans(named_collective | t.named(_SYNC_REGION)), after_sync))
     rest = _subtract(gaps, collective)
     by_kind = dict.fromkeys(IDLE_KINDS, 0.0)
-    by_kind["collective"] = _length(in_collective)
-    marks = [(m.group(1) or m.group(2)[0], iv(e)) for e in op_ev if (m := _OP.match(str(e.get("name", ""))))]
-    bwd = [i for k, i in marks if k in "BIW"]
-    fwd = [i for k, i in marks if k == "F"]
-    phases_known = bool(bwd and fwd)
+    by_kind["collective"] = _length(_overlap(gaps, collective))
+    kinds = np.array([_op_kind(n) for n in t.names] or [-1], np.int8)[t.name]  # index in "FBIW"
+    fwd = op_mask & (kinds == 0)
+    bwd = op_mask & (kinds > 0)
+    phases_known = bool(bwd.any() and fwd.any())
     if phases_known:
-        first_b, last_f = min(s for s, _ in bwd), max(e for _, e in fwd)
+        first_b, last_f = float(t.start[bwd].min()), float(t.end[fwd].max())
         by_kind["warmup"] = _length(_clip(rest, lo, first_b))
         by_kind["cooldown"] = _length(_clip(rest, max(last_f, first_b), hi))
         by_kind["steady"] = _length(rest) - by_kind["warmup"] - by_kind["cooldown"]
@@ -219,60 +346,60 @@ def rank_bubbles(doc: dict[str, Any], rank: int, peer_sends: list[tuple[float, f
         by_kind["steady"] = _length(rest)
     waiting = transferring = None
     if peer_sends is not None:
-        _sends, recvs = transfer_posts(doc)
+        _sends, recvs = transfer_posts(t)
         transferring = _length(_overlap(gaps, _overlap(recvs, peer_sends)))
         waiting = _length(gaps) - transferring
     return RankBubbles(rank=rank, device=device, span=hi - lo, busy=_length(busy), idle=_length(gaps),
                        idle_by_kind=by_kind, waiting=waiting, transferring=transferring, phases_known=phases_known)
 
 
-def _subtract(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """``a`` less ``b`` (unions of disjoint sorted intervals): ``a`` within ``b``'s complement."""
-    if not a:
-        return []
-    edges = [a[0][0], *(t for iv in _union(b) for t in iv), a[-1][1]]
-    return _overlap(a, [(s, e) for s, e in zip(edges[::2], edges[1::2]) if e > s])
+def _op_kind(name: str) -> int:
+    """The index in "FBIW" of a pipeline op's annotation (``PP:0B3``, ``Forward 3``), else -1."""
+    m = _OP.match(name)
+    return _OP_KINDS.index(m.group(1) or m.group(2)[0]) if m else -1
 
 
-def _rank_of(path: Path, doc: dict[str, Any]) -> tuple[int | None, int | None]:
-    info = doc.get("distributedInfo") or {}
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return info["rank"], info.get("world_size")
-    m = re.search(r"rank[_-]?(\d+)", path.name)
-    return (int(m.group(1)) if m else None), None
+def trace_files(source: str | os.PathLike[str]) -> list[Path]:
+    """The trace files of `source`: the file itself, or a folder's ``*.json`` and ``*.json.gz``
+    files (one per rank; those named ``plan*``, a plan's own trace, left out)."""
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.name.endswith((".json", ".json.gz"))
+                       and not p.name.startswith("plan") and p.is_file())
+        if not files:
+            raise ValueError(f"{path}: no *.json or *.json.gz traces in this folder")
+        return files
+    if path.exists():
+        return [path]
+    raise ValueError(f"{path}: no such file or folder")
 
 
 def measure(source: str | os.PathLike[str], min_gap_us: float = MIN_GAP_US) -> list[RankBubbles]:
-    """Each rank's bubbles from ``source``: one trace file or a folder of ``*.json`` traces (one
-    per rank; the rank from the trace's ``distributedInfo`` or a ``rank<N>`` file name). Raises
-    ``ValueError`` (naming the file or the rank) for a file that is not a JSON trace, a trace with
-    no events, or a missing rank."""
-    path = Path(source)
-    if path.is_dir():
-        files = sorted(p for p in path.glob("*.json") if not p.name.startswith("plan"))
-        if not files:
-            raise ValueError(f"{path}: no *.json traces in this folder")
-    elif path.exists():
-        files = [path]
-    else:
-        raise ValueError(f"{path}: no such file or folder")
-    docs, world = {}, None
+    """Each rank's bubbles from ``source``: one trace file (that rank alone) or a folder of traces
+    (one per rank, all of them; ``*.json`` or ``*.json.gz``), of any size: read as a stream; the
+    rank from the trace's ``distributedInfo`` or a ``rank<N>`` file name. Raises ``ValueError``
+    (naming the file or the rank) for a file that is not a JSON trace, a trace with no events, or
+    a rank missing from a folder."""
+    traces: dict[int, RankTrace] = {}
+    world = None
+    files = trace_files(source)
     for i, f in enumerate(files):
-        doc = load_trace(f)
-        rank, size = _rank_of(f, doc)
-        rank = i if rank is None else rank
-        if rank in docs:
+        trace = RankTrace.read(f)
+        rank = trace.rank
+        if rank is None:
+            m = re.search(r"rank[_-]?(\d+)", f.name)
+            rank = int(m.group(1)) if m else i
+        if rank in traces:
             raise ValueError(f"{f}: a second trace of rank {rank}")
-        docs[rank] = doc
-        world = size if size is not None else world
-    expected = range(world if world is not None else max(docs) + 1)
-    missing = [r for r in expected if r not in docs]
-    if missing:
-        raise ValueError(f"ranks: rank {missing[0]} missing (traces of ranks {sorted(docs)}, world size "
-                         f"{len(expected)})")
-    posts = {r: transfer_posts(d)[0] for r, d in docs.items()}
-    peers = lambda r: _union([i for q, s in posts.items() if q != r for i in s]) if len(docs) > 1 else None  # noqa: E731
-    return [rank_bubbles(docs[r], r, peers(r), min_gap_us) for r in sorted(docs)]
+        traces[rank] = trace
+        world = trace.world_size if trace.world_size is not None else world
+    size = world if world is not None else max(traces) + 1
+    missing = next((r for r in range(size) if r not in traces), None) if Path(source).is_dir() else None
+    if missing is not None:
+        raise ValueError(f"ranks: rank {missing} missing (traces of ranks {sorted(traces)}, world size {size})")
+    posts = {r: transfer_posts(t)[0] for r, t in traces.items()}
+    peers = lambda r: _union(_joined(_NONE, *(s for q, s in posts.items() if q != r))) if len(traces) > 1 else None  # noqa: E731
+    return [rank_bubbles(traces[r], r, peers(r), min_gap_us) for r in sorted(traces)]
 
 
 # -- prediction ------------------------------------------------------------------------------------
@@ -289,20 +416,34 @@ def predicted_bubbles(source: str | os.PathLike[str]) -> tuple[float, dict[int, 
             for kind, t in kinds.items():
                 out[s][PREDICTED_KINDS[kind]] += t
         return timeline.step_time, out
-    doc = load_trace(path)
-    bubbles = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "bubble"]
-    ops = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    if not bubbles and not any(e.get("cat") == "op" for e in ops):
+    trace = Trace(path)
+    lo, hi, complete, has_op = math.inf, -math.inf, 0, False
+    stages: set[int] = set()
+    idle: dict[tuple[int, str], float] = {}
+    for i, e in enumerate(trace.events()):  # one pass, keeping the sums only
+        if type(e) is not dict or e.get("ph") != "X":
+            continue
+        complete += 1
+        where = f"{path}: traceEvents[{i}]"
+        ts, dur = _time(e.get("ts"), f"{where}.ts"), _time(e.get("dur"), f"{where}.dur")
+        lo, hi = min(lo, ts), max(hi, ts + dur)
+        if type(e.get("pid")) is int:
+            stages.add(e["pid"])
+        has_op = has_op or e.get("cat") == "op"
+        if e.get("cat") == "bubble":
+            kind = PREDICTED_KINDS.get(str(e.get("name")))
+            if kind is None:
+                raise ValueError(f"{path}: bubble kind {shown(e.get('name'))} is not one of {', '.join(PREDICTED_KINDS)}")
+            stage = integer(e.get("pid"), f"{where}.pid", minimum=0)
+            idle[stage, kind] = idle.get((stage, kind), 0.0) + dur
+    if not complete:
+        raise ValueError(f"{path}: no trace events (no complete 'X' events in traceEvents)")
+    if not idle and not has_op:
         raise ValueError(f"{path}: no predicted bubbles (a timeline trace has 'bubble' and 'op' slices)")
-    stages = sorted({int(e["pid"]) for e in ops if isinstance(e.get("pid"), int)})
-    out = {s: dict.fromkeys(IDLE_KINDS, 0.0) for s in stages}
-    for e in bubbles:
-        kind = PREDICTED_KINDS.get(str(e.get("name")))
-        if kind is None:
-            raise ValueError(f"{path}: bubble kind {shown(e.get('name'))} is not one of {', '.join(PREDICTED_KINDS)}")
-        out[int(e["pid"])][kind] += float(e["dur"])
-    step = max(float(e["ts"]) + float(e["dur"]) for e in ops) - min(float(e["ts"]) for e in ops)
-    return step, out
+    out = {s: dict.fromkeys(IDLE_KINDS, 0.0) for s in sorted(stages)}
+    for (stage, kind), t in idle.items():
+        out[stage][kind] += t
+    return hi - lo, out
 
 
 def compare(measured: list[RankBubbles], predicted: tuple[float, dict[int, dict[str, float]]]) -> dict[str, Any]:
@@ -355,5 +496,6 @@ def save_plot(measured: list[RankBubbles], path: str | os.PathLike[str],
     save_figure(fig, path)
 
 
-__all__ = ["IDLE_KINDS", "MEASURE_FORMAT", "MIN_GAP_US", "PREDICTED_KINDS", "RankBubbles", "compare", "load_trace",
-           "measure", "predicted_bubbles", "rank_bubbles", "save_plot", "to_dict", "transfer_posts"]
+__all__ = ["EVENT_CATEGORIES", "IDLE_KINDS", "MEASURE_FORMAT", "MIN_GAP_US", "PREDICTED_KINDS", "RankBubbles", "RankTrace",
+           "Spans", "compare",
+           "measure", "predicted_bubbles", "rank_bubbles", "save_plot", "to_dict", "trace_files", "transfer_posts"]

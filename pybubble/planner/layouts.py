@@ -28,11 +28,11 @@ import numpy as np
 
 from ..config.schema import Config, LLMPlan
 from ..costs.memory import GB
-from ..llm.step import LLMStep, even_split
+from ..llm.step import LLMStep, even_split, wgrad_share
 from ..llm.timeline import Timeline, Windows
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem
-from ..schedule.scheduler import schedule
+from ..schedule.scheduler import schedule_problem
 from .search import Candidate, encoder_tp_ok, encoder_work
 
 
@@ -50,6 +50,13 @@ class Baseline:
     """The simulated step (megatron and megatron_balanced)."""
     layout: str = ""
     """How the layers are placed, in words."""
+    memory_limit: float = float("inf")
+    """The config's memory per GPU (bytes): a layout above it does not fit and is not compared."""
+
+    @property
+    def fits(self) -> bool:
+        """Whether the layout's busiest GPU holds it within :attr:`memory_limit`."""
+        return self.memory_bytes <= self.memory_limit
 
 
 def plan_words(plan: LLMPlan) -> str:
@@ -90,14 +97,17 @@ def megatron(step: LLMStep) -> Baseline:
     layers = step.chunk_layers
     fwd, bwd = layers * step.layer_fwd, layers * step.layer_bwd
     enc = encoder_layer_times(step)
+    wgrad = bwd * wgrad_share(step.costs)  # the encoder's backward splits in halves (I and W)
     fwd[0, 0] += sum(n * f for n, f, _ in enc)
     bwd[0, 0] += sum(n * b for n, _, b in enc)
-    tl = step.simulate(fwd, bwd)
+    wgrad[0, 0] += sum(n * b for n, _, b in enc) / 2
+    tl = step.simulate(fwd, bwd, wgrad=wgrad)
     enc_layers = np.zeros((p.pp, p.vpp))
     enc_layers[0, 0] = sum(n for n, _, _ in enc)
     mem = step.stage_memory(tl, encoder_layers=enc_layers, encoder_tp=encoder_tp(config))
     return Baseline(name="megatron", step_time=tl.step_time, memory_bytes=float(mem.max()), timeline=tl,
-                    layout=f"encoders on stage 0 (TP {encoder_tp(config)}); LLM {plan_words(p)}")
+                    layout=f"encoders on stage 0 (TP {encoder_tp(config)}); LLM {plan_words(p)}",
+                    memory_limit=config.memory_gb * GB)
 
 
 def balanced_cuts(costs: np.ndarray, parts: int) -> np.ndarray:
@@ -151,18 +161,22 @@ def megatron_balanced(step: LLMStep) -> Baseline:
     is_enc = np.arange(len(f)) < sum(n for n, _, _ in enc)
     v = p.pp * p.vpp
     ends = balanced_cuts(f + b, v)
-    fwd, bwd = np.zeros((p.pp, p.vpp)), np.zeros((p.pp, p.vpp))
+    fwd, bwd, wgrad = np.zeros((p.pp, p.vpp)), np.zeros((p.pp, p.vpp)), np.zeros((p.pp, p.vpp))
     llm_layers, enc_layers = np.zeros((p.pp, p.vpp)), np.zeros((p.pp, p.vpp))
+    share = np.where(is_enc, 0.5, wgrad_share(step.costs))  # the encoder's backward splits in halves
     for c in range(v):
         s, k, sl = c % p.pp, c // p.pp, slice(ends[c], ends[c + 1])
-        fwd[s, k], bwd[s, k] = f[sl].sum(), b[sl].sum()
+        fwd[s, k], bwd[s, k], wgrad[s, k] = f[sl].sum(), b[sl].sum(), (b[sl] * share[sl]).sum()
         enc_layers[s, k], llm_layers[s, k] = is_enc[sl].sum(), (~is_enc[sl]).sum()
-    tl = step.simulate(fwd, bwd)
+    # a virtual stage of frozen encoder layers alone computes no backward; the pipeline still runs
+    # its backward action (it passes the step on): one nanosecond
+    tl = step.simulate(fwd, np.maximum(bwd, 1e-3), wgrad=np.maximum(wgrad, 5e-4))
     mem = step.stage_memory(tl, encoder_layers=enc_layers, llm_layers=llm_layers, encoder_tp=encoder_tp(config))
     stages_with_encoder = int((enc_layers.sum(axis=1) > 0).sum())
     return Baseline(name="megatron_balanced", step_time=tl.step_time, memory_bytes=float(mem.max()),
                     timeline=tl, layout=f"layers balanced over {v} virtual stages; encoders on "
-                                        f"{stages_with_encoder} stage(s); LLM {plan_words(p)}")
+                                        f"{stages_with_encoder} stage(s); LLM {plan_words(p)}",
+                    memory_limit=config.memory_gb * GB)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -239,7 +253,7 @@ def separate(step: LLMStep) -> Separate:
         whole = Windows.whole(pp_enc * n, 0.0, horizon)
         problem = Problem.on_timeline(timeline, work.tasks(partition), windows=(whole, whole),
                                       lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
-        cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule(problem),
+        cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
                          memory_bytes=memory)
         option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
         if best is None or option.step_time * (gpus + extra) < best.step_time * (gpus + best.extra_gpus):

@@ -6,6 +6,12 @@ plan and schedule beside the baselines, with step time, speedup, MFU, hidden sha
 (:mod:`pybubble.planner.layouts`) on it (a baseline with an LLM plan of its own gets that plan's
 step), and returns a :class:`PlanReport`.
 
+pybubble's layouts include the baselines' own: the search's encoder plans in the bubbles already
+cover ``coarse``, and a Megatron-LM layout (the encoder inside the LLM's pipeline) that fits in memory
+and is faster than every encoder plan the search found becomes pybubble's plan
+(:attr:`PlanReport.chosen`). So pybubble is never behind a baseline that fits; one that does not fit
+(its busiest GPU above ``memory_gb``) is printed, marked, and not compared.
+
 MFU counts the FLOPs that the step executes (:func:`model_flops`), recomputation included, over the
 step time and the GPUs' peak: the convention of Megatron-LM's reported throughput (its
 ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` under full recomputation) and of the Optimus paper's MFU.
@@ -24,6 +30,7 @@ from typing import Any
 
 from ..config.schema import Config
 from ..costs.kernels import layer_flops
+from ..costs.memory import GB
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep
 from ..viz.gantt import save_gantt
@@ -84,6 +91,8 @@ class Row:
     """Share of the encoder's compute inside LLM bubbles (None where the layout has no bubbles to fill)."""
     layout: str
     """The layout in words."""
+    fits: bool = True
+    """Whether its busiest GPU is within the config's memory (a row that does not fit is not compared)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -100,11 +109,32 @@ class PlanReport:
     """The best non-colocated layout."""
     planner_seconds: float
     """Wall time of the whole plan (s)."""
+    chosen: str = "bubbles"
+    """pybubble's layout: ``bubbles`` (the search's best encoder plan, in the LLM's bubbles) or the
+    name of the Megatron-LM baseline whose layout is faster than every one of those and fits."""
 
     @property
     def best(self) -> Candidate:
-        """pybubble's plan: the search's best candidate."""
+        """The search's best candidate: the best encoder plan in the bubbles (pybubble's plan unless
+        :attr:`chosen` names a baseline)."""
         return self.search.best
+
+    @property
+    def in_pipeline(self) -> Baseline | None:
+        """The baseline layout pybubble adopts (:attr:`chosen`), or None when its plan is in the bubbles."""
+        return None if self.chosen == "bubbles" else self.baselines[self.chosen]
+
+    @property
+    def step_time(self) -> float:
+        """pybubble's step (us): the best encoder plan's, or the adopted baseline layout's."""
+        adopted = self.in_pipeline
+        return self.best.step_time if adopted is None else adopted.step_time
+
+    @property
+    def hidden_fraction(self) -> float | None:
+        """Share of the encoder's compute inside LLM bubbles in pybubble's plan (None for a layout
+        with the encoder inside the LLM's pipeline)."""
+        return self.best.hidden_fraction if self.in_pipeline is None else None
 
     def mfu(self, step_time: float, gpus: int | None = None) -> float:
         """MFU of a step of `step_time` us on `gpus` GPUs (default: the cluster's)."""
@@ -113,18 +143,23 @@ class PlanReport:
     @property
     def speedup_vs_megatron(self) -> float:
         """Megatron's step over pybubble's."""
-        return self.baselines["megatron"].step_time / self.best.step_time
+        return self.baselines["megatron"].step_time / self.step_time
 
     def rows(self) -> list[Row]:
         """The comparison, baselines first, pybubble colocated last but one, non-colocated last."""
         g = self.config.cluster.gpus
         coarse = self.search.coarse.hidden_fraction
         out = [Row(name=b.name, step_time=b.step_time, gpus=g, memory_bytes=b.memory_bytes,
-                   hidden_fraction=coarse if b.name == "coarse" else None, layout=b.layout)
+                   hidden_fraction=coarse if b.name == "coarse" else None, layout=b.layout, fits=b.fits)
                for b in self.baselines.values()]
-        best, sep = self.best, self.separate
-        out.append(Row(name="pybubble", step_time=best.step_time, gpus=g, memory_bytes=best.memory_bytes,
-                       hidden_fraction=best.hidden_fraction, layout=describe(best)))
+        best, sep, adopted = self.best, self.separate, self.in_pipeline
+        if adopted is None:
+            out.append(Row(name="pybubble", step_time=best.step_time, gpus=g, memory_bytes=best.memory_bytes,
+                           hidden_fraction=best.hidden_fraction, layout=describe(best)))
+        else:
+            out.append(Row(name="pybubble", step_time=adopted.step_time, gpus=g, memory_bytes=adopted.memory_bytes,
+                           hidden_fraction=None, layout=f"{adopted.name}'s layout (faster than the best encoder "
+                                                        f"plan in the bubbles, {best.step_time / 1e3:,.1f} ms)"))
         out.append(Row(name="pybubble non-colocated", step_time=sep.step_time, gpus=g + sep.extra_gpus,
                        memory_bytes=max(sep.candidate.memory_bytes, self.search.llm_memory_bytes),
                        hidden_fraction=None,
@@ -133,40 +168,54 @@ class PlanReport:
         return out
 
     def encoder_plan(self) -> dict[str, int]:
-        """pybubble's encoder plan as DP, PP and TP degrees over the cluster."""
+        """The best encoder plan in the bubbles as DP, PP and TP degrees over the cluster."""
         p = self.best.plan
         return {"dp": p.pipelines * self.config.llm_plan.dp, "pp": p.pp_enc, "tp": p.tp_enc}
 
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable report as a dict (what :meth:`to_json` writes)."""
         best = self.best
-        baselines: dict[str, dict[str, Any]] = {name: {"step_time_s": b.step_time * 1e-6}
+        baselines: dict[str, dict[str, Any]] = {name: {"step_time_s": b.step_time * 1e-6, "fits": b.fits}
                                                 for name, b in self.baselines.items()}
         baselines["coarse"]["hidden_fraction"] = self.search.coarse.hidden_fraction
+        bubbles = self.in_pipeline is None
         return {
             "baselines": baselines,
-            "pybubble": {"step_time_s": best.step_time * 1e-6, "encoder_plan": self.encoder_plan(),
-                         "partition": list(best.partition), "hidden_fraction": best.hidden_fraction,
-                         "mfu": self.mfu(best.step_time)},
+            "pybubble": {"step_time_s": self.step_time * 1e-6, "layout": self.chosen,
+                         "encoder_plan": self.encoder_plan() if bubbles else None,
+                         "partition": list(best.partition) if bubbles else None,
+                         "hidden_fraction": self.hidden_fraction, "mfu": self.mfu(self.step_time)},
             "speedup_vs_megatron": self.speedup_vs_megatron,
             "planner_seconds": self.planner_seconds,
         }
 
     def to_json(self) -> str:
         """The machine-readable report as JSON text (what ``pybubble plan --json`` writes): step times
-        in seconds of the baselines and of pybubble, pybubble's encoder plan, partition, hidden share
-        and MFU, its speedup over megatron and the planner's time."""
+        in seconds of the baselines (each with whether it fits in memory) and of pybubble, pybubble's
+        layout (``bubbles`` or the baseline it adopts), its encoder plan, partition and hidden share
+        (null for a baseline's layout) and MFU, its speedup over megatron and the planner's time."""
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
     def save_trace(self, path: str | os.PathLike[str]) -> None:
-        """pybubble's step as a Chrome trace: LLM ops, bubbles by kind, encoder kernels per lane."""
-        save_trace(self.search.timeline, path, self.best.problem, self.best.schedule)
+        """pybubble's step as a Chrome trace: LLM ops, bubbles by kind, encoder kernels per lane (an
+        adopted baseline layout: its step, the encoder inside the LLM's ops)."""
+        adopted = self.in_pipeline
+        if adopted is not None and adopted.timeline is not None:
+            save_trace(adopted.timeline, path)
+        else:
+            save_trace(self.search.timeline, path, self.best.problem, self.best.schedule)
 
     def save_plot(self, path: str | os.PathLike[str], window: tuple[float, float] | None = None) -> None:
         """A Gantt chart of one pipeline of pybubble's step: bubbles shaded, the encoder's kernels
         in the bubbles they fill (:func:`pybubble.save_gantt`); `window`: (start, end) in us of the
         step to draw only that part."""
-        best, llm = self.best, self.search.timeline.step_time
+        best, llm, adopted = self.best, self.search.timeline.step_time, self.in_pipeline
+        if adopted is not None and adopted.timeline is not None:
+            save_gantt(adopted.timeline, path, window=window,
+                       title=f"pybubble: {adopted.name}'s layout, step {adopted.step_time / 1e3:,.1f} ms (LLM alone "
+                             f"{llm / 1e3:,.1f} ms; the best encoder plan in the bubbles "
+                             f"{best.step_time / 1e3:,.1f} ms)\n{adopted.layout}")
+            return
         save_gantt(self.search.timeline, path, best.problem, best.schedule, window=window,
                    title=f"pybubble: step {best.step_time / 1e3:,.1f} ms (LLM alone {llm / 1e3:,.1f} ms, "
                          f"megatron {self.baselines['megatron'].step_time / 1e3:,.1f} ms); "
@@ -181,19 +230,29 @@ def describe(c: Candidate) -> str:
             f"partition {list(c.partition)}")
 
 
-def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], None] | None = None) -> PlanReport:
+def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
+         costs: CostModel | None = None) -> PlanReport:
     """Plans `config`: the LLM step derived once, then the search, the baselines and the
-    non-colocated layout on it."""
+    non-colocated layout on it (with `costs`, default: the config's cost model and calibration)."""
     t0 = time.perf_counter()
-    step = LLMStep.of(config)
+    step = LLMStep.of(config, costs)
     found = search(step, workers=workers, progress=progress)
     coarse = found.coarse
     baselines = {"megatron": megatron(step.with_plan(config.baseline_plan("megatron"))),
                  "megatron_balanced": megatron_balanced(step.with_plan(config.baseline_plan("megatron_balanced"))),
                  "coarse": Baseline(name="coarse", step_time=coarse.step_time, memory_bytes=coarse.memory_bytes,
-                                    layout=f"encoder before/after the LLM's work; {describe(coarse)}")}
+                                    layout=f"encoder before/after the LLM's work; {describe(coarse)}",
+                                    memory_limit=config.memory_gb * GB)}
     return PlanReport(config=config, search=found, baselines=baselines, separate=separate(step),
-                      planner_seconds=time.perf_counter() - t0)
+                      planner_seconds=time.perf_counter() - t0, chosen=choose(found.best, baselines))
 
 
-__all__ = ["BASELINES", "PlanReport", "Row", "describe", "encoder_flops", "llm_flops", "mfu", "model_flops", "plan"]
+def choose(best: Candidate, baselines: dict[str, Baseline]) -> str:
+    """pybubble's layout among its own and the baselines': ``bubbles`` for `best` (the search's best
+    encoder plan), or the name of the fastest baseline with a timeline of its own (a Megatron-LM
+    layout) that fits in memory and is strictly faster than `best`."""
+    faster = [b for b in baselines.values() if b.timeline is not None and b.fits and b.step_time < best.step_time]
+    return min(faster, key=lambda b: b.step_time).name if faster else "bubbles"
+
+
+__all__ = ["BASELINES", "PlanReport", "Row", "choose", "describe", "encoder_flops", "llm_flops", "mfu", "model_flops", "plan"]

@@ -45,7 +45,7 @@ from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline, Windows
 from ..problem.encoder import EncoderPlan, EncoderWork
 from ..problem.problem import Problem
-from ..schedule.scheduler import Schedule, schedule
+from ..schedule.scheduler import Schedule, schedule_problem
 
 EXHAUSTIVE = 256
 """Partitions are enumerated whole up to this many compositions; above, local search."""
@@ -248,7 +248,7 @@ class _PlanSpace:
         windows = (self.edges, self.windows[1]) if coarse else self.windows
         problem = Problem.on_timeline(self.step.timeline, self.work.tasks(partition), self.plan.lanes_per_stage,
                                       windows)
-        return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule(problem),
+        return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule_problem(problem),
                          memory_bytes=self.memory(partition) if memory is None else memory)
 
     def in_every_bubble(self, cand: Candidate) -> Candidate:

@@ -67,7 +67,7 @@ def batches(spec: WorkloadSpec, *, samples: int, steps: int, seed: int = 0) -> I
     """`steps` batches of `samples` samples each, reproducible from `seed`."""
     integer(samples, "samples", minimum=1)
     integer(steps, "steps", minimum=0)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(integer(seed, "seed", minimum=0))
     for _ in range(steps):
         images = []
         for _ in range(samples):

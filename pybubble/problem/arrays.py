@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config.checks import integer, number, one_of, required, shown
+from ..config.checks import integer, number, one_of, required
 from ..costs.kernels import PHASES, RESOURCES
 from ..llm.timeline import Windows
 
@@ -73,8 +73,8 @@ class Tasks:
                 tid = integer(required(t, "id", where), where + ".id")
                 if tid != i:
                     raise ValueError(f"{where}.id: {tid} is not its index {i}")
-            lane[i] = _int64(required(t, "lane", where), where + ".lane")
-            mb[i] = _int64(required(t, "microbatch", where), where + ".microbatch")
+            lane[i] = integer(required(t, "lane", where), where + ".lane")
+            mb[i] = integer(required(t, "microbatch", where), where + ".microbatch")
             dur[i] = number(required(t, "duration", where), where + ".duration")
             res[i] = RESOURCES.index(one_of(required(t, "resource", where), RESOURCES, where + ".resource"))
             ph[i] = PHASES.index(one_of(required(t, "phase", where), PHASES, where + ".phase"))
@@ -82,7 +82,7 @@ class Tasks:
             if isinstance(preds, (str, bytes, Mapping)) or not isinstance(preds, (Sequence, np.ndarray)):
                 raise ValueError(f"{where}.after: expected a list, got {type(preds).__name__}")
             for q, p in enumerate(preds):
-                after.append(_int64(p, f"{where}.after[{q}]"))
+                after.append(integer(p, f"{where}.after[{q}]"))
             after_offset[i + 1] = len(after)
         return cls(lane=lane, microbatch=mb, duration=dur, resource=res, phase=ph, after_offset=after_offset,
                    after=np.array(after, np.int64))
@@ -140,13 +140,6 @@ class ProblemArrays:
         return cls(horizon=float(d["horizon"]), compute_free=Windows(**d["compute_free"]),
                    link_free=Windows(**d["link_free"]), forward_needed=d["forward_needed"],
                    grad_ready=d["grad_ready"], tasks=Tasks(**d["tasks"]))
-
-
-def _int64(value: Any, where: str) -> int:
-    v = integer(value, where)
-    if not -(2**63) <= v < 2**63:
-        raise ValueError(f"{where}: {shown(v)} is out of range")
-    return v
 
 
 __all__ = ["TASK_FIELDS", "ProblemArrays", "Tasks"]

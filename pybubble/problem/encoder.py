@@ -32,7 +32,7 @@ import numpy as np
 from ..config.checks import flag, integer, positive_int, shown
 from ..config.limits import MAX_TASKS
 from ..config.models import EncoderConfig
-from ..costs.kernels import PHASES, RESOURCES, decompose_layer
+from ..costs.kernels import PHASES, RESOURCES
 from ..costs.memory import encoder_layer_bytes, recompute_bytes
 from ..costs.roofline import CostModel
 from ..llm.step import even_split
@@ -132,9 +132,8 @@ class EncoderWork:
             s = tokens if tokens is not None else mdl.tokens
             per_phase = {}
             for phase in ("fwd", "bwd"):
-                kernels = decompose_layer(mdl, n, s, tp=plan.tp_enc, sequence_parallel=sequence_parallel,
-                                          phase=phase, recompute=recompute)
-                per_phase[phase] = [(k, costs.kernel_time(k)) for k in kernels]
+                per_phase[phase] = costs.layer_kernels(mdl, n, s, tp=plan.tp_enc, sequence_parallel=sequence_parallel,
+                                                       phase=phase, recompute=recompute)
             send = costs.p2p_time(float(mdl.dtype_bytes * n * s * mdl.hidden) / plan.tp_enc)
             self._layer_cost.append((per_phase, send, plan.stage_layers(mdl.layers)))
         self._flags = flags

@@ -18,7 +18,7 @@ from ..llm.tables import Table, build_table
 from ..llm.timeline import Timeline, simulate_pipeline
 from ..problem.arrays import Tasks
 from ..problem.problem import Problem
-from ..schedule.scheduler import Schedule, schedule
+from ..schedule.scheduler import Schedule, schedule_problem
 from .cuda import SideStream
 from .filler import BubbleFiller, FillTask
 
@@ -173,7 +173,7 @@ def make_placement(mode: str, costs: MeasuredCosts, microbatches: int, table: Ta
                          first_stage=first_stage_rank(table))
     timeline = measured_timeline(costs, microbatches, table=table)
     problem = Problem.on_timeline(timeline, piece_tasks(costs, producer))
-    sched = schedule(problem, "coarse" if mode == "coarse" else "greedy")
+    sched = schedule_problem(problem, "coarse" if mode == "coarse" else "greedy")
     return Placement(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
                      start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched,
                      first_stage=first_stage_rank(table))

@@ -63,7 +63,7 @@ def _latest_fit(wins, w, first, latest, d, floor):
 
 
 def reference_schedule(problem: Problem, policy: str = "greedy") -> Schedule:
-    """The same schedule as :func:`pybubble.schedule`, computed in plain Python."""
+    """The same schedule as :func:`pybubble.schedule_problem`, computed in plain Python."""
     greedy = check_policy(policy) == "greedy"
     a = problem.arrays()
     t_ = a.tasks

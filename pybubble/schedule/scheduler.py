@@ -78,7 +78,7 @@ def check_policy(policy: str) -> str:
     return one_of(policy, POLICIES, "policy")
 
 
-def schedule(problem: Problem, policy: str = "greedy") -> Schedule:
+def schedule_problem(problem: Problem, policy: str = "greedy") -> Schedule:
     """Schedules `problem`'s tasks into its bubbles with the C++ core.
 
     policy: ``greedy`` (default; encoder microbatches moved into the step's windows where they

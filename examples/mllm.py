@@ -81,7 +81,7 @@ class ViTBlock(nn.Module):
 
     def __init__(self, dim: int, heads: int, mlp_ratio: int = 4, causal: bool = False):
         super().__init__()
-        self.heads, self.causal = heads, causal
+        self.head_dim, self.causal = dim // heads, causal
         self.norm1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -90,10 +90,12 @@ class ViTBlock(nn.Module):
         self.fc2 = nn.Linear(mlp_ratio * dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        b, t, _ = x.shape
+        # qkv's outputs grouped by head (q, k, v of head 0, then of head 1, ...): a column-wise
+        # split over tensor-parallel ranks (apply_tp) gives each rank whole heads (-1: the heads here).
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, -1, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 
 
@@ -221,12 +223,26 @@ class LastStage(MiddleStage):
         return self.head(self.norm(self.blocks(x)[:, -self.text_len:]))
 
 
+class OnlyStage(FirstStage):
+    """The whole GPT as one stage (a pipeline of one rank: tensor parallelism alone)."""
+
+    def __init__(self, cfg: ModelConfig, image_tokens: int):
+        super().__init__(cfg, image_tokens)
+        self.norm = nn.LayerNorm(cfg.llm_dim)
+        self.head = nn.Linear(cfg.llm_dim, cfg.vocab)
+        self.text_len = cfg.text_len
+
+    def forward(self, tokens: torch.Tensor, microbatch: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(super().forward(tokens, microbatch)[:, -self.text_len:]))
+
+
 def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit") -> list[nn.Module]:
     """The GPT cut into ``ranks`` pipeline stages (same initial weights whatever the rank)."""
     stages: list[nn.Module] = []
     for s in range(ranks):
         torch.manual_seed(cfg.seed + 1 + s)
-        stages.append(FirstStage(cfg, encoder_tokens(cfg, kind)) if s == 0 else LastStage(cfg) if s == ranks - 1
+        stages.append(OnlyStage(cfg, encoder_tokens(cfg, kind)) if ranks == 1 else
+                      FirstStage(cfg, encoder_tokens(cfg, kind)) if s == 0 else LastStage(cfg) if s == ranks - 1
                       else MiddleStage(cfg))
     return stages
 
@@ -250,8 +266,37 @@ def loss_fn(cfg: ModelConfig):
 
 
 def checksum(modules) -> float:
-    """float64 sum of all parameters."""
-    return float(sum(p.detach().double().sum() for m in modules for p in m.parameters()))
+    """float64 sum of all parameters (a tensor-parallel one whole: a collective over its TP ranks)."""
+    from torch.distributed.tensor import DTensor
+
+    return float(sum((p.full_tensor() if isinstance(p, DTensor) else p).detach().double().sum()
+                     for m in modules for p in m.parameters()))
+
+
+def apply_tp(stage: nn.Module, tp_mesh) -> None:
+    """The stage's GPT blocks tensor-parallel over ``tp_mesh`` (the mesh's "tp" dimension) with torch's
+    own tensor parallelism, as torchtitan's ``apply_tp`` does for its llama: the attention's qkv and
+    the MLP's first layer column-wise, their output projections row-wise (an all-reduce after each
+    in the forward, one for the input gradient of each column-wise layer in the backward);
+    embedding, norms and head replicated."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for block in stage.blocks:
+        parallelize_module(block, tp_mesh, {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
+                                            "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+
+
+def parallel_layout(args: argparse.Namespace, device: torch.device):
+    """This process's place: (pp rank, tp rank, the pipeline's group, the runtime's gloo group over
+    the pipeline ranks of this TP index, the "tp" mesh or None) on a ("pp", "tp") DeviceMesh."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    pp, tp = args.ranks, args.tp
+    mesh = init_device_mesh(device.type, (pp, tp), mesh_dim_names=("pp", "tp"))
+    columns = [[p * tp + t for p in range(pp)] for t in range(tp)]
+    runtime_group, _ = dist.new_subgroups_by_enumeration(columns, backend="gloo")
+    return (mesh.get_local_rank("pp"), mesh.get_local_rank("tp"), mesh["pp"].get_group(), runtime_group,
+            mesh["tp"] if tp > 1 else None)
 
 
 def reference_checksum(cfg: ModelConfig, ranks: int, steps: int, kind: str = "vit") -> float:
@@ -283,15 +328,20 @@ def train(rank: int, args: argparse.Namespace) -> dict:
     cfg, kind, ranks = config(args), args.encoder, args.ranks
     m = cfg.microbatches
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+    world_rank = rank
+    rank, tp_rank, pp_group, runtime_group, tp_mesh = parallel_layout(args, device)
     encoder = build_encoder(cfg, kind).to(device)
     stage_module = build_stages(cfg, ranks, kind)[rank].to(device)
-    stage = PipelineStage(stage_module, rank, ranks, device)
+    if tp_mesh is not None:
+        apply_tp(stage_module, tp_mesh)
+    stage = PipelineStage(stage_module, rank, ranks, device, group=pp_group)
     schedule = Schedule1F1B(stage, m, loss_fn=loss_fn(cfg), scale_grads=False)
     images, _, _ = make_batch(cfg, 0, kind)
-    # The runtime: pieces traced on one microbatch; on CUDA the gradient sum goes through NCCL.
+    # The runtime: pieces traced on one microbatch; on CUDA the gradient sum goes through NCCL. Each
+    # TP rank runs the encoder over its pipeline ranks (the encoder is replicated over "tp").
     runtime = EncoderRuntime(encoder, stage=stage, schedule=schedule, mode=args.mode,
-                             example=images[:cfg.microbatch_size], device=device,
-                             grad_group=dist.group.WORLD if device.type == "cuda" else None)
+                             example=images[:cfg.microbatch_size], device=device, group=runtime_group,
+                             grad_group=pp_group if device.type == "cuda" else None)
     if rank == 0:
         stage_module.encoder_output = runtime.encoder_output
     trace_path = os.environ.get("PYBUBBLE_TRACE")  # the last step's tasks, ops and waits per rank
@@ -305,7 +355,7 @@ def train(rank: int, args: argparse.Namespace) -> dict:
     ends = []
     with torch.cuda.stream(llm_stream(device)) if device.type == "cuda" else contextlib.nullcontext():
         for step in range(args.steps):
-            if rank == args.fail_rank and step == args.fail_step:
+            if world_rank == args.fail_rank and step == args.fail_step:
                 raise RuntimeError(f"injected fault on rank {rank} at step {step} (--fail-rank/--fail-step)")
             images, tokens, targets = make_batch(cfg, step, kind)
             if profiler is not None and step == args.steps - 1:
@@ -317,26 +367,40 @@ def train(rank: int, args: argparse.Namespace) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             ends.append(time.perf_counter())
-            if rank == 0:  # progress, on stderr: the report stays the one line on stdout
+            if world_rank == 0:  # progress, on stderr: the report stays the one line on stdout
                 took = ends[-1] - (ends[-2] if len(ends) > 1 else runtime.records[-1]["start"])
                 print(f"[{args.mode}] step {step + 1}/{args.steps}: {took * 1e3:.1f} ms", file=sys.stderr, flush=True)
     if trace_path:
-        with open(f"{trace_path}.rank{rank}.json", "w") as f:
+        with open(f"{trace_path}.rank{world_rank}.json", "w") as f:
             json.dump({"start": runtime.records[-1]["start"], "events": runtime.records[-1]["trace"]}, f)
     if profiler is not None:
         profiler.stop()
         os.makedirs(args.profile, exist_ok=True)
-        profiler.export_chrome_trace(os.path.join(args.profile, f"rank{rank}.json"))
-        if rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
+        profiler.export_chrome_trace(os.path.join(args.profile, f"rank{world_rank}.json"))
+        if world_rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
             pybubble.save_trace(runtime.placement.timeline, os.path.join(args.profile, "plan.json"))
     mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
             "predicted": [r["predicted_s"] for r in runtime.records],
-            "checksum": checksum([stage_module] + ([encoder] if rank == 0 else [])),
             "filler": runtime.records[-1]["filler"], "filled": [r["filler"]["filled"] for r in runtime.records],
-            "costs": asdict(runtime.costs)}
-    every: list = [None] * ranks
-    dist.all_gather_object(every, mine, group=runtime.group)
+            "costs": asdict(runtime.costs), "tp_waits": tp_waits(runtime.records)}
+    total = checksum([stage_module] + ([encoder] if rank == 0 else []))  # a collective over "tp"
+    mine["checksum"] = total if tp_rank == 0 else 0.0  # each stage counted once
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
     return every
+
+
+def tp_waits(records: list[dict]) -> dict:
+    """One rank's TP collectives over the settled steps (the first two profile and adapt): waits,
+    the time waited and filled, the consumers' delays and overruns, and the pieces run in them as
+    (measured duration, time taken, gap) triples."""
+    settled = records[min(2, len(records) - 1):]
+    keys = ("waits", "waited_s", "filled", "filled_s", "delays", "delay_s", "overruns")
+    out = {k: sum(r["tp"][k] for r in settled) for k in keys}
+    out["delay_max_s"] = max(r["tp"]["delay_max_s"] for r in settled)
+    out["gaps_s"] = [g for r in settled for g in r["tp"]["gaps_s"]]
+    out["pieces"] = [p for r in settled for p in r["tp"]["pieces"]]
+    return out
 
 
 def report(args: argparse.Namespace, every: list[dict]) -> dict:
@@ -350,6 +414,7 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
     predicted = every[0]["predicted"]
     return {
         "format": "pybubble.runtime_report/2", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
+        "tp": args.tp, "tp_waits": tp_report(every),
         "steps": steps, "size": args.size, "device": args.device, "step_times_s": step_times,
         "predicted_steps_s": predicted, "settled_steps": settled,
         "median_step_s": statistics.median(step_times[s] for s in settled),
@@ -357,6 +422,24 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
         "param_checksum": sum(e["checksum"] for e in every), "costs": every[0]["costs"],
         "filler": [e["filler"] for e in every], "filled_per_step": [e["filled"] for e in every],
     }
+
+
+def tp_report(every: list[dict]) -> dict:
+    """The TP waits of the settled steps: per rank, the seconds waited on TP collectives and the
+    seconds the encoder filled, the consumers' delays and overruns; over all ranks, the distribution
+    (10/50/90th percentile, max) of the pieces' durations against the gaps they went into."""
+    import numpy as np
+
+    def spread(values: list[float]) -> list[float]:
+        return [float(v) for v in np.percentile(values, [10, 50, 90, 100])] if values else []
+
+    per_rank = [{k: v for k, v in e["tp_waits"].items() if k not in ("gaps_s", "pieces")} for e in every]
+    pieces = [p for e in every for p in e["tp_waits"]["pieces"]]
+    waited = sum(r["waited_s"] for r in per_rank)
+    return {"per_rank": per_rank, "filled_fraction": sum(r["filled_s"] for r in per_rank) / waited if waited else 0.0,
+            "gap_s": spread([g for e in every for g in e["tp_waits"]["gaps_s"]]),
+            "piece_s": spread([p[1] for p in pieces]), "piece_measured_s": spread([p[0] for p in pieces]),
+            "filled_gap_s": spread([p[2] for p in pieces])}
 
 
 def config(args: argparse.Namespace) -> ModelConfig:
@@ -369,7 +452,8 @@ def config(args: argparse.Namespace) -> ModelConfig:
 
 def run(args: argparse.Namespace) -> dict:
     """Launches the ranks and returns the report (raises ``RuntimeError`` when a rank failed)."""
-    every = launch(train, args.ranks, args, backend="nccl" if args.device == "cuda" else "gloo", timeout=args.timeout)
+    every = launch(train, args.ranks * args.tp, args, backend="nccl" if args.device == "cuda" else "gloo",
+                   timeout=args.timeout)
     out = report(args, every)
     if args.reference:
         out["reference_checksum"] = reference_checksum(config(args), args.ranks, args.steps, args.encoder)
@@ -379,6 +463,7 @@ def run(args: argparse.Namespace) -> dict:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/mllm.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2, help="pipeline stages, one process each (default 2)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (processes: ranks x tp)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--mode", default="pybubble", help="megatron, coarse or pybubble")
     p.add_argument("--encoder", default="vit", help=f"the vision encoder: {', '.join(ENCODERS)}")
@@ -395,8 +480,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    if args.ranks < 2:
-        raise ValueError(f"ranks: {args.ranks} is not >= 2")
+    if args.tp < 1:
+        raise ValueError(f"tp: {args.tp} is not >= 1")
+    if args.ranks < (1 if args.tp > 1 else 2):
+        raise ValueError(f"ranks: {args.ranks} is not >= {1 if args.tp > 1 else 2}")
     if args.steps < 1:
         raise ValueError(f"steps: {args.steps} is not >= 1")
     if args.mode not in PLACEMENTS:
@@ -409,16 +496,18 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"device: {args.device!r} is not one of cpu, cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' but no CUDA device is available (torch.cuda.is_available() is False)")
-    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks * args.tp:
         # NCCL refuses two ranks of one communicator on the same GPU.
-        raise ValueError(f"device: 'cuda' needs one GPU per rank ({args.ranks} ranks, "
+        raise ValueError(f"device: 'cuda' needs one GPU per rank ({args.ranks * args.tp} ranks, "
                          f"{torch.cuda.device_count()} GPUs)")
     if not args.timeout > 0:
         raise ValueError(f"timeout: {args.timeout} is not > 0")
-    if args.fail_rank >= args.ranks:
-        raise ValueError(f"fail_rank: {args.fail_rank} is not a rank (< {args.ranks})")
+    if args.fail_rank >= args.ranks * args.tp:
+        raise ValueError(f"fail_rank: {args.fail_rank} is not a rank (< {args.ranks * args.tp})")
     if args.microbatches < 0:
         raise ValueError(f"microbatches: {args.microbatches} is not >= 1")
+    if config(args).llm_heads % args.tp:
+        raise ValueError(f"tp: {args.tp} does not divide the {config(args).llm_heads} heads of size {args.size!r}")
     if config(args).microbatches < args.ranks:
         raise ValueError(f"ranks: {args.ranks} exceeds the {config(args).microbatches} microbatches of size "
                          f"{args.size!r}")

@@ -14,10 +14,11 @@ from .launch import launch
 from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits
 from .placement import PLACEMENTS, MeasuredCosts, Placement, make_placement, predict_step_s
 from .segments import MicrobatchRun, Piece, split_into_pieces
+from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits
 
 __all__ = [
     "BoundaryCommunicator", "BubbleFiller", "CostHistory", "EncoderRuntime", "EncoderStep", "FillTask", "PLACEMENTS",
     "MeasuredCosts", "MicrobatchRun", "Piece", "Placement", "SUPPORTED_TORCH", "SideStream", "WorkProbe",
     "check_torch_version", "fill_pipeline_waits", "launch", "llm_stream", "make_placement", "predict_step_s",
-    "side_stream", "split_into_pieces", "sync_grads",
+    "side_stream", "split_into_pieces", "sync_grads", "TensorParallelWaits", "TPWaitStats", "fill_tp_waits",
 ]

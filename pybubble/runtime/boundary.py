@@ -72,11 +72,11 @@ class BoundaryCommunicator:
                 continue
             if self.rank == self.first_stage_rank:
                 buf = torch.empty(self.output_shape, dtype=self.dtype)
-                work = dist.irecv(buf, src=p, group=self.group, tag=j)
+                work = dist.irecv(buf, group=self.group, tag=j, group_src=p)
                 self._pending["out", j] = (buf, WorkProbe(work))
             elif self.rank == p:
                 buf = torch.empty(self.output_shape, dtype=self.dtype)
-                work = dist.irecv(buf, src=self.first_stage_rank, group=self.group, tag=m + j)
+                work = dist.irecv(buf, group=self.group, tag=m + j, group_src=self.first_stage_rank)
                 self._pending["grad", j] = (buf, WorkProbe(work))
 
     # -- forward: producer -> first stage ------------------------------------------------------
@@ -85,8 +85,8 @@ class BoundaryCommunicator:
         if not self._remote(j):
             self._outputs[j] = output
         else:
-            self._sends.append(dist.isend(output.contiguous().cpu(), dst=self.first_stage_rank,
-                                          group=self.group, tag=j))
+            self._sends.append(dist.isend(output.contiguous().cpu(), group=self.group, tag=j,
+                                          group_dst=self.first_stage_rank))
 
     def has_output(self, llm_microbatch: int) -> bool:
         """Whether the encoder output LLM microbatch `llm_microbatch` takes has arrived."""
@@ -112,8 +112,8 @@ class BoundaryCommunicator:
         if not self._remote(j):
             self._grads[j] = grad
         else:
-            self._sends.append(dist.isend(grad.contiguous().cpu(), dst=self.producer[j], group=self.group,
-                                          tag=len(self.assignment) + j))
+            self._sends.append(dist.isend(grad.contiguous().cpu(), group=self.group,
+                                          tag=len(self.assignment) + j, group_dst=self.producer[j]))
         return j
 
     def grad_ready(self, j: int) -> bool:

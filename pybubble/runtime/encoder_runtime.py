@@ -30,6 +30,7 @@ from .encoder_step import EncoderStep
 from .pipelining import check_torch_version, fill_pipeline_waits
 from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s
 from .segments import MicrobatchRun, split_into_pieces
+from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits, tp_op_figures
 
 
 def _inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -78,12 +79,15 @@ class EncoderRuntime:
         self.stage = stage
         self.schedule = schedule
         self.device = torch.device(device)
-        self.rank = dist.get_rank()
-        self.ranks = dist.get_world_size()
+        self.group = group if group is not None else dist.new_group(list(range(dist.get_world_size())),
+                                                                    backend="gloo")
+        # Ranks within the group: with tensor parallelism each TP rank runs its own copy of the
+        # runtime over the pipeline ranks of its TP index (the group of its "pp" mesh dimension).
+        self.rank = dist.get_rank(self.group)
+        self.ranks = dist.get_world_size(self.group)
         if getattr(stage, "num_stages", self.ranks) != self.ranks:
             raise ValueError(f"stage: {stage.num_stages} stages over {self.ranks} ranks (one stage per rank)")
         self.microbatches = int(schedule._n_microbatches)
-        self.group = group if group is not None else dist.new_group(list(range(self.ranks)), backend="gloo")
         self.grad_group = self.group if grad_group is None else grad_group
         example = tuple(t.to(self.device) for t in _inputs_of(example))
         self.pieces = split_into_pieces(encoder, example)
@@ -99,7 +103,7 @@ class EncoderRuntime:
         self.steps = 0
         self.records: list[dict[str, Any]] = []
         """Per step: ``predicted_s``, ``start`` (perf_counter after the step's barrier), ``plan_s``,
-        ``sync_s``, ``filler`` (the filler's counters)."""
+        ``sync_s``, ``filler`` (the filler's counters), ``tp`` (its TP waits, :class:`TPWaitStats`)."""
         self.trace = False
         """True: each step's filler keeps (what, start, end) of its tasks, ops and waits in
         ``records[-1]["trace"]``."""
@@ -138,11 +142,11 @@ class EncoderRuntime:
             for rep in range(6):
                 t = time.perf_counter()
                 if self.rank == 0:
-                    dist.send(buf, 1, group=self.group)
-                    dist.recv(buf, 1, group=self.group)
+                    dist.send(buf, group=self.group, group_dst=1)
+                    dist.recv(buf, group=self.group, group_src=1)
                 else:
-                    dist.recv(buf, 0, group=self.group)
-                    dist.send(buf, 0, group=self.group)
+                    dist.recv(buf, group=self.group, group_src=0)
+                    dist.send(buf, group=self.group, group_dst=0)
                 if rep:  # the first is a warm-up
                     p2p += (time.perf_counter() - t) / 10
         mine = torch.tensor([p2p, *(min(x) for x in fwd), *(min(x) for x in bwd)], dtype=torch.float64)
@@ -153,7 +157,7 @@ class EncoderRuntime:
                              p2p_s=float(a[:, 0].max()), piece_fwd_s=a[:, 1:1 + n].mean(axis=0).tolist(),
                              piece_bwd_s=a[:, 1 + n:].mean(axis=0).tolist())
 
-    def _sample(self, work: EncoderStep, sync_s: float, plan_s: float) -> np.ndarray:
+    def _sample(self, work: EncoderStep, sync_s: float, plan_s: float, tp: TPWaitStats) -> np.ndarray:
         f = work.filler
         ops = f.next_ops
         n = len(self.pieces)
@@ -165,7 +169,8 @@ class EncoderRuntime:
         return step_sample(fwd=[b for (k, _), b in zip(ops, f.op_busy_s) if k == "F"],
                            bwd=[b for (k, _), b in zip(ops, f.op_busy_s) if k == "B"], lead=f.lead_busy_s,
                            sync=sync_s if self.mode != "megatron" else float("nan"), outside=float("nan"),
-                           plan=plan_s, piece_fwd=piece_fwd, piece_bwd=piece_bwd)
+                           plan=plan_s, piece_fwd=piece_fwd, piece_bwd=piece_bwd,
+                           **dict(zip(("tp_count", "tp_gap"), tp_op_figures(tp))))
 
     def _share_costs(self, entry: float) -> None:
         """All ranks' figures of the last step (with the trainer's time since then) into the
@@ -227,7 +232,8 @@ class EncoderRuntime:
             with record_function("pybubble:front"):
                 filler.run_front()
             filler.begin_step(frame0=start)
-            with fill_pipeline_waits(filler, self.stage), record_function("pybubble:schedule"):
+            tp = TensorParallelWaits(filler, self.costs.tp_gap_s)
+            with fill_pipeline_waits(filler, self.stage), fill_tp_waits(tp), record_function("pybubble:schedule"):
                 result = self.schedule.step(*args, **kwargs)
             filler.end_pipeline()
             with record_function("pybubble:drain"):
@@ -241,9 +247,9 @@ class EncoderRuntime:
                 sync_grads(self.encoder, self.grad_group)
         sync_s = self._now() - t
         with record_function("pybubble:setup"):
-            self._last_sample = self._sample(work, sync_s, plan_s)
+            self._last_sample = self._sample(work, sync_s, plan_s, tp.stats)
         record = {"predicted_s": predicted, "start": start, "plan_s": plan_s, "sync_s": sync_s,
-                  "filler": dataclasses.asdict(filler.stats)}
+                  "filler": dataclasses.asdict(filler.stats), "tp": dataclasses.asdict(tp.stats)}
         if self.trace:
             record["trace"] = filler.trace
         self.records.append(record)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.checks import finite, one_of
+from ..config.checks import finite, integer, one_of
 from ..llm.timeline import Timeline, simulate_pipeline
 from ..problem.arrays import Tasks
 from ..problem.problem import Problem
@@ -47,6 +47,11 @@ class MeasuredCosts:
     step, the trainer's own work between steps, the runtime's planning and synchronisation."""
     grad_sync_s: float = 0.0
     """All-reduce of the encoder's gradients (modes that spread the encoder over ranks)."""
+    tp_count: int = 0
+    """Tensor-parallel collectives waited on inside each LLM forward and backward op (measured on
+    the mesh: layers x collectives per layer)."""
+    tp_gap_s: float = 0.0
+    """One TP collective's gap: how long its consumer waits for it (measured, median)."""
 
     def __post_init__(self) -> None:
         if len(self.stage_fwd_s) != len(self.stage_bwd_s) or not self.stage_fwd_s:
@@ -56,8 +61,9 @@ class MeasuredCosts:
         for name in ("stage_fwd_s", "stage_bwd_s", "piece_fwd_s", "piece_bwd_s"):
             for i, v in enumerate(getattr(self, name)):
                 finite(v, f"{name}[{i}]", minimum=0.0)
-        for name in ("p2p_s", "optimizer_s", "grad_sync_s"):
+        for name in ("p2p_s", "optimizer_s", "grad_sync_s", "tp_gap_s"):
             finite(getattr(self, name), name, minimum=0.0)
+        integer(self.tp_count, "tp_count", minimum=0)
 
     @property
     def stages(self) -> int:
@@ -77,14 +83,20 @@ def producers(mode: str, microbatches: int, ranks: int) -> list[int]:
 
 
 def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage: bool = False) -> Timeline:
-    """The 1F1B step of the LLM (with the whole encoder inside stage 0's ops when asked)."""
-    fwd = [t * US for t in costs.stage_fwd_s]
-    bwd = [t * US for t in costs.stage_bwd_s]
+    """The 1F1B step of the LLM (with the whole encoder inside stage 0's ops when asked); with
+    tensor parallelism each forward and backward op also holds ``tp_count`` gaps of ``tp_gap_s``
+    (the ops' measured times leave the waits out: they are added back as the gaps)."""
+    tp = costs.tp_count * costs.tp_gap_s
+    fwd = [(t + tp) * US for t in costs.stage_fwd_s]
+    bwd = [(t + tp) * US for t in costs.stage_bwd_s]
     if encoder_on_first_stage:
         fwd[0] += sum(costs.piece_fwd_s) * US
         bwd[0] += sum(costs.piece_bwd_s) * US
+    tp_comm = (costs.tp_count, costs.tp_gap_s * US) if tp > 0.0 else None
+    if tp_comm is not None and not (tp_comm[0] + 1) * tp_comm[1] < min(fwd + bwd):
+        tp_comm = None  # the core's gaps need some compute around each: the ops keep the time, not the gaps
     return simulate_pipeline("1f1b", ranks=costs.stages, microbatches=microbatches, fwd=fwd, bwd=bwd,
-                             p2p=costs.p2p_s * US)
+                             p2p=costs.p2p_s * US, tp_comm=tp_comm)
 
 
 def piece_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> Tasks:

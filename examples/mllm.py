@@ -395,7 +395,7 @@ def tp_waits(records: list[dict]) -> dict:
     the time waited and filled, the consumers' delays and overruns, and the pieces run in them as
     (measured duration, time taken, gap) triples."""
     settled = records[min(2, len(records) - 1):]
-    keys = ("waits", "waited_s", "filled", "filled_s", "delays", "delay_s", "overruns")
+    keys = ("waits", "gap_s", "waited_s", "filled", "filled_s", "delays", "delay_s", "overruns")
     out = {k: sum(r["tp"][k] for r in settled) for k in keys}
     out["delay_max_s"] = max(r["tp"]["delay_max_s"] for r in settled)
     out["gaps_s"] = [g for r in settled for g in r["tp"]["gaps_s"]]
@@ -425,8 +425,9 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
 
 
 def tp_report(every: list[dict]) -> dict:
-    """The TP waits of the settled steps: per rank, the seconds waited on TP collectives and the
-    seconds the encoder filled, the consumers' delays and overruns; over all ranks, the distribution
+    """The TP waits of the settled steps: per rank, the TP collectives' gaps, the seconds blocked in
+    them with no piece running and the seconds the encoder filled, the consumers' delays and
+    overruns; the share of the gaps filled; over all ranks, the distribution
     (10/50/90th percentile, max) of the pieces' durations against the gaps they went into."""
     import numpy as np
 
@@ -435,8 +436,8 @@ def tp_report(every: list[dict]) -> dict:
 
     per_rank = [{k: v for k, v in e["tp_waits"].items() if k not in ("gaps_s", "pieces")} for e in every]
     pieces = [p for e in every for p in e["tp_waits"]["pieces"]]
-    waited = sum(r["waited_s"] for r in per_rank)
-    return {"per_rank": per_rank, "filled_fraction": sum(r["filled_s"] for r in per_rank) / waited if waited else 0.0,
+    gaps = sum(r["gap_s"] for r in per_rank)
+    return {"per_rank": per_rank, "filled_fraction": sum(r["filled_s"] for r in per_rank) / gaps if gaps else 0.0,
             "gap_s": spread([g for e in every for g in e["tp_waits"]["gaps_s"]]),
             "piece_s": spread([p[1] for p in pieces]), "piece_measured_s": spread([p[0] for p in pieces]),
             "filled_gap_s": spread([p[2] for p in pieces])}

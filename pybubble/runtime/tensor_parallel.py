@@ -53,12 +53,14 @@ class TPWaitStats:
 
     waits: int = 0
     """TP collectives waited on."""
-    waited_s: float = 0.0
+    gap_s: float = 0.0
     """Their gaps summed: from the consumer's arrival to the collective's completion."""
+    waited_s: float = 0.0
+    """The part of the gaps with no piece running (the LLM's time blocked in TP waits)."""
     filled: int = 0
     """Pieces run inside those waits."""
     filled_s: float = 0.0
-    """The gaps' time the pieces filled (per wait: the pieces' time, at most the gap)."""
+    """The part of the gaps the pieces filled (per wait: the pieces' time, at most the gap)."""
     delays: int = 0
     """Waits whose consumer resumed after the collective completed because a piece was running."""
     delay_s: float = 0.0
@@ -112,12 +114,13 @@ class TensorParallelWaits:
                 guard = torch._C._ForceDispatchKeyGuard(*keys) if keys is not None else contextlib.nullcontext()
                 if f.side is not None:
                     out = self._launch_then_wait(tensor, real_wait, guard)
-                elif f.fill and self.gap_s > 0.0 and f._next() is not None:
-                    out = self._fill_while_pending(tensor, real_wait, entered, guard)
-                else:
+                elif f.fill and self.gap_s > 0.0 and (first := f._pick(self.gap_s)[0]) is not None:
+                    out = self._fill_while_pending(tensor, real_wait, entered, guard, first)
+                else:  # nothing fits: the plain wait (no hand-off to a waiter thread)
                     out = real_wait(tensor)
                     gap = time.perf_counter() - entered
                     s.gaps_s.append(gap)
+                    s.gap_s += gap
                     s.waited_s += gap
         finally:
             f._in_wait = False
@@ -127,7 +130,9 @@ class TensorParallelWaits:
                 f.trace.append(("tp_wait", entered, end))
         return out
 
-    def _fill_while_pending(self, tensor, real_wait, entered: float, guard) -> torch.Tensor:
+    def _fill_while_pending(self, tensor, real_wait, entered: float, guard, first) -> torch.Tensor:
+        """CPU: ``first`` (a task that fits the gap) and then the next that fit run while a waiter
+        thread waits for the collective."""
         f, s = self.filler, self.stats
         done_at = [0.0]
 
@@ -141,21 +146,25 @@ class TensorParallelWaits:
         deadline = entered + self.gap_s
         ran: list[tuple[float, float, float]] = []  # (measured, start, end) of the pieces run
         with guard:
+            task = first
             while not pending.done():
-                now = time.perf_counter()
-                task, _too_long = f._pick(f._room(deadline, now))
                 if task is None:
-                    break  # nothing fits or nothing is ready: wait
+                    task, _too_long = f._pick(f._room(deadline, time.perf_counter()))
+                    if task is None:
+                        break  # nothing fits or nothing is ready: wait
                 t = time.perf_counter()
                 f._run(task)
                 ran.append((task.duration_s, t, time.perf_counter()))
+                task = None
         out = pending.result()
         resumed = time.perf_counter()
         gap = done_at[0] - entered
+        filled = min(gap, sum(e - b for _, b, e in ran))
         s.gaps_s.append(gap)
-        s.waited_s += gap
+        s.gap_s += gap
+        s.waited_s += gap - filled
         s.filled += len(ran)
-        s.filled_s += min(gap, sum(e - b for _, b, e in ran))
+        s.filled_s += filled
         f.stats.filled += len(ran)
         f.stats.filled_s += sum(e - b for _, b, e in ran)
         s.pieces.extend((d, e - b, gap) for d, b, e in ran)

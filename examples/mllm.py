@@ -1,20 +1,27 @@
 """A small multimodal LLM trained with a 1F1B pipeline over CPU ranks (gloo) or GPUs (NCCL, one per
-rank), its vision encoder run by pybubble.runtime.EncoderRuntime the Megatron way (inside stage 0),
-coarse (spread over the ranks, before and after the LLM) or pybubble (its pieces inside the
-pipeline's bubbles). User code of the runtime's API: the runtime does the profiling, the plan,
-the encoder's gradient sync and the process launch.
+rank), on a DeviceMesh ("pp", "dp") as torchtitan builds it, its LLM stages sharded with FSDP2 or
+wrapped in DDP over "dp", its vision encoder run by pybubble.runtime.EncoderRuntime the Megatron
+way (inside stage 0), coarse (spread over the ranks, before and after the LLM) or pybubble (its
+pieces inside the pipeline's bubbles). User code of the runtime's API: the runtime does the
+profiling, the plan and the encoder's gradient sync.
 
+    python -m torch.distributed.run --nproc-per-node 2 examples/mllm.py --mode pybubble --steps 8
+    python -m torch.distributed.run --nproc-per-node 4 examples/mllm.py --dp 2 --pp 2 --dp-wrap ddp
     python examples/mllm.py --ranks 2 --steps 20 --mode pybubble [--encoder vit|timm|clip] [--profile DIR]
     pybubble measure DIR --predict DIR/plan.json
+
+Without torchrun the example starts its ranks itself (pybubble.runtime.launch, the same code path).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import os
+import signal
 import statistics
 import sys
 import time
@@ -26,10 +33,14 @@ import torch.nn.functional as F
 from torch import nn
 
 import pybubble
-from pybubble.runtime import PLACEMENTS, EncoderRuntime, launch, llm_stream
+from pybubble.runtime import PLACEMENTS, EncoderRuntime, launch, llm_stream, run_rank
 from pybubble.runtime.cuda import serialised_streams_note
 
 ENCODERS = ("vit", "timm", "clip")
+DP_WRAPS = ("fsdp", "ddp")
+FAULTS = ("raise", "kill", "stall", "encoder", "slow")
+"""Injected faults (tests): raise before the step, SIGKILL in the middle of a forward, sleep far
+past the timeout there, raise inside an encoder piece, or run every LLM forward twice as long."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -266,11 +277,8 @@ def loss_fn(cfg: ModelConfig):
 
 
 def checksum(modules) -> float:
-    """float64 sum of all parameters (a tensor-parallel one whole: a collective over its TP ranks)."""
-    from torch.distributed.tensor import DTensor
-
-    return float(sum((p.full_tensor() if isinstance(p, DTensor) else p).detach().double().sum()
-                     for m in modules for p in m.parameters()))
+    """float64 sum of all parameters."""
+    return float(sum(p.detach().double().sum() for m in modules for p in m.parameters()))
 
 
 def apply_tp(stage: nn.Module, tp_mesh) -> None:
@@ -284,19 +292,6 @@ def apply_tp(stage: nn.Module, tp_mesh) -> None:
     for block in stage.blocks:
         parallelize_module(block, tp_mesh, {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
                                             "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
-
-
-def parallel_layout(args: argparse.Namespace, device: torch.device):
-    """This process's place: (pp rank, tp rank, the pipeline's group, the runtime's gloo group over
-    the pipeline ranks of this TP index, the "tp" mesh or None) on a ("pp", "tp") DeviceMesh."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    pp, tp = args.ranks, args.tp
-    mesh = init_device_mesh(device.type, (pp, tp), mesh_dim_names=("pp", "tp"))
-    columns = [[p * tp + t for p in range(pp)] for t in range(tp)]
-    runtime_group, _ = dist.new_subgroups_by_enumeration(columns, backend="gloo")
-    return (mesh.get_local_rank("pp"), mesh.get_local_rank("tp"), mesh["pp"].get_group(), runtime_group,
-            mesh["tp"] if tp > 1 else None)
 
 
 def reference_checksum(cfg: ModelConfig, ranks: int, steps: int, kind: str = "vit") -> float:
@@ -321,73 +316,189 @@ def reference_checksum(cfg: ModelConfig, ranks: int, steps: int, kind: str = "vi
 
 
 # -- one rank: the training loop ---------------------------------------------------------------
-def train(rank: int, args: argparse.Namespace) -> dict:
-    """One rank's training loop (the process group is set up by ``launch``)."""
+def replica_slice(x: torch.Tensor, cfg: ModelConfig, dp: int, replica: int) -> torch.Tensor:
+    """Data-parallel replica ``replica``'s share of a step's batch: its ``microbatch_size / dp``
+    samples of every microbatch (the replicas' averaged gradients are the whole batch's)."""
+    per = cfg.microbatch_size // dp
+    m = cfg.microbatches
+    return x.view(m, cfg.microbatch_size, *x.shape[1:])[:, replica * per:(replica + 1) * per].reshape(m * per, *x.shape[1:])
+
+
+def full_checksum(module: nn.Module) -> float:
+    """float64 sum of a module's parameters, FSDP2-sharded ones gathered (a collective over dp)."""
+    return float(sum((p.full_tensor() if hasattr(p, "full_tensor") else p).detach().double().sum()
+                     for p in module.parameters()))
+
+
+class Fault:
+    """An injected fault (``--fault`` on ``--fail-rank`` at ``--fail-step``): see :data:`FAULTS`."""
+
+    def __init__(self, args: argparse.Namespace, rank: int):
+        self.kind, self.step = args.fault, args.fail_step
+        self.on = rank == args.fail_rank
+        self.rank, self.timeout = rank, args.timeout
+        self.now = -1
+        """The running step."""
+
+    def before_step(self, step: int) -> None:
+        self.now = step
+        if self.on and self.kind == "raise" and step == self.step:
+            raise RuntimeError(f"injected fault on rank {self.rank} at step {step} (--fail-rank/--fail-step)")
+
+    def _here(self) -> bool:
+        return self.on and self.now == self.step
+
+    def stage_hooks(self, module: nn.Module) -> None:
+        """Faults inside the LLM stage's forward."""
+        started: list[float] = []
+
+        def pre(_m, _args):
+            started.append(time.perf_counter())
+            if self._here() and self.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if self._here() and self.kind == "stall":
+                time.sleep(20 * self.timeout)
+
+        def post(_m, _args, _out):
+            took = time.perf_counter() - started.pop()
+            if self.on and self.kind == "slow":
+                time.sleep(took)  # a straggler: every forward twice as long, every step
+
+        module.register_forward_pre_hook(pre)
+        module.register_forward_hook(post)
+
+    def encoder_pieces(self, runtime: EncoderRuntime) -> None:
+        """A fault inside the encoder's last piece."""
+        if not (self.on and self.kind == "encoder"):
+            return
+        piece = runtime.pieces[-1]
+
+        def fn(*state):
+            if self._here():
+                raise RuntimeError(f"injected fault in encoder piece {piece.name} on rank {self.rank} at step {self.now}")
+            return piece.fn(*state)
+
+        runtime.pieces[-1] = dataclasses.replace(piece, fn=fn)
+
+
+def build_mesh(args: argparse.Namespace, device: torch.device):
+    """The trainer's DeviceMesh: ("pp", "dp"), and "tp" innermost with ``--tp`` > 1, pp outermost as
+    torchtitan orders its dimensions."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if args.tp > 1:
+        return init_device_mesh(device.type, (args.pp, args.dp, args.tp), mesh_dim_names=("pp", "dp", "tp"))
+    return init_device_mesh(device.type, (args.pp, args.dp), mesh_dim_names=("pp", "dp"))
+
+
+def train(rank: int, args: argparse.Namespace) -> list[dict] | None:
+    """One rank's training loop (the process group is set up by torchrun or ``launch``); rank 0
+    returns every rank's figures."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    cfg, kind, ranks = config(args), args.encoder, args.ranks
+    cfg, kind = config(args), args.encoder
     m = cfg.microbatches
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
-    world_rank = rank
-    rank, tp_rank, pp_group, runtime_group, tp_mesh = parallel_layout(args, device)
+    mesh = build_mesh(args, device)
+    pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
     encoder = build_encoder(cfg, kind).to(device)
-    stage_module = build_stages(cfg, ranks, kind)[rank].to(device)
-    if tp_mesh is not None:
-        apply_tp(stage_module, tp_mesh)
-    stage = PipelineStage(stage_module, rank, ranks, device, group=pp_group)
+    stage_module = build_stages(cfg, args.pp, kind)[pp_rank].to(device)
+    tp_rank = mesh["tp"].get_local_rank() if args.tp > 1 else 0
+    if args.tp > 1:  # the encoder stays replicated over "tp": each TP rank runs the same pieces
+        apply_tp(stage_module, mesh["tp"])
+    if pp_rank == 0:
+        stage_module.image_shape = (cfg.microbatch_size // args.dp, *stage_module.image_shape[1:])
+    fault = Fault(args, rank)
+    fault.stage_hooks(stage_module)
+    if args.dp > 1 and args.dp_wrap == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in stage_module.blocks:
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(stage_module, mesh=mesh["dp"])
+        llm = stage_module
+    elif args.dp > 1:
+        llm = nn.parallel.DistributedDataParallel(stage_module, process_group=mesh["dp"].get_group())
+    else:
+        llm = stage_module
+    stage = PipelineStage(llm, pp_rank, args.pp, device, group=mesh["pp"].get_group())
     schedule = Schedule1F1B(stage, m, loss_fn=loss_fn(cfg), scale_grads=False)
+    share = lambda x: replica_slice(x, cfg, args.dp, dp_rank)  # noqa: E731
     images, _, _ = make_batch(cfg, 0, kind)
-    # The runtime: pieces traced on one microbatch; on CUDA the gradient sum goes through NCCL. Each
-    # TP rank runs the encoder over its pipeline ranks (the encoder is replicated over "tp").
-    runtime = EncoderRuntime(encoder, stage=stage, schedule=schedule, mode=args.mode,
-                             example=images[:cfg.microbatch_size], device=device, group=runtime_group,
-                             grad_group=pp_group if device.type == "cuda" else None)
-    if rank == 0:
+    # The runtime on the trainer's mesh: pieces traced on one microbatch; on CUDA the gradient sums
+    # go through the mesh's NCCL groups.
+    runtime = EncoderRuntime(encoder, stage=stage, schedule=schedule, mode=args.mode, mesh=mesh, microbatches=m,
+                             example=share(images)[:cfg.microbatch_size // args.dp], device=device)
+    fault.encoder_pieces(runtime)
+    if pp_rank == 0:
         stage_module.encoder_output = runtime.encoder_output
     trace_path = os.environ.get("PYBUBBLE_TRACE")  # the last step's tasks, ops and waits per rank
     runtime.trace = bool(trace_path)
-    opt = torch.optim.SGD([*encoder.parameters(), *stage_module.parameters()], lr=cfg.lr)
+    opt = torch.optim.SGD([*encoder.parameters(), *llm.parameters()], lr=cfg.lr)
     profiler = None
     if args.profile:
         activities = [torch.profiler.ProfilerActivity.CPU] + (
             [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
         profiler = torch.profiler.profile(activities=activities)
     ends = []
+    first, last = pp_rank == 0, pp_rank == args.pp - 1
     with torch.cuda.stream(llm_stream(device)) if device.type == "cuda" else contextlib.nullcontext():
         for step in range(args.steps):
-            if world_rank == args.fail_rank and step == args.fail_step:
-                raise RuntimeError(f"injected fault on rank {rank} at step {step} (--fail-rank/--fail-step)")
-            images, tokens, targets = make_batch(cfg, step, kind)
+            fault.before_step(step)
+            images, tokens, targets = (share(x) for x in make_batch(cfg, step, kind))
             if profiler is not None and step == args.steps - 1:
                 profiler.start()  # the last step only
-            args_ = (tokens.to(device), torch.arange(m)) if rank == 0 else ()
-            runtime.step(images, *args_, **({"target": targets.to(device)} if rank == ranks - 1 else {}))
+            args_ = (tokens.to(device), torch.arange(m)) if first else ()
+            # torch 2.13: the first step infers the stages' shapes by running them for real, outside
+            # DDP's no_sync, and that extra backward breaks the reducer's first bucket rebuild
+            # ("rebuilt parameter indices size is not same as original model parameters size",
+            # plain Schedule1F1B too). Under no_sync it is not recorded; the schedule still prepares
+            # and all-reduces the last microbatch's backward.
+            with llm.no_sync() if step == 0 and isinstance(llm, nn.parallel.DistributedDataParallel) \
+                    else contextlib.nullcontext():
+                runtime.step(images, *args_, **({"target": targets.to(device)} if last else {}))
             opt.step()
             opt.zero_grad()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             ends.append(time.perf_counter())
-            if world_rank == 0:  # progress, on stderr: the report stays the one line on stdout
+            if rank == 0:  # progress, on stderr: the report stays the one line on stdout
                 took = ends[-1] - (ends[-2] if len(ends) > 1 else runtime.records[-1]["start"])
                 print(f"[{args.mode}] step {step + 1}/{args.steps}: {took * 1e3:.1f} ms", file=sys.stderr, flush=True)
     if trace_path:
-        with open(f"{trace_path}.rank{world_rank}.json", "w") as f:
+        with open(f"{trace_path}.rank{rank}.json", "w") as f:
             json.dump({"start": runtime.records[-1]["start"], "events": runtime.records[-1]["trace"]}, f)
     if profiler is not None:
         profiler.stop()
         os.makedirs(args.profile, exist_ok=True)
-        profiler.export_chrome_trace(os.path.join(args.profile, f"rank{world_rank}.json"))
-        if world_rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
+        profiler.export_chrome_trace(os.path.join(args.profile, f"rank{rank}.json"))
+        if rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
             pybubble.save_trace(runtime.placement.timeline, os.path.join(args.profile, "plan.json"))
+    stage_sum = full_checksum(stage_module)  # every rank: FSDP2 gathers its shards over dp
     mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
             "predicted": [r["predicted_s"] for r in runtime.records],
+            # each parameter once: the stage of dp replica 0, the encoder of rank 0
+            "checksum": (stage_sum if dp_rank == 0 and tp_rank == 0 else 0.0)
+            + (checksum([encoder]) if rank == 0 else 0.0),
             "filler": runtime.records[-1]["filler"], "filled": [r["filler"]["filled"] for r in runtime.records],
-            "costs": asdict(runtime.costs), "tp_waits": tp_waits(runtime.records)}
-    total = checksum([stage_module] + ([encoder] if rank == 0 else []))  # a collective over "tp"
-    mine["checksum"] = total if tp_rank == 0 else 0.0  # each stage counted once
+            "waits": [r["waits"] for r in runtime.records], "costs": asdict(runtime.costs),
+            "tp_waits": tp_waits(runtime.records)}
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
-    return every
+    return every if rank == 0 else None
+
+
+def settled_waits(every: list[dict], settled: list[int]) -> list[dict]:
+    """Per rank, per kind of wait: seconds waited and seconds filled, summed over the settled
+    steps (None: a kind not observed)."""
+    out = []
+    for e in every:
+        kinds = {}
+        for kind in ("pp", "dp", "tp"):
+            seen = [e["waits"][s][kind] for s in settled if e["waits"][s][kind] is not None]
+            kinds[kind] = None if not seen else {f: sum(w[f] for w in seen) for f in ("waited_s", "filled_s")}
+        out.append(kinds)
+    return out
 
 
 def tp_waits(records: list[dict]) -> dict:
@@ -404,7 +515,7 @@ def tp_waits(records: list[dict]) -> dict:
 
 
 def report(args: argparse.Namespace, every: list[dict]) -> dict:
-    """The run's report (pybubble.runtime_report/2): step s takes from the last rank's end of step
+    """The run's report (pybubble.runtime_report/3): step s takes from the last rank's end of step
     s - 1 (for step 0: the first rank's start) to the last rank's end of step s, everything
     included (the runtime's planning and barriers, the optimizer)."""
     steps = args.steps
@@ -413,14 +524,16 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
     settled = list(range(min(2, steps - 1), steps))  # step 0 profiles, step 1 is the first adapted plan
     predicted = every[0]["predicted"]
     return {
-        "format": "pybubble.runtime_report/2", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
-        "tp": args.tp, "tp_waits": tp_report(every),
+        "format": "pybubble.runtime_report/3", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
+        "pp": args.pp, "dp": args.dp, "dp_wrap": args.dp_wrap if args.dp > 1 else None,
+        "launcher": "torchrun" if args.torchrun else "launch", "tp": args.tp, "tp_waits": tp_report(every),
         "steps": steps, "size": args.size, "device": args.device, "step_times_s": step_times,
         "predicted_steps_s": predicted, "settled_steps": settled,
         "median_step_s": statistics.median(step_times[s] for s in settled),
         "predicted_step_s": statistics.median(predicted[s] for s in settled),
         "param_checksum": sum(e["checksum"] for e in every), "costs": every[0]["costs"],
         "filler": [e["filler"] for e in every], "filled_per_step": [e["filled"] for e in every],
+        "waits": settled_waits(every, settled),
     }
 
 
@@ -451,20 +564,32 @@ def config(args: argparse.Namespace) -> ModelConfig:
     return cfg
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Launches the ranks and returns the report (raises ``RuntimeError`` when a rank failed)."""
-    every = launch(train, args.ranks * args.tp, args, backend="nccl" if args.device == "cuda" else "gloo",
-                   timeout=args.timeout)
+def finish(args: argparse.Namespace, every: list[dict]) -> dict:
+    """The report, with the single-process reference's checksum when asked."""
     out = report(args, every)
     if args.reference:
-        out["reference_checksum"] = reference_checksum(config(args), args.ranks, args.steps, args.encoder)
+        out["reference_checksum"] = reference_checksum(config(args), args.pp, args.steps, args.encoder)
     return out
+
+
+def backend(args: argparse.Namespace) -> str:
+    return "nccl" if args.device == "cuda" else "gloo"
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Launches the ranks (pybubble.runtime.launch) and returns the report (raises
+    ``RuntimeError`` when a rank failed)."""
+    return finish(args, launch(train, args.ranks, args, backend=backend(args), timeout=args.timeout))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python examples/mllm.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=2, help="pipeline stages, one process each (default 2)")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (processes: ranks x tp)")
+    p.add_argument("--ranks", type=int, default=0,
+                   help="processes to start (without torchrun; default dp x pp, or 2)")
+    p.add_argument("--pp", type=int, default=0, help="pipeline stages, one rank each (default: ranks / dp)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (default 1)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of each stage (default 1)")
+    p.add_argument("--dp-wrap", default="fsdp", help=f"how the LLM's stages are data-parallel: {', '.join(DP_WRAPS)}")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--mode", default="pybubble", help="megatron, coarse or pybubble")
     p.add_argument("--encoder", default="vit", help=f"the vision encoder: {', '.join(ENCODERS)}")
@@ -476,15 +601,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a rank waits for a failed peer")
     p.add_argument("--fail-rank", type=int, default=-1, help="inject a fault on this rank (tests)")
     p.add_argument("--fail-step", type=int, default=0, help="... at this step")
+    p.add_argument("--fault", default="raise", help=f"... of this kind: {', '.join(FAULTS)}")
     p.add_argument("--reference", action="store_true", help="also train in one process and report its checksum")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.torchrun = "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    args.given_ranks = args.ranks
+    if args.torchrun:
+        args.ranks = int(os.environ["WORLD_SIZE"])
+    elif not args.ranks:
+        args.ranks = args.dp * args.pp * max(args.tp, 1) if args.pp else 2 * args.dp
+    if not args.pp and args.dp >= 1 and args.tp >= 1:
+        args.pp = args.ranks // (args.dp * args.tp)
+    return args
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if args.torchrun and args.given_ranks and args.given_ranks != args.ranks:
+        raise ValueError(f"ranks: {args.given_ranks} but torchrun started {args.ranks} processes")
+    if args.ranks < 2:
+        raise ValueError(f"ranks: {args.ranks} is not >= 2")
+    if args.dp < 1:
+        raise ValueError(f"dp: {args.dp} is not >= 1")
     if args.tp < 1:
         raise ValueError(f"tp: {args.tp} is not >= 1")
-    if args.ranks < (1 if args.tp > 1 else 2):
-        raise ValueError(f"ranks: {args.ranks} is not >= {1 if args.tp > 1 else 2}")
+    if args.dp * args.pp * args.tp != args.ranks:
+        raise ValueError(f"pp: dp {args.dp} x pp {args.pp}{f' x tp {args.tp}' if args.tp > 1 else ''} is not the "
+                         f"{args.ranks} ranks")
+    if args.pp < (1 if args.tp > 1 else 2):
+        raise ValueError(f"pp: {args.pp} is not >= {1 if args.tp > 1 else 2}")
+    if args.tp > 1 and args.dp > 1:
+        raise ValueError(f"tp: {args.tp} beside dp {args.dp}: the example runs tensor parallelism without data "
+                         "parallelism")
+    if args.dp_wrap not in DP_WRAPS:
+        raise ValueError(f"dp_wrap: {args.dp_wrap!r} is not one of {', '.join(DP_WRAPS)}")
     if args.steps < 1:
         raise ValueError(f"steps: {args.steps} is not >= 1")
     if args.mode not in PLACEMENTS:
@@ -497,21 +646,33 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"device: {args.device!r} is not one of cpu, cuda")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device: 'cuda' but no CUDA device is available (torch.cuda.is_available() is False)")
-    if args.device == "cuda" and torch.cuda.device_count() < args.ranks * args.tp:
+    if args.device == "cuda" and torch.cuda.device_count() < args.ranks and not args.torchrun:
         # NCCL refuses two ranks of one communicator on the same GPU.
-        raise ValueError(f"device: 'cuda' needs one GPU per rank ({args.ranks * args.tp} ranks, "
+        raise ValueError(f"device: 'cuda' needs one GPU per rank ({args.ranks} ranks, "
                          f"{torch.cuda.device_count()} GPUs)")
     if not args.timeout > 0:
         raise ValueError(f"timeout: {args.timeout} is not > 0")
-    if args.fail_rank >= args.ranks * args.tp:
-        raise ValueError(f"fail_rank: {args.fail_rank} is not a rank (< {args.ranks * args.tp})")
+    if args.fail_rank >= args.ranks:
+        raise ValueError(f"fail_rank: {args.fail_rank} is not a rank (< {args.ranks})")
+    if args.fault not in FAULTS:
+        raise ValueError(f"fault: {args.fault!r} is not one of {', '.join(FAULTS)}")
     if args.microbatches < 0:
         raise ValueError(f"microbatches: {args.microbatches} is not >= 1")
-    if config(args).llm_heads % args.tp:
-        raise ValueError(f"tp: {args.tp} does not divide the {config(args).llm_heads} heads of size {args.size!r}")
-    if config(args).microbatches < args.ranks:
-        raise ValueError(f"ranks: {args.ranks} exceeds the {config(args).microbatches} microbatches of size "
-                         f"{args.size!r}")
+    cfg = config(args)
+    if cfg.microbatches < args.pp:
+        raise ValueError(f"pp: {args.pp} exceeds the {cfg.microbatches} microbatches of size {args.size!r}")
+    if cfg.llm_heads % args.tp:
+        raise ValueError(f"tp: {args.tp} does not divide the {cfg.llm_heads} heads of size {args.size!r}")
+    if cfg.microbatch_size % args.dp:
+        raise ValueError(f"dp: {args.dp} does not divide the microbatch size {cfg.microbatch_size} of size {args.size!r}")
+
+
+def write_report(args: argparse.Namespace, out: dict) -> None:
+    if args.report:
+        with open(args.report, "w") as f:
+            json.dump(out, f, indent=1)
+    print(f"{args.mode} ({args.encoder}): median step {out['median_step_s'] * 1e3:.1f} ms, predicted "
+          f"{out['predicted_step_s'] * 1e3:.1f} ms, param_checksum {out['param_checksum']:.9g}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -519,20 +680,22 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_args(args)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        if not args.torchrun or os.environ.get("RANK") == "0":
+            print(f"error: {e}", file=sys.stderr)
         return 2
     if args.device == "cuda" and (note := serialised_streams_note()):
         print(f"note: {note}", file=sys.stderr)
+    if args.torchrun:  # this process is one rank; torchrun ends the others when one fails
+        every = run_rank(train, args, backend=backend(args), timeout=args.timeout)
+        if every is not None:
+            write_report(args, finish(args, every))
+        return 0
     try:
         out = run(args)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.report:
-        with open(args.report, "w") as f:
-            json.dump(out, f, indent=1)
-    print(f"{args.mode} ({args.encoder}): median step {out['median_step_s'] * 1e3:.1f} ms, predicted "
-          f"{out['predicted_step_s'] * 1e3:.1f} ms, param_checksum {out['param_checksum']:.9g}")
+    write_report(args, out)
     return 0
 
 

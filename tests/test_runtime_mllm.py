@@ -152,7 +152,10 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout():
     (["--encoder", "resnet"], "error: encoder: 'resnet' is not one of vit, timm, clip"),
     (["--fail-rank", 5], "error: fail_rank: 5 is not a rank (< 2)"),
     (["--device", "tpu"], "error: device: 'tpu' is not one of cpu, cuda"),
-    (["--ranks", 4, "--size", "tiny"], "error: ranks: 4 exceeds the 2 microbatches of size 'tiny'"),
+    (["--ranks", 4, "--size", "tiny"], "error: pp: 4 exceeds the 2 microbatches of size 'tiny'"),
+    (["--dp", 2, "--pp", 3, "--size", "tiny"], "error: pp: 3 exceeds the 2 microbatches of size 'tiny'"),
+    (["--dp-wrap", "zero"], "error: dp_wrap: 'zero' is not one of fsdp, ddp"),
+    (["--fault", "crash"], "error: fault: 'crash' is not one of raise, kill, stall, encoder, slow"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, message):
     r = mllm(*args)

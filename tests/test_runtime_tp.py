@@ -32,7 +32,7 @@ def run_example(tmp_path, name, *args):
 def test_tp_alone_three_modes_reach_the_single_process_parameters(tmp_path):
     # 2 processes: one pipeline stage, tensor-parallel over 2 ranks; the reference is the same model
     # unsplit in one process.
-    reports = {m: run_example(tmp_path, m, "--ranks", 1, "--tp", 2, "--mode", m, "--reference") for m in PLACEMENTS}
+    reports = {m: run_example(tmp_path, m, "--tp", 2, "--mode", m, "--reference") for m in PLACEMENTS}
     reference = reports["megatron"]["reference_checksum"]
     for mode, rep in reports.items():
         assert rep["tp"] == 2 and len(rep["tp_waits"]["per_rank"]) == 2
@@ -46,9 +46,9 @@ def test_tp_alone_three_modes_reach_the_single_process_parameters(tmp_path):
 
 def test_pp_and_tp_three_modes_agree_with_tp_1(tmp_path):
     # 4 processes on 2 cores: a correctness run.
-    base = run_example(tmp_path, "tp1", "--ranks", 2, "--mode", "pybubble", "--reference")
+    base = run_example(tmp_path, "tp1", "--pp", 2, "--mode", "pybubble", "--reference")
     for mode in PLACEMENTS:
-        rep = run_example(tmp_path, mode, "--ranks", 2, "--tp", 2, "--mode", mode)
+        rep = run_example(tmp_path, mode, "--pp", 2, "--tp", 2, "--mode", mode)
         assert rep["param_checksum"] == pytest.approx(base["param_checksum"], rel=1e-5), mode
         assert rep["param_checksum"] == pytest.approx(base["reference_checksum"], rel=1e-5), mode
         assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [8] * 4, mode
@@ -56,8 +56,10 @@ def test_pp_and_tp_three_modes_agree_with_tp_1(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--tp", 0], "error: tp: 0 is not >= 1"),
-    (["--tp", 3, "--ranks", 1], "error: tp: 3 does not divide the 4 heads of size 'small'"),
-    (["--ranks", 0, "--tp", 2], "error: ranks: 0 is not >= 1"),
+    (["--tp", 3, "--ranks", 3], "error: tp: 3 does not divide the 4 heads of size 'small'"),
+    (["--tp", 2, "--ranks", 3], "error: pp: dp 1 x pp 1 x tp 2 is not the 3 ranks"),
+    (["--tp", 2, "--pp", 2, "--dp", 2], "error: tp: 2 beside dp 2: the example runs tensor parallelism without "
+                                       "data parallelism"),
 ])
 def test_bad_tp_arguments_exit_2_with_one_line(args, message):
     r = subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True, text=True, timeout=60,

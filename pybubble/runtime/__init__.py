@@ -1,17 +1,18 @@
 """pybubble's runtime: runs the encoder's kernel-level tasks inside the bubbles of a real
 torch.distributed pipeline (the only part of pybubble that imports torch).
 
-A trainer adopts :class:`EncoderRuntime` (and :func:`launch` to start its ranks); the other names
-are its parts, for those who build their own loop."""
+A trainer adopts :class:`EncoderRuntime` under torchrun (or :func:`launch` to start its ranks on
+one machine); the other names are its parts, for those who build their own loop."""
 
 from .boundary import BoundaryCommunicator
 from .costs import CostHistory
 from .cuda import SideStream, llm_stream, side_stream
+from .data_parallel import observe_data_parallel
 from .encoder_runtime import EncoderRuntime, sync_grads
 from .encoder_step import EncoderStep
 from .filler import BubbleFiller, FillTask, WorkProbe
-from .launch import launch
-from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits
+from .launch import init_distributed, launch, run_rank
+from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits, schedule_microbatches
 from .placement import PLACEMENTS, MeasuredCosts, Placement, make_placement, predict_step_s
 from .segments import MicrobatchRun, Piece, split_into_pieces
 from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits
@@ -19,6 +20,7 @@ from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits
 __all__ = [
     "BoundaryCommunicator", "BubbleFiller", "CostHistory", "EncoderRuntime", "EncoderStep", "FillTask", "PLACEMENTS",
     "MeasuredCosts", "MicrobatchRun", "Piece", "Placement", "SUPPORTED_TORCH", "SideStream", "WorkProbe",
-    "check_torch_version", "fill_pipeline_waits", "launch", "llm_stream", "make_placement", "predict_step_s",
-    "side_stream", "split_into_pieces", "sync_grads", "TensorParallelWaits", "TPWaitStats", "fill_tp_waits",
+    "check_torch_version", "fill_pipeline_waits", "init_distributed", "launch", "llm_stream", "make_placement",
+    "observe_data_parallel", "predict_step_s", "run_rank", "schedule_microbatches", "side_stream",
+    "split_into_pieces", "sync_grads", "TensorParallelWaits", "TPWaitStats", "fill_tp_waits",
 ]

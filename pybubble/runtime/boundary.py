@@ -1,9 +1,11 @@
 """The boundary communicator: encoder outputs to the LLM's first stage, gradients back.
 
 Encoder microbatch j runs on rank ``producer[j]`` and feeds LLM microbatch ``assignment[j]`` on
-the first pipeline stage's rank. Outputs and gradients travel on their own process group (never
-the pipeline's: a receive posted early there could stall the pipeline's own traffic), with tag j
-for outputs and microbatches + j for gradients. Receives are posted when a step begins.
+the first pipeline stage's rank (ranks are ranks of ``group``, the pipeline's ranks). Outputs and
+gradients travel with tags of their own, ``tag_base + j`` for outputs and ``tag_base +
+microbatches + j`` for gradients, apart from the pipeline's own point-to-point traffic (tag 0) when
+they share its gloo group: a receive posted early waits for its own tag only. Receives are posted
+when a step begins.
 
 On CUDA the group stays gloo (the tags keep early receives apart; NCCL has no tags and would
 serialise them with the sends): tensors are staged through host memory, copied out with
@@ -31,13 +33,18 @@ def _taken_here(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+TAG_BASE = 1 << 20
+"""The boundary's tags start here: far above the pipeline schedules' (0)."""
+
+
 class BoundaryCommunicator:
     """Moves encoder microbatches' outputs and gradients between their producer and the LLM's
-    first stage (``first_stage_rank``)."""
+    first stage (``first_stage_rank``); ``rank``, ``first_stage_rank`` and ``producer`` are ranks
+    of ``group``."""
 
     def __init__(self, *, group: dist.ProcessGroup | None, rank: int, first_stage_rank: int,
                  producer: Sequence[int], assignment: Sequence[int], output_shape: Sequence[int],
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", tag_base: int = TAG_BASE):
         m = len(assignment)
         if sorted(int(k) for k in assignment) != list(range(m)):
             raise ValueError(f"assignment: {list(assignment)!r} is not a permutation of 0..{m - 1}")
@@ -46,6 +53,7 @@ class BoundaryCommunicator:
         if group is None and any(p != first_stage_rank for p in producer):
             raise ValueError("group: a process group is needed when encoder microbatches run on other ranks")
         self.group = group
+        self.tag_base = tag_base
         self.rank = rank
         self.first_stage_rank = first_stage_rank
         self.producer = [int(p) for p in producer]
@@ -72,11 +80,12 @@ class BoundaryCommunicator:
                 continue
             if self.rank == self.first_stage_rank:
                 buf = torch.empty(self.output_shape, dtype=self.dtype)
-                work = dist.irecv(buf, group=self.group, tag=j, group_src=p)
+                work = dist.irecv(buf, group=self.group, group_src=p, tag=self.tag_base + j)
                 self._pending["out", j] = (buf, WorkProbe(work))
             elif self.rank == p:
                 buf = torch.empty(self.output_shape, dtype=self.dtype)
-                work = dist.irecv(buf, group=self.group, tag=m + j, group_src=self.first_stage_rank)
+                work = dist.irecv(buf, group=self.group, group_src=self.first_stage_rank,
+                                  tag=self.tag_base + m + j)
                 self._pending["grad", j] = (buf, WorkProbe(work))
 
     # -- forward: producer -> first stage ------------------------------------------------------
@@ -85,8 +94,8 @@ class BoundaryCommunicator:
         if not self._remote(j):
             self._outputs[j] = output
         else:
-            self._sends.append(dist.isend(output.contiguous().cpu(), group=self.group, tag=j,
-                                          group_dst=self.first_stage_rank))
+            self._sends.append(dist.isend(output.contiguous().cpu(), group=self.group,
+                                          group_dst=self.first_stage_rank, tag=self.tag_base + j))
 
     def has_output(self, llm_microbatch: int) -> bool:
         """Whether the encoder output LLM microbatch `llm_microbatch` takes has arrived."""
@@ -112,8 +121,8 @@ class BoundaryCommunicator:
         if not self._remote(j):
             self._grads[j] = grad
         else:
-            self._sends.append(dist.isend(grad.contiguous().cpu(), group=self.group,
-                                          tag=len(self.assignment) + j, group_dst=self.producer[j]))
+            self._sends.append(dist.isend(grad.contiguous().cpu(), group=self.group, group_dst=self.producer[j],
+                                          tag=self.tag_base + len(self.assignment) + j))
         return j
 
     def grad_ready(self, j: int) -> bool:

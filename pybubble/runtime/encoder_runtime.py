@@ -23,11 +23,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.profiler import record_function
 
-from .boundary import BoundaryCommunicator
+from .boundary import TAG_BASE, BoundaryCommunicator
 from .costs import CostHistory, step_sample
 from .cuda import side_stream
+from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
-from .pipelining import check_torch_version, fill_pipeline_waits
+from .pipelining import check_torch_version, fill_pipeline_waits, schedule_microbatches
 from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s
 from .segments import MicrobatchRun, split_into_pieces
 from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits, tp_op_figures
@@ -37,30 +38,59 @@ def _inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, 
     return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
 
-def sync_grads(module: nn.Module, group: dist.ProcessGroup | None) -> None:
-    """Sums ``module``'s gradients over the ranks of ``group`` (one flat all-reduce)."""
+def sync_grads(module: nn.Module, group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None = None) -> None:
+    """Sums ``module``'s gradients over the ranks of ``group`` (one flat all-reduce; None: no
+    sum), then averages them over ``dp_group`` (the data-parallel replicas, as FSDP2 and DDP
+    average the LLM's gradients)."""
     params = list(module.parameters())
     flat = torch.cat([p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat, group=group)
+    if group is not None:
+        dist.all_reduce(flat, group=group)
+    if dp_group is not None:
+        dist.all_reduce(flat, group=dp_group)
+        flat /= dist.get_world_size(dp_group)
     offset = 0
     for p in params:
         p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
         offset += p.numel()
 
 
+def _cpu_capable(group: dist.ProcessGroup) -> bool:
+    """Whether ``group`` carries CPU tensors (gloo, alone or beside NCCL as ``cpu:gloo,cuda:nccl``)."""
+    return "gloo" in str(dist.get_backend(group))
+
+
 class EncoderRuntime:
-    """Runs ``encoder`` (on every rank of a 1-stage-per-rank pipeline) inside the bubbles of
+    """Runs ``encoder`` (replicated on every rank of the pipeline) inside the bubbles of
     ``schedule`` (a ``torch.distributed.pipelining`` single-stage schedule such as
-    ``Schedule1F1B`` over ``stage``).
+    ``Schedule1F1B`` over ``stage``, one stage per rank of the pipeline-parallel group).
+
+    It runs in the process group the trainer set up (torchrun's env:// rendezvous, or
+    :func:`launch`) and on the trainer's groups:
+
+    - ``mesh``: the trainer's ``DeviceMesh`` with torchtitan's dimension names: ``"pp"`` (the
+      pipeline), optionally ``"dp"`` (data-parallel replicas of the pipeline) and ``"tp"``; or
+      ``pp_group``/``dp_group`` explicitly; or neither: the stage's group (``stage.group``, by
+      default the whole world) is the pipeline and there is no data parallelism.
+    - ``group``: where the runtime's own traffic goes (cost sharing, the step's barrier, encoder
+      outputs and their gradients): default the pp group itself when it carries CPU tensors
+      (gloo), with tags apart from the pipeline's; on an NCCL-only pp group one gloo group per
+      pipeline over the same ranks is created (every rank constructs the runtime; with explicit
+      ``pp_group`` and no mesh, pass ``group``). No other group is created.
+    - ``microbatches``: the schedule's microbatches per step (default: read once from the
+      schedule, :func:`~pybubble.runtime.pipelining.schedule_microbatches`).
+
+    When the stage's module is sharded with FSDP2 or wrapped in DDP, its data-parallel
+    collectives are observed (:func:`~pybubble.runtime.data_parallel.observe_data_parallel`):
+    their waits count as ``dp`` waits, and in ``pybubble`` mode the filler runs encoder tasks in
+    them. The encoder's gradients are summed over the pp group (each rank ran some of the step's
+    microbatches) and averaged over the dp group.
 
     - ``mode``: ``megatron`` (the whole encoder inside the first stage's ops), ``coarse`` (spread
       over the ranks, forwards before the pipeline, backwards after it) or ``pybubble`` (its pieces
       inside the pipeline's waits, where the core's schedule puts them).
     - ``example``: one microbatch of encoder input (a tensor or a tuple of tensors) on ``device``:
       the encoder is traced on it and cut into kernel-level pieces (:func:`split_into_pieces`).
-    - ``group``: a gloo group of all ranks for the runtime's own traffic (default: a new one;
-      every rank must construct the runtime). ``grad_group``: where the encoder's gradients are
-      summed (default ``group``; on CUDA pass the NCCL group).
     - ``keep``: steps whose measured costs the plan follows (medians).
 
     The first stage's module gets the encoder output of LLM microbatch ``k`` from
@@ -71,24 +101,49 @@ class EncoderRuntime:
 
     def __init__(self, encoder: nn.Module, *, stage: Any, schedule: Any, mode: str,
                  example: torch.Tensor | Sequence[torch.Tensor], device: torch.device | str = "cpu",
-                 group: dist.ProcessGroup | None = None, grad_group: dist.ProcessGroup | None = None,
-                 keep: int = 5):
+                 mesh: Any = None, pp_group: dist.ProcessGroup | None = None,
+                 dp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
+                 microbatches: int | None = None, keep: int = 5):
         check_torch_version()
         self.mode = check_mode(mode)
         self.encoder = encoder
         self.stage = stage
         self.schedule = schedule
         self.device = torch.device(device)
-        self.group = group if group is not None else dist.new_group(list(range(dist.get_world_size())),
-                                                                    backend="gloo")
-        # Ranks within the group: with tensor parallelism each TP rank runs its own copy of the
-        # runtime over the pipeline ranks of its TP index (the group of its "pp" mesh dimension).
-        self.rank = dist.get_rank(self.group)
-        self.ranks = dist.get_world_size(self.group)
+        if mesh is not None:
+            if pp_group is not None or dp_group is not None:
+                raise ValueError("mesh: give a mesh or pp_group/dp_group, not both")
+            names = tuple(mesh.mesh_dim_names or ())
+            if "pp" not in names:
+                raise ValueError(f"mesh: no 'pp' dimension (its dimensions: {names})")
+            pp_group = mesh["pp"].get_group()
+            dp_group = mesh["dp"].get_group() if "dp" in names else None
+        self.pp_group: dist.ProcessGroup = (pp_group if pp_group is not None
+                                            else getattr(stage, "group", None) or dist.group.WORLD)
+        """The pipeline's ranks (one stage each)."""
+        self.dp_group = dp_group if dp_group is not None and dist.get_world_size(dp_group) > 1 else None
+        """The data-parallel replicas of this rank (None: no data parallelism)."""
+        self.rank = dist.get_rank(self.pp_group)
+        self.ranks = dist.get_world_size(self.pp_group)
         if getattr(stage, "num_stages", self.ranks) != self.ranks:
-            raise ValueError(f"stage: {stage.num_stages} stages over {self.ranks} ranks (one stage per rank)")
-        self.microbatches = int(schedule._n_microbatches)
-        self.grad_group = self.group if grad_group is None else grad_group
+            raise ValueError(f"stage: {stage.num_stages} stages over a pp group of {self.ranks} ranks "
+                             "(one stage per rank)")
+        if getattr(stage, "group_size", self.ranks) != self.ranks:
+            raise ValueError(f"stage: its group has {stage.group_size} ranks, the pp group {self.ranks} "
+                             "(build the PipelineStage with group= the pp group)")
+        if microbatches is None:
+            microbatches = schedule_microbatches(schedule)
+        if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < self.ranks:
+            raise ValueError(f"microbatches: {microbatches!r} is not an integer >= {self.ranks} (the pp ranks)")
+        self.microbatches = microbatches
+        self.group = group if group is not None else self._own_group(mesh)
+        self.data_parallel = observe_data_parallel(getattr(stage, "submod", None) or nn.Module(), self._wait_dp,
+                                                   self.dp_group)
+        """How the stage's module is data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
+        self._dp_seen: list[float] = []
+        """This step's data-parallel collectives: seconds from each one's wait to its completion."""
+        self._dp_last: list[float] = []
+        """The same of the last step: the room the filler gives the same collective now."""
         example = tuple(t.to(self.device) for t in _inputs_of(example))
         self.pieces = split_into_pieces(encoder, example)
         with torch.no_grad():
@@ -103,7 +158,11 @@ class EncoderRuntime:
         self.steps = 0
         self.records: list[dict[str, Any]] = []
         """Per step: ``predicted_s``, ``start`` (perf_counter after the step's barrier), ``plan_s``,
-        ``sync_s``, ``filler`` (the filler's counters), ``tp`` (its TP waits, :class:`TPWaitStats`)."""
+        ``sync_s``, ``filler`` (the filler's counters), ``waits`` (per kind of wait, ``pp``,
+        ``dp``, ``tp``: ``waited_s``, the LLM's time blocked in such waits with no encoder task
+        running, and ``filled_s``, the encoder tasks' time inside them; None where the kind is not
+        observed: ``dp`` without FSDP2/DDP on the stage, ``tp`` without tensor parallelism), ``tp``
+        (what the TP waits saw, :class:`TPWaitStats`)."""
         self.trace = False
         """True: each step's filler keeps (what, start, end) of its tasks, ops and waits in
         ``records[-1]["trace"]``."""
@@ -112,6 +171,39 @@ class EncoderRuntime:
         self._work: EncoderStep | None = None
         self._returned: float | None = None
         self._last_sample: np.ndarray | None = None
+
+    def _own_group(self, mesh: Any) -> dist.ProcessGroup:
+        """The group of the runtime's own traffic: the pp group when it carries CPU tensors; else
+        one gloo group per pipeline of ``mesh`` (or of the world), this rank's."""
+        if _cpu_capable(self.pp_group):
+            return self.pp_group
+        if mesh is not None:
+            names = tuple(mesh.mesh_dim_names)
+            pipelines = mesh.mesh.movedim(names.index("pp"), -1).reshape(-1, self.ranks).tolist()
+        elif self.ranks == dist.get_world_size():
+            pipelines = [list(range(self.ranks))]
+        else:
+            raise ValueError(f"group: the pp group's backend is {dist.get_backend(self.pp_group)!r}, which does not "
+                             "carry CPU tensors; pass a gloo group over its ranks (or the mesh)")
+        me = dist.get_rank()
+        mine = None
+        for ranks in pipelines:  # every rank creates every pipeline's group, in the same order
+            g = dist.new_group(ranks, backend="gloo")
+            if me in ranks:
+                mine = g
+        return mine
+
+    def _wait_dp(self, works: Sequence[dist.Work]) -> None:
+        """A data-parallel collective's wait (from FSDP2's or DDP's hooks): inside a step the
+        filler's, with the room this collective took to complete last step."""
+        work = self._work
+        if work is None:
+            for w in works:
+                w.wait()
+            return
+        i = len(self._dp_seen)
+        room = self._dp_last[i] if i < len(self._dp_last) else 0.0
+        self._dp_seen.append(work.filler.wait_collective(works, room))
 
     # -- measuring -----------------------------------------------------------------------------
     def _now(self) -> float:
@@ -142,11 +234,11 @@ class EncoderRuntime:
             for rep in range(6):
                 t = time.perf_counter()
                 if self.rank == 0:
-                    dist.send(buf, group=self.group, group_dst=1)
-                    dist.recv(buf, group=self.group, group_src=1)
+                    dist.send(buf, group=self.group, group_dst=1, tag=TAG_BASE - 1)
+                    dist.recv(buf, group=self.group, group_src=1, tag=TAG_BASE - 1)
                 else:
-                    dist.recv(buf, group=self.group, group_src=0)
-                    dist.send(buf, group=self.group, group_dst=0)
+                    dist.recv(buf, group=self.group, group_src=0, tag=TAG_BASE - 1)
+                    dist.send(buf, group=self.group, group_dst=0, tag=TAG_BASE - 1)
                 if rep:  # the first is a warm-up
                     p2p += (time.perf_counter() - t) / 10
         mine = torch.tensor([p2p, *(min(x) for x in fwd), *(min(x) for x in bwd)], dtype=torch.float64)
@@ -228,6 +320,7 @@ class EncoderRuntime:
             filler.op_clock = self._now  # the profiling step times the GPU's ops
         if self.trace:
             filler.trace = []
+        self._dp_seen = []
         try:
             with record_function("pybubble:front"):
                 filler.run_front()
@@ -241,15 +334,25 @@ class EncoderRuntime:
             boundary.end_step()
         finally:
             self._work = None
+        self._dp_last = self._dp_seen
         t = self._now()
-        if mode != "megatron" and self.ranks > 1:
+        spread = mode != "megatron" and self.ranks > 1  # the encoder's microbatches ran on several pp ranks
+        holds = mode != "megatron" or self.rank == 0  # megatron: the encoder runs on the first stage only
+        if spread or (holds and self.dp_group is not None):
             with record_function("pybubble:grad_sync"):
-                sync_grads(self.encoder, self.grad_group)
+                sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
         sync_s = self._now() - t
         with record_function("pybubble:setup"):
             self._last_sample = self._sample(work, sync_s, plan_s, tp.stats)
+        stats = filler.stats
         record = {"predicted_s": predicted, "start": start, "plan_s": plan_s, "sync_s": sync_s,
-                  "filler": dataclasses.asdict(filler.stats), "tp": dataclasses.asdict(tp.stats)}
+                  "filler": dataclasses.asdict(stats),
+                  "waits": {"pp": {"waited_s": stats.waited_s, "filled_s": stats.filled_s},
+                            "dp": {"waited_s": stats.dp_waited_s, "filled_s": stats.dp_filled_s}
+                            if self.data_parallel else None,
+                            "tp": {"waited_s": tp.stats.waited_s, "filled_s": tp.stats.filled_s}
+                            if tp.stats.waits else None},
+                  "tp": dataclasses.asdict(tp.stats)}
         if self.trace:
             record["trace"] = filler.trace
         self.records.append(record)

@@ -128,6 +128,15 @@ class FillerStats:
     waited_s: float = 0.0
     """CPU: time spent blocked with no task running (in waits, and for inputs from other ranks in
     the front and the drain): the rank's idle time outside collectives."""
+    dp_waits: int = 0
+    """Waits on data-parallel collectives (the LLM's gradient reduce-scatter or all-reduce, its
+    parameters' all-gather) the filler saw (:meth:`BubbleFiller.wait_collective`)."""
+    dp_waited_s: float = 0.0
+    """Time blocked in them with no task running."""
+    dp_filled: int = 0
+    """Tasks run inside them."""
+    dp_filled_s: float = 0.0
+    """Their time (the tasks' measured time)."""
 
 
 class BubbleFiller:
@@ -374,6 +383,52 @@ class BubbleFiller:
             self._excluded += end - t
             if self.trace is not None:
                 self.trace.append(("wait", t, end))
+
+    def wait_collective(self, works: Sequence[dist.Work], room_s: float) -> float:
+        """Waits for the works of a data-parallel collective (issued by FSDP2 or DDP through
+        :mod:`pybubble.runtime.data_parallel`), wherever the step is (inside an op too: FSDP2's
+        all-gather before a forward, DDP's all-reduce inside the last backward). CPU, when filling:
+        while they are pending, runs planned tasks that fit in what is left of ``room_s`` (what
+        this collective's wait took the last time it was seen), under grad mode (autograd runs
+        backward hooks without it); past ``room_s`` it stops rather than delay the LLM. CUDA: the
+        works become the current stream's dependencies (no task is launched here). Returns the
+        seconds from the call to the works' completion (CPU; 0 on CUDA)."""
+        works = [w for w in works if w is not None]
+        completed = None
+        self.stats.dp_waits += 1
+        t = time.perf_counter()
+        ran, count = 0.0, 0
+        self._in_wait = True
+        try:
+            with record_function(_WAIT):
+                if self.side is not None:
+                    for w in works:
+                        w.wait()
+                    return
+                probes = [WorkProbe(w) for w in works]
+                if self.fill and room_s > 0.0:
+                    deadline = t + room_s
+                    with torch.enable_grad():
+                        while not all(p.done() for p in probes):
+                            now = time.perf_counter()
+                            task, _ = self._pick(deadline - now) if now < deadline else (None, None)
+                            if task is None:
+                                break
+                            ran += self._run(task)
+                            count += 1
+                for p in probes:
+                    p.result()
+                completed = max((p.done_at for p in probes), default=t)
+        finally:
+            self._in_wait = False
+            end = time.perf_counter()
+            self._excluded += end - t
+            if self.trace is not None:
+                self.trace.append(("dp wait", t, end))
+            self.stats.dp_waited_s += max(0.0, end - t - ran)
+            self.stats.dp_filled_s += ran
+            self.stats.dp_filled += count
+        return 0.0 if completed is None else max(0.0, completed - t)
 
     def _deadline(self, arrival_s: float | None, gap_s: float) -> float:
         """The predicted end of the current gap (CPU, perf_counter seconds): the predicted arrival

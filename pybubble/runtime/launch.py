@@ -1,5 +1,11 @@
 """Process launch for a pipeline on one machine: one process per rank, a process group each, and
-the fault rule (a rank that fails ends every rank within the timeout)."""
+the fault rule (a rank that fails ends every rank within the timeout).
+
+Trainers launch with torchrun (``python -m torch.distributed.run``), which sets the env://
+variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) and ends
+every worker when one fails. :func:`launch` is the single-machine convenience: it sets the same
+variables in each process it spawns, so a rank starts the same way under both
+(:func:`init_distributed`)."""
 
 from __future__ import annotations
 
@@ -20,26 +26,40 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, fn: Callable[..., Any], args: tuple, ranks: int, backend: str, timeout: float,
-               port: int, result_path: str) -> None:
-    import pickle
-
+def init_distributed(backend: str = "gloo", timeout: float = 60.0) -> int:
+    """Sets up the default process group from the env:// variables torchrun sets, unless the
+    trainer already did (then its group stays), and returns this process's rank. One torch thread
+    per process; NCCL: GPU ``LOCAL_RANK % device_count``. ``timeout``: the process groups' timeout
+    (seconds), the time a rank waits for a failed peer in a collective."""
     import torch
     import torch.distributed as dist
 
+    if dist.is_initialized():
+        return dist.get_rank()
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise ValueError(f"environment: {', '.join(missing)} not set (start the ranks with torchrun or launch)")
+    torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", os.environ["RANK"])) % torch.cuda.device_count())
+    dist.init_process_group(backend, init_method="env://", timeout=datetime.timedelta(seconds=timeout))
+    return dist.get_rank()
+
+
+def run_rank(fn: Callable[..., Any], *args: Any, backend: str = "gloo", timeout: float = 60.0) -> Any:
+    """One rank under torchrun or :func:`launch`: :func:`init_distributed`, then ``fn(rank,
+    *args)``, then the process group is destroyed; returns what ``fn`` returned. The fault rule: a
+    rank that raises prints ``rank R: error: ...`` on stderr and exits 1 at once (the launcher
+    then ends the other ranks; those blocked in a collective with it fail after ``timeout``)."""
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "-1"))
     try:
-        torch.set_num_threads(1)
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
-                                timeout=datetime.timedelta(seconds=timeout))
+        rank = init_distributed(backend, timeout)
         try:
-            result = fn(rank, *args)
+            return fn(rank, *args)
         finally:
             dist.destroy_process_group()
-        if rank == 0:
-            with open(result_path, "wb") as f:
-                pickle.dump(result, f)
     except BaseException as e:
         print(f"rank {rank}: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         if os.environ.get("PYBUBBLE_TRACEBACK"):
@@ -47,10 +67,23 @@ def _rank_main(rank: int, fn: Callable[..., Any], args: tuple, ranks: int, backe
         os._exit(1)
 
 
+def _rank_main(rank: int, fn: Callable[..., Any], args: tuple, ranks: int, backend: str, timeout: float,
+               port: int, result_path: str) -> None:
+    import pickle
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    result = run_rank(fn, *args, backend=backend, timeout=timeout)
+    if rank == 0:
+        with open(result_path, "wb") as f:
+            pickle.dump(result, f)
+
+
 def launch(fn: Callable[..., Any], ranks: int, *args: Any, backend: str = "gloo", timeout: float = 60.0) -> Any:
     """Runs ``fn(rank, *args)`` in ``ranks`` processes (spawned: ``fn`` and ``args`` must be
-    picklable), each with the default process group initialised (``backend``, one torch thread,
-    on NCCL GPU ``rank % device_count``), and returns rank 0's return value.
+    picklable), each with the env:// variables torchrun would set and the default process group
+    initialised from them (:func:`run_rank`: ``backend``, one torch thread, on NCCL GPU ``rank %
+    device_count``), and returns rank 0's return value.
 
     A rank that raises prints ``rank R: error: ...`` and exits 1; the others fail in their next
     collective or after ``timeout`` seconds (the process groups' timeout), and any rank still alive

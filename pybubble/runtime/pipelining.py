@@ -35,6 +35,18 @@ def check_torch_version(version: str | None = None) -> None:
             f"{', '.join(SUPPORTED_TORCH)})")
 
 
+def schedule_microbatches(schedule) -> int:
+    """The microbatches per step of a ``torch.distributed.pipelining`` schedule: the count it was
+    built with. torch keeps it in a private attribute (``_n_microbatches``; no public accessor in
+    the supported versions): this is the one place that reads it (a trainer may pass
+    ``microbatches=`` to :class:`~pybubble.runtime.EncoderRuntime` instead)."""
+    n = getattr(schedule, "_n_microbatches", None)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"schedule: {type(schedule).__name__} has no microbatch count (_n_microbatches = {n!r}); "
+                         "pass microbatches=")
+    return n
+
+
 @contextlib.contextmanager
 def fill_pipeline_waits(filler: BubbleFiller, stage) -> Iterator[BubbleFiller]:
     """While active, the pipelining schedules' waits on p2p work run ``filler``'s tasks, and the

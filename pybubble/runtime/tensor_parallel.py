@@ -165,8 +165,6 @@ class TensorParallelWaits:
         s.waited_s += gap - filled
         s.filled += len(ran)
         s.filled_s += filled
-        f.stats.filled += len(ran)
-        f.stats.filled_s += sum(e - b for _, b, e in ran)
         s.pieces.extend((d, e - b, gap) for d, b, e in ran)
         if ran and ran[-1][2] > done_at[0]:  # the collective completed while the last piece ran
             delay = resumed - done_at[0]
@@ -191,7 +189,6 @@ class TensorParallelWaits:
                     s.filled += 1
                     s.pieces.append((task.duration_s, task.duration_s, self.gap_s))
             s.filled_s += min(launched, self.gap_s)
-            f.stats.filled_s += launched
         return real_wait(tensor)
 
 

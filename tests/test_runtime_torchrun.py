@@ -1,0 +1,104 @@
+"""The example trainer (examples/mllm.py) launched the way trainers launch: torchrun
+(``python -m torch.distributed.run``, env:// rendezvous), a DeviceMesh ("pp", "dp"), FSDP2 or DDP
+on the LLM's stages; and faults in that launch. Real gloo processes, tiny models, few steps."""
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
+MODES = ("megatron", "coarse", "pybubble")
+
+
+def torchrun(nproc, *args, timeout=240):
+    """The example under torchrun (--standalone: a free port, so runs side by side do not meet)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           str(EXAMPLE), *map(str, args)]
+    # Outside the source tree so that the installed package (with its extension) is imported.
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(tempfile.gettempdir()))
+
+
+def reports(tmp_path, nproc, *args, modes=MODES, steps=3):
+    """Each mode's report after ``steps`` steps (the last mode's with the single-process
+    reference's checksum)."""
+    out = {}
+    for mode in modes:
+        path = tmp_path / f"{mode}.json"
+        extra = ["--reference"] if mode == modes[-1] else []
+        r = torchrun(nproc, "--steps", steps, "--size", "tiny", "--mode", mode, "--timeout", 30, "--report", path,
+                     *args, *extra)
+        assert r.returncode == 0, r.stderr[-3000:]
+        out[mode] = json.loads(path.read_text())
+        assert out[mode]["launcher"] == "torchrun" and out[mode]["ranks"] == nproc
+        assert len(out[mode]["step_times_s"]) == steps and len(out[mode]["waits"]) == nproc
+    return out
+
+
+def test_three_modes_under_torchrun_reach_the_single_process_parameters(tmp_path):
+    got = reports(tmp_path, 2)  # no --ranks: torchrun started the processes
+    reference = got["pybubble"]["reference_checksum"]
+    for mode, report in got.items():
+        assert report["param_checksum"] == pytest.approx(reference, rel=1e-6), mode
+        assert report["pp"] == 2 and report["dp"] == 1
+        for rank in report["waits"]:  # no data parallelism, no tensor parallelism: not observed
+            assert rank["dp"] is None and rank["tp"] is None
+            assert rank["pp"]["waited_s"] >= 0 and rank["pp"]["filled_s"] >= 0
+        # the last stage waits for the first stage's forwards in every step: a pp wait is seen
+        assert report["waits"][1]["pp"]["waited_s"] > 0, mode
+    # only pybubble runs encoder tasks inside the pipeline's waits
+    assert sum(r["pp"]["filled_s"] for r in got["megatron"]["waits"]) == 0
+    assert sum(r["pp"]["filled_s"] for r in got["pybubble"]["waits"]) > 0
+
+
+@pytest.mark.parametrize("wrap", ["fsdp", "ddp"])
+def test_dp2_pp2_reaches_the_parameters_of_pp2(tmp_path, wrap):
+    # 4 processes on this machine's 2 cores: a correctness run, not a timing.
+    got = reports(tmp_path, 4, "--dp", 2, "--pp", 2, "--dp-wrap", wrap)
+    reference = got["pybubble"]["reference_checksum"]  # one process, the whole batch: what pp 2 reaches
+    for mode, report in got.items():
+        assert report["param_checksum"] == pytest.approx(reference, rel=1e-6), mode
+        assert report["dp"] == 2 and report["pp"] == 2 and report["dp_wrap"] == wrap
+        # every rank's LLM stage is data-parallel: its gradient collective was waited for
+        assert all(r["dp"] is not None for r in report["waits"]), mode
+        assert sum(r["dp"]["waited_s"] + r["dp"]["filled_s"] for r in report["waits"]) > 0, mode
+    assert sum(r["dp"]["filled_s"] for r in got["megatron"]["waits"]) == 0
+
+
+def _failed_within_the_timeout(r, t0, limit=60):
+    assert r.returncode != 0  # torchrun reports the failed worker
+    assert "ChildFailedError" in r.stderr
+    assert time.monotonic() - t0 < limit
+
+
+@pytest.mark.parametrize("fault, error", [
+    # SIGKILL in the middle of a forward: the peer's next receive fails, torchrun ends the rest
+    ("kill", "exitcode  : -9"),
+    # sleeps far past its ops: the peer's collective times out (--timeout 10), torchrun ends the sleeper
+    ("stall", "rank 0: error:"),
+    # raises inside an encoder piece run by the filler
+    ("encoder", "rank 1: error: RuntimeError: injected fault in encoder piece"),
+])
+def test_a_failing_rank_under_torchrun_ends_every_rank_within_the_timeout(fault, error):
+    t0 = time.monotonic()
+    r = torchrun(2, "--steps", 3, "--size", "tiny", "--mode", "pybubble", "--timeout", 10, "--fail-rank", 1,
+                 "--fail-step", 1, "--fault", fault, timeout=120)
+    _failed_within_the_timeout(r, t0)
+    assert error in r.stderr
+    assert "rank 0: error:" in r.stderr  # the healthy rank ended with an error, it did not hang
+
+
+def test_a_straggler_under_torchrun_finishes_with_the_same_parameters(tmp_path):
+    # Rank 1's LLM forwards take twice as long in every step: slower, not wrong.
+    path = tmp_path / "slow.json"
+    r = torchrun(2, "--steps", 3, "--size", "tiny", "--mode", "pybubble", "--timeout", 30, "--fail-rank", 1,
+                 "--fault", "slow", "--report", path, "--reference", timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(path.read_text())
+    assert report["param_checksum"] == pytest.approx(report["reference_checksum"], rel=1e-6)

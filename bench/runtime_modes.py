@@ -8,7 +8,7 @@ as evenly as they go. Each launch profiles and re-plans on its own; a launch's f
 of a mode; the prediction is the median of the runtime's per-step predictions.
 
     python bench/runtime_modes.py --ranks 2 --steps 24 [--rounds 3] [--encoder vit|timm|clip] [--out runtime_modes.json]
-    python bench/runtime_modes.py --ranks 1 --tp 2    # tensor parallelism alone: the TP waits
+    python bench/runtime_modes.py --tp 2    # one stage tensor-parallel over the 2 ranks: the TP waits
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=24, help="steps per mode, over all rounds")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage (processes: ranks x tp)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of each stage (of the --ranks processes)")
     p.add_argument("--size", default="small")
     p.add_argument("--encoder", default="vit", help=f"{', '.join(mllm.ENCODERS)}")
     p.add_argument("--out", help="write every launch's report (JSON) here")
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     predicted = {m: statistics.median(p for r in rs for p in (r["predicted_steps_s"][s] for s in r["settled_steps"]))
                  for m, rs in reports.items()}
     sums = {m: rs[-1]["param_checksum"] for m, rs in reports.items()}
-    print(f"{a.ranks} ranks x tp {a.tp}, encoder {a.encoder}, {a.steps} steps per mode in {a.rounds} rounds, "
+    print(f"{a.ranks} ranks (tp {a.tp}), encoder {a.encoder}, {a.steps} steps per mode in {a.rounds} rounds, "
           f"size {a.size}")
     print(f"{'mode':<10} {'median step':>12} {'predicted':>10} {'error':>7} {'vs megatron':>12} {'vs coarse':>10}")
     for mode in mllm.PLACEMENTS:

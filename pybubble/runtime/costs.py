@@ -17,7 +17,7 @@ FIELDS = ("fwd", "bwd", "lead", "sync", "outside", "plan", "tp_count", "tp_gap")
 backward ops' own time, the schedule's own time before its first op, the encoder's gradient sync
 (the shortest over the ranks is taken: the others include waiting for the last rank),
 the trainer's time between two steps (optimizer, data), the runtime's planning, the TP
-collectives waited on per LLM op and their median gap (NaN without tensor parallelism); then each
+collectives waited on per LLM op and their mean gap (NaN without tensor parallelism); then each
 piece's forward and backward duration (mean over the microbatches the rank ran)."""
 
 

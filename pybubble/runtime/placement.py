@@ -51,7 +51,7 @@ class MeasuredCosts:
     """Tensor-parallel collectives waited on inside each LLM forward and backward op (measured on
     the mesh: layers x collectives per layer)."""
     tp_gap_s: float = 0.0
-    """One TP collective's gap: how long its consumer waits for it (measured, median)."""
+    """One TP collective's gap: how long its consumer waits for it (measured, the mean)."""
 
     def __post_init__(self) -> None:
         if len(self.stage_fwd_s) != len(self.stage_bwd_s) or not self.stage_fwd_s:

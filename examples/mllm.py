@@ -349,7 +349,9 @@ class Fault:
         return self.on and self.now == self.step
 
     def stage_hooks(self, module: nn.Module) -> None:
-        """Faults inside the LLM stage's forward."""
+        """Faults inside the LLM stage's forward (hooks on the failing rank only)."""
+        if not self.on or self.kind not in ("kill", "stall", "slow"):
+            return
         started: list[float] = []
 
         def pre(_m, _args):

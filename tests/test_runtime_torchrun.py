@@ -3,9 +3,11 @@
 on the LLM's stages; and faults in that launch. Real gloo processes, tiny models, few steps."""
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -102,3 +104,53 @@ def test_a_straggler_under_torchrun_finishes_with_the_same_parameters(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     report = json.loads(path.read_text())
     assert report["param_checksum"] == pytest.approx(report["reference_checksum"], rel=1e-6)
+
+
+BAD_GROUPS = textwrap.dedent("""
+    # One gloo rank: EncoderRuntime refuses groups and counts it cannot run on, naming the field.
+    import os, torch, torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from pybubble.runtime import EncoderRuntime
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1")
+    dist.init_process_group("gloo")
+    stage = PipelineStage(nn.Linear(4, 4), 0, 1, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, 2, loss_fn=lambda y, t: y.sum())
+    encoder = nn.Sequential(nn.Linear(4, 4))
+    cases = {
+        "no pp": dict(mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))),
+        "both": dict(mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("pp",)), pp_group=dist.group.WORLD),
+        "zero": dict(microbatches=0),
+    }
+    ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
+    ddp.register_comm_hook(None, lambda state, bucket: None)  # the trainer's own hook: DDP takes one
+    ddp_stage = PipelineStage(ddp, 0, 1, torch.device("cpu"))
+    cases["hooked"] = dict(stage=ddp_stage, schedule=Schedule1F1B(ddp_stage, 2, loss_fn=lambda y, t: y.sum()))
+    for name, kwargs in cases.items():
+        kwargs = {"stage": stage, "schedule": schedule, **kwargs}
+        try:
+            EncoderRuntime(encoder, mode="pybubble", example=torch.ones(2, 4), **kwargs)
+        except ValueError as e:
+            print(f"{name}: {e}".splitlines()[0])
+    dist.destroy_process_group()
+""")
+
+
+def test_bad_groups_and_counts_raise_value_errors_naming_the_field():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = subprocess.run([sys.executable, "-c", BAD_GROUPS], capture_output=True, text=True, timeout=120,
+                       cwd=Path(tempfile.gettempdir()), env={**os.environ, "PORT": str(port)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    assert lines[:3] == [
+        "no pp: mesh: no 'pp' dimension (its dimensions: ('dp',))",
+        "both: mesh: give a mesh or pp_group/dp_group, not both",
+        "zero: microbatches: 0 is not an integer >= 1 (the pp ranks)",
+    ]
+    assert len(lines) == 4 and lines[3].startswith("hooked: stage: its DDP module already has a communication hook (")

@@ -137,8 +137,8 @@ class EncoderRuntime:
             raise ValueError(f"microbatches: {microbatches!r} is not an integer >= {self.ranks} (the pp ranks)")
         self.microbatches = microbatches
         self.group = group if group is not None else self._own_group(mesh)
-        self.data_parallel = observe_data_parallel(getattr(stage, "submod", None) or nn.Module(), self._wait_dp,
-                                                   self.dp_group)
+        submod = getattr(stage, "submod", None)
+        self.data_parallel = None if submod is None else observe_data_parallel(submod, self._wait_dp, self.dp_group)
         """How the stage's module is data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
         self._dp_seen: list[float] = []
         """This step's data-parallel collectives: seconds from each one's wait to its completion."""

@@ -402,5 +402,5 @@ def test_cost_history_takes_medians_and_keeps_what_was_not_measured():
     assert c.p2p_s == 0.5 and c.grad_sync_s == pytest.approx(0.1)  # as the last rank to reach it saw it
     assert c.optimizer_s == pytest.approx(0.211)  # the worst rank's set-up + time between steps + planning
     assert c.tp_count == 0 and c.tp_gap_s == 0.0  # no tensor parallelism seen: kept
-    with pytest.raises(ValueError, match=r"samples: shape \(1, 12\), expected \(2, 12\)"):
-        history.add(np.zeros((1, 12)))
+    with pytest.raises(ValueError, match=r"samples: shape \(1, 13\), expected \(2, 13\)"):
+        history.add(np.zeros((1, 13)))

@@ -174,6 +174,12 @@ def test_tp_gaps_in_the_prediction_take_pieces():
     no_tp = MeasuredCosts(stage_fwd_s=[0.01], stage_bwd_s=[0.02], p2p_s=0.0, piece_fwd_s=[1e-4] * 6,
                           piece_bwd_s=[1.5e-4] * 6)
     assert predict_step_s("pybubble", no_tp, 4) == pytest.approx(predict_step_s("coarse", no_tp, 4))
+    # Heavy-tailed gaps: the ops wait count x mean in all, the free windows are gaps of the median.
+    tail = MeasuredCosts(stage_fwd_s=[0.01], stage_bwd_s=[0.02], p2p_s=0.0, piece_fwd_s=[1e-4] * 6,
+                         piece_bwd_s=[1.5e-4] * 6, tp_count=4, tp_gap_s=5e-4, tp_wait_s=2e-3)
+    timeline = make_placement("coarse", tail, 4).timeline
+    assert timeline.step_time == pytest.approx(4 * (0.01 + 0.02 + 2 * 4 * 2e-3) * 1e6)
+    assert all(b.end - b.start == pytest.approx(500.0) for b in timeline.bubbles if b.kind == "tp")
 
 
 def test_tp_costs_are_checked():

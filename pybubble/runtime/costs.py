@@ -12,21 +12,22 @@ import numpy as np
 
 from .placement import MeasuredCosts
 
-FIELDS = ("fwd", "bwd", "lead", "sync", "outside", "plan", "tp_count", "tp_gap")
+FIELDS = ("fwd", "bwd", "lead", "sync", "outside", "plan", "tp_count", "tp_gap", "tp_wait")
 """One rank's figures of one step, seconds (NaN: not seen): the median of its LLM forward and
 backward ops' own time, the schedule's own time before its first op, the encoder's gradient sync
 (the shortest over the ranks is taken: the others include waiting for the last rank),
 the trainer's time between two steps (optimizer, data), the runtime's planning, the TP
-collectives waited on per LLM op and their mean gap (NaN without tensor parallelism); then each
+collectives waited on per LLM op, their median and their mean gap (NaN without tensor
+parallelism); then each
 piece's forward and backward duration (mean over the microbatches the rank ran)."""
 
 
 def step_sample(*, fwd: Sequence[float], bwd: Sequence[float], lead: float, sync: float, outside: float,
                 plan: float, piece_fwd: Sequence[float], piece_bwd: Sequence[float], tp_count: float = float("nan"),
-                tp_gap: float = float("nan")) -> np.ndarray:
+                tp_gap: float = float("nan"), tp_wait: float = float("nan")) -> np.ndarray:
     """One rank's figures of one step as a flat float64 vector (see :data:`FIELDS`)."""
     med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
-    return np.array([med(fwd), med(bwd), lead, sync, outside, plan, tp_count, tp_gap, *piece_fwd, *piece_bwd],
+    return np.array([med(fwd), med(bwd), lead, sync, outside, plan, tp_count, tp_gap, tp_wait, *piece_fwd, *piece_bwd],
                     dtype=np.float64)
 
 
@@ -79,4 +80,5 @@ class CostHistory:
             piece_fwd_s=[median(piece[:, i], c.piece_fwd_s[i]) for i in range(n)],
             piece_bwd_s=[median(piece[:, n + i], c.piece_bwd_s[i]) for i in range(n)],
             optimizer_s=median(worst, c.optimizer_s), grad_sync_s=median(sync, c.grad_sync_s),
-            tp_count=int(round(median(h[:, :, 6], c.tp_count))), tp_gap_s=median(h[:, :, 7], c.tp_gap_s))
+            tp_count=int(round(median(h[:, :, 6], c.tp_count))), tp_gap_s=median(h[:, :, 7], c.tp_gap_s),
+            tp_wait_s=median(h[:, :, 8], c.tp_wait_s))

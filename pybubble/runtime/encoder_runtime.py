@@ -262,7 +262,7 @@ class EncoderRuntime:
                            bwd=[b for (k, _), b in zip(ops, f.op_busy_s) if k == "B"], lead=f.lead_busy_s,
                            sync=sync_s if self.mode != "megatron" else float("nan"), outside=float("nan"),
                            plan=plan_s, piece_fwd=piece_fwd, piece_bwd=piece_bwd,
-                           **dict(zip(("tp_count", "tp_gap"), tp_op_figures(tp))))
+                           **dict(zip(("tp_count", "tp_gap", "tp_wait"), tp_op_figures(tp))))
 
     def _share_costs(self, entry: float) -> None:
         """All ranks' figures of the last step (with the trainer's time since then) into the

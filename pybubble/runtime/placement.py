@@ -51,7 +51,11 @@ class MeasuredCosts:
     """Tensor-parallel collectives waited on inside each LLM forward and backward op (measured on
     the mesh: layers x collectives per layer)."""
     tp_gap_s: float = 0.0
-    """One TP collective's gap: how long its consumer waits for it (measured, the mean)."""
+    """A TP collective's typical gap, how long its consumer waits for it (measured, the median):
+    the gaps the plan offers the pieces and the filler's room at a TP wait."""
+    tp_wait_s: float = 0.0
+    """The mean of those waits (the gaps are heavy-tailed on a loaded machine): count x mean is the
+    ops' time in TP waits; 0: the typical gap."""
 
     def __post_init__(self) -> None:
         if len(self.stage_fwd_s) != len(self.stage_bwd_s) or not self.stage_fwd_s:
@@ -61,7 +65,7 @@ class MeasuredCosts:
         for name in ("stage_fwd_s", "stage_bwd_s", "piece_fwd_s", "piece_bwd_s"):
             for i, v in enumerate(getattr(self, name)):
                 finite(v, f"{name}[{i}]", minimum=0.0)
-        for name in ("p2p_s", "optimizer_s", "grad_sync_s", "tp_gap_s"):
+        for name in ("p2p_s", "optimizer_s", "grad_sync_s", "tp_gap_s", "tp_wait_s"):
             finite(getattr(self, name), name, minimum=0.0)
         integer(self.tp_count, "tp_count", minimum=0)
 
@@ -85,8 +89,9 @@ def producers(mode: str, microbatches: int, ranks: int) -> list[int]:
 def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage: bool = False) -> Timeline:
     """The 1F1B step of the LLM (with the whole encoder inside stage 0's ops when asked); with
     tensor parallelism each forward and backward op also holds ``tp_count`` gaps of ``tp_gap_s``
-    (the ops' measured times leave the waits out: they are added back as the gaps)."""
-    tp = costs.tp_count * costs.tp_gap_s
+    (the ops' measured times leave the waits out: they are added back, ``tp_count`` x
+    ``tp_wait_s`` in all; what the mean exceeds the typical gap by stays in the op, unfillable)."""
+    tp = costs.tp_count * max(costs.tp_gap_s, costs.tp_wait_s)
     fwd = [(t + tp) * US for t in costs.stage_fwd_s]
     bwd = [(t + tp) * US for t in costs.stage_bwd_s]
     if encoder_on_first_stage:

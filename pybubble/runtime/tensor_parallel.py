@@ -210,15 +210,16 @@ def fill_tp_waits(waits: TensorParallelWaits) -> Iterator[TensorParallelWaits]:
         funcol.wait_tensor = real
 
 
-def tp_op_figures(stats: TPWaitStats) -> tuple[float, float]:
-    """(collectives per pipeline op, gap in seconds) of one step: the median of the ops' counts and
-    the mean gap, so that count x gap is the time the ops waited on TP collectives (the gaps are
-    heavy-tailed on a loaded machine: the median would leave most of that time out). NaN, NaN
-    when no TP collective was waited on."""
+def tp_op_figures(stats: TPWaitStats) -> tuple[float, float, float]:
+    """(collectives per pipeline op, median gap, mean gap; seconds) of one step: the median of the
+    ops' counts; the median gap is the typical one (what a piece must fit), the mean makes count x
+    mean the time the ops waited on TP collectives (the gaps are heavy-tailed on a loaded machine:
+    the median leaves most of that time out). NaNs when no TP collective was waited on."""
     counts = [c for c in stats.per_op if c > 0]
     if not counts or not stats.gaps_s:
-        return float("nan"), float("nan")
-    return float(statistics.median(counts)), float(statistics.fmean(stats.gaps_s))
+        return float("nan"), float("nan"), float("nan")
+    return (float(statistics.median(counts)), float(statistics.median(stats.gaps_s)),
+            float(statistics.fmean(stats.gaps_s)))
 
 
 __all__ = ["TPWaitStats", "TensorParallelWaits", "fill_tp_waits", "tp_op_figures"]

@@ -11,6 +11,7 @@ its figures. The prediction is the median of the runtime's per-step predictions.
 
     python bench/runtime_modes.py [--ranks 2] [--steps 48] [--rounds 6] [--encoder vit|timm|clip]
         [--schedule 1f1b|interleaved_1f1b|zbv|...] [--chunks V] [--out runtime_modes.json]
+    python bench/runtime_modes.py --tp 2    # one stage tensor-parallel over the 2 ranks: the TP waits
 """
 
 from __future__ import annotations
@@ -37,11 +38,20 @@ def round_ratios(reports: dict[str, list[dict]]) -> list[dict[str, float]]:
     return out
 
 
+def tp_line(tp: dict) -> str:
+    """A launch's TP waits in a few words: the share of the gaps the encoder filled, the consumers
+    delayed by a piece and the overruns among them (all ranks, settled steps)."""
+    ranks = tp["per_rank"]
+    return (f"; TP gaps {sum(r['gap_s'] for r in ranks) * 1e3:.1f} ms, {tp['filled_fraction']:.0%} filled, "
+            f"{sum(r['delays'] for r in ranks)} delays, {sum(r['overruns'] for r in ranks)} overruns")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--steps", type=int, default=48, help="steps per mode, over all rounds")
     p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of each stage (of the --ranks processes)")
     p.add_argument("--size", default="small")
     p.add_argument("--encoder", default="vit", help=f"{', '.join(mllm.ENCODERS)}")
     p.add_argument("--schedule", default="1f1b", help=f"the pipeline schedule: {', '.join(mllm.SCHEDULES)}")
@@ -65,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in mllm.PLACEMENTS:
             args = mllm.parse_args(["--ranks", str(a.ranks), "--steps", str(steps), "--size", a.size,
                                     "--mode", mode, "--encoder", a.encoder, "--schedule", a.schedule,
-                                    "--chunks", str(a.chunks)])
+                                    "--chunks", str(a.chunks), "--tp", str(a.tp)])
             try:
                 mllm.check_args(args)
                 rep = mllm.run(args)
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             reports[mode].append(rep)
             print(f"[{time.monotonic() - t0:6.1f} s] round {r + 1}/{a.rounds} {mode:<9} {steps} steps: median "
                   f"{rep['median_step_s'] * 1e3:.1f} ms, predicted {rep['predicted_step_s'] * 1e3:.1f} ms, "
-                  f"overruns {sum(rep['overruns'])}", flush=True)
+                  f"overruns {sum(rep['overruns'])}" + (tp_line(rep["tp_waits"]) if a.tp > 1 else ""), flush=True)
         ratios = round_ratios({m: rs[r:r + 1] for m, rs in reports.items()})[0]
         load = os.getloadavg()[0]
         print(f"round {r + 1}: pybubble {ratios['vs_megatron']:.2f}x megatron, {ratios['vs_coarse']:.2f}x coarse "
@@ -86,8 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     predicted = {m: statistics.median(p for r in rs for p in (r["predicted_steps_s"][s] for s in r["settled_steps"]))
                  for m, rs in reports.items()}
     sums = {m: rs[-1]["param_checksum"] for m, rs in reports.items()}
-    print(f"{a.ranks} ranks, schedule {a.schedule} ({mllm.chunks_of(args)} stage(s) per rank), encoder {a.encoder}, "
-          f"{a.steps} steps per mode in {a.rounds} rounds, size {a.size}")
+    print(f"{a.ranks} ranks (tp {a.tp}), schedule {a.schedule} ({mllm.chunks_of(args)} stage(s) per rank), "
+          f"encoder {a.encoder}, {a.steps} steps per mode in {a.rounds} rounds, size {a.size}")
     print(f"{'round':<6} {'megatron':>10} {'coarse':>10} {'pybubble':>10} {'vs megatron':>12} {'vs coarse':>10}")
     for r, x in enumerate(rounds_out):
         print(f"{r + 1:<6} {x['megatron_s'] * 1e3:>7.1f} ms {x['coarse_s'] * 1e3:>7.1f} ms {x['pybubble_s'] * 1e3:>7.1f} ms "

@@ -108,7 +108,7 @@ class ViTBlock(nn.Module):
 
     def __init__(self, dim: int, heads: int, mlp_ratio: int = 4, causal: bool = False):
         super().__init__()
-        self.heads, self.causal = heads, causal
+        self.head_dim, self.causal = dim // heads, causal
         self.norm1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim)
         self.proj = nn.Linear(dim, dim)
@@ -117,10 +117,12 @@ class ViTBlock(nn.Module):
         self.fc2 = nn.Linear(mlp_ratio * dim, dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        b, t, _ = x.shape
+        # qkv's outputs grouped by head (q, k, v of head 0, then of head 1, ...): a column-wise
+        # split over tensor-parallel ranks (apply_tp) gives each rank whole heads (-1: the heads here).
+        q, k, v = self.qkv(self.norm1(x)).view(b, t, -1, 3, self.head_dim).permute(3, 0, 2, 1, 4)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
         return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 
 
@@ -247,9 +249,23 @@ class LastStage(MiddleStage):
         return self.head(self.norm(self.blocks(x)[:, -self.text_len:]))
 
 
+class OnlyStage(FirstStage):
+    """The whole GPT as one stage (a pipeline of one rank: tensor parallelism alone)."""
+
+    def __init__(self, cfg: ModelConfig, image_tokens: int, blocks: list[nn.Module]):
+        super().__init__(cfg, image_tokens, blocks)
+        torch.manual_seed(cfg.seed + 2)  # as LastStage's
+        self.norm = nn.LayerNorm(cfg.llm_dim)
+        self.head = nn.Linear(cfg.llm_dim, cfg.vocab)
+        self.text_len = cfg.text_len
+
+    def forward(self, tokens: torch.Tensor, microbatch: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(super().forward(tokens, microbatch)[:, -self.text_len:]))
+
+
 def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit", chunks: int = 1) -> list[nn.Module]:
     """The GPT (``ranks * llm_layers_per_stage`` blocks) cut into ``ranks * chunks`` pipeline
-    stages: the same initial weights whatever the rank and the cut."""
+    stages: the same initial weights whatever the rank and the cut (one stage: the whole GPT)."""
     layers, count = ranks * cfg.llm_layers_per_stage, ranks * chunks
     if layers % count:
         raise ValueError(f"chunks: {layers} GPT blocks do not split into {ranks} x {chunks} stages")
@@ -262,8 +278,9 @@ def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit", chunks: int = 
     for s in range(count):
         mine = blocks[s * per:(s + 1) * per]
         torch.manual_seed(cfg.seed + 1)
-        stages.append(FirstStage(cfg, encoder_tokens(cfg, kind), mine) if s == 0 else LastStage(cfg, mine)
-                      if s == count - 1 else MiddleStage(cfg, mine))
+        stages.append(OnlyStage(cfg, encoder_tokens(cfg, kind), mine) if count == 1
+                      else FirstStage(cfg, encoder_tokens(cfg, kind), mine) if s == 0
+                      else LastStage(cfg, mine) if s == count - 1 else MiddleStage(cfg, mine))
     return stages
 
 
@@ -296,6 +313,19 @@ def loss_fn(cfg: ModelConfig):
 def checksum(modules) -> float:
     """float64 sum of all parameters."""
     return float(sum(p.detach().double().sum() for m in modules for p in m.parameters()))
+
+
+def apply_tp(stage: nn.Module, tp_mesh) -> None:
+    """The stage's GPT blocks tensor-parallel over ``tp_mesh`` (the mesh's "tp" dimension) with torch's
+    own tensor parallelism, as torchtitan's ``apply_tp`` does for its llama: the attention's qkv and
+    the MLP's first layer column-wise, their output projections row-wise (an all-reduce after each
+    in the forward, one for the input gradient of each column-wise layer in the backward);
+    embedding, norms and head replicated."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    for block in stage.blocks:
+        parallelize_module(block, tp_mesh, {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
+                                            "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
 
 
 def reference_checksum(cfg: ModelConfig, ranks: int, steps: int, kind: str = "vit") -> float:
@@ -388,9 +418,12 @@ class Fault:
 
 
 def build_mesh(args: argparse.Namespace, device: torch.device):
-    """The trainer's DeviceMesh: ("pp", "dp"), pp outermost as torchtitan orders its dimensions."""
+    """The trainer's DeviceMesh: ("pp", "dp"), and "tp" innermost with ``--tp`` > 1, pp outermost as
+    torchtitan orders its dimensions."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if args.tp > 1:
+        return init_device_mesh(device.type, (args.pp, args.dp, args.tp), mesh_dim_names=("pp", "dp", "tp"))
     return init_device_mesh(device.type, (args.pp, args.dp), mesh_dim_names=("pp", "dp"))
 
 
@@ -422,6 +455,10 @@ def train(rank: int, args: argparse.Namespace) -> list[dict] | None:
     mine = stages_of_rank(pp_rank, args.pp, args.schedule, chunks)  # this rank's stages
     every_stage = build_stages(cfg, args.pp, kind, chunks)
     stage_modules = [every_stage[s].to(device) for s in mine]
+    tp_rank = mesh["tp"].get_local_rank() if args.tp > 1 else 0
+    if args.tp > 1:  # the encoder stays replicated over "tp": each TP rank runs the same pieces
+        for stage_module in stage_modules:
+            apply_tp(stage_module, mesh["tp"])
     fault = Fault(args, rank)
     llms = []
     for s, stage_module in zip(mine, stage_modules):
@@ -492,11 +529,13 @@ def train(rank: int, args: argparse.Namespace) -> list[dict] | None:
     mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
             "predicted": [r["predicted_s"] for r in runtime.records],
             # each parameter once: the stage of dp replica 0, the encoder of rank 0
-            "checksum": (stage_sum if dp_rank == 0 else 0.0) + (checksum([encoder]) if rank == 0 else 0.0),
+            "checksum": (stage_sum if dp_rank == 0 and tp_rank == 0 else 0.0)
+            + (checksum([encoder]) if rank == 0 else 0.0),
             "filler": runtime.records[-1]["filler"], "filled": [r["filler"]["filled"] for r in runtime.records],
             "waits": [r["waits"] for r in runtime.records], "costs": asdict(runtime.costs),
             "overruns": [r["filler"]["overruns"] for r in runtime.records],
-            "held_max_s": [r["filler"]["held_max_s"] for r in runtime.records]}
+            "held_max_s": [r["filler"]["held_max_s"] for r in runtime.records],
+            "tp_waits": tp_waits(runtime.records)}
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return every if rank == 0 else None
@@ -515,6 +554,19 @@ def settled_waits(every: list[dict], settled: list[int]) -> list[dict]:
     return out
 
 
+def tp_waits(records: list[dict]) -> dict:
+    """One rank's TP collectives over the settled steps (the first two profile and adapt): waits,
+    the time waited and filled, the consumers' delays and overruns, and the pieces run in them as
+    (measured duration, time taken, gap) triples."""
+    settled = records[min(2, len(records) - 1):]
+    keys = ("waits", "gap_s", "waited_s", "filled", "filled_s", "delays", "delay_s", "overruns")
+    out = {k: sum(r["tp"][k] for r in settled) for k in keys}
+    out["delay_max_s"] = max(r["tp"]["delay_max_s"] for r in settled)
+    out["gaps_s"] = [g for r in settled for g in r["tp"]["gaps_s"]]
+    out["pieces"] = [p for r in settled for p in r["tp"]["pieces"]]
+    return out
+
+
 def report(args: argparse.Namespace, every: list[dict]) -> dict:
     """The run's report (pybubble.runtime_report/3): step s takes from the last rank's end of step
     s - 1 (for step 0: the first rank's start) to the last rank's end of step s, everything
@@ -528,7 +580,7 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
         "format": "pybubble.runtime_report/3", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
         "schedule": args.schedule, "chunks": chunks_of(args),
         "pp": args.pp, "dp": args.dp, "dp_wrap": args.dp_wrap if args.dp > 1 else None,
-        "launcher": "torchrun" if args.torchrun else "launch",
+        "launcher": "torchrun" if args.torchrun else "launch", "tp": args.tp, "tp_waits": tp_report(every),
         "steps": steps, "size": args.size, "device": args.device, "step_times_s": step_times,
         "predicted_steps_s": predicted, "settled_steps": settled,
         "median_step_s": statistics.median(step_times[s] for s in settled),
@@ -546,6 +598,25 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
 def chunks_of(args: argparse.Namespace) -> int:
     """Stages per rank: ``--chunks``, or the schedule's own count (2 for a V, else 1)."""
     return args.chunks or (2 if args.schedule in V_SHAPED else 1)
+
+
+def tp_report(every: list[dict]) -> dict:
+    """The TP waits of the settled steps: per rank, the TP collectives' gaps, the seconds blocked in
+    them with no piece running and the seconds the encoder filled, the consumers' delays and
+    overruns; the share of the gaps filled; over all ranks, the distribution
+    (10/50/90th percentile, max) of the pieces' durations against the gaps they went into."""
+    import numpy as np
+
+    def spread(values: list[float]) -> list[float]:
+        return [float(v) for v in np.percentile(values, [10, 50, 90, 100])] if values else []
+
+    per_rank = [{k: v for k, v in e["tp_waits"].items() if k not in ("gaps_s", "pieces")} for e in every]
+    pieces = [p for e in every for p in e["tp_waits"]["pieces"]]
+    gaps = sum(r["gap_s"] for r in per_rank)
+    return {"per_rank": per_rank, "filled_fraction": sum(r["filled_s"] for r in per_rank) / gaps if gaps else 0.0,
+            "gap_s": spread([g for e in every for g in e["tp_waits"]["gaps_s"]]),
+            "piece_s": spread([p[1] for p in pieces]), "piece_measured_s": spread([p[0] for p in pieces]),
+            "filled_gap_s": spread([p[2] for p in pieces])}
 
 
 def config(args: argparse.Namespace) -> ModelConfig:
@@ -566,7 +637,7 @@ def planning_config(args: argparse.Namespace) -> dict:
     if args.schedule not in PLANNED_SCHEDULES:
         raise ValueError(f"write_config: the planner has no schedule {args.schedule!r} "
                          f"(one of {', '.join(PLANNED_SCHEDULES)})")
-    plan = {"dp": args.dp, "pp": args.pp, "tp": 1, "schedule": args.schedule}
+    plan = {"dp": args.dp, "pp": args.pp, "tp": args.tp, "schedule": args.schedule}
     if args.schedule == "interleaved_1f1b":
         plan["vpp"] = chunks_of(args)
     return {"cluster": {"gpus": args.ranks, "gpu": "cpu", "gpus_per_node": args.ranks},
@@ -604,6 +675,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="processes to start (without torchrun; default dp x pp, or 2)")
     p.add_argument("--pp", type=int, default=0, help="pipeline stages, one rank each (default: ranks / dp)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline (default 1)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of each stage (default 1)")
     p.add_argument("--dp-wrap", default="fsdp", help=f"how the LLM's stages are data-parallel: {', '.join(DP_WRAPS)}")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--mode", default="pybubble", help="megatron, coarse or pybubble")
@@ -629,9 +701,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.torchrun:
         args.ranks = int(os.environ["WORLD_SIZE"])
     elif not args.ranks:
-        args.ranks = args.dp * args.pp if args.pp else 2 * args.dp
-    if not args.pp and args.dp >= 1:
-        args.pp = args.ranks // args.dp
+        args.ranks = args.dp * args.pp * max(args.tp, 1) if args.pp else 2 * args.dp
+    if not args.pp and args.dp >= 1 and args.tp >= 1:
+        args.pp = args.ranks // (args.dp * args.tp)
     return args
 
 
@@ -642,10 +714,16 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"ranks: {args.ranks} is not >= 2")
     if args.dp < 1:
         raise ValueError(f"dp: {args.dp} is not >= 1")
-    if args.dp * args.pp != args.ranks:
-        raise ValueError(f"pp: dp {args.dp} x pp {args.pp} is not the {args.ranks} ranks")
-    if args.pp < 2:
-        raise ValueError(f"pp: {args.pp} is not >= 2")
+    if args.tp < 1:
+        raise ValueError(f"tp: {args.tp} is not >= 1")
+    if args.dp * args.pp * args.tp != args.ranks:
+        raise ValueError(f"pp: dp {args.dp} x pp {args.pp}{f' x tp {args.tp}' if args.tp > 1 else ''} is not the "
+                         f"{args.ranks} ranks")
+    if args.pp < (1 if args.tp > 1 else 2):
+        raise ValueError(f"pp: {args.pp} is not >= {1 if args.tp > 1 else 2}")
+    if args.tp > 1 and args.dp > 1:
+        raise ValueError(f"tp: {args.tp} beside dp {args.dp}: the example runs tensor parallelism without data "
+                         "parallelism")
     if args.dp_wrap not in DP_WRAPS:
         raise ValueError(f"dp_wrap: {args.dp_wrap!r} is not one of {', '.join(DP_WRAPS)}")
     if args.steps < 1:
@@ -687,6 +765,13 @@ def check_args(args: argparse.Namespace) -> None:
         # single-process training (FSDP2 and DDP alike), while 1f1b, gpipe and interleaved_1f1b do.
         raise ValueError(f"schedule: {args.schedule!r} splits the backward (I, W), which does not reach the "
                          f"single-process parameters with --dp {args.dp} here; use 1f1b, gpipe or interleaved_1f1b")
+    if args.tp > 1 and args.schedule in SPLIT_BACKWARD:
+        raise ValueError(f"tp: {args.tp} beside --schedule {args.schedule}, which splits the backward (I, W): the "
+                         "runtime predicts TP gaps in whole forwards and backwards only; use 1f1b, gpipe or "
+                         "interleaved_1f1b")
+    if args.pp == 1 and args.schedule not in SINGLE_STAGE:
+        raise ValueError(f"schedule: {args.schedule!r} with --pp 1 (tensor parallelism alone) is not run by the "
+                         "example; use 1f1b or gpipe")
     layers = args.pp * SIZES[args.size].llm_layers_per_stage
     if layers % (args.pp * chunks):
         raise ValueError(f"chunks: the {layers} GPT blocks of size {args.size!r} do not split into "
@@ -699,6 +784,8 @@ def check_args(args: argparse.Namespace) -> None:
     cfg = config(args)
     if cfg.microbatches < args.pp:
         raise ValueError(f"pp: {args.pp} exceeds the {cfg.microbatches} microbatches of size {args.size!r}")
+    if cfg.llm_heads % args.tp:
+        raise ValueError(f"tp: {args.tp} does not divide the {cfg.llm_heads} heads of size {args.size!r}")
     if cfg.microbatch_size % args.dp:
         raise ValueError(f"dp: {args.dp} does not divide the microbatch size {cfg.microbatch_size} of size {args.size!r}")
 

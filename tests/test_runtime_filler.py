@@ -410,8 +410,9 @@ def test_cost_history_takes_medians_and_keeps_what_was_not_measured():
     assert c.piece_fwd_s == pytest.approx([0.6, 0.2]) and c.piece_bwd_s == [0.3, 0.4]
     assert c.p2p_s == 0.5 and c.grad_sync_s == pytest.approx(0.1)  # as the last rank to reach it saw it
     assert c.optimizer_s == pytest.approx(0.211)  # the worst rank's set-up + time between steps + planning
-    with pytest.raises(ValueError, match=r"samples: shape \(1, 14\), expected \(2, 14\)"):
-        history.add(np.zeros((1, 14)))
+    assert c.tp_count == 0 and c.tp_gap_s == 0.0  # no tensor parallelism seen: kept
+    with pytest.raises(ValueError, match=r"samples: shape \(1, 17\), expected \(2, 17\)"):
+        history.add(np.zeros((1, 17)))
 
 
 def test_stage_figures_split_the_ops_by_stage_and_kind():

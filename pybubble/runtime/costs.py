@@ -12,13 +12,14 @@ import numpy as np
 
 from .placement import MeasuredCosts
 
-FIELDS = ("lead", "sync", "outside", "plan")
+FIELDS = ("lead", "sync", "outside", "plan", "tp_count", "tp_gap", "tp_wait")
 """One rank's figures of one step, seconds (NaN: not seen): the schedule's own time before its
 first op, the encoder's gradient sync (the shortest over the ranks is taken: the others include
 waiting for the last rank), the trainer's time between two steps (optimizer, data), the runtime's
-planning; then, per pipeline stage (NaN for the stages of other ranks), the median own time of its
-forwards, of its full backwards (B, or I + W), of its weight-gradient backwards W; then each
-piece's forward and backward duration (mean over the microbatches the rank ran)."""
+planning, the TP collectives waited on per LLM op, their median and their mean gap (NaN without
+tensor parallelism); then, per pipeline stage (NaN for the stages of other ranks), the median own
+time of its forwards, of its full backwards (B, or I + W), of its weight-gradient backwards W;
+then each piece's forward and backward duration (mean over the microbatches the rank ran)."""
 
 
 def stage_figures(ops: Sequence[tuple[str, int]], stages: Sequence[int], busy: Sequence[float],
@@ -47,10 +48,11 @@ def stage_figures(ops: Sequence[tuple[str, int]], stages: Sequence[int], busy: S
 
 def step_sample(*, stage_fwd: Sequence[float], stage_bwd: Sequence[float], stage_wgrad: Sequence[float],
                 lead: float, sync: float, outside: float, plan: float, piece_fwd: Sequence[float],
-                piece_bwd: Sequence[float]) -> np.ndarray:
+                piece_bwd: Sequence[float], tp_count: float = float("nan"), tp_gap: float = float("nan"),
+                tp_wait: float = float("nan")) -> np.ndarray:
     """One rank's figures of one step as a flat float64 vector (see :data:`FIELDS`)."""
-    return np.array([lead, sync, outside, plan, *stage_fwd, *stage_bwd, *stage_wgrad, *piece_fwd, *piece_bwd],
-                    dtype=np.float64)
+    return np.array([lead, sync, outside, plan, tp_count, tp_gap, tp_wait, *stage_fwd, *stage_bwd, *stage_wgrad,
+                     *piece_fwd, *piece_bwd], dtype=np.float64)
 
 
 class CostHistory:
@@ -107,4 +109,6 @@ class CostHistory:
             stage_wgrad_s=wgrad, p2p_s=c.p2p_s,
             piece_fwd_s=[median(piece[:, i], c.piece_fwd_s[i]) for i in range(n)],
             piece_bwd_s=[median(piece[:, n + i], c.piece_bwd_s[i]) for i in range(n)],
-            optimizer_s=median(worst, c.optimizer_s), grad_sync_s=median(sync, c.grad_sync_s))
+            optimizer_s=median(worst, c.optimizer_s), grad_sync_s=median(sync, c.grad_sync_s),
+            tp_count=int(round(median(h[:, :, 4], c.tp_count))), tp_gap_s=median(h[:, :, 5], c.tp_gap_s),
+            tp_wait_s=median(h[:, :, 6], c.tp_wait_s))

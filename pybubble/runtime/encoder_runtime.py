@@ -31,6 +31,7 @@ from .encoder_step import EncoderStep
 from .pipelining import check_torch_version, fill_pipeline_waits, schedule_table
 from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s, stage_ranks
 from .segments import MicrobatchRun, split_into_pieces
+from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits, tp_op_figures
 
 
 def _inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -138,6 +139,11 @@ class EncoderRuntime:
         """The schedule's action table (its compute actions), which the plan simulates."""
         if len(self.table) != self.ranks:
             raise ValueError(f"schedule: its action table has {len(self.table)} ranks, the pp group {self.ranks}")
+        tp = mesh["tp"].size() if mesh is not None and "tp" in tuple(mesh.mesh_dim_names or ()) else 1
+        if tp > 1 and any(a.kind in "IW" for row in self.table.values() for a in row):
+            raise ValueError(f"schedule: {type(schedule).__name__} splits backwards into I and W, beside the mesh's "
+                             f"tp {tp}: tensor parallelism is predicted with whole backwards only (Schedule1F1B, "
+                             "ScheduleGPipe, ScheduleInterleaved1F1B)")
         owner = stage_ranks(self.table)
         self.num_stages = len(owner)
         """The pipeline's stages (over all its ranks)."""
@@ -182,7 +188,8 @@ class EncoderRuntime:
         ``sync_s``, ``filler`` (the filler's counters), ``waits`` (per kind of wait, ``pp``,
         ``dp``, ``tp``: ``waited_s``, the LLM's time blocked in such waits with no encoder task
         running, and ``filled_s``, the encoder tasks' time inside them; None where the kind is not
-        observed: ``dp`` without FSDP2/DDP on the stage, ``tp`` always so far)."""
+        observed: ``dp`` without FSDP2/DDP on the stage, ``tp`` without tensor parallelism), ``tp``
+        (what the TP waits saw, :class:`TPWaitStats`)."""
         self.trace = False
         """True: each step's filler keeps (what, start, end) of its tasks, ops and waits in
         ``records[-1]["trace"]``."""
@@ -270,7 +277,7 @@ class EncoderRuntime:
                              p2p_s=float(a[:, 0].max()), piece_fwd_s=a[:, 1:1 + n].mean(axis=0).tolist(),
                              piece_bwd_s=a[:, 1 + n:].mean(axis=0).tolist())
 
-    def _sample(self, work: EncoderStep, sync_s: float, plan_s: float) -> np.ndarray:
+    def _sample(self, work: EncoderStep, sync_s: float, plan_s: float, tp: TPWaitStats) -> np.ndarray:
         f = work.filler
         ops = f.next_ops
         n = len(self.pieces)
@@ -282,7 +289,8 @@ class EncoderRuntime:
         stage_fwd, stage_bwd, stage_wgrad = stage_figures(ops, f.op_stages, f.op_busy_s, self.num_stages)
         return step_sample(stage_fwd=stage_fwd, stage_bwd=stage_bwd, stage_wgrad=stage_wgrad, lead=f.lead_busy_s,
                            sync=sync_s if self.mode != "megatron" else float("nan"), outside=float("nan"),
-                           plan=plan_s, piece_fwd=piece_fwd, piece_bwd=piece_bwd)
+                           plan=plan_s, piece_fwd=piece_fwd, piece_bwd=piece_bwd,
+                           **dict(zip(("tp_count", "tp_gap", "tp_wait"), tp_op_figures(tp))))
 
     def _share_costs(self, entry: float) -> None:
         """All ranks' figures of the last step (with the trainer's time since then) into the
@@ -345,7 +353,8 @@ class EncoderRuntime:
             with record_function("pybubble:front"):
                 filler.run_front()
             filler.begin_step(frame0=start)
-            with fill_pipeline_waits(filler, self.stages), record_function("pybubble:schedule"):
+            tp = TensorParallelWaits(filler, self.costs.tp_gap_s)
+            with fill_pipeline_waits(filler, self.stages), fill_tp_waits(tp), record_function("pybubble:schedule"):
                 result = self.schedule.step(*args, **kwargs)
             filler.end_pipeline()
             with record_function("pybubble:drain"):
@@ -362,14 +371,16 @@ class EncoderRuntime:
                 sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
         sync_s = self._now() - t
         with record_function("pybubble:setup"):
-            self._last_sample = self._sample(work, sync_s, plan_s)
+            self._last_sample = self._sample(work, sync_s, plan_s, tp.stats)
         stats = filler.stats
         record = {"predicted_s": predicted, "start": start, "plan_s": plan_s, "sync_s": sync_s,
                   "filler": dataclasses.asdict(stats),
                   "waits": {"pp": {"waited_s": stats.waited_s, "filled_s": stats.filled_s},
                             "dp": {"waited_s": stats.dp_waited_s, "filled_s": stats.dp_filled_s}
                             if self.data_parallel else None,
-                            "tp": None}}
+                            "tp": {"waited_s": tp.stats.waited_s, "filled_s": tp.stats.filled_s}
+                            if tp.stats.waits else None},
+                  "tp": dataclasses.asdict(tp.stats)}
         if self.trace:
             record["trace"] = filler.trace
         self.records.append(record)

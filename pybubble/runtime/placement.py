@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.checks import finite, one_of
+from ..config.checks import finite, integer, one_of
 from ..llm.tables import Table, build_table
 from ..llm.timeline import Timeline, simulate_pipeline
 from ..problem.arrays import Tasks
@@ -51,6 +51,15 @@ class MeasuredCosts:
     stage_wgrad_s: list[float] | None = None
     """The weight-gradient part W of each stage's backward (zero-bubble schedules; I takes the
     rest); None: half of it."""
+    tp_count: int = 0
+    """Tensor-parallel collectives waited on inside each LLM forward and backward op (measured on
+    the mesh: layers x collectives per layer)."""
+    tp_gap_s: float = 0.0
+    """A TP collective's typical gap, how long its consumer waits for it (measured, the median):
+    the gaps the plan offers the pieces and the filler's room at a TP wait."""
+    tp_wait_s: float = 0.0
+    """The mean of those waits (the gaps are heavy-tailed on a loaded machine): count x mean is the
+    ops' time in TP waits; 0: the typical gap."""
 
     def __post_init__(self) -> None:
         if len(self.stage_fwd_s) != len(self.stage_bwd_s) or not self.stage_fwd_s:
@@ -62,8 +71,9 @@ class MeasuredCosts:
         for name in ("stage_fwd_s", "stage_bwd_s", "stage_wgrad_s", "piece_fwd_s", "piece_bwd_s"):
             for i, v in enumerate(getattr(self, name) or ()):
                 finite(v, f"{name}[{i}]", minimum=0.0)
-        for name in ("p2p_s", "optimizer_s", "grad_sync_s"):
+        for name in ("p2p_s", "optimizer_s", "grad_sync_s", "tp_gap_s", "tp_wait_s"):
             finite(getattr(self, name), name, minimum=0.0)
+        integer(self.tp_count, "tp_count", minimum=0)
 
     @property
     def stages(self) -> int:
@@ -97,11 +107,20 @@ def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_
                       table: Table | None = None) -> Timeline:
     """The LLM step of ``table`` (the schedule's action table; default 1F1B, one stage per rank)
     with the measured stage costs (with the whole encoder inside stage 0's ops when asked: its
-    backward inside stage 0's W when the table splits it)."""
+    backward inside stage 0's W when the table splits it). With tensor parallelism each forward
+    and backward op also holds ``tp_count`` gaps of ``tp_gap_s`` (the ops' measured times leave the
+    waits out: they are added back, ``tp_count`` x ``tp_wait_s`` in all; what the mean exceeds the
+    typical gap by stays in the op, unfillable); a table that splits backwards (I, W) is refused
+    with tensor parallelism (the measured figures do not say how its TP waits fall on I and W)."""
     table = build_table("1f1b", costs.stages, microbatches) if table is None else table
     ranks, owner = len(table), stage_ranks(table)
     if sorted(owner) != list(range(costs.stages)):
         raise ValueError(f"table: stages {sorted(owner)} are not the {costs.stages} stages of the costs")
+    tp = costs.tp_count * max(costs.tp_gap_s, costs.tp_wait_s)
+    if tp > 0.0 and any(a is not None and a.kind in "IW" for row in table.values() for a in row):
+        raise ValueError(f"tp_count: {costs.tp_count} TP collectives per op, but the table splits backwards "
+                         "into I and W: tensor parallelism is predicted with whole backwards only (1f1b, gpipe, "
+                         "interleaved_1f1b)")
     chunks = costs.stages // ranks
     fwd, bwd = np.zeros((ranks, chunks)), np.zeros((ranks, chunks))
     wgrad = None if costs.stage_wgrad_s is None else np.zeros((ranks, chunks))
@@ -109,7 +128,7 @@ def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_
     for r in range(ranks):
         for c, s in enumerate(sorted(s for s, rr in owner.items() if rr == r)):
             place[s] = (r, c)
-            fwd[r, c], bwd[r, c] = costs.stage_fwd_s[s] * US, costs.stage_bwd_s[s] * US
+            fwd[r, c], bwd[r, c] = (costs.stage_fwd_s[s] + tp) * US, (costs.stage_bwd_s[s] + tp) * US
             if wgrad is not None:
                 wgrad[r, c] = costs.stage_wgrad_s[s] * US
     if wgrad is None:
@@ -121,7 +140,10 @@ def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_
     # torch's first stage runs its whole backward in W (its I has no input to differentiate); the
     # core wants some of it in I
     wgrad = np.minimum(wgrad, bwd * (1 - 1e-6))
-    return simulate_pipeline(table, fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=costs.p2p_s * US)
+    tp_comm = (costs.tp_count, costs.tp_gap_s * US) if tp > 0.0 else None
+    if tp_comm is not None and not (tp_comm[0] + 1) * tp_comm[1] < min(fwd.min(), bwd.min()):
+        tp_comm = None  # the core's gaps need some compute around each: the ops keep the time, not the gaps
+    return simulate_pipeline(table, fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=costs.p2p_s * US, tp_comm=tp_comm)
 
 
 def piece_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> Tasks:

@@ -1,0 +1,220 @@
+"""Tensor parallelism in the runtime: the example's LLM tensor-parallel over the mesh's "tp"
+dimension (real gloo processes, tiny models, a few steps), the filler inside the waits of real
+functional collectives (two processes), and TP gaps in the predicted step."""
+
+import json
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pybubble.runtime import MeasuredCosts, make_placement, predict_step_s  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
+PLACEMENTS = ("megatron", "coarse", "pybubble")
+
+
+def run_example(tmp_path, name, *args):
+    out = tmp_path / f"{name}.json"
+    r = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "3", "--size", "tiny", "--timeout", "30",
+                        "--report", str(out), *map(str, args)], capture_output=True, text=True, timeout=300,
+                       cwd=Path(tempfile.gettempdir()))
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())
+
+
+def test_tp_alone_three_modes_reach_the_single_process_parameters(tmp_path):
+    # 2 processes: one pipeline stage, tensor-parallel over 2 ranks; the reference is the same model
+    # unsplit in one process.
+    reports = {m: run_example(tmp_path, m, "--tp", 2, "--mode", m, "--reference") for m in PLACEMENTS}
+    reference = reports["megatron"]["reference_checksum"]
+    for mode, rep in reports.items():
+        assert rep["tp"] == 2 and len(rep["tp_waits"]["per_rank"]) == 2
+        assert rep["param_checksum"] == pytest.approx(reference, rel=1e-5), mode
+        assert rep["param_checksum"] == pytest.approx(reports["megatron"]["param_checksum"], rel=1e-5), mode
+        # tiny: 2 microbatches x (F + B) x 2 layers x 2 collectives, one settled step
+        assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [16, 16], mode
+        assert rep["costs"]["tp_count"] == 4 and rep["costs"]["tp_gap_s"] > 0, mode
+    assert all(r["filled"] == 0 for m in ("megatron", "coarse") for r in reports[m]["tp_waits"]["per_rank"])
+
+
+def test_pp_and_tp_three_modes_agree_with_tp_1(tmp_path):
+    # 4 processes on 2 cores: a correctness run.
+    base = run_example(tmp_path, "tp1", "--pp", 2, "--mode", "pybubble", "--reference")
+    for mode in PLACEMENTS:
+        rep = run_example(tmp_path, mode, "--pp", 2, "--tp", 2, "--mode", mode)
+        assert rep["param_checksum"] == pytest.approx(base["param_checksum"], rel=1e-5), mode
+        assert rep["param_checksum"] == pytest.approx(base["reference_checksum"], rel=1e-5), mode
+        assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [16] * 4, mode
+    # two stages per rank (interleaved 1F1B), each tensor-parallel: 1 block per stage
+    rep = run_example(tmp_path, "interleaved", "--pp", 2, "--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2)
+    assert rep["param_checksum"] == pytest.approx(base["param_checksum"], rel=1e-5)
+    assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [16] * 4
+    assert rep["costs"]["tp_count"] == 2
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tp", 0], "error: tp: 0 is not >= 1"),
+    (["--tp", 3, "--ranks", 3], "error: tp: 3 does not divide the 4 heads of size 'small'"),
+    (["--tp", 2, "--ranks", 3], "error: pp: dp 1 x pp 1 x tp 2 is not the 3 ranks"),
+    (["--tp", 2, "--pp", 2, "--dp", 2], "error: tp: 2 beside dp 2: the example runs tensor parallelism without "
+                                       "data parallelism"),
+    (["--tp", 2, "--pp", 2, "--schedule", "zbv"], "error: tp: 2 beside --schedule zbv, which splits the backward "
+                                                  "(I, W): the runtime predicts TP gaps in whole forwards and "
+                                                  "backwards only; use 1f1b, gpipe or interleaved_1f1b"),
+    (["--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2],
+     "error: schedule: 'interleaved_1f1b' with --pp 1 (tensor parallelism alone) is not run by the example; use "
+     "1f1b or gpipe"),
+])
+def test_bad_tp_arguments_exit_2_with_one_line(args, message):
+    r = subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True, text=True, timeout=60,
+                       cwd=Path(tempfile.gettempdir()))
+    assert r.returncode == 2
+    assert r.stderr.strip() == message
+
+
+WORKER = textwrap.dedent("""
+    import json, sys, time, datetime
+    import torch, torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+    from pybubble.runtime import BubbleFiller, FillTask, TensorParallelWaits, fill_tp_waits
+    rank, port = int(sys.argv[1]), int(sys.argv[2])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=20))
+    group = dist.new_group([0, 1])
+    dist.barrier()
+    if rank == 1:  # joins the first collective 0.15 s late, the second 0.75 s after the first
+        for late in (0.15, 0.75):
+            time.sleep(late)
+            funcol.all_reduce(torch.ones(4), "sum", group).wait()
+    else:
+        w = torch.ones(4, 4, requires_grad=True)
+        grads = []
+        def task(i, sleep, measured):
+            def run():
+                y = (w * i).sum()  # a piece records autograd graphs inside the wait
+                y.backward()
+                grads.append(float(w.grad.sum()))
+                time.sleep(sleep)
+            return FillTask(name=f"t{i}", duration_s=measured, planned_start_s=0.001 * i, run=run)
+        # 1. A piece that runs far longer than measured (0.5 s, measured 0.01 s) is running when the
+        #    collective completes (0.15 s): an overrun. 2. Honest pieces (0.02 s) while the second
+        #    is pending (about 0.4 s): each starts while the collective is pending.
+        tasks = [task(0, 0.5, 0.01)] + [task(i, 0.02, 0.02) for i in range(1, 40)]
+        filler = BubbleFiller(tasks, [0.0, 0.0], [("F", 0)], horizon_s=10.0)
+        filler.trace = []
+        filler.begin_step()
+        filler.op_begin()
+        out = []
+        waits = TensorParallelWaits(filler, gap_s=1.0)
+        with fill_tp_waits(waits):
+            for _ in range(2):
+                t = time.perf_counter()
+                r = funcol.all_reduce(torch.ones(4), "sum", group)
+                value = float((r + 0).sum())  # the first use: the wait
+                out.append({"entered": t, "resumed": time.perf_counter(), "value": value})
+        filler.op_end()
+        filler.end_pipeline()
+        s = waits.stats
+        print(json.dumps({"waits": out, "gaps": s.gaps_s, "pieces": s.pieces, "trace": filler.trace,
+                          "delays": s.delays, "overruns": s.overruns, "delay_max": s.delay_max_s,
+                          "filled": s.filled, "per_op": s.per_op, "grads": grads,
+                          "busy": filler.op_busy_s}))
+    dist.destroy_process_group()
+""")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_filler_delays_a_tp_consumer_by_at_most_the_running_piece_and_counts_overruns(tmp_path):
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(port)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=tmp_path) for r in (0, 1)]
+    outs = [p.communicate(timeout=90) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    res = json.loads(outs[0][0])
+    assert [w["value"] for w in res["waits"]] == [8.0, 8.0]  # the collective's result, after the wait
+    assert res["per_op"] == [2]
+    waits = [e for e in res["trace"] if e[0] == "tp_wait"]
+    tasks = [e for e in res["trace"] if e[0][0] == "t" and e[0][1:].isdigit()]
+    assert len(waits) == 2 and res["filled"] == len(tasks) >= 2
+    assert res["grads"] == [16.0 * sum(range(i + 1)) for i in range(len(tasks))]  # autograd ran in the waits
+    overruns = []
+    for (_, entered, end), gap in zip(waits, res["gaps"]):
+        done = entered + gap  # the collective's completion
+        inside = [t for t in tasks if entered <= t[1] < end]
+        assert inside and all(start < done for _, start, _ in inside)  # every piece started while pending
+        running = [t for t in inside if t[2] > done]
+        assert len(running) <= 1  # at most one piece delays the consumer ...
+        if running:
+            delay = end - done
+            took = running[0][2] - running[0][1]
+            assert delay <= took + 0.005  # ... by no more than what is left of it (plus the hand-off)
+            overruns.append((running[0][0], delay))
+    # The long piece ran when the first completed: its delay (about 0.35 s) is an overrun, counted.
+    assert overruns[0][0] == "t0" and overruns[0][1] > 0.1
+    assert 1 <= res["overruns"] <= res["delays"] == len(overruns)
+    assert res["busy"][0] < 0.1  # the op's own time leaves the waits and pieces out
+
+
+def test_tp_gaps_in_the_prediction_take_pieces():
+    # One stage, tensor-parallel: the only bubbles are the TP gaps inside the ops.
+    costs = MeasuredCosts(stage_fwd_s=[0.01], stage_bwd_s=[0.02], p2p_s=0.0, piece_fwd_s=[1e-4] * 6,
+                          piece_bwd_s=[1.5e-4] * 6, tp_count=4, tp_gap_s=5e-4)
+    plan = make_placement("pybubble", costs, 4)
+    tp = [b for b in plan.timeline.bubbles if b.kind == "tp"]
+    assert len(tp) == 4 * 2 * 4 and all(b.end - b.start == pytest.approx(500.0) for b in tp)
+    # the ops keep their measured compute and gain the gaps
+    assert plan.timeline.step_time == pytest.approx(4 * (0.01 + 0.02 + 2 * 4 * 5e-4) * 1e6)
+    starts = plan.start_s * 1e6
+    inside = sum(any(b.start - 1e-6 <= s and s + 100.0 <= b.end + 1e-6 for b in tp) for s in starts)
+    assert inside >= len(starts) // 2  # most pieces go into TP gaps
+    coarse = predict_step_s("coarse", costs, 4)
+    assert predict_step_s("pybubble", costs, 4) < coarse - 0.5 * sum(costs.piece_fwd_s + costs.piece_bwd_s) * 4
+    no_tp = MeasuredCosts(stage_fwd_s=[0.01], stage_bwd_s=[0.02], p2p_s=0.0, piece_fwd_s=[1e-4] * 6,
+                          piece_bwd_s=[1.5e-4] * 6)
+    assert predict_step_s("pybubble", no_tp, 4) == pytest.approx(predict_step_s("coarse", no_tp, 4))
+    # Heavy-tailed gaps: the ops wait count x mean in all, the free windows are gaps of the median.
+    tail = MeasuredCosts(stage_fwd_s=[0.01], stage_bwd_s=[0.02], p2p_s=0.0, piece_fwd_s=[1e-4] * 6,
+                         piece_bwd_s=[1.5e-4] * 6, tp_count=4, tp_gap_s=5e-4, tp_wait_s=2e-3)
+    timeline = make_placement("coarse", tail, 4).timeline
+    assert timeline.step_time == pytest.approx(4 * (0.01 + 0.02 + 2 * 4 * 2e-3) * 1e6)
+    assert all(b.end - b.start == pytest.approx(500.0) for b in timeline.bubbles if b.kind == "tp")
+
+
+def test_tp_gaps_in_a_multi_stage_prediction_and_split_backwards_refused():
+    from pybubble.llm.tables import build_table
+
+    # interleaved 1F1B, 2 ranks x 2 stages: every F and B of every stage holds the TP gaps
+    costs = MeasuredCosts(stage_fwd_s=[0.01] * 4, stage_bwd_s=[0.02] * 4, p2p_s=0.0, piece_fwd_s=[1e-4] * 6,
+                          piece_bwd_s=[1.5e-4] * 6, tp_count=2, tp_gap_s=5e-4)
+    table = build_table("interleaved_1f1b", 2, 4, 2)
+    plan = make_placement("pybubble", costs, 4, table)
+    tp = [b for b in plan.timeline.bubbles if b.kind == "tp"]
+    assert len(tp) == 2 * 4 * 2 * 2 * 2  # ranks x microbatches x stages per rank x (F, B) x count
+    ops = {(op.stage, op.kind): op.end - op.start for op in plan.timeline.ops}
+    assert ops[3, "F"] == pytest.approx((0.01 + 2 * 5e-4) * 1e6) and ops[0, "B"] == pytest.approx((0.02 + 1e-3) * 1e6)
+    assert predict_step_s("pybubble", costs, 4, table) <= predict_step_s("coarse", costs, 4, table)
+    # a table that splits backwards (I, W): how TP waits fall on them is not measured
+    with pytest.raises(ValueError, match="tp_count: 2 TP collectives per op, but the table splits backwards"):
+        make_placement("pybubble", costs, 4, build_table("zbv", 2, 4))
+
+
+def test_tp_costs_are_checked():
+    with pytest.raises(ValueError, match="tp_count: -1 is not an integer >= 0"):
+        MeasuredCosts(stage_fwd_s=[1.0], stage_bwd_s=[1.0], p2p_s=0.0, piece_fwd_s=[1.0], piece_bwd_s=[1.0],
+                      tp_count=-1)
+    with pytest.raises(ValueError, match="tp_gap_s"):
+        MeasuredCosts(stage_fwd_s=[1.0], stage_bwd_s=[1.0], p2p_s=0.0, piece_fwd_s=[1.0], piece_bwd_s=[1.0],
+                      tp_gap_s=float("nan"))

@@ -24,7 +24,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from .boundary import TAG_BASE, BoundaryCommunicator
-from .costs import CostHistory, stage_figures, step_sample
+from .costs import FIELDS, CostHistory, stage_figures, step_sample
 from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
@@ -297,7 +297,7 @@ class EncoderRuntime:
         history; on CUDA the CPU's clock does not time the GPU's work, so the costs stay those of
         the profiling step."""
         sample = self._last_sample.copy()
-        sample[4] = entry - self._returned  # the trainer's own time between the two steps
+        sample[FIELDS.index("outside")] = entry - self._returned  # the trainer's own time between the two steps
         mine = torch.from_numpy(sample)
         every = [torch.zeros_like(mine) for _ in range(self.ranks)]
         with record_function("pybubble:sync"):

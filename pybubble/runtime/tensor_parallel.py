@@ -108,6 +108,7 @@ class TensorParallelWaits:
         if f._in_op and f._op < len(s.per_op):
             s.per_op[f._op] += 1
         entered = time.perf_counter()
+        outer = f._in_wait  # inside another accounted wait: that one excludes this time
         f._in_wait = True
         try:
             with record_function(_TP_WAIT):
@@ -123,9 +124,10 @@ class TensorParallelWaits:
                     s.gap_s += gap
                     s.waited_s += gap
         finally:
-            f._in_wait = False
+            f._in_wait = outer
             end = time.perf_counter()
-            f._excluded += end - entered
+            if not outer:
+                f._excluded += end - entered
             if f.trace is not None:
                 f.trace.append(("tp_wait", entered, end))
         return out

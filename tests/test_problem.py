@@ -140,6 +140,17 @@ def test_fuzzed_problems_load_or_raise_value_error(seed, data):
     assert pybubble.validate(p, s) == []
 
 
+def test_a_task_whose_duration_vanishes_in_its_end_occupies_no_time():
+    """Found by the long fuzz run (issue 23): a duration of 2.5e-195 us ends where it starts (74 us),
+    so the scheduler put it where another task starts, and the validator called that an overlap."""
+    doc = random_problem(2).to_dict()
+    doc["tasks"][8]["duration"] = 2.5484236940500735e-195
+    p = pybubble.load_problem(doc)
+    s = pybubble.schedule_problem(p)
+    assert s.start[8] + p.arrays().tasks.duration[8] == s.start[8]  # the case is still the one found
+    assert pybubble.validate(p, s) == []
+
+
 ARRAY_FIELDS = [("compute_free", k) for k in ("offset", "start", "end")] + \
     [("link_free", k) for k in ("offset", "start", "end")] + [("forward_needed",), ("grad_ready",)] + \
     [("tasks", k) for k in TASK_FIELDS]

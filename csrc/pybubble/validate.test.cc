@@ -72,6 +72,23 @@ TEST_F(ValidateTest, AFarStartDoesNotWidenTheTolerance) {
   EXPECT_TRUE(mentions(validate(p_, s_), "overlap on lane"));
 }
 
+TEST_F(ValidateTest, ATaskWhoseDurationVanishesInItsEndOccupiesNoTime) {
+  // Issue 23: 2.5e-195 us at 74 us ends where it starts. The scheduler counts such a task as
+  // occupying nothing, so may put it where another task starts; no overlap. With a duration that
+  // counts, the same placement overlaps.
+  ProblemInput in = make();
+  int32_t first = -1, other = -1;
+  for (int32_t t = 0; t < p_.num_tasks() && other < 0; ++t) {
+    if (p_.lane(t) == p_.lane(0) && p_.resource(t) == kCompute) (first < 0 ? first : other) = t;
+  }
+  ASSERT_GE(other, 0);
+  s_.start[static_cast<size_t>(first)] = s_.start[static_cast<size_t>(other)] = -1e9;  // before everything
+  in.duration[static_cast<size_t>(other)] = 1e-300;  // -1e9 + 1e-300 == -1e9
+  EXPECT_FALSE(mentions(validate(Problem(in), s_), "overlap on lane"));
+  in.duration[static_cast<size_t>(other)] = 1.0;
+  EXPECT_TRUE(mentions(validate(Problem(in), s_), "overlap on lane"));
+}
+
 TEST_F(ValidateTest, RejectsSchedulesOfTheWrongShape) {
   s_.start.pop_back();
   EXPECT_THROW(validate(p_, s_), std::invalid_argument);

@@ -18,9 +18,3 @@ def test_quickstart_beats_megatron_and_coarse_with_margin():
     assert report.baselines["megatron_balanced"].step_time / best >= 1.03
     # the encoder is a real share of the step: coarse (all of it outside the LLM) adds >= 10%
     assert report.baselines["coarse"].step_time >= 1.10 * report.search.timeline.step_time
-
-
-def test_quickstart_plans_in_under_a_second():
-    config = pybubble.load_config(QUICKSTART)
-    took = min(pybubble.plan(config).planner_seconds for _ in range(3))  # best of 3: a shared machine
-    assert took < 1.0

@@ -16,7 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,8 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 SKIP = re.compile(r"^<!-- snippet: skip \((.+)\) -->$")
 RUN = {"python", "bash", "sh"}
-LIMIT_S = 30.0
+HANG_S = 600.0
+"""A snippet still running after this long is hung (a guard, not a speed check: speed lives in bench/)."""
 
 
 def snippets() -> list:
@@ -71,11 +71,8 @@ def test_snippet_runs_as_written(scratch, language, code):
         args = [sys.executable, "snippet.py"]
     else:
         args = ["bash", "-e", "-o", "pipefail", "-c", code]
-    t0 = time.perf_counter()
-    r = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=4 * LIMIT_S)
-    took = time.perf_counter() - t0
+    r = subprocess.run(args, cwd=folder, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert r.returncode == 0, f"exit {r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-3000:]}"
-    assert took < LIMIT_S, f"took {took:.1f} s: mark it <!-- snippet: skip (...) --> or make it faster"
 
 
 def test_the_readme_shows_each_picture_and_the_command_that_draws_it():

@@ -77,6 +77,25 @@ def _rank_main(rank: int, fn: Callable[..., Any], args: tuple, ranks: int, backe
     if rank == 0:
         with open(result_path, "wb") as f:
             pickle.dump(result, f)
+    exit_rank(0)
+
+
+def exit_rank(code: int = 0) -> None:
+    """Ends a rank's process after :func:`run_rank` returned: stdout and stderr are flushed, then
+    the process exits with ``code`` at once, without the interpreter's finalization.
+
+    ``destroy_process_group`` does not always end the gloo backends: a DeviceMesh still referenced
+    keeps its process groups, and after a tensor-parallel model ran, torch's DTensor module-level
+    caches (keyed on specs that hold the mesh) still reference it, even after ``gc.collect()``. The
+    backends' worker threads then outlive ``run_rank``; one that releases a finished collective's
+    work (its tensors, whose Python objects the work then owns) while the interpreter finalizes
+    needs the GIL, and CPython ends such a thread with a forced unwind that ends in
+    ``std::terminate``: "terminate called without an active exception", exit -6, after the training
+    succeeded (the release follows the collective's completion by a thread switch, so a loaded
+    machine hits it now and then). A rank has nothing left to finalize once its result is written."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def launch(fn: Callable[..., Any], ranks: int, *args: Any, backend: str = "gloo", timeout: float = 60.0) -> Any:

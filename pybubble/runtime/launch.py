@@ -85,8 +85,9 @@ def exit_rank(code: int = 0) -> None:
     the process exits with ``code`` at once, without the interpreter's finalization.
 
     ``destroy_process_group`` does not always end the gloo backends: a DeviceMesh still referenced
-    keeps its process groups, and after a tensor-parallel model ran, torch's DTensor module-level
-    caches (keyed on specs that hold the mesh) still reference it, even after ``gc.collect()``. The
+    keeps its process groups, and after a tensor-parallel model ran (DTensor), DTensor specs that
+    hold the mesh stay referenced inside torch (``gc.collect()`` and clearing DTensor's sharding and
+    redistribution caches do not free them; torch 2.13). The
     backends' worker threads then outlive ``run_rank``; one that releases a finished collective's
     work (its tensors, whose Python objects the work then owns) while the interpreter finalizes
     needs the GIL, and CPython ends such a thread with a forced unwind that ends in

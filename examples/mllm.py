@@ -36,7 +36,7 @@ from torch import nn
 from torch.distributed import pipelining
 
 import pybubble
-from pybubble.runtime import PLACEMENTS, EncoderRuntime, launch, llm_stream, run_rank
+from pybubble.runtime import PLACEMENTS, EncoderRuntime, exit_rank, launch, llm_stream, run_rank
 from pybubble.runtime.cuda import serialised_streams_note
 
 ENCODERS = ("vit", "timm", "clip")
@@ -819,7 +819,7 @@ def main(argv: list[str] | None = None) -> int:
         every = run_rank(train, args, backend=backend(args), timeout=args.timeout)
         if every is not None:
             write_report(args, finish(args, every))
-        return 0
+        exit_rank(0)  # no interpreter finalization beside torch's leftover gloo threads (exit_rank)
     try:
         out = run(args)
     except RuntimeError as e:

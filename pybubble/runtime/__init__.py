@@ -11,7 +11,7 @@ from .data_parallel import observe_data_parallel
 from .encoder_runtime import EncoderRuntime, sync_grads
 from .encoder_step import EncoderStep
 from .filler import BubbleFiller, FillTask, WorkProbe
-from .launch import init_distributed, launch, run_rank
+from .launch import exit_rank, init_distributed, launch, run_rank
 from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits, schedule_microbatches, schedule_table
 from .placement import PLACEMENTS, MeasuredCosts, Placement, make_placement, predict_step_s
 from .segments import MicrobatchRun, Piece, split_into_pieces
@@ -20,7 +20,8 @@ from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits
 __all__ = [
     "BoundaryCommunicator", "BubbleFiller", "CostHistory", "EncoderRuntime", "EncoderStep", "FillTask", "PLACEMENTS",
     "MeasuredCosts", "MicrobatchRun", "Piece", "Placement", "SUPPORTED_TORCH", "SideStream", "WorkProbe",
-    "check_torch_version", "fill_pipeline_waits", "init_distributed", "launch", "llm_stream", "make_placement",
-    "observe_data_parallel", "predict_step_s", "run_rank", "schedule_microbatches", "schedule_table", "side_stream",
+    "check_torch_version", "exit_rank", "fill_pipeline_waits", "init_distributed", "launch", "llm_stream",
+    "make_placement", "observe_data_parallel", "predict_step_s", "run_rank", "schedule_microbatches", "schedule_table",
+    "side_stream",
     "split_into_pieces", "sync_grads", "TensorParallelWaits", "TPWaitStats", "fill_tp_waits",
 ]

@@ -19,6 +19,8 @@ CI) never adds it, and then this changes nothing.
 
 import copy
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -78,3 +80,19 @@ def _replaced(doc, path, value):
 def replaced():
     """The function replaced(doc, path, value): see _replaced."""
     return _replaced
+
+
+@pytest.fixture
+def two_ranks(tmp_path):
+    """The function two_ranks(worker, timeout): runs the Python source `worker` as ranks 0 and 1
+    (arguments: rank, a free loopback port), asserts both exit 0, and returns their (stdout, stderr)."""
+    def run(worker: str, timeout: float) -> list[tuple[str, str]]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = [subprocess.Popen([sys.executable, "-c", worker, str(r), str(port)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, cwd=tmp_path) for r in (0, 1)]
+        outs = [p.communicate(timeout=timeout) for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs
+        return outs
+    return run

@@ -3,9 +3,6 @@ stand-in for the side stream, no GPU needed; on a GPU also with the real one), a
 adapter's guard."""
 
 import json
-import socket
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -66,18 +63,9 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def test_filler_runs_tasks_while_a_gloo_receive_is_pending(tmp_path):
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(port)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=tmp_path) for r in (0, 1)]
-    outs = [p.communicate(timeout=60) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+def test_filler_runs_tasks_while_a_gloo_receive_is_pending(two_ranks):
+    outs = two_ranks(WORKER, timeout=60)
     res = json.loads(outs[0][0].strip().splitlines()[-1])
     assert res["received"] == [1.0] * 4
     # About 0.25 s of 0.02 s tasks fit in the predicted gap, and more while it ran long (each no

@@ -3,7 +3,6 @@ dimension (real gloo processes, tiny models, a few steps), the filler inside the
 functional collectives (two processes), and TP gaps in the predicted step."""
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -131,18 +130,9 @@ WORKER = textwrap.dedent("""
 """)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def test_filler_delays_a_tp_consumer_by_at_most_the_running_piece_and_counts_overruns(tmp_path):
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), str(port)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=tmp_path) for r in (0, 1)]
-    outs = [p.communicate(timeout=90) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+def test_filler_delays_a_tp_consumer_by_at_most_the_running_piece_and_counts_overruns(two_ranks):
+    outs = two_ranks(WORKER, timeout=90)
     res = json.loads(outs[0][0])
     assert [w["value"] for w in res["waits"]] == [8.0, 8.0]  # the collective's result, after the wait
     assert res["per_op"] == [2]

@@ -433,7 +433,7 @@ class BubbleFiller:
                 if self.side is not None:
                     for w in works:
                         w.wait()
-                    return
+                    return 0.0  # CUDA: the stream waits; the CPU measured nothing
                 probes = [WorkProbe(w) for w in works]
                 if self.fill and room_s > 0.0:
                     deadline = t + room_s

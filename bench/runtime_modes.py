@@ -40,10 +40,14 @@ def round_ratios(reports: dict[str, list[dict]]) -> list[dict[str, float]]:
 
 def tp_line(tp: dict) -> str:
     """A launch's TP waits in a few words: the share of the gaps the encoder filled, the consumers
-    delayed by a piece and the overruns among them (all ranks, settled steps)."""
+    delayed with a piece in flight and the overruns among them, and the consumers' lags (median /
+    90th percentile, rank 0) with a piece in flight and without (all ranks, settled steps)."""
     ranks = tp["per_rank"]
+    lags = " / ".join("-" if not ranks[0].get(k) else f"{ranks[0][k][0] * 1e3:.2f}, {ranks[0][k][1] * 1e3:.2f} ms"
+                      for k in ("lag_s", "lag_free_s"))
     return (f"; TP gaps {sum(r['gap_s'] for r in ranks) * 1e3:.1f} ms, {tp['filled_fraction']:.0%} filled, "
-            f"{sum(r['delays'] for r in ranks)} delays, {sum(r['overruns'] for r in ranks)} overruns")
+            f"{sum(r.get('delays', 0) for r in ranks)} delays, {sum(r.get('overruns', 0) for r in ranks)} overruns, "
+            f"lag with a piece / without {lags}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import signal
+import socket
 import statistics
 import sys
 import time
@@ -36,7 +37,7 @@ from torch import nn
 from torch.distributed import pipelining
 
 import pybubble
-from pybubble.runtime import PLACEMENTS, EncoderRuntime, exit_rank, launch, llm_stream, run_rank
+from pybubble.runtime import PLACEMENTS, EncoderRuntime, consumer_delays, exit_rank, launch, llm_stream, run_rank
 from pybubble.runtime.cuda import serialised_streams_note
 
 ENCODERS = ("vit", "timm", "clip")
@@ -535,7 +536,7 @@ def train(rank: int, args: argparse.Namespace) -> list[dict] | None:
             "waits": [r["waits"] for r in runtime.records], "costs": asdict(runtime.costs),
             "overruns": [r["filler"]["overruns"] for r in runtime.records],
             "held_max_s": [r["filler"]["held_max_s"] for r in runtime.records],
-            "tp_waits": tp_waits(runtime.records)}
+            "tp_waits": tp_waits(runtime.records), "host": socket.gethostname()}
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
     return every if rank == 0 else None
@@ -556,14 +557,14 @@ def settled_waits(every: list[dict], settled: list[int]) -> list[dict]:
 
 def tp_waits(records: list[dict]) -> dict:
     """One rank's TP collectives over the settled steps (the first two profile and adapt): waits,
-    the time waited and filled, the consumers' delays and overruns, and the pieces run in them as
-    (measured duration, time taken, gap) triples."""
+    the time waited and filled, the pieces launched in them as (measured duration, time taken,
+    gap) triples, and per wait the collective's launch, the consumer's resumption and the
+    measured duration of the piece then running (for the delays, measured across the TP group)."""
     settled = records[min(2, len(records) - 1):]
-    keys = ("waits", "gap_s", "waited_s", "filled", "filled_s", "delays", "delay_s", "overruns")
+    keys = ("waits", "gap_s", "waited_s", "filled", "filled_s")
     out = {k: sum(r["tp"][k] for r in settled) for k in keys}
-    out["delay_max_s"] = max(r["tp"]["delay_max_s"] for r in settled)
-    out["gaps_s"] = [g for r in settled for g in r["tp"]["gaps_s"]]
-    out["pieces"] = [p for r in settled for p in r["tp"]["pieces"]]
+    for k in ("gaps_s", "pieces", "launched_s", "resumed_s", "in_flight_s"):
+        out[k] = [g for r in settled for g in r["tp"][k]]
     return out
 
 
@@ -580,7 +581,7 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
         "format": "pybubble.runtime_report/3", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
         "schedule": args.schedule, "chunks": chunks_of(args),
         "pp": args.pp, "dp": args.dp, "dp_wrap": args.dp_wrap if args.dp > 1 else None,
-        "launcher": "torchrun" if args.torchrun else "launch", "tp": args.tp, "tp_waits": tp_report(every),
+        "launcher": "torchrun" if args.torchrun else "launch", "tp": args.tp, "tp_waits": tp_report(every, args.tp, args.device == "cuda"),
         "steps": steps, "size": args.size, "device": args.device, "step_times_s": step_times,
         "predicted_steps_s": predicted, "settled_steps": settled,
         "median_step_s": statistics.median(step_times[s] for s in settled),
@@ -600,7 +601,7 @@ def chunks_of(args: argparse.Namespace) -> int:
     return args.chunks or (2 if args.schedule in V_SHAPED else 1)
 
 
-def tp_report(every: list[dict]) -> dict:
+def tp_report(every: list[dict], tp: int, cuda: bool) -> dict:
     """The TP waits of the settled steps: per rank, the TP collectives' gaps, the seconds blocked in
     them with no piece running and the seconds the encoder filled, the consumers' delays and
     overruns; the share of the gaps filled; over all ranks, the distribution
@@ -610,7 +611,15 @@ def tp_report(every: list[dict]) -> dict:
     def spread(values: list[float]) -> list[float]:
         return [float(v) for v in np.percentile(values, [10, 50, 90, 100])] if values else []
 
-    per_rank = [{k: v for k, v in e["tp_waits"].items() if k not in ("gaps_s", "pieces")} for e in every]
+    lists = ("gaps_s", "pieces", "launched_s", "resumed_s", "in_flight_s")
+    per_rank = [{k: v for k, v in e["tp_waits"].items() if k not in lists} for e in every]
+    if tp > 1 and not cuda and len({e["host"] for e in every}) == 1:
+        # one host, one clock: the consumers' delays against each TP group's last launch
+        for g in range(0, len(every), tp):  # "tp" is the mesh's innermost dimension
+            group = every[g:g + tp]
+            delays = consumer_delays(*([e["tp_waits"][k] for e in group] for k in lists[2:]))
+            for r, d in zip(per_rank[g:g + tp], delays):
+                r.update({k: v for k, v in d.items() if k != "waits"})
     pieces = [p for e in every for p in e["tp_waits"]["pieces"]]
     gaps = sum(r["gap_s"] for r in per_rank)
     return {"per_rank": per_rank, "filled_fraction": sum(r["filled_s"] for r in per_rank) / gaps if gaps else 0.0,

@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pybubble.runtime import MeasuredCosts, make_placement, predict_step_s  # noqa: E402
+from pybubble.runtime import MeasuredCosts, consumer_delays, make_placement, predict_step_s  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
 PLACEMENTS = ("megatron", "coarse", "pybubble")
@@ -85,77 +85,98 @@ WORKER = textwrap.dedent("""
     from pybubble.runtime import BubbleFiller, FillTask, TensorParallelWaits, fill_tp_waits
     rank, port = int(sys.argv[1]), int(sys.argv[2])
     torch.set_num_threads(1)
+    t = time.perf_counter()
+    sum(range(1_000_000))
+    HOG = int(0.6 / (time.perf_counter() - t) * 1_000_000)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=20))
+                            timeout=datetime.timedelta(seconds=30))
     group = dist.new_group([0, 1])
+    w = torch.ones(64, 64, requires_grad=True)
+    x = torch.randn(256, 64)
+    grads = []
+
+    def honest(i):  # torch ops, which release the GIL: about 0.1 s, measured at 0.1 s
+        def run():
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.1:
+                (x @ (w * i)).sum().backward()  # a piece records autograd graphs in the wait
+            grads.append(i)
+        return FillTask(name=f"t{i}", duration_s=0.1, planned_start_s=0.001 * i, run=run)
+
+    def hog():  # holds the GIL for about 0.6 s in one C call, measured at 10 ms
+        def run():
+            sum(range(HOG))
+            grads.append(0)
+        return FillTask(name="t0", duration_s=0.01, planned_start_s=0.0, run=run)
+
+    # Rank 0 fills; rank 1 launches the first collective 0.15 s late and the second 1 s after it.
+    tasks = [hog()] + [honest(i) for i in range(1, 16)] if rank == 0 else []
+    filler = BubbleFiller(tasks, [0.0, 0.0], [("F", 0)], horizon_s=10.0, fill=rank == 0)
+    filler.trace = []
+    filler.begin_step()
+    filler.op_begin()
+    waits = TensorParallelWaits(filler, gap_s=0.5, op_idle_s=2.0)
+    values = []
     dist.barrier()
-    if rank == 1:  # joins the first collective 0.15 s late, the second 0.75 s after the first
-        for late in (0.15, 0.75):
-            time.sleep(late)
-            funcol.all_reduce(torch.ones(4), "sum", group).wait()
-    else:
-        w = torch.ones(4, 4, requires_grad=True)
-        grads = []
-        def task(i, sleep, measured):
-            def run():
-                y = (w * i).sum()  # a piece records autograd graphs inside the wait
-                y.backward()
-                grads.append(float(w.grad.sum()))
-                time.sleep(sleep)
-            return FillTask(name=f"t{i}", duration_s=measured, planned_start_s=0.001 * i, run=run)
-        # 1. A piece that runs far longer than measured (0.5 s, measured 0.01 s) is running when the
-        #    collective completes (0.15 s): an overrun. 2. Honest pieces (0.02 s) while the second
-        #    is pending (about 0.4 s): each starts while the collective is pending.
-        tasks = [task(0, 0.5, 0.01)] + [task(i, 0.02, 0.02) for i in range(1, 40)]
-        filler = BubbleFiller(tasks, [0.0, 0.0], [("F", 0)], horizon_s=10.0)
-        filler.trace = []
-        filler.begin_step()
-        filler.op_begin()
-        out = []
-        waits = TensorParallelWaits(filler, gap_s=1.0)
-        with fill_tp_waits(waits):
-            for _ in range(2):
-                t = time.perf_counter()
-                r = funcol.all_reduce(torch.ones(4), "sum", group)
-                value = float((r + 0).sum())  # the first use: the wait
-                out.append({"entered": t, "resumed": time.perf_counter(), "value": value})
-        filler.op_end()
-        filler.end_pipeline()
-        s = waits.stats
-        print(json.dumps({"waits": out, "gaps": s.gaps_s, "pieces": s.pieces, "trace": filler.trace,
-                          "delays": s.delays, "overruns": s.overruns, "delay_max": s.delay_max_s,
-                          "filled": s.filled, "per_op": s.per_op, "grads": grads,
-                          "busy": filler.op_busy_s}))
+    with fill_tp_waits(waits):
+        for late in (0.15, 1.0):
+            if rank == 1:
+                time.sleep(late)
+            r = funcol.all_reduce(torch.ones(4), "sum", group)
+            values.append(float((r + 0).sum()))  # the first use: the wait
+    filler.op_end()
+    filler.end_pipeline()
+    filler.drain()
+    s = waits.finish()
+    print(json.dumps({"values": values, "launched": s.launched_s, "resumed": s.resumed_s,
+                      "in_flight": s.in_flight_s, "gaps": s.gaps_s, "filled": s.filled, "filled_s": s.filled_s,
+                      "pieces": s.pieces, "per_op": s.per_op, "grads": grads, "busy": filler.op_busy_s,
+                      "trace": filler.trace, "remaining": filler.remaining}))
     dist.destroy_process_group()
 """)
 
 
+def test_idle_worker_fills_tp_waits_and_a_consumer_waits_for_no_piece(two_ranks):
+    outs = [json.loads(o) for o, _ in two_ranks(WORKER, timeout=120)]
+    mine, late = outs
+    assert mine["values"] == [8.0, 8.0] and late["values"] == [8.0, 8.0]  # the collectives' results
+    assert mine["per_op"] == [2] and mine["remaining"] == 0
+    assert mine["grads"] == list(range(16))  # every piece ran, in plan order
+    assert mine["filled"] == 16 and len(mine["pieces"]) == 16  # launched at the first wait (op_idle_s: room)
+    assert all(p[1] > 0.0 for p in mine["pieces"])  # a piece's time: the worker's CPU time in it
+    # The worker ran inside the waits (its CPU time there).
+    assert 0.1 < mine["filled_s"] <= sum(mine["gaps"])
+    # Lag: from the group's last launch of a collective to the consumer's resumption.
+    lags = [r - max(a, b) for r, a, b in zip(mine["resumed"], mine["launched"], late["launched"])]
+    # 1. The GIL hog (0.6 s in one C call, measured at 10 ms) was running when the first collective
+    #    completed (0.15 s): the consumer resumed when it let go of the GIL, an overrun ...
+    assert lags[0] > 0.2
+    # 2. ... honest pieces (torch ops, measured at 0.1 s) were running in the second: the consumer
+    #    took its core and the GIL back at once, within one piece's measured duration.
+    assert mine["in_flight"][1] == 0.1 and lags[1] < 0.1
+    delays = consumer_delays([mine["launched"], late["launched"]], [mine["resumed"], late["resumed"]],
+                             [mine["in_flight"], late["in_flight"]])
+    assert delays[0]["overruns"] >= 1 and delays[0]["waits"] == 2 and delays[1]["delays"] == 0
+    assert mine["busy"][0] < 0.1  # the op's own time leaves the waits out
 
-def test_filler_delays_a_tp_consumer_by_at_most_the_running_piece_and_counts_overruns(two_ranks):
-    outs = two_ranks(WORKER, timeout=90)
-    res = json.loads(outs[0][0])
-    assert [w["value"] for w in res["waits"]] == [8.0, 8.0]  # the collective's result, after the wait
-    assert res["per_op"] == [2]
-    waits = [e for e in res["trace"] if e[0] == "tp_wait"]
-    tasks = [e for e in res["trace"] if e[0][0] == "t" and e[0][1:].isdigit()]
-    assert len(waits) == 2 and res["filled"] == len(tasks) >= 2
-    assert res["grads"] == [16.0 * sum(range(i + 1)) for i in range(len(tasks))]  # autograd ran in the waits
-    overruns = []
-    for (_, entered, end), gap in zip(waits, res["gaps"]):
-        done = entered + gap  # the collective's completion
-        inside = [t for t in tasks if entered <= t[1] < end]
-        assert inside and all(start < done for _, start, _ in inside)  # every piece started while pending
-        running = [t for t in inside if t[2] > done]
-        assert len(running) <= 1  # at most one piece delays the consumer ...
-        if running:
-            delay = end - done
-            took = running[0][2] - running[0][1]
-            assert delay <= took + 0.005  # ... by no more than what is left of it (plus the hand-off)
-            overruns.append((running[0][0], delay))
-    # The long piece ran when the first completed: its delay (about 0.35 s) is an overrun, counted.
-    assert overruns[0][0] == "t0" and overruns[0][1] > 0.1
-    assert 1 <= res["overruns"] <= res["delays"] == len(overruns)
-    assert res["busy"][0] < 0.1  # the op's own time leaves the waits and pieces out
+
+def test_consumer_delays_against_the_group_s_last_launch():
+    nan = float("nan")
+    launched = [[0.0, 1.0, 2.0, 3.0, 4.0, nan], [0.5, 1.0, 2.5, 3.0, 4.0, 5.0]]
+    # rank 0 resumes 1 ms after each last launch, except wait 3 (+20 ms, a 5 ms piece in flight) and
+    # wait 4 (+3 ms, a 5 ms piece in flight); wait 5 is unmeasured (a launch before the hooks)
+    resumed = [[0.501, 1.001, 2.501, 3.020, 4.003, 5.5], [0.501, 1.001, 2.501, 3.001, 4.001, 5.5]]
+    in_flight = [[0.0, 0.0, 0.005, 0.005, 0.005, 0.005], [0.0] * 6]
+    d = consumer_delays(launched, resumed, in_flight)
+    assert d[0]["waits"] == d[1]["waits"] == 5
+    assert d[0]["delays"] == 2 and d[0]["overruns"] == 1  # 19 ms > 5 ms; 2 ms is within the piece
+    assert d[0]["delay_s"] == pytest.approx(0.019 + 0.002) and d[0]["delay_max_s"] == pytest.approx(0.019)
+    assert d[0]["lag_free_s"] == pytest.approx([0.001, 0.001, 0.001])
+    assert d[0]["lag_s"][0] == pytest.approx(0.003) and d[0]["lag_s"][2] == pytest.approx(0.020)
+    assert d[1] == {"waits": 5, "delays": 0, "delay_s": 0.0, "delay_max_s": 0.0, "overruns": 0, "lag_s": [],
+                    "lag_free_s": pytest.approx([0.001, 0.001, 0.001])}
+    with pytest.raises(ValueError, match="consumer_delays: the ranks' waits differ in number"):
+        consumer_delays([[0.0], [0.0, 1.0]], [[0.0], [0.0, 1.0]], [[0.0], [0.0, 1.0]])
 
 
 def test_tp_gaps_in_the_prediction_take_pieces():

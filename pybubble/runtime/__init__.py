@@ -15,7 +15,8 @@ from .launch import exit_rank, init_distributed, launch, run_rank
 from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits, schedule_microbatches, schedule_table
 from .placement import PLACEMENTS, MeasuredCosts, Placement, make_placement, predict_step_s
 from .segments import MicrobatchRun, Piece, split_into_pieces
-from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits
+from .idle_worker import IdleWorker, idle_worker
+from .tensor_parallel import TensorParallelWaits, TPWaitStats, consumer_delays, fill_tp_waits
 
 __all__ = [
     "BoundaryCommunicator", "BubbleFiller", "CostHistory", "EncoderRuntime", "EncoderStep", "FillTask", "PLACEMENTS",
@@ -23,5 +24,6 @@ __all__ = [
     "check_torch_version", "exit_rank", "fill_pipeline_waits", "init_distributed", "launch", "llm_stream",
     "make_placement", "observe_data_parallel", "predict_step_s", "run_rank", "schedule_microbatches", "schedule_table",
     "side_stream",
-    "split_into_pieces", "sync_grads", "TensorParallelWaits", "TPWaitStats", "fill_tp_waits",
+    "split_into_pieces", "sync_grads", "TensorParallelWaits", "TPWaitStats", "consumer_delays", "fill_tp_waits",
+    "IdleWorker", "idle_worker",
 ]

@@ -11,7 +11,9 @@ plans start from.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 import statistics
 import time
 from collections.abc import Sequence
@@ -353,15 +355,20 @@ class EncoderRuntime:
             with record_function("pybubble:front"):
                 filler.run_front()
             filler.begin_step(frame0=start)
-            tp = TensorParallelWaits(filler, self.costs.tp_gap_s)
+            tp = TensorParallelWaits(filler, self.costs.tp_gap_s,  # each op's TP waits: count x mean
+                                     self.costs.tp_count * max(self.costs.tp_gap_s, self.costs.tp_wait_s))
             with fill_pipeline_waits(filler, self.stages), fill_tp_waits(tp), record_function("pybubble:schedule"):
                 result = self.schedule.step(*args, **kwargs)
             filler.end_pipeline()
             with record_function("pybubble:drain"):
                 filler.drain()
+            tp.finish()
             boundary.end_step()
         finally:
             self._work = None
+            if filler.side is None and sys.exc_info()[0] is not None:
+                with contextlib.suppress(Exception):  # a failed step leaves nothing running on the worker
+                    filler.settle()
         self._dp_last = self._dp_seen
         t = self._now()
         spread = mode != "megatron" and self.ranks > 1  # the encoder's microbatches ran on several pp ranks

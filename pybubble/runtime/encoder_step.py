@@ -49,6 +49,7 @@ class EncoderStep:
             if producer != rank:
                 continue
             k = plan.assignment[j]
+            remote = producer != plan.first_stage  # its output and gradient travel: main thread only
             run = self.runs[j] = MicrobatchRun(pieces, inputs(k))
             base = 2 * n * j  # task ids of j in plan.problem (see plan.piece_tasks)
             fwd = []
@@ -59,7 +60,7 @@ class EncoderStep:
                 start = 0.0 if plan.start_s is None else float(plan.start_s[base + i])
                 fwd.append(FillTask(name=f"e{j}f.{pieces[i].name}", duration_s=costs.piece_fwd_s[i],
                                     planned_start_s=start, run=self._forward(run, j, i), needed_by=k, chain=j,
-                                    needed_at_s=needed_at))
+                                    needed_at_s=needed_at, host_only=remote and i == n - 1))
             tasks.extend(fwd)
             self.fwd_tasks[j] = fwd
             bwd = []
@@ -68,7 +69,7 @@ class EncoderStep:
                 first = step == 0
                 bwd.append(FillTask(
                     name=f"e{j}b.{pieces[i].name}", duration_s=costs.piece_bwd_s[i], planned_start_s=start,
-                    run=self._backward(run, j, i, first), chain=j,
+                    run=self._backward(run, j, i, first), chain=j, host_only=remote and first,
                     ready=(lambda j=j: boundary.grad_ready(j)) if first else (lambda: True),
                     wait_ready=(lambda j=j: boundary.grad(j)) if first else (lambda: None)))
             tasks.extend(bwd)

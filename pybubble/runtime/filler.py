@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from .cuda import SideStream
+from .idle_worker import IdleWorker
 
 
 _WAIT = "pybubble:wait"
@@ -105,10 +106,16 @@ class FillTask:
     chain: int = 0
     """Tasks of one chain (one encoder microbatch) run in plan order; another chain's task may run
     while this chain's next one waits for its input or does not fit."""
+    host_only: bool = False
+    """Runs on the rank's main thread only, never on the idle worker (it talks to another rank)."""
     done: bool = field(default=False)
-    """Ran (CPU) or was launched on the side stream (CUDA)."""
+    """Ran (CPU), or was launched on the side stream (CUDA) or onto the idle worker (CPU)."""
     took_s: float = 0.0
-    """CPU: how long its run took (0 until it ran; on CUDA the launch is not its duration)."""
+    """CPU: how long its run took (0 until it ran; on the idle worker its thread's CPU time; on
+    CUDA the launch is not its duration)."""
+    finished: bool = field(default=False)
+    """CPU: has run to its end (a task launched onto the idle worker is done before it is
+    finished)."""
 
 
 @dataclass(slots=True)
@@ -145,6 +152,12 @@ class FillerStats:
     """Tasks run inside them."""
     dp_filled_s: float = 0.0
     """Their time (the tasks' measured time)."""
+
+
+def _annotated(task: FillTask):
+    """A torch.profiler annotation of ``task`` while the profiler records (``pybubble measure``
+    counts the time in it busy), else nothing."""
+    return record_function(f"pybubble:task:{task.name}") if torch.autograd._profiler_enabled() else nullcontext()
 
 
 class BubbleFiller:
@@ -217,6 +230,10 @@ class BubbleFiller:
         the device first)."""
         self._ran_estimated_s = 0.0
         self._ran_took_s = 0.0
+        self.idle: IdleWorker | None = None
+        """CPU: the idle worker tasks were launched onto (by the TP waits), None before any."""
+        self._on_idle: list[FillTask] = []
+        """CPU: tasks launched onto the idle worker and not known to be finished."""
 
     # -- step structure -------------------------------------------------------------------------
     @property
@@ -265,10 +282,11 @@ class BubbleFiller:
     def _run(self, task: FillTask) -> float:
         """Runs ``task`` (CPU) or launches it on the side stream (CUDA); returns the time it takes
         from its window: measured on the CPU, its measured duration on CUDA."""
+        if self.side is None:
+            self.settle()  # the idle worker's tasks come first: plan order, one thread at a time
         t = time.perf_counter()
         if self.side is None:
-            # Annotated for torch.profiler only while it records (pybubble measure counts it busy).
-            with record_function(f"pybubble:task:{task.name}") if torch.autograd._profiler_enabled() else nullcontext():
+            with _annotated(task):
                 task.run()
         else:
             self.side.launch(task.run)
@@ -279,6 +297,7 @@ class BubbleFiller:
         end = time.perf_counter()
         if self.side is None:
             task.took_s = end - t
+            task.finished = True
             self._ran_estimated_s += task.duration_s
             self._ran_took_s += task.took_s
         if not self._in_wait:
@@ -286,6 +305,44 @@ class BubbleFiller:
         if self.trace is not None:
             self.trace.append((task.name, t, end))  # on CUDA: the launch, not the kernels
         return end - t if self.side is None else task.duration_s
+
+    def launch_idle(self, task: FillTask, worker: IdleWorker) -> None:
+        """CPU: hands ``task`` to ``worker`` (it runs after the tasks launched before it, when a
+        core would idle); its ``took_s`` is the worker thread's CPU time in it."""
+        if self.idle is not None and worker is not self.idle:
+            self.settle()
+        self.idle = worker
+        task.done = True
+        self._on_idle.append(task)
+        trace = self.trace
+
+        def run() -> None:
+            c, t = time.thread_time(), time.perf_counter()
+            with _annotated(task):
+                task.run()
+            task.took_s = time.thread_time() - c
+            task.finished = True
+            if trace is not None:
+                trace.append((task.name, t, time.perf_counter()))
+
+        worker.launch(run, task)
+
+    def idle_queued_s(self) -> float:
+        """CPU: the measured durations of the tasks on the idle worker not finished yet."""
+        self._on_idle = [t for t in self._on_idle if not t.finished]
+        return sum(t.duration_s for t in self._on_idle)
+
+    def settle(self) -> None:
+        """CPU: blocks until the tasks launched onto the idle worker have run (it gets this
+        thread's core meanwhile); raises what one of them raised."""
+        if self.idle is not None and self._on_idle:
+            t = time.perf_counter()
+            try:
+                self.idle.drain()
+            finally:
+                self._on_idle.clear()
+                if not self._in_wait:  # encoder time, not the LLM op's own
+                    self._excluded += time.perf_counter() - t
 
     @property
     def pace(self) -> float:
@@ -301,15 +358,16 @@ class BubbleFiller:
             self._cursor += 1
         return self.tasks[self._cursor] if self._cursor < len(self.tasks) else None
 
-    def _pick(self, room_s: float, look: int = 16) -> tuple[FillTask | None, float | None]:
+    def _pick(self, room_s: float, look: int = 16, worker: bool = False) -> tuple[FillTask | None, float | None]:
         """The first task, in plan order among the next ``look`` not done, whose chain has no
         earlier task left, whose input has arrived and that fits in ``room_s``; and the shortest
         duration among those passed over for not fitting (None: none was). On CUDA only tasks
-        planned inside the step qualify."""
+        planned inside the step qualify; for the idle worker (``worker``) only those that may run
+        off the main thread, at their measured durations (the pace is the main thread's)."""
         blocked: set[int] = set()
         too_long: float | None = None
         seen = 0
-        pace = self.pace
+        pace = 1.0 if worker else self.pace
         for i in range(self._cursor, len(self.tasks)):
             task = self.tasks[i]
             if task.done:
@@ -321,6 +379,8 @@ class BubbleFiller:
                 continue
             blocked.add(task.chain)
             if task.planned_start_s < 0.0 or (self.side is not None and task.planned_start_s >= self.horizon_s):
+                continue
+            if worker and task.host_only:
                 continue
             if not task.ready():
                 continue
@@ -346,7 +406,9 @@ class BubbleFiller:
         On CUDA the current stream then waits for them (an event after each), so the op that
         consumes their output next on that stream sees it."""
         self._run_needed(needed_by)
-        if self.side is not None:
+        if self.side is None:
+            self.settle()
+        else:
             rest = []
             for mb, mark in self._forward_marks:
                 if mb <= needed_by:
@@ -380,7 +442,9 @@ class BubbleFiller:
         while (task := self._next()) is not None:
             self._wait_ready(task)
             self._run(task)
-        if self.side is not None:
+        if self.side is None:
+            self.settle()
+        else:
             self.side.drain()
             self._forward_marks.clear()
 

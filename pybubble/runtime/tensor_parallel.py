@@ -7,39 +7,47 @@ result is an ``AsyncCollectiveTensor``: the collective is launched at once and i
 after a row-parallel projection, the gradient accumulation after a column-parallel one's input
 gradient), always through the module-level ``wait_tensor`` of
 ``torch.distributed._functional_collectives``. While :func:`fill_tp_waits` is active that function
-is replaced by one that hands the wait to the filler:
+is replaced by one that hands the wait to the filler (and the module's wrapping of a launched
+collective's result notes when it was launched):
 
-- CPU (gloo): a waiter thread blocks in the real wait (it releases the GIL); while it has not
-  returned, the filler runs the next planned piece that fits in what is left of the TP gap measured
-  on this mesh, then looks again. A piece starts only while the collective is pending, so the
-  consumer waits at most for the piece running when the collective completes: a delay no longer
-  than that piece. A delay longer than the piece's measured duration (the piece ran long) is an
-  *overrun*; every one is counted (:class:`TPWaitStats`).
+- CPU (gloo): the planned pieces go onto the :class:`~pybubble.runtime.idle_worker.IdleWorker`,
+  the CPU's side stream, a thread the kernel runs only on a core that would idle; the rank's main
+  thread then blocks in the real wait, which frees its core for the worker, and takes it back the
+  moment the collective completes: a piece still running is paused, not waited for, and resumes at
+  the next idle moment. The worker's queue is kept at the TP waits the plan predicts for the rest
+  of the step (count x mean wait per op), in plan order; the main thread settles it (waits for it)
+  before it runs an encoder task itself or needs an encoder output. What the consumer can still
+  wait for is the GIL, which the worker holds between two torch ops of a piece; each wait records
+  when its collective was launched, when its consumer resumed and the measured duration of the
+  piece then running, so that the delays can be measured against the TP group's last launch
+  (:func:`consumer_delays`).
 - CUDA (NCCL): the wait is a stream dependency, the CPU does not block: the pieces whose measured
   durations fit in the measured gap are launched on the side stream, ordered after the current
   stream at this point (after the collective's launch), then the real wait orders the current
   stream after the collective.
 
 The hook runs inside the ``__torch_dispatch__`` of a tensor subclass, below autograd; the pieces
-run with the dispatch keys of the place where :func:`fill_tp_waits` was entered, so their forwards
-record autograd graphs as they would anywhere else. These are private torch names (pinned with
-the pipelining adapter's ``SUPPORTED_TORCH``).
+on CUDA run with the dispatch keys of the place where :func:`fill_tp_waits` was entered (on the
+CPU the worker thread has its own, the defaults), so their forwards record autograd graphs as they
+would anywhere else. These are private torch names (pinned with the pipelining adapter's
+``SUPPORTED_TORCH``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch.profiler import record_function
 
-from .filler import BubbleFiller
+from .filler import BubbleFiller, FillTask
+from .idle_worker import idle_worker
 from .pipelining import check_torch_version
 
 _TP_WAIT = "pybubble:tp_wait"
@@ -61,42 +69,57 @@ class TPWaitStats:
     """Pieces run inside those waits."""
     filled_s: float = 0.0
     """The part of the gaps the pieces filled (per wait: the pieces' time, at most the gap)."""
-    delays: int = 0
-    """Waits whose consumer resumed after the collective completed because a piece was running."""
-    delay_s: float = 0.0
-    """Those delays summed."""
-    delay_max_s: float = 0.0
-    """The longest of them."""
-    overruns: int = 0
-    """Delays longer than the measured duration of the piece that caused them."""
+    launched_s: list[float] = field(default_factory=list)
+    """CPU, per wait: when its collective was launched on this rank (``time.perf_counter()``; NaN:
+    launched before :func:`fill_tp_waits` was entered)."""
+    resumed_s: list[float] = field(default_factory=list)
+    """CPU, per wait: when the consumer resumed (``time.perf_counter()``)."""
+    in_flight_s: list[float] = field(default_factory=list)
+    """CPU, per wait: the measured duration of the piece the idle worker was running when the
+    consumer resumed (0: none), the most the consumer may be delayed by."""
     gaps_s: list[float] = field(default_factory=list)
     """Each wait's gap, in order."""
     pieces: list[tuple[float, float, float]] = field(default_factory=list)
-    """Each piece run inside a wait: (measured duration, time it took, the gap it went into)."""
+    """Each piece launched at a wait: (measured duration, time it took, the gap of that wait);
+    on the CPU the time is the worker thread's CPU time in it, filled in by
+    :meth:`TensorParallelWaits.finish`."""
     per_op: list[int] = field(default_factory=list)
     """Waits inside each of the rank's pipeline ops (the filler's ``next_ops`` order)."""
 
 
-_waiters: ThreadPoolExecutor | None = None
-
-
-def _waiter_pool() -> ThreadPoolExecutor:
-    global _waiters
-    if _waiters is None:
-        _waiters = ThreadPoolExecutor(max_workers=2, thread_name_prefix="pybubble-tp-wait")
-    return _waiters
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage().data_ptr()
 
 
 class TensorParallelWaits:
     """Runs ``filler``'s pieces inside the waits of TP collectives (see the module's notes).
 
-    ``gap_s``: a TP collective's gap as measured on this mesh (the filler's room at each wait;
-    0: nothing is run, the waits are only measured). ``stats`` holds what this step saw."""
+    ``gap_s``: a TP collective's gap as measured on this mesh (on CUDA the room at each wait;
+    0: nothing is run, the waits are only measured); ``op_idle_s`` (CPU): the TP waits' time in
+    one LLM op, count x mean wait as measured (default ``gap_s``). ``stats`` holds what this step
+    saw; call :meth:`finish` once the filler has drained."""
 
-    def __init__(self, filler: BubbleFiller, gap_s: float = 0.0):
+    def __init__(self, filler: BubbleFiller, gap_s: float = 0.0, op_idle_s: float | None = None):
         self.filler = filler
         self.gap_s = float(gap_s)
+        self.op_idle_s = self.gap_s if op_idle_s is None else float(op_idle_s)
         self.stats = TPWaitStats(per_op=[0] * len(filler.next_ops))
+        self._launched: list[tuple[FillTask, int]] = []
+        self._launches: dict[int, float] = {}
+        """perf_counter at the launch of each collective not waited for yet, by the address of its
+        result's storage (a view of the result, waited for instead of it, shares it)."""
+
+    def launched(self, result: torch.Tensor) -> None:
+        """Notes the launch of the collective whose result is ``result`` (now)."""
+        self._launches[_storage(result)] = time.perf_counter()
+
+    def finish(self) -> TPWaitStats:
+        """Completes ``stats`` once the filler has drained (the CPU pieces' times); returns it."""
+        gaps = self.stats.gaps_s
+        self.stats.pieces.extend((t.duration_s, t.took_s, gaps[i] if i < len(gaps) else float("nan"))
+                                 for t, i in self._launched)
+        self._launched.clear()
+        return self.stats
 
     def wait(self, tensor: torch.Tensor, real_wait: Callable[[torch.Tensor], torch.Tensor],
              keys: tuple[object, object] | None = None) -> torch.Tensor:
@@ -108,6 +131,7 @@ class TensorParallelWaits:
         if f._in_op and f._op < len(s.per_op):
             s.per_op[f._op] += 1
         entered = time.perf_counter()
+        launched = self._launches.pop(_storage(tensor), float("nan"))
         outer = f._in_wait  # inside another accounted wait: that one excludes this time
         f._in_wait = True
         try:
@@ -115,14 +139,8 @@ class TensorParallelWaits:
                 guard = torch._C._ForceDispatchKeyGuard(*keys) if keys is not None else contextlib.nullcontext()
                 if f.side is not None:
                     out = self._launch_then_wait(tensor, real_wait, guard)
-                elif f.fill and self.gap_s > 0.0 and (first := f._pick(self.gap_s)[0]) is not None:
-                    out = self._fill_while_pending(tensor, real_wait, entered, guard, first)
-                else:  # nothing fits: the plain wait (no hand-off to a waiter thread)
-                    out = real_wait(tensor)
-                    gap = time.perf_counter() - entered
-                    s.gaps_s.append(gap)
-                    s.gap_s += gap
-                    s.waited_s += gap
+                else:
+                    out = self._launch_idle_then_wait(tensor, real_wait, entered, launched)
         finally:
             f._in_wait = outer
             end = time.perf_counter()
@@ -132,48 +150,37 @@ class TensorParallelWaits:
                 f.trace.append(("tp_wait", entered, end))
         return out
 
-    def _fill_while_pending(self, tensor, real_wait, entered: float, guard, first) -> torch.Tensor:
-        """CPU: ``first`` (a task that fits the gap) and then the next that fit run while a waiter
-        thread waits for the collective."""
+    def _launch_idle_then_wait(self, tensor, real_wait, entered: float, launched: float) -> torch.Tensor:
+        """CPU: the next planned pieces go onto the idle worker, up to the TP waits predicted for
+        the rest of the step less what it holds; then the main thread blocks in the real wait (its
+        core goes to the worker)."""
         f, s = self.filler, self.stats
-        done_at = [0.0]
-
-        def waiter() -> torch.Tensor:
-            try:
-                return real_wait(tensor)
-            finally:
-                done_at[0] = time.perf_counter()
-
-        pending = _waiter_pool().submit(waiter)
-        deadline = entered + self.gap_s
-        ran: list[tuple[float, float, float]] = []  # (measured, start, end) of the pieces run
-        with guard:
-            task = first
-            while not pending.done():
+        worker = None
+        if f.fill and self.op_idle_s > 0.0:
+            worker = idle_worker()
+            room = (len(f.next_ops) - f._op) * self.op_idle_s - f.idle_queued_s()
+            while room > 0.0:
+                task, _too_long = f._pick(room, worker=True)
                 if task is None:
-                    task, _too_long = f._pick(f._room(deadline, time.perf_counter()))
-                    if task is None:
-                        break  # nothing fits or nothing is ready: wait
-                t = time.perf_counter()
-                f._run(task)
-                ran.append((task.duration_s, t, time.perf_counter()))
-                task = None
-        out = pending.result()
+                    break
+                f.launch_idle(task, worker)
+                self._launched.append((task, len(s.gaps_s)))
+                room -= task.duration_s
+                s.filled += 1
+        cpu = worker.cpu_s() if worker is not None else 0.0
+        out = real_wait(tensor)
         resumed = time.perf_counter()
-        gap = done_at[0] - entered
-        filled = min(gap, sum(e - b for _, b, e in ran))
+        running = worker.current if worker is not None else None
+        ran = worker.cpu_s() - cpu if worker is not None else 0.0
+        gap = resumed - entered
+        filled = min(gap, ran)
         s.gaps_s.append(gap)
         s.gap_s += gap
-        s.waited_s += gap - filled
-        s.filled += len(ran)
         s.filled_s += filled
-        s.pieces.extend((d, e - b, gap) for d, b, e in ran)
-        if ran and ran[-1][2] > done_at[0]:  # the collective completed while the last piece ran
-            delay = resumed - done_at[0]
-            s.delays += 1
-            s.delay_s += delay
-            s.delay_max_s = max(s.delay_max_s, delay)
-            s.overruns += delay > ran[-1][0]
+        s.waited_s += gap - filled
+        s.launched_s.append(launched)
+        s.resumed_s.append(resumed)
+        s.in_flight_s.append(running.duration_s if isinstance(running, FillTask) else 0.0)
         return out
 
     def _launch_then_wait(self, tensor, real_wait, guard) -> torch.Tensor:
@@ -202,14 +209,65 @@ def fill_tp_waits(waits: TensorParallelWaits) -> Iterator[TensorParallelWaits]:
     real = funcol.wait_tensor
     keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
 
+    real_wrap = funcol._maybe_wrap_tensor
+
     def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
         return waits.wait(tensor, real, keys)
 
-    funcol.wait_tensor = wait_tensor
+    def maybe_wrap_tensor(tensor: torch.Tensor) -> torch.Tensor:
+        waits.launched(tensor)  # the AsyncCollectiveTensor keeps this tensor (or a view): its wait gets it
+        return real_wrap(tensor)
+
+    funcol.wait_tensor, funcol._maybe_wrap_tensor = wait_tensor, maybe_wrap_tensor
     try:
         yield waits
     finally:
-        funcol.wait_tensor = real
+        funcol.wait_tensor, funcol._maybe_wrap_tensor = real, real_wrap
+
+
+def _lag_figures(lags: list[float]) -> list[float]:
+    """[50th percentile, 90th percentile, max] of ``lags`` ([] when there are none)."""
+    if not lags:
+        return []
+    q = statistics.quantiles(lags, n=10, method="inclusive") if len(lags) > 1 else [lags[0]] * 9
+    return [float(statistics.median(lags)), float(q[8]), float(max(lags))]
+
+
+def consumer_delays(launched: Sequence[Sequence[float]], resumed: Sequence[Sequence[float]],
+                    in_flight: Sequence[Sequence[float]]) -> list[dict[str, float]]:
+    """The delays of the TP collectives' consumers on each rank of one TP group (CPU, one host: the
+    ranks' ``time.perf_counter()`` is the same monotonic clock), from :class:`TPWaitStats`'
+    ``launched_s``, ``resumed_s`` and ``in_flight_s`` of each rank (the i-th wait of every rank is
+    the same collective).
+
+    A collective completes no earlier than its last launch in the group; a wait's *lag* is from
+    then to its consumer's resumption: the collective's own time, plus any delay. A rank's own time
+    is the median lag of its waits with no piece in flight on its idle worker; a wait with a piece
+    in flight is *delayed* by what its lag exceeds that, and an *overrun* when that is more than
+    the piece's measured duration. The lags themselves are noisy on a shared host (the scheduler,
+    gloo's threads): compare ``lag_s`` and ``lag_free_s``, the 50th and 90th percentiles and the
+    largest lag of the waits with a piece in flight and of those without. Per rank: ``delays``,
+    ``delay_s`` (their sum), ``delay_max_s``, ``overruns``, ``lag_s``, ``lag_free_s`` (empty: no
+    such wait) and ``waits`` (the waits measured: launched while the hooks were active). Raises
+    ``ValueError`` when the ranks' waits differ in number."""
+    counts = {len(x) for x in (*launched, *resumed, *in_flight)}
+    if len(counts) > 1 or not (len(launched) == len(resumed) == len(in_flight)):
+        raise ValueError(f"consumer_delays: the ranks' waits differ in number ({sorted(counts)})")
+    n = counts.pop() if counts else 0
+    last = [max(r[i] for r in launched) for i in range(n)]  # NaN when any rank's launch is unknown
+    out = []
+    for res, flight in zip(resumed, in_flight):
+        measured = [i for i in range(n) if not math.isnan(last[i])]
+        lag = {i: res[i] - last[i] for i in measured}
+        free = [lag[i] for i in measured if flight[i] <= 0.0]
+        busy = [lag[i] for i in measured if flight[i] > 0.0]
+        own = statistics.median(free or busy) if measured else 0.0
+        excess = [(lag[i] - own, flight[i]) for i in measured if flight[i] > 0.0 and lag[i] > own]
+        out.append({"waits": len(measured), "delays": len(excess), "delay_s": sum(e for e, _ in excess),
+                    "delay_max_s": max((e for e, _ in excess), default=0.0),
+                    "overruns": sum(e > d for e, d in excess), "lag_s": _lag_figures(busy),
+                    "lag_free_s": _lag_figures(free)})
+    return out
 
 
 def tp_op_figures(stats: TPWaitStats) -> tuple[float, float, float]:
@@ -224,4 +282,4 @@ def tp_op_figures(stats: TPWaitStats) -> tuple[float, float, float]:
             float(statistics.fmean(stats.gaps_s)))
 
 
-__all__ = ["TPWaitStats", "TensorParallelWaits", "fill_tp_waits", "tp_op_figures"]
+__all__ = ["TPWaitStats", "TensorParallelWaits", "consumer_delays", "fill_tp_waits", "tp_op_figures"]

@@ -1,0 +1,146 @@
+"""The CPU's side stream: a worker thread that runs encoder tasks only when a core would idle.
+
+On CUDA the filler launches encoder kernels onto a side stream of the lowest priority, and the GPU
+runs them where the LLM's stream leaves it idle. :class:`IdleWorker` is the same thing for the
+host: one thread, scheduled with Linux's ``SCHED_IDLE`` policy (the kernel runs it only on a core
+that has nothing else to run, and preempts it the moment an LLM thread wakes up), that runs the
+tasks launched onto it in launch order. A rank that blocks in a TP collective's wait frees its
+core; the worker takes it, and when the collective completes the rank's main thread takes it
+back: the filler does not pick the piece that fits the gap, the kernel stops the piece at the
+gap's end and resumes it at the next idle moment.
+
+Python's GIL is the one thing the two threads share. torch releases it inside every op, so the
+worker holds it only between two ops of a piece; while the worker has work, the interpreter's
+switch interval is set to :attr:`IdleWorker.switch_interval_s` (restored when it drains), which
+bounds how long a resumed LLM thread can wait for the GIL.
+
+Where ``SCHED_IDLE`` is not available (not Linux), the worker runs at the lowest nice level, or,
+failing that, at normal priority; :attr:`IdleWorker.policy` says which.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+
+def _lower_own_priority() -> str:
+    """Lowers the calling thread's CPU priority as far as the platform allows; returns how."""
+    if hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: the calling thread
+            return "SCHED_IDLE"
+        except OSError:
+            pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: per thread
+        return "nice 19"
+    except (OSError, AttributeError):
+        return "normal"
+
+
+class IdleWorker:
+    """One thread at idle priority running launched callables in order (see the module's notes).
+
+    ``switch_interval_s``: the interpreter's switch interval while the worker has work (None:
+    leave it as it is)."""
+
+    def __init__(self, switch_interval_s: float | None = 2e-4, name: str = "pybubble-idle"):
+        self.switch_interval_s = switch_interval_s
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], object | None] | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._pending = 0
+        self._error: BaseException | None = None
+        self._saved_interval: float | None = None
+        self._ready = threading.Event()
+        self.current: object | None = None
+        """What the worker is running now (the ``what`` given to :meth:`launch`), None when idle."""
+        self.policy = ""
+        """How the worker's priority was lowered: ``SCHED_IDLE``, ``nice 19`` or ``normal``."""
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        self._clock = time.pthread_getcpuclockid(self._thread.ident) if hasattr(time, "pthread_getcpuclockid") else None
+
+    def _loop(self) -> None:
+        self.policy = _lower_own_priority()
+        self._ready.set()
+        while (item := self._queue.get()) is not None:
+            fn, what = item
+            try:
+                if self._error is None:  # after a failure the rest is skipped, not run out of order
+                    self.current = what
+                    fn()
+            except BaseException as e:  # handed to the thread that drains
+                self._error = e
+            finally:
+                self.current = None
+                with self._lock:
+                    self._pending -= 1
+                    if self._pending == 0:
+                        self._restore_interval()
+                        self._idle.notify_all()
+
+    def _restore_interval(self) -> None:
+        if self._saved_interval is not None:
+            sys.setswitchinterval(self._saved_interval)
+            self._saved_interval = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether launched work has not finished."""
+        return self._pending > 0
+
+    def launch(self, fn: Callable[[], None], what: object | None = None) -> None:
+        """Queues ``fn`` after everything launched so far (``what``: how :attr:`current` names it
+        while it runs); raises, as a RuntimeError, what an earlier task raised (the tasks queued
+        after a failed one are skipped until :meth:`drain` reports it)."""
+        if self._error is not None:
+            raise RuntimeError(f"an encoder task on the idle worker failed: {self._error!r}") from self._error
+        with self._lock:
+            if self._pending == 0 and self.switch_interval_s is not None:
+                self._saved_interval = sys.getswitchinterval()
+                sys.setswitchinterval(self.switch_interval_s)
+            self._pending += 1
+        self._queue.put((fn, what))
+
+    def drain(self) -> None:
+        """Blocks until everything launched has run (the caller's core is free meanwhile, so the
+        worker gets it); raises, as a RuntimeError, what a task raised."""
+        with self._lock:
+            while self._pending:
+                self._idle.wait()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError(f"an encoder task on the idle worker failed: {error!r}") from error
+
+    def cpu_s(self) -> float:
+        """The worker thread's CPU time so far (seconds; 0 where the platform cannot say)."""
+        return time.clock_gettime(self._clock) if self._clock is not None else 0.0
+
+    def close(self) -> None:
+        """Drains and stops the thread."""
+        try:
+            self.drain()
+        finally:
+            self._queue.put(None)
+            self._thread.join()
+
+
+_worker: IdleWorker | None = None
+
+
+def idle_worker() -> IdleWorker:
+    """The process's idle worker (started on first use; its thread lives as long as the process)."""
+    global _worker
+    if _worker is None:
+        _worker = IdleWorker()
+    return _worker
+
+
+__all__ = ["IdleWorker", "idle_worker"]

@@ -1,0 +1,111 @@
+"""The idle worker, the CPU's side stream: order, errors, priority, the interpreter's switch
+interval, and the filler's tasks on it settled before the main thread runs one."""
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from pybubble.runtime import BubbleFiller, FillTask, IdleWorker  # noqa: E402
+
+
+@pytest.fixture
+def worker():
+    w = IdleWorker()
+    yield w
+    w.close()
+
+
+def test_runs_in_launch_order_on_its_own_thread_and_drains(worker):
+    seen, threads = [], set()
+    for i in range(50):
+        worker.launch(lambda i=i: (seen.append(i), threads.add(threading.get_ident())), what=i)
+    worker.drain()
+    assert seen == list(range(50)) and not worker.busy
+    assert threads == {worker._thread.ident} != {threading.get_ident()}
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_runs_at_idle_priority_on_linux(worker):
+    assert worker.policy == "SCHED_IDLE"
+    policy = []
+    worker.launch(lambda: policy.append(os.sched_getscheduler(0)))
+    worker.drain()
+    assert policy == [os.SCHED_IDLE]
+
+
+def test_switch_interval_while_busy_then_restored(worker):
+    before = sys.getswitchinterval()
+    gate = threading.Event()
+    seen = []
+    worker.launch(lambda: (gate.wait(), seen.append(sys.getswitchinterval())))
+    assert sys.getswitchinterval() == pytest.approx(worker.switch_interval_s)
+    gate.set()
+    worker.drain()
+    assert seen == [pytest.approx(worker.switch_interval_s)]
+    assert sys.getswitchinterval() == before
+
+
+def test_current_names_the_running_task_and_cpu_time_counts(worker):
+    gate, started = threading.Event(), threading.Event()
+    cpu = worker.cpu_s()
+
+    def spin():
+        started.set()
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.05:
+            pass
+        gate.wait()
+
+    worker.launch(spin, what="piece")
+    started.wait()
+    assert worker.current == "piece" and worker.busy
+    gate.set()
+    worker.drain()
+    assert worker.current is None
+    if hasattr(time, "pthread_getcpuclockid"):
+        assert worker.cpu_s() - cpu > 0.01
+
+
+def test_a_failed_task_skips_the_rest_and_is_raised_once(worker):
+    seen = []
+    worker.launch(lambda: seen.append(1))
+    worker.launch(lambda: 1 / 0)
+    worker.launch(lambda: seen.append(3))  # after the failure: skipped, not run out of order
+    with pytest.raises(RuntimeError, match="an encoder task on the idle worker failed: ZeroDivisionError"):
+        worker.drain()
+    assert seen == [1]
+    worker.launch(lambda: seen.append(4))  # reported once: the worker goes on
+    worker.drain()
+    assert seen == [1, 4]
+
+
+def test_filler_settles_the_worker_before_a_task_of_its_own(worker):
+    log = []
+
+    def task(name, sleep=0.0):
+        def run():
+            time.sleep(sleep)
+            log.append(name)
+        return FillTask(name=name, duration_s=0.01, planned_start_s=0.0, run=run, chain=0)
+
+    tasks = [task("a", 0.05), task("b", 0.05), task("c")]
+    filler = BubbleFiller(tasks, [0.0, 0.0], [("F", 0)], horizon_s=1.0)
+    for t in tasks[:2]:
+        filler.launch_idle(t, worker)
+    assert [t.done for t in tasks] == [True, True, False] and filler.idle_queued_s() > 0.0
+    filler.drain()  # runs c on this thread, after a and b
+    assert log == ["a", "b", "c"] and all(t.finished for t in tasks) and filler.idle_queued_s() == 0.0
+    assert tasks[0].took_s >= 0.0 and filler.remaining == 0
+
+
+def test_filler_picks_for_the_worker_only_what_may_leave_the_main_thread():
+    talk = FillTask(name="send", duration_s=0.001, planned_start_s=0.0, run=lambda: None, host_only=True, chain=0)
+    local = FillTask(name="piece", duration_s=0.001, planned_start_s=0.001, run=lambda: None, chain=1)
+    filler = BubbleFiller([talk, local], [0.0, 0.0], [("F", 0)], horizon_s=1.0)
+    assert filler._pick(1.0, worker=True)[0] is local
+    assert filler._pick(1.0)[0] is talk

@@ -109,3 +109,61 @@ def test_filler_picks_for_the_worker_only_what_may_leave_the_main_thread():
     filler = BubbleFiller([talk, local], [0.0, 0.0], [("F", 0)], horizon_s=1.0)
     assert filler._pick(1.0, worker=True)[0] is local
     assert filler._pick(1.0)[0] is talk
+
+
+def test_held_worker_finishes_its_task_and_starts_no_other(worker):
+    log, inside, go = [], threading.Event(), threading.Event()
+
+    def task():
+        inside.set()
+        go.wait()
+        log.append(1)
+
+    worker.launch(task)
+    worker.launch(lambda: log.append("next"))
+    inside.wait()
+    worker.hold()
+    go.set()
+    time.sleep(0.2)
+    assert log == [1] and worker.busy  # the running task went on; the next did not start
+    worker.drain()  # lifts the hold while it waits, and puts it back
+    assert log == [1, "next"]
+    gate = []
+    worker.launch(lambda: gate.append(1))
+    time.sleep(0.1)
+    assert gate == [] and worker.busy  # still held
+    worker.allow()
+    worker.drain()
+    assert gate == [1]
+
+
+def test_wait_until_returns_when_its_task_is_done_and_the_queue_goes_on(worker):
+    done, release = threading.Event(), threading.Event()
+    worker.launch(done.set)
+    worker.launch(release.wait)
+    worker.wait_until(done.is_set)
+    assert done.is_set() and worker.busy  # the second task is still running
+    release.set()
+    worker.drain()
+    assert not worker.busy
+
+
+def test_force_launches_what_the_llm_needs_onto_the_worker_and_waits_for_it_only(worker):
+    log, release = [], threading.Event()
+
+    def task(name, needed_by=None, chain=0, block=False):
+        def run():
+            if block:
+                release.wait()
+            log.append(name)
+        return FillTask(name=name, duration_s=0.01, planned_start_s=0.0, run=run, needed_by=needed_by, chain=chain)
+
+    f0, f1, b0 = task("f0", 0), task("f1", 1, chain=1), task("b0", block=True, chain=2)
+    filler = BubbleFiller([f0, f1, b0], [0.0, 0.0], [("F", 0)], horizon_s=1.0)
+    filler.launch_idle(f0, worker)
+    filler.launch_idle(b0, worker)  # after f0, blocks until released
+    filler.force(0)  # f0 is finished: returns though b0 is not
+    assert log == ["f0"] and not f1.done
+    release.set()
+    filler.force(1)  # f1 goes onto the worker behind b0, and this thread waits for it
+    assert log == ["f0", "b0", "f1"] and f1.finished and filler.stats.forced == 1

@@ -152,6 +152,10 @@ class FillerStats:
     """Tasks run inside them."""
     dp_filled_s: float = 0.0
     """Their time (the tasks' measured time)."""
+    settled: int = 0
+    """CPU: times the main thread waited for the idle worker's queue (:meth:`BubbleFiller.settle`)."""
+    settled_s: float = 0.0
+    """CPU: the time it waited (the worker ran the rest of its queue meanwhile)."""
 
 
 def _annotated(task: FillTask):
@@ -336,13 +340,26 @@ class BubbleFiller:
         """CPU: blocks until the tasks launched onto the idle worker have run (it gets this
         thread's core meanwhile); raises what one of them raised."""
         if self.idle is not None and self._on_idle:
-            t = time.perf_counter()
             try:
-                self.idle.drain()
+                self._wait_idle(None)
             finally:
                 self._on_idle.clear()
-                if not self._in_wait:  # encoder time, not the LLM op's own
-                    self._excluded += time.perf_counter() - t
+
+    def _wait_idle(self, done: Callable[[], bool] | None) -> None:
+        """CPU: blocks until ``done()`` (None: until the idle worker has run everything launched);
+        the time is encoder time, not the LLM op's own."""
+        t = time.perf_counter()
+        try:
+            if done is None:
+                self.idle.drain()
+            else:
+                self.idle.wait_until(done)
+        finally:
+            took = time.perf_counter() - t
+            self.stats.settled += 1
+            self.stats.settled_s += took
+            if not self._in_wait:
+                self._excluded += took
 
     @property
     def pace(self) -> float:
@@ -404,7 +421,18 @@ class BubbleFiller:
     def force(self, needed_by: int) -> None:
         """Runs every forward task that LLM microbatches <= ``needed_by`` depend on, in plan order.
         On CUDA the current stream then waits for them (an event after each), so the op that
-        consumes their output next on that stream sees it."""
+        consumes their output next on that stream sees it. CPU, once this step launched tasks onto
+        the idle worker: the ones not launched yet go onto it too and this thread waits until they
+        are finished (the worker's later tasks go on running in the idle time to come)."""
+        if self.side is None and self.idle is not None:
+            needed = [t for t in self.tasks if t.needed_by is not None and t.needed_by <= needed_by]
+            if not any(t.host_only and not t.done for t in needed):
+                for t in needed:
+                    if not t.done:
+                        self.stats.forced += 1
+                        self.launch_idle(t, self.idle)
+                self._wait_idle(lambda: all(t.finished for t in needed))
+                return
         self._run_needed(needed_by)
         if self.side is None:
             self.settle()

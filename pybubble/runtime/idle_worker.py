@@ -58,6 +58,8 @@ class IdleWorker:
         self._error: BaseException | None = None
         self._saved_interval: float | None = None
         self._ready = threading.Event()
+        self._open = threading.Event()
+        self._open.set()
         self.current: object | None = None
         """What the worker is running now (the ``what`` given to :meth:`launch`), None when idle."""
         self.policy = ""
@@ -72,6 +74,7 @@ class IdleWorker:
         self._ready.set()
         while (item := self._queue.get()) is not None:
             fn, what = item
+            self._open.wait()
             try:
                 if self._error is None:  # after a failure the rest is skipped, not run out of order
                     self.current = what
@@ -84,7 +87,7 @@ class IdleWorker:
                     self._pending -= 1
                     if self._pending == 0:
                         self._restore_interval()
-                        self._idle.notify_all()
+                    self._idle.notify_all()
 
     def _restore_interval(self) -> None:
         if self._saved_interval is not None:
@@ -109,12 +112,33 @@ class IdleWorker:
             self._pending += 1
         self._queue.put((fn, what))
 
+    def hold(self) -> None:
+        """From now on the worker starts no task (one running goes on) until :meth:`allow`."""
+        self._open.clear()
+
+    def allow(self) -> None:
+        """Lets the worker start tasks again (the default)."""
+        self._open.set()
+
     def drain(self) -> None:
         """Blocks until everything launched has run (the caller's core is free meanwhile, so the
-        worker gets it); raises, as a RuntimeError, what a task raised."""
-        with self._lock:
-            while self._pending:
-                self._idle.wait()
+        worker gets it; a :meth:`hold` is lifted meanwhile); raises, as a RuntimeError, what a task
+        raised."""
+        self.wait_until(lambda: self._pending == 0)
+
+    def wait_until(self, done: Callable[[], bool]) -> None:
+        """Blocks until ``done()`` (checked after each task the worker finishes) or a task failed,
+        as :meth:`drain` does; raises, as a RuntimeError, what a task raised."""
+        held = not self._open.is_set()
+        self._open.set()
+        try:
+            with self._lock:
+                # after a failure: until the tasks queued behind it are skipped, then raise
+                while self._pending and (self._error is not None or not done()):
+                    self._idle.wait()
+        finally:
+            if held:
+                self._open.clear()
         if self._error is not None:
             error, self._error = self._error, None
             raise RuntimeError(f"an encoder task on the idle worker failed: {error!r}") from error

@@ -168,8 +168,12 @@ class TensorParallelWaits:
                 room -= task.duration_s
                 s.filled += 1
         cpu = worker.cpu_s() if worker is not None else 0.0
+        if worker is not None:
+            worker.allow()
         out = real_wait(tensor)
         resumed = time.perf_counter()
+        if worker is not None:
+            worker.hold()  # no piece starts while the main thread runs the LLM (they would share the GIL)
         running = worker.current if worker is not None else None
         ran = worker.cpu_s() - cpu if worker is not None else 0.0
         gap = resumed - entered

@@ -3,16 +3,18 @@
 On CUDA the filler launches encoder kernels onto a side stream of the lowest priority, and the GPU
 runs them where the LLM's stream leaves it idle. :class:`IdleWorker` is the same thing for the
 host: one thread, scheduled with Linux's ``SCHED_IDLE`` policy (the kernel runs it only on a core
-that has nothing else to run, and preempts it the moment an LLM thread wakes up), that runs the
-tasks launched onto it in launch order. A rank that blocks in a TP collective's wait frees its
-core; the worker takes it, and when the collective completes the rank's main thread takes it
-back: the filler does not pick the piece that fits the gap, the kernel stops the piece at the
-gap's end and resumes it at the next idle moment.
+that has nothing else to run, and preempts it the moment another thread wants the core), that
+runs the tasks launched onto it in launch order. A rank that blocks in a TP collective's wait
+frees its core; the worker takes it, and when the collective completes the rank's main thread
+takes it back.
 
-Python's GIL is the one thing the two threads share. torch releases it inside every op, so the
-worker holds it only between two ops of a piece; while the worker has work, the interpreter's
-switch interval is set to :attr:`IdleWorker.switch_interval_s` (restored when it drains), which
-bounds how long a resumed LLM thread can wait for the GIL.
+Python's GIL is the one thing the two threads share: the worker holds it between two torch ops of
+a task (torch releases it inside every op). So that the LLM's own Python does not wait for it,
+the worker can be *held* (:meth:`IdleWorker.hold`): it then starts no task until
+:meth:`IdleWorker.allow` (a running task goes on); the filler allows it only while the main
+thread is blocked. While the worker has work, the interpreter's switch interval is
+:attr:`IdleWorker.switch_interval_s` (restored when it drains), which bounds how long a resumed
+main thread waits for the GIL.
 
 Where ``SCHED_IDLE`` is not available (not Linux), the worker runs at the lowest nice level, or,
 failing that, at normal priority; :attr:`IdleWorker.policy` says which.

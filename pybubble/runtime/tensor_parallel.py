@@ -12,15 +12,16 @@ collective's result notes when it was launched):
 
 - CPU (gloo): the planned pieces go onto the :class:`~pybubble.runtime.idle_worker.IdleWorker`,
   the CPU's side stream, a thread the kernel runs only on a core that would idle; the rank's main
-  thread then blocks in the real wait, which frees its core for the worker, and takes it back the
-  moment the collective completes: a piece still running is paused, not waited for, and resumes at
-  the next idle moment. The worker's queue is kept at the TP waits the plan predicts for the rest
-  of the step (count x mean wait per op), in plan order; the main thread settles it (waits for it)
-  before it runs an encoder task itself or needs an encoder output. What the consumer can still
-  wait for is the GIL, which the worker holds between two torch ops of a piece; each wait records
-  when its collective was launched, when its consumer resumed and the measured duration of the
-  piece then running, so that the delays can be measured against the TP group's last launch
-  (:func:`consumer_delays`).
+  thread then allows the worker and blocks in the real wait, which frees its core for the worker,
+  takes the core back the moment the collective completes, and holds the worker again (a piece
+  then running goes on, at idle priority; no other starts until the next wait). The worker's queue
+  is kept at the TP waits the plan predicts for the rest of the step (count x mean wait per op), in
+  plan order; before the main thread runs an encoder task itself it waits for the queue, and for
+  an encoder output the LLM needs it waits for that output's tasks only (they go onto the worker
+  if they are not there yet). What the consumer can still wait for is the GIL, which the worker
+  holds between two torch ops of a piece; each wait records when its collective was launched,
+  when its consumer resumed and the measured duration of the piece then running, so that the
+  delays can be measured against the TP group's last launch (:func:`consumer_delays`).
 - CUDA (NCCL): the wait is a stream dependency, the CPU does not block: the pieces whose measured
   durations fit in the measured gap are launched on the side stream, ordered after the current
   stream at this point (after the collective's launch), then the real wait orders the current

@@ -431,7 +431,8 @@ class BubbleFiller:
                     if not t.done:
                         self.stats.forced += 1
                         self.launch_idle(t, self.idle)
-                self._wait_idle(lambda: all(t.finished for t in needed))
+                if not all(t.finished for t in needed):
+                    self._wait_idle(lambda: all(t.finished for t in needed))
                 return
         self._run_needed(needed_by)
         if self.side is None:

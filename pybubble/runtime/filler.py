@@ -24,8 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as futures_wait
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -492,17 +492,46 @@ class BubbleFiller:
 
     def _accounted(self, wait: Callable[[], None]) -> None:
         self.stats.waits += 1
+        with self.waiting("wait"):
+            wait()
+
+    @contextmanager
+    def waiting(self, label: str, annotation: str = _WAIT) -> Iterator[float]:
+        """The block is a wait of the LLM (yields ``time.perf_counter()`` at its start): annotated
+        for torch.profiler with ``annotation``, traced as ``label``, and left out of the op's own
+        time; a wait inside another (a TP wait inside a pipeline wait, a data-parallel one inside an
+        op's TP wait) leaves that to the enclosing one. Tasks run inside it count as filling."""
         t = time.perf_counter()
+        outer = self._in_wait
         self._in_wait = True
         try:
-            with record_function(_WAIT):
-                wait()
+            with record_function(annotation):
+                yield t
         finally:
-            self._in_wait = False
+            self._in_wait = outer
             end = time.perf_counter()
-            self._excluded += end - t
+            if not outer:
+                self._excluded += end - t
             if self.trace is not None:
-                self.trace.append(("wait", t, end))
+                self.trace.append((label, t, end))
+
+    @property
+    def in_op(self) -> bool:
+        """Whether one of the LLM's ops is running (between :meth:`op_begin` and :meth:`op_end`)."""
+        return self._in_op
+
+    @property
+    def op_index(self) -> int:
+        """The index of the op running or next (``len(next_ops)`` after the last)."""
+        return self._op
+
+    def pick(self, room_s: float, worker: bool = False) -> FillTask | None:
+        """The next task that may run now in ``room_s`` seconds (see :meth:`_pick`), or None."""
+        return self._pick(room_s, worker=worker)[0]
+
+    def run(self, task: FillTask) -> float:
+        """Runs ``task`` now (launches it, on CUDA); returns its time (see :meth:`_run`)."""
+        return self._run(task)
 
     def wait_collective(self, works: Sequence[dist.Work], room_s: float) -> float:
         """Waits for the works of a data-parallel collective (issued by FSDP2 or DDP through
@@ -516,13 +545,12 @@ class BubbleFiller:
         works = [w for w in works if w is not None]
         completed = None
         self.stats.dp_waits += 1
-        t = time.perf_counter()
         ran, count = 0.0, 0
         last: FillTask | None = None
         last_end = 0.0
-        self._in_wait = True
+        t = end = time.perf_counter()
         try:
-            with record_function(_WAIT):
+            with self.waiting("dp wait") as t:
                 if self.side is not None:
                     for w in works:
                         w.wait()
@@ -544,11 +572,7 @@ class BubbleFiller:
                 completed = max((p.done_at for p in probes), default=t)
                 self._note_hold(last, last_end, completed)
         finally:
-            self._in_wait = False
             end = time.perf_counter()
-            self._excluded += end - t
-            if self.trace is not None:
-                self.trace.append(("dp wait", t, end))
             self.stats.dp_waited_s += max(0.0, end - t - ran)
             self.stats.dp_filled_s += ran
             self.stats.dp_filled += count

@@ -129,27 +129,14 @@ class TensorParallelWaits:
         run with."""
         f, s = self.filler, self.stats
         s.waits += 1
-        if f._in_op and f._op < len(s.per_op):
-            s.per_op[f._op] += 1
-        entered = time.perf_counter()
+        if f.in_op and f.op_index < len(s.per_op):
+            s.per_op[f.op_index] += 1
         launched = self._launches.pop(_storage(tensor), float("nan"))
-        outer = f._in_wait  # inside another accounted wait: that one excludes this time
-        f._in_wait = True
-        try:
-            with record_function(_TP_WAIT):
+        with f.waiting("tp_wait", _TP_WAIT) as entered:
+            if f.side is not None:
                 guard = torch._C._ForceDispatchKeyGuard(*keys) if keys is not None else contextlib.nullcontext()
-                if f.side is not None:
-                    out = self._launch_then_wait(tensor, real_wait, guard)
-                else:
-                    out = self._launch_idle_then_wait(tensor, real_wait, entered, launched)
-        finally:
-            f._in_wait = outer
-            end = time.perf_counter()
-            if not outer:
-                f._excluded += end - entered
-            if f.trace is not None:
-                f.trace.append(("tp_wait", entered, end))
-        return out
+                return self._launch_then_wait(tensor, real_wait, guard)
+            return self._launch_idle_then_wait(tensor, real_wait, entered, launched)
 
     def _launch_idle_then_wait(self, tensor, real_wait, entered: float, launched: float) -> torch.Tensor:
         """CPU: the next planned pieces go onto the idle worker, up to the TP waits predicted for
@@ -159,9 +146,9 @@ class TensorParallelWaits:
         worker = None
         if f.fill and self.op_idle_s > 0.0:
             worker = idle_worker()
-            room = (len(f.next_ops) - f._op) * self.op_idle_s - f.idle_queued_s()
+            room = (len(f.next_ops) - f.op_index) * self.op_idle_s - f.idle_queued_s()
             while room > 0.0:
-                task, _too_long = f._pick(room, worker=True)
+                task = f.pick(room, worker=True)
                 if task is None:
                     break
                 f.launch_idle(task, worker)
@@ -196,10 +183,10 @@ class TensorParallelWaits:
             launched = 0.0
             with guard:
                 while True:
-                    task, _too_long = f._pick(self.gap_s - launched)
+                    task = f.pick(self.gap_s - launched)
                     if task is None:
                         break
-                    launched += f._run(task)
+                    launched += f.run(task)
                     s.filled += 1
                     s.pieces.append((task.duration_s, task.duration_s, self.gap_s))
             s.filled_s += min(launched, self.gap_s)

@@ -200,11 +200,14 @@ def test_no_public_name_shadows_a_subpackage():
     assert not shadows, "\n".join(shadows)
 
 
-@pytest.mark.parametrize("sub", [s for s in ORDER if s != "runtime"])
+@pytest.mark.parametrize("sub", ORDER)
 def test_every_subpackage_imports_by_its_dotted_name(sub):
-    """Each subpackage's modules import as `import pybubble.SUB.MODULE as m` (runtime needs torch)."""
+    """Each subpackage's modules import as `import pybubble.SUB.MODULE as m` (no name the package
+    binds hides a module: the runtime's `launch` function lives in `launcher`)."""
     import importlib
 
+    if sub == "runtime":
+        pytest.importorskip("torch")
     for path in sorted((PACKAGE / sub).glob("*.py")):
         if path.stem == "__init__":
             continue

@@ -44,6 +44,8 @@ from ..config.checks import integer, shown
 from ..config.schema import load_config
 from ..llm.step import LLMStep
 from ..viz.figures import pyplot, save_figure
+from . import intervals as iv
+from .intervals import Spans
 from .trace import Trace
 
 IDLE_KINDS = ("warmup", "steady", "cooldown", "collective")
@@ -77,9 +79,7 @@ _RECV = re.compile(r"^(gloo|nccl):recv|nccl.*Recv", re.I)
 _ANY_CATEGORY = (_STEP, _SYNC_REGION, _SEND, _RECV)
 _OP_KINDS = "FBIW"
 
-Spans = tuple[np.ndarray, np.ndarray]
 """Intervals as (starts, ends) arrays."""
-_NONE: Spans = (np.zeros(0), np.zeros(0))
 
 
 @dataclass(slots=True)
@@ -210,63 +210,6 @@ def _time(value: Any, where: str) -> float:
     return v
 
 
-def _union(spans: Spans) -> Spans:
-    """The union of intervals, as sorted disjoint intervals (touching ones merged, empty ones dropped)."""
-    s, e = spans
-    keep = e > s
-    s, e = s[keep], e[keep]
-    if not len(s):
-        return _NONE
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    first = np.flatnonzero(np.concatenate([[True], s[1:] > reach[:-1]]))
-    last = np.concatenate([first[1:] - 1, [len(s) - 1]])
-    return s[first], reach[last]
-
-
-def _joined(*parts: Spans) -> Spans:
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-
-
-def _overlap(a: Spans, b: Spans) -> Spans:
-    """Intersection of two unions of disjoint sorted intervals."""
-    points = np.concatenate([a[0], a[1], b[0], b[1]])
-    na, nb = len(a[0]), len(b[0])
-    in_a = np.concatenate([np.ones(na, np.int8), -np.ones(na, np.int8), np.zeros(2 * nb, np.int8)])
-    in_b = np.concatenate([np.zeros(2 * na, np.int8), np.ones(nb, np.int8), -np.ones(nb, np.int8)])
-    order = np.argsort(points, kind="stable")
-    points = points[order]
-    both = (np.cumsum(in_a[order]) > 0) & (np.cumsum(in_b[order]) > 0)
-    return _union((points[:-1][both[:-1]], points[1:][both[:-1]]))
-
-
-def _subtract(a: Spans, b: Spans) -> Spans:
-    """``a`` less ``b`` (unions of disjoint sorted intervals): ``a`` within ``b``'s complement."""
-    if not len(a[0]):
-        return _NONE
-    b = _union(b)
-    return _overlap(a, _union((np.concatenate([[a[0][0]], b[1]]), np.concatenate([b[0], [a[1][-1]]]))))
-
-
-def _length(spans: Spans) -> float:
-    return float(np.sum(spans[1] - spans[0]))
-
-
-def _clip(spans: Spans, lo: float, hi: float) -> Spans:
-    s, e = np.maximum(spans[0], lo), np.minimum(spans[1], hi)
-    keep = e > s
-    return s[keep], e[keep]
-
-
-def _gaps(busy: Spans, lo: float, hi: float, min_gap_us: float) -> Spans:
-    """The gaps of at least `min_gap_us` between the busy intervals (sorted, disjoint) in [lo, hi]."""
-    before = np.concatenate([[lo], busy[1]])
-    after = np.concatenate([busy[0], [hi]])
-    keep = after - before >= min_gap_us
-    return before[keep], after[keep]
-
-
 def _after(gaps: Spans, ends: np.ndarray, min_gap_us: float) -> Spans:
     """For each of `ends`, from it to the end of each gap that ends after it and starts within
     `min_gap_us` of it (the wait after a blocking collective's op returns)."""
@@ -286,7 +229,7 @@ def _main_thread(threads: np.ndarray) -> int:
 
 def transfer_posts(trace: RankTrace) -> tuple[Spans, Spans]:
     """A rank's posted sends and receives (gloo annotations, NCCL send/recv kernels), as unions."""
-    return _union(trace.spans(trace.named(_SEND))), _union(trace.spans(trace.named(_RECV)))
+    return iv.union(trace.spans(trace.named(_SEND))), iv.union(trace.spans(trace.named(_RECV)))
 
 
 def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
@@ -298,7 +241,7 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
         raise ValueError(f"min_gap_us: {min_gap_us} is not >= 0")
     t, cat = trace, trace.category
     kernels = cat == _KERNEL
-    busy_extra = _NONE
+    busy_extra = iv.NONE
     is_op = t.named(_OP)
     if kernels.any():
         device = "cuda"
@@ -314,42 +257,42 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
         notes = timeline & (cat == _NOTE)
         op_mask = notes & is_op
         work = notes & ~is_op & ~t.named(_REGION)
-        waits = _union(t.spans(notes & t.named(_WAIT)))
+        waits = iv.union(t.spans(notes & t.named(_WAIT)))
         busy_mask = (ops & timeline) | work
         # Pipeline ops and the schedule's own code between them are busy, less the waits in them.
-        busy_extra = _subtract(_union(t.spans(op_mask | (notes & t.named(_SCHEDULE)))), waits)
+        busy_extra = iv.subtract(iv.union(t.spans(op_mask | (notes & t.named(_SCHEDULE)))), waits)
     steps = np.flatnonzero(t.named(_STEP))
     if len(steps):
         last = steps[np.argmax(t.start[steps])]
         lo, hi = float(t.start[last]), float(t.end[last])
     else:
         lo, hi = float(t.start[timeline].min()), float(t.end[timeline].max())
-    busy = _clip(_union(_joined(t.spans(busy_mask), busy_extra)), lo, hi)
-    gaps = _gaps(busy, lo, hi, min_gap_us)
+    busy = iv.clip(iv.union(iv.joined(t.spans(busy_mask), busy_extra)), lo, hi)
+    gaps = iv.gaps(busy, lo, hi, min_gap_us)
     # A blocking collective waits after its c10d op returns: the gap after it is the collective's.
     after_sync = _after(gaps, t.end[timeline & t.named(_SYNC_OP)], min_gap_us)
     named_collective = (cat != _OTHER) & t.named(_COLLECTIVE) & ~t.named(_TRANSFER)
-    collective = _union(_joined(t.spans(named_collective | t.named(_SYNC_REGION)), after_sync))
-    rest = _subtract(gaps, collective)
+    collective = iv.union(iv.joined(t.spans(named_collective | t.named(_SYNC_REGION)), after_sync))
+    rest = iv.subtract(gaps, collective)
     by_kind = dict.fromkeys(IDLE_KINDS, 0.0)
-    by_kind["collective"] = _length(_overlap(gaps, collective))
+    by_kind["collective"] = iv.length(iv.overlap(gaps, collective))
     kinds = np.array([_op_kind(n) for n in t.names] or [-1], np.int8)[t.name]  # index in "FBIW"
     fwd = op_mask & (kinds == 0)
     bwd = op_mask & (kinds > 0)
     phases_known = bool(bwd.any() and fwd.any())
     if phases_known:
         first_b, last_f = float(t.start[bwd].min()), float(t.end[fwd].max())
-        by_kind["warmup"] = _length(_clip(rest, lo, first_b))
-        by_kind["cooldown"] = _length(_clip(rest, max(last_f, first_b), hi))
-        by_kind["steady"] = _length(rest) - by_kind["warmup"] - by_kind["cooldown"]
+        by_kind["warmup"] = iv.length(iv.clip(rest, lo, first_b))
+        by_kind["cooldown"] = iv.length(iv.clip(rest, max(last_f, first_b), hi))
+        by_kind["steady"] = iv.length(rest) - by_kind["warmup"] - by_kind["cooldown"]
     else:
-        by_kind["steady"] = _length(rest)
+        by_kind["steady"] = iv.length(rest)
     waiting = transferring = None
     if peer_sends is not None:
         _sends, recvs = transfer_posts(t)
-        transferring = _length(_overlap(gaps, _overlap(recvs, peer_sends)))
-        waiting = _length(gaps) - transferring
-    return RankBubbles(rank=rank, device=device, span=hi - lo, busy=_length(busy), idle=_length(gaps),
+        transferring = iv.length(iv.overlap(gaps, iv.overlap(recvs, peer_sends)))
+        waiting = iv.length(gaps) - transferring
+    return RankBubbles(rank=rank, device=device, span=hi - lo, busy=iv.length(busy), idle=iv.length(gaps),
                        idle_by_kind=by_kind, waiting=waiting, transferring=transferring, phases_known=phases_known)
 
 
@@ -398,7 +341,7 @@ def measure(source: str | os.PathLike[str], min_gap_us: float = MIN_GAP_US) -> l
     if missing is not None:
         raise ValueError(f"ranks: rank {missing} missing (traces of ranks {sorted(traces)}, world size {size})")
     posts = {r: transfer_posts(t)[0] for r, t in traces.items()}
-    peers = lambda r: _union(_joined(_NONE, *(s for q, s in posts.items() if q != r))) if len(traces) > 1 else None  # noqa: E731
+    peers = lambda r: iv.union(iv.joined(iv.NONE, *(s for q, s in posts.items() if q != r))) if len(traces) > 1 else None  # noqa: E731
     return [rank_bubbles(traces[r], r, peers(r), min_gap_us) for r in sorted(traces)]
 
 

@@ -40,7 +40,8 @@ from ..config.checks import finite
 from ..config.schema import Config
 from ..costs.roofline import CALIBRATION_FORMAT, OP_KINDS, CostModel
 from ..llm.step import LLMStep, cost_model, step_comm
-from .bubbles import Spans, _clip, _length, _union, trace_files
+from .bubbles import trace_files
+from .intervals import Spans, clip, length, union
 from .trace import Trace
 
 _OP = re.compile(r"^(?:PP:)?(\d+)([FBIW])(\d+)$")
@@ -81,12 +82,12 @@ class MeasuredRank:
 
 def _spans(events: list[tuple[float, float]]) -> Spans:
     """The union of `events`' intervals (:data:`pybubble.measure.bubbles.Spans`)."""
-    return _union((np.array([s for s, _ in events], np.float64), np.array([e for _, e in events], np.float64)))
+    return union((np.array([s for s, _ in events], np.float64), np.array([e for _, e in events], np.float64)))
 
 
 def _inside(lo: float, hi: float, spans: Spans) -> float:
     """The length of `spans` between `lo` and `hi`."""
-    return _length(_clip(spans, lo, hi))
+    return length(clip(spans, lo, hi))
 
 
 _Event = tuple[str, Any, Any, float, float]  # name, category, pid, start, end

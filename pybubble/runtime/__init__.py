@@ -11,11 +11,11 @@ from .data_parallel import observe_data_parallel
 from .encoder_runtime import EncoderRuntime, sync_grads
 from .encoder_step import EncoderStep
 from .filler import BubbleFiller, FillTask, WorkProbe
-from .launch import exit_rank, init_distributed, launch, run_rank
+from .launcher import exit_rank, init_distributed, launch, run_rank
 from .pipelining import SUPPORTED_TORCH, check_torch_version, fill_pipeline_waits, schedule_microbatches, schedule_table
 from .placement import PLACEMENTS, MeasuredCosts, Placement, make_placement, predict_step_s
 from .segments import MicrobatchRun, Piece, split_into_pieces
-from .idle_worker import IdleWorker, idle_worker
+from .idle_worker import IdleWorker, shared_idle_worker
 from .tensor_parallel import TensorParallelWaits, TPWaitStats, consumer_delays, fill_tp_waits
 
 __all__ = [
@@ -25,5 +25,5 @@ __all__ = [
     "make_placement", "observe_data_parallel", "predict_step_s", "run_rank", "schedule_microbatches", "schedule_table",
     "side_stream",
     "split_into_pieces", "sync_grads", "TensorParallelWaits", "TPWaitStats", "consumer_delays", "fill_tp_waits",
-    "IdleWorker", "idle_worker",
+    "IdleWorker", "shared_idle_worker",
 ]

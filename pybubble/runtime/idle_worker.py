@@ -161,7 +161,7 @@ class IdleWorker:
 _worker: IdleWorker | None = None
 
 
-def idle_worker() -> IdleWorker:
+def shared_idle_worker() -> IdleWorker:
     """The process's idle worker (started on first use; its thread lives as long as the process)."""
     global _worker
     if _worker is None:
@@ -169,4 +169,4 @@ def idle_worker() -> IdleWorker:
     return _worker
 
 
-__all__ = ["IdleWorker", "idle_worker"]
+__all__ = ["IdleWorker", "shared_idle_worker"]

@@ -48,7 +48,7 @@ import torch.distributed._functional_collectives as funcol
 from torch.profiler import record_function
 
 from .filler import BubbleFiller, FillTask
-from .idle_worker import idle_worker
+from .idle_worker import shared_idle_worker
 from .pipelining import check_torch_version
 
 _TP_WAIT = "pybubble:tp_wait"
@@ -145,7 +145,7 @@ class TensorParallelWaits:
         f, s = self.filler, self.stats
         worker = None
         if f.fill and self.op_idle_s > 0.0:
-            worker = idle_worker()
+            worker = shared_idle_worker()
             room = (len(f.next_ops) - f.op_index) * self.op_idle_s - f.idle_queued_s()
             while room > 0.0:
                 task = f.pick(room, worker=True)

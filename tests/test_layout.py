@@ -203,7 +203,8 @@ def test_no_public_name_shadows_a_subpackage():
 @pytest.mark.parametrize("sub", ORDER)
 def test_every_subpackage_imports_by_its_dotted_name(sub):
     """Each subpackage's modules import as `import pybubble.SUB.MODULE as m` (no name the package
-    binds hides a module: the runtime's `launch` function lives in `launcher`)."""
+    binds hides a module: the runtime's `launch` function lives in `launcher`), and every name of
+    their ``__all__`` exists."""
     import importlib
 
     if sub == "runtime":
@@ -215,3 +216,5 @@ def test_every_subpackage_imports_by_its_dotted_name(sub):
         namespace: dict = {}
         exec(f"import pybubble.{sub}.{path.stem} as m", namespace)
         assert namespace["m"] is module
+        # and `from pybubble.SUB.MODULE import *` works: every name of __all__ is defined
+        assert [n for n in getattr(module, "__all__", ()) if not hasattr(module, n)] == [], module.__name__

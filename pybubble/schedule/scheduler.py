@@ -108,4 +108,4 @@ def _schedule(doc: Any) -> Schedule:
     )
 
 
-__all__ = ["SCHEDULE_FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "load_schedule", "schedule"]
+__all__ = ["SCHEDULE_FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "load_schedule", "schedule_problem"]

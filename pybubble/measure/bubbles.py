@@ -46,7 +46,7 @@ from ..llm.step import LLMStep
 from ..viz.figures import pyplot, save_figure
 from . import intervals as iv
 from .intervals import Spans
-from .trace import Trace
+from .trace import Trace, file_rank
 
 IDLE_KINDS = ("warmup", "steady", "cooldown", "collective")
 """Kinds of measured idle time."""
@@ -328,10 +328,7 @@ def measure(source: str | os.PathLike[str], min_gap_us: float = MIN_GAP_US) -> l
     files = trace_files(source)
     for i, f in enumerate(files):
         trace = RankTrace.read(f)
-        rank = trace.rank
-        if rank is None:
-            m = re.search(r"rank[_-]?(\d+)", f.name)
-            rank = int(m.group(1)) if m else i
+        rank = file_rank(f, trace.rank, i)
         if rank in traces:
             raise ValueError(f"{f}: a second trace of rank {rank}")
         traces[rank] = trace

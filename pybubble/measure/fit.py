@@ -42,7 +42,7 @@ from ..costs.roofline import CALIBRATION_FORMAT, OP_KINDS, CostModel
 from ..llm.step import LLMStep, cost_model, step_comm
 from .bubbles import trace_files
 from .intervals import Spans, clip, length, union
-from .trace import Trace
+from .trace import Trace, file_rank
 
 _OP = re.compile(r"^(?:PP:)?(\d+)([FBIW])(\d+)$")
 _TASK = re.compile(r"^pybubble:task:e(\d+)([fb])\.")
@@ -167,8 +167,7 @@ def read_step(source: str | os.PathLike[str]) -> dict[int, MeasuredRank]:
             found = _simulated(events)
         else:
             info = trace.fields.get("distributedInfo")
-            rank = info.get("rank") if isinstance(info, dict) and type(info.get("rank")) is int else \
-                int(m.group(1)) if (m := re.search(r"rank[_-]?(\d+)", f.name)) else i
+            rank = file_rank(f, info.get("rank") if isinstance(info, dict) and type(info.get("rank")) is int else None, i)
             found = {rank: _profiled(events, rank)}
         for rank, r in found.items():
             if rank in ranks:

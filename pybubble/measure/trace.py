@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -33,6 +34,15 @@ GZIP_MAGIC = b"\x1f\x8b"
 TRACE_FIELDS = ("distributedInfo",)
 """The top-level fields :class:`Trace` keeps by default: torch.profiler's ``distributedInfo``
 (``rank``, ``world_size``, ``backend``) of the process that wrote the trace."""
+
+
+def file_rank(path: str | os.PathLike[str], rank: int | None, index: int) -> int:
+    """The rank of the trace at `path`: `rank` (its ``distributedInfo``'s) when known, else the N of
+    a ``rank<N>`` in its file name, else `index` (its place among the files read)."""
+    if rank is not None:
+        return rank
+    m = re.search(r"rank[_-]?(\d+)", Path(path).name)
+    return int(m.group(1)) if m else index
 
 
 class Trace:
@@ -157,4 +167,4 @@ class _Nesting:
         self.raw.close()
 
 
-__all__ = ["GZIP_MAGIC", "TRACE_FIELDS", "Trace"]
+__all__ = ["GZIP_MAGIC", "TRACE_FIELDS", "Trace", "file_rank"]

@@ -31,7 +31,7 @@ from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
 from .pipelining import check_torch_version, fill_pipeline_waits, schedule_table
-from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s, stage_ranks
+from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s, splits_backward, stage_ranks
 from .segments import MicrobatchRun, split_into_pieces
 from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits, tp_op_figures
 
@@ -142,7 +142,7 @@ class EncoderRuntime:
         if len(self.table) != self.ranks:
             raise ValueError(f"schedule: its action table has {len(self.table)} ranks, the pp group {self.ranks}")
         tp = mesh["tp"].size() if mesh is not None and "tp" in tuple(mesh.mesh_dim_names or ()) else 1
-        if tp > 1 and any(a.kind in "IW" for row in self.table.values() for a in row):
+        if tp > 1 and splits_backward(self.table):
             raise ValueError(f"schedule: {type(schedule).__name__} splits backwards into I and W, beside the mesh's "
                              f"tp {tp}: tensor parallelism is predicted with whole backwards only (Schedule1F1B, "
                              "ScheduleGPipe, ScheduleInterleaved1F1B)")
@@ -355,8 +355,7 @@ class EncoderRuntime:
             with record_function("pybubble:front"):
                 filler.run_front()
             filler.begin_step(frame0=start)
-            tp = TensorParallelWaits(filler, self.costs.tp_gap_s,  # each op's TP waits: count x mean
-                                     self.costs.tp_count * max(self.costs.tp_gap_s, self.costs.tp_wait_s))
+            tp = TensorParallelWaits(filler, self.costs.tp_gap_s, self.costs.tp_op_wait_s)
             with fill_pipeline_waits(filler, self.stages), fill_tp_waits(tp), record_function("pybubble:schedule"):
                 result = self.schedule.step(*args, **kwargs)
             filler.end_pipeline()

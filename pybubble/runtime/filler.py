@@ -529,10 +529,6 @@ class BubbleFiller:
         """The next task that may run now in ``room_s`` seconds (see :meth:`_pick`), or None."""
         return self._pick(room_s, worker=worker)[0]
 
-    def run(self, task: FillTask) -> float:
-        """Runs ``task`` now (launches it, on CUDA); returns its time (see :meth:`_run`)."""
-        return self._run(task)
-
     def wait_collective(self, works: Sequence[dist.Work], room_s: float) -> float:
         """Waits for the works of a data-parallel collective (issued by FSDP2 or DDP through
         :mod:`pybubble.runtime.data_parallel`), wherever the step is (inside an op too: FSDP2's
@@ -548,7 +544,7 @@ class BubbleFiller:
         ran, count = 0.0, 0
         last: FillTask | None = None
         last_end = 0.0
-        t = end = time.perf_counter()
+        t = time.perf_counter()
         try:
             with self.waiting("dp wait") as t:
                 if self.side is not None:
@@ -673,10 +669,11 @@ class BubbleFiller:
         for w in works:
             w.wait()
 
-    def run_now(self, task: FillTask) -> None:
-        """Runs ``task`` at once, outside any wait (megatron: the encoder's backward inside the
-        first stage's backward); its time is not the LLM op's own."""
-        self._run(task)
+    def run_now(self, task: FillTask) -> float:
+        """Runs ``task`` at once (launches it, on CUDA), wherever the step is (megatron: the
+        encoder's backward inside the first stage's backward; a TP wait on CUDA); its time is not
+        the LLM op's own. Returns that time (see :meth:`_run`)."""
+        return self._run(task)
 
     @property
     def remaining(self) -> int:

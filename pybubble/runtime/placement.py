@@ -61,6 +61,12 @@ class MeasuredCosts:
     """The mean of those waits (the gaps are heavy-tailed on a loaded machine): count x mean is the
     ops' time in TP waits; 0: the typical gap."""
 
+    @property
+    def tp_op_wait_s(self) -> float:
+        """The time each LLM forward and backward op waits on TP collectives: count x mean (the
+        typical gap where no mean was measured)."""
+        return self.tp_count * max(self.tp_gap_s, self.tp_wait_s)
+
     def __post_init__(self) -> None:
         if len(self.stage_fwd_s) != len(self.stage_bwd_s) or not self.stage_fwd_s:
             raise ValueError(f"stage_bwd_s: {len(self.stage_bwd_s)} stages, stage_fwd_s has {len(self.stage_fwd_s)}")
@@ -98,6 +104,11 @@ def stage_ranks(table: Table) -> dict[int, int]:
     return {a.stage: r for r, row in table.items() for a in row if a is not None}
 
 
+def splits_backward(table: Table) -> bool:
+    """Whether the action table splits backwards into I and W (zero-bubble schedules)."""
+    return any(a is not None and a.kind in "IW" for row in table.values() for a in row)
+
+
 def first_stage_rank(table: Table) -> int:
     """The rank that holds the LLM's first stage (stage 0) in an action table."""
     return stage_ranks(table).get(0, 0)
@@ -116,8 +127,8 @@ def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_
     ranks, owner = len(table), stage_ranks(table)
     if sorted(owner) != list(range(costs.stages)):
         raise ValueError(f"table: stages {sorted(owner)} are not the {costs.stages} stages of the costs")
-    tp = costs.tp_count * max(costs.tp_gap_s, costs.tp_wait_s)
-    if tp > 0.0 and any(a is not None and a.kind in "IW" for row in table.values() for a in row):
+    tp = costs.tp_op_wait_s
+    if tp > 0.0 and splits_backward(table):
         raise ValueError(f"tp_count: {costs.tp_count} TP collectives per op, but the table splits backwards "
                          "into I and W: tensor parallelism is predicted with whole backwards only (1f1b, gpipe, "
                          "interleaved_1f1b)")

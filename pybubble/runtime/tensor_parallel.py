@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed._functional_collectives as funcol
-from torch.profiler import record_function
 
 from .filler import BubbleFiller, FillTask
 from .idle_worker import shared_idle_worker
@@ -143,8 +142,10 @@ class TensorParallelWaits:
         the rest of the step less what it holds; then the main thread blocks in the real wait (its
         core goes to the worker)."""
         f, s = self.filler, self.stats
-        worker = None
-        if f.fill and self.op_idle_s > 0.0:
+        if not (f.fill and self.op_idle_s > 0.0):  # only measured
+            out = real_wait(tensor)
+            resumed, running, ran = time.perf_counter(), None, 0.0
+        else:
             worker = shared_idle_worker()
             room = (len(f.next_ops) - f.op_index) * self.op_idle_s - f.idle_queued_s()
             while room > 0.0:
@@ -155,15 +156,14 @@ class TensorParallelWaits:
                 self._launched.append((task, len(s.gaps_s)))
                 room -= task.duration_s
                 s.filled += 1
-        cpu = worker.cpu_s() if worker is not None else 0.0
-        if worker is not None:
+            cpu = worker.cpu_s()
             worker.allow()
-        out = real_wait(tensor)
-        resumed = time.perf_counter()
-        if worker is not None:
-            worker.hold()  # no piece starts while the main thread runs the LLM (they would share the GIL)
-        running = worker.current if worker is not None else None
-        ran = worker.cpu_s() - cpu if worker is not None else 0.0
+            try:
+                out = real_wait(tensor)
+                resumed = time.perf_counter()
+            finally:
+                worker.hold()  # no piece starts while the main thread runs the LLM (they would share the GIL)
+            running, ran = worker.current, worker.cpu_s() - cpu
         gap = resumed - entered
         filled = min(gap, ran)
         s.gaps_s.append(gap)
@@ -186,7 +186,7 @@ class TensorParallelWaits:
                     task = f.pick(self.gap_s - launched)
                     if task is None:
                         break
-                    launched += f.run(task)
+                    launched += f.run_now(task)
                     s.filled += 1
                     s.pieces.append((task.duration_s, task.duration_s, self.gap_s))
             s.filled_s += min(launched, self.gap_s)

@@ -20,7 +20,9 @@ from typing import NamedTuple
 from torch.profiler import record_function
 
 from ..measure import names
-from .executors import CudaExecutor, HostExecutor
+from ..llm.tables import Action
+from .cuda import SideStream
+from .executors import CudaExecutor, HostExecutor, executor_for
 from .plan import PlannedOp, RankPlan
 from .progress import StepProgress
 from .records import FillerStats
@@ -69,6 +71,26 @@ class BubbleFiller:
         """The filler of a rank's plan, running ``tasks`` (bound to the plan's tasks)."""
         return cls(tasks, plan.ops, horizon_s=plan.horizon_s, tail_gap_s=plan.tail_gap_s, fill=plan.fill,
                    executor=executor)
+
+    @classmethod
+    def with_gaps(cls, tasks: Sequence[FillTask], gaps_s: Sequence[float], next_ops: Sequence[tuple[str, int]],
+                  horizon_s: float, *, fill: bool = True, side: SideStream | None = None,
+                  op_starts_s: Sequence[float] | None = None, force_until_s: Sequence[float] | None = None,
+                  op_stages: Sequence[int] | None = None) -> BubbleFiller:
+        """A filler for a hand-made step (a loop of one's own, a test): ``gaps_s[n]`` the idle time
+        predicted before op n (the last entry: after the last op), ``next_ops[n]`` op n as (kind,
+        microbatch), optionally its predicted start, its ``force_until_s`` and its stage; on the
+        host, or on ``side`` (a CUDA side stream)."""
+        n = len(next_ops)
+        for name, given, want in (("gaps_s", gaps_s, n + 1), ("op_starts_s", op_starts_s, n),
+                                  ("force_until_s", force_until_s, n), ("op_stages", op_stages, n)):
+            if given is not None and len(given) != want:
+                raise ValueError(f"{name}: {len(given)} entries for {n} ops (need {want})")
+        ops = [PlannedOp(action=Action(0 if op_stages is None else op_stages[i], kind, mb), gap_s=gaps_s[i],
+                         start_s=None if op_starts_s is None else op_starts_s[i],
+                         force_until_s=float("-inf") if force_until_s is None else force_until_s[i])
+               for i, (kind, mb) in enumerate(next_ops)]
+        return cls(tasks, ops, horizon_s=horizon_s, tail_gap_s=gaps_s[-1], fill=fill, executor=executor_for(side))
 
     def record_trace(self) -> list[tuple[str, float, float]]:
         """From now on (what, start, end) of every task, op and wait go to the returned list."""
@@ -119,7 +141,7 @@ class BubbleFiller:
             self._cursor += 1
         return self.tasks[self._cursor] if self._cursor < len(self.tasks) else None
 
-    def _pick(self, room_s: float, look: int = 16, worker: bool = False) -> tuple[FillTask | None, float | None]:
+    def pick(self, room_s: float, look: int = 16, worker: bool = False) -> tuple[FillTask | None, float | None]:
         """The first task, in plan order among the next ``look`` not done, whose chain has no
         earlier task left, whose input has arrived and that fits in ``room_s``; and the shortest
         duration among those passed over for not fitting (None: none was). On CUDA only tasks
@@ -151,10 +173,6 @@ class BubbleFiller:
             return task, too_long
         return None, too_long
 
-    def pick(self, room_s: float, worker: bool = False) -> FillTask | None:
-        """The next task that may run now in ``room_s`` seconds (see :meth:`_pick`), or None."""
-        return self._pick(room_s, worker=worker)[0]
-
     def fill_gap(self, room: Callable[[], float], pending: Callable[[], bool] = lambda: True, *,
                  until_fits: Callable[[float], bool] | None = None, run: Callable[[FillTask], float] | None = None,
                  worker: bool = False) -> Filled:
@@ -164,7 +182,7 @@ class BubbleFiller:
         run = self.run_now if run is None else run
         seconds, count, last, last_end = 0.0, 0, None, 0.0
         while pending():
-            task, too_long = self._pick(room(), worker=worker)
+            task, too_long = self.pick(room(), worker=worker)
             if task is None:
                 if too_long is None or until_fits is None or not until_fits(too_long):
                     break

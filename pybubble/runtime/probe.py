@@ -21,7 +21,7 @@ class WorkProbe:
     The pool's threads live on, so a probe costs a queue hand-off, not a thread start (which waits
     for the GIL: up to ``sys.getswitchinterval()`` on a busy host)."""
 
-    __slots__ = ("work", "_future", "done_at")
+    __slots__ = ("work", "future", "done_at")
     _pool: ThreadPoolExecutor | None = None
 
     def __init__(self, work: dist.Work):
@@ -31,7 +31,8 @@ class WorkProbe:
         if WorkProbe._pool is None:
             # Enough waiters for every receive a step posts at once (each blocks one until it arrives).
             WorkProbe._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="pybubble-probe")
-        self._future = WorkProbe._pool.submit(self._wait)
+        self.future = WorkProbe._pool.submit(self._wait)
+        """The waiter's future: done when the work completed."""
 
     def _wait(self) -> None:
         try:
@@ -41,17 +42,17 @@ class WorkProbe:
 
     def done(self) -> bool:
         """Whether the awaited work has completed."""
-        return self._future.done()
+        return self.future.done()
 
     @staticmethod
     def wait_all(probes: Sequence[WorkProbe], until: float) -> None:
         """Blocks until every probe completed or ``time.perf_counter()`` reaches ``until``."""
-        futures_wait([p._future for p in probes], timeout=max(0.0, until - time.perf_counter()))
+        futures_wait([p.future for p in probes], timeout=max(0.0, until - time.perf_counter()))
 
     def result(self, timeout: float | None = None) -> None:
         """Blocks until the work completed; raises what its ``wait()`` raised."""
         try:
-            self._future.result(timeout)
+            self.future.result(timeout)
         except FutureTimeout:
             raise TimeoutError(f"work not completed within {timeout} s") from None
 

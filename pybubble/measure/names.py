@@ -58,7 +58,7 @@ TASK = re.compile(r"^pybubble:task:e(\d+)([fb])\.")
 """An encoder task's annotation: groups encoder microbatch, ``f`` or ``b``."""
 PIPELINE_WAIT = re.compile(r"^pybubble:wait$")
 """The pipeline's waits."""
-SCHEDULE = re.compile(r"^pybubble:schedule$")
+SCHEDULE_SPAN = re.compile(r"^pybubble:schedule$")
 """The span of the pipeline's schedule."""
 SYNC = re.compile(r"^pybubble:(grad_sync|sync)$")
 """The runtime's own synchronisation (the step's barrier and cost sharing, the gradient sum)."""

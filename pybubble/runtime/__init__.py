@@ -31,7 +31,14 @@ _WHERE = {
     "DataParallelWaits": "waits", "PipelineWaits": "waits", "TensorParallelWaits": "waits",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = ["BoundaryCommunicator", "BubbleFiller", "CostHistory", "CudaExecutor", "DataParallelWaits",
+    "EncoderRuntime", "EncoderStep", "FillTask", "FillerStats", "HostExecutor", "IdleWorker", "MeasuredCosts",
+    "MicrobatchRun", "PLACEMENTS", "ParallelGroups", "Piece", "PipelineWaits", "Placement", "PlannedOp",
+    "PlannedTask", "RankPlan", "SUPPORTED_TORCH", "SideStream", "StepProgress", "StepRecord", "StepSample",
+    "TPWaitStats", "TensorParallelWaits", "WorkProbe", "check_torch_version", "consumer_delays", "exit_rank",
+    "fill_pipeline_waits", "fill_tp_waits", "init_distributed", "launch", "llm_stream", "make_placement",
+    "observe_data_parallel", "predict_step_s", "rank_plan", "resolve_groups", "run_rank", "schedule_microbatches",
+    "schedule_table", "shared_idle_worker", "side_stream", "split_into_pieces", "sync_grads"]
 
 
 def __getattr__(name: str):

@@ -54,17 +54,29 @@ class StepSample:
     """One rank's figures of one step, seconds (NaN: not seen; see :data:`FIELDS`)."""
 
     lead: float
+    """The schedule's own time before its first op."""
     sync: float
+    """The encoder's gradient sum."""
     outside: float
+    """The trainer's time between the last step and this one (optimizer, data)."""
     plan: float
+    """The runtime's planning."""
     stage_fwd: Sequence[float]
+    """Per pipeline stage: the median own time of its forwards (NaN: another rank's stage)."""
     stage_bwd: Sequence[float]
+    """Per stage: of its full backwards (B, or I + W)."""
     stage_wgrad: Sequence[float]
+    """Per stage: of its weight-gradient backwards W."""
     piece_fwd: Sequence[float]
+    """Per piece: its forward's duration (the mean over the microbatches the rank ran)."""
     piece_bwd: Sequence[float]
+    """Per piece: its backward's."""
     tp_count: float = float("nan")
+    """TP collectives waited on per LLM op (NaN without tensor parallelism)."""
     tp_gap: float = float("nan")
+    """Their median gap."""
     tp_wait: float = float("nan")
+    """Their mean gap."""
 
     def vector(self) -> np.ndarray:
         """The figures as one flat float64 vector, laid out as :class:`SampleLayout` says (what the

@@ -137,6 +137,7 @@ class BubbleFiller:
         return min(3.0, max(0.5, self._ran_took_s / self._ran_estimated_s))
 
     def next_task(self) -> FillTask | None:
+        """The first task in plan order not done yet (None: all are)."""
         while self._cursor < len(self.tasks) and self.tasks[self._cursor].done:
             self._cursor += 1
         return self.tasks[self._cursor] if self._cursor < len(self.tasks) else None

@@ -19,11 +19,11 @@ import os
 from dataclasses import dataclass, fields
 
 from ..config.checks import one_of
+from ..costs.kernels import PHASES
 from ..llm.tables import Action
 
 FORMAT = "pybubble.rank_plan/1"
 """The ``format`` key of a rank plan's JSON document."""
-PHASES = ("fwd", "bwd")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -161,4 +161,4 @@ class RankPlan:
             return cls.from_json(json.load(f))
 
 
-__all__ = ["FORMAT", "PHASES", "PlannedOp", "PlannedTask", "RankPlan"]
+__all__ = ["FORMAT", "PlannedOp", "PlannedTask", "RankPlan"]

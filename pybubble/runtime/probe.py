@@ -28,11 +28,15 @@ class WorkProbe:
         self.work = work
         self.done_at = 0.0
         """``time.perf_counter()`` when the work completed (its waiter returned)."""
-        if WorkProbe._pool is None:
-            # Enough waiters for every receive a step posts at once (each blocks one until it arrives).
-            WorkProbe._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="pybubble-probe")
-        self.future = WorkProbe._pool.submit(self._wait)
+        self.future = self._waiters().submit(self._wait)
         """The waiter's future: done when the work completed."""
+
+    @classmethod
+    def _waiters(cls) -> ThreadPoolExecutor:
+        if cls._pool is None:
+            # Enough waiters for every receive a step posts at once (each blocks one until it arrives).
+            cls._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="pybubble-probe")
+        return cls._pool
 
     def _wait(self) -> None:
         try:

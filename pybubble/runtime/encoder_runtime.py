@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from .boundary import TAG_BASE, BoundaryCommunicator
@@ -146,6 +147,12 @@ class EncoderRuntime:
             raise ValueError(f"schedule: {type(schedule).__name__} splits backwards into I and W, beside the mesh's "
                              f"tp {tp}: tensor parallelism is predicted with whole backwards only (Schedule1F1B, "
                              "ScheduleGPipe, ScheduleInterleaved1F1B)")
+        if splits_backward(self.table) and any(isinstance(getattr(st, "submod", None), DistributedDataParallel)
+                                               for st in self.stages):
+            raise ValueError(f"stage: a DDP module beside {type(schedule).__name__}, which splits backwards into I "
+                             "and W: torch computes W's gradients with autograd.grad, which DDP's all-reduce never "
+                             "sees (pytorch/pytorch#144530), so the replicas' gradients would not be averaged "
+                             "(docs/runtime.md, 'Zero-bubble schedules beside data parallelism'); shard it with FSDP2")
         owner = stage_ranks(self.table)
         self.num_stages = len(owner)
         """The pipeline's stages (over all its ranks)."""

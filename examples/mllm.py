@@ -436,8 +436,14 @@ def data_parallel(stage_module: nn.Module, args: argparse.Namespace, mesh) -> nn
     if args.dp > 1 and args.dp_wrap == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        # A schedule that splits the backward finds the weights its W differentiates in the
+        # module's parameters at I: a block resharded after its forward shows its sharded ones
+        # there, not the gathered ones of the microbatch's graph, and W computes no gradient for
+        # them (docs/runtime.md, "Zero-bubble schedules beside data parallelism"). There the
+        # blocks stay gathered from the forward on, as torchtitan keeps them under any pipeline.
+        reshard = args.schedule not in SPLIT_BACKWARD
         for block in stage_module.blocks:
-            fully_shard(block, mesh=dp_mesh)
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
         fully_shard(stage_module, mesh=dp_mesh)
         return stage_module
     if args.dp > 1:
@@ -850,11 +856,11 @@ def check_schedule(args: argparse.Namespace) -> None:
         raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs one")
     if args.schedule in V_SHAPED and chunks != 2:
         raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs two (a V)")
-    if args.schedule in SPLIT_BACKWARD and args.dp > 1:
-        # Seen with torch 2.13: the three modes agree with each other but not with the
-        # single-process training (FSDP2 and DDP alike), while 1f1b, gpipe and interleaved_1f1b do.
-        raise ValueError(f"schedule: {args.schedule!r} splits the backward (I, W), which does not reach the "
-                         f"single-process parameters with --dp {args.dp} here; use 1f1b, gpipe or interleaved_1f1b")
+    if args.schedule in SPLIT_BACKWARD and args.dp > 1 and args.dp_wrap == "ddp":
+        raise ValueError(f"dp_wrap: 'ddp' beside --schedule {args.schedule}, which splits the backward (I, W): torch "
+                         "computes W's weight gradients with autograd.grad, which DDP's all-reduce never sees "
+                         "(pytorch/pytorch#144530), so the replicas' gradients are not averaged; see "
+                         "docs/runtime.md, 'Zero-bubble schedules beside data parallelism'; use --dp-wrap fsdp")
     if args.tp > 1 and args.schedule in SPLIT_BACKWARD:
         raise ValueError(f"tp: {args.tp} beside --schedule {args.schedule}, which splits the backward (I, W): the "
                          "runtime predicts TP gaps in whole forwards and backwards only; use 1f1b, gpipe or "

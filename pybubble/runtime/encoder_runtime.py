@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from ..measure import names
@@ -33,7 +34,7 @@ from .encoder_step import EncoderStep
 from .executors import executor_for
 from .parallel_groups import ParallelGroups, resolve_groups, runtime_group
 from .pipelining import check_torch_version, fill_pipeline_waits, schedule_table
-from .placement import MeasuredCosts, check_mode, make_placement, rank_plan, stage_ranks
+from .placement import MeasuredCosts, check_mode, make_placement, rank_plan, splits_backward, stage_ranks
 from .plan import RankPlan
 from .profile import p2p_latency, shared_profile, time_pieces
 from .records import StepRecord, WaitFigures
@@ -63,9 +64,10 @@ def sync_grads(module: nn.Module, group: dist.ProcessGroup | None, dp_group: dis
         offset += p.numel()
 
 
-def check_stages(stages: Sequence[Any], table: dict, rank: int, ranks: int) -> int:
+def check_stages(stages: Sequence[Any], table: dict, rank: int, ranks: int, schedule: str) -> int:
     """The pipeline's stage count, once ``stages`` (this rank's ``PipelineStage`` objects) are
-    found to be built over the pp group and to be the stages ``table`` runs on ``rank``."""
+    found to be built over the pp group and to be the stages ``table`` (that of the schedule class
+    named ``schedule``) runs on ``rank``."""
     if len(table) != ranks:
         raise ValueError(f"schedule: its action table has {len(table)} ranks, the pp group {ranks}")
     owner = stage_ranks(table)
@@ -75,6 +77,12 @@ def check_stages(stages: Sequence[Any], table: dict, rank: int, ranks: int) -> i
                              "(build the PipelineStage with group= the pp group)")
         if getattr(st, "num_stages", len(owner)) != len(owner):
             raise ValueError(f"stage: {st.num_stages} stages, the schedule's table has {len(owner)}")
+    if splits_backward(table) and any(isinstance(getattr(st, "submod", None), DistributedDataParallel)
+                                      for st in stages):
+        raise ValueError(f"stage: a DDP module beside {schedule}, which splits backwards into I and W: torch "
+                         "computes W's gradients with autograd.grad, which DDP's all-reduce never sees "
+                         "(pytorch/pytorch#144530), so the replicas' gradients would not be averaged "
+                         "(docs/runtime.md, 'Zero-bubble schedules beside data parallelism'); shard it with FSDP2")
     mine = sorted(s for s, r in owner.items() if r == rank)
     given = sorted(getattr(st, "stage_index", s) for st, s in zip(stages, mine))
     if len(stages) != len(mine) or given != mine:
@@ -132,7 +140,7 @@ class EncoderRuntime:
         self.rank, self.ranks = dist.get_rank(self.pp_group), dist.get_world_size(self.pp_group)
         self.table = schedule_table(schedule)
         """The schedule's action table (its compute actions), which the plan simulates."""
-        self.num_stages = check_stages(self.stages, self.table, self.rank, self.ranks)
+        self.num_stages = check_stages(self.stages, self.table, self.rank, self.ranks, type(schedule).__name__)
         self.microbatches = check_microbatches(microbatches, self.table, self.ranks)
         self.groups.check_schedule(self.table, type(schedule).__name__)
         self.group = group if group is not None else runtime_group(self.groups, self.ranks)

@@ -153,8 +153,9 @@ def test_bad_groups_and_counts_raise_value_errors_naming_the_field():
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert lines[:3] == [
-        "no pp: mesh: no 'pp' dimension (its dimensions: ('dp',))",
-        "both: mesh: give a mesh or pp_group/dp_group, not both",
+        "no pp: mesh: no 'pp' dimension (its dimensions: ('dp',)); name the pipeline's dimension with "
+        "roles={'pp': ..., 'dp': ..., 'tp': ...}",
+        "both: mesh: give one of parallel_dims, mesh (with roles) or pp_group/dp_group/tp_group, not mesh and pp_group",
         "zero: microbatches: 0 is not an integer >= 1 (the pp ranks)",
     ]
     assert len(lines) == 5 and lines[3].startswith("hooked: stage: its DDP module already has a communication hook (")

@@ -86,11 +86,11 @@ class ParallelGroups:
     @property
     def tp_size(self) -> int:
         """The tensor-parallel degree (1 without tensor parallelism)."""
-        return 1 if self.tp is None else dist.get_world_size(self.tp)
+        return _size(self.tp)
 
     def describe(self) -> str:
         """One line: each role's size and source."""
-        sizes = [dist.get_world_size(g) if g is not None else 1 for g in (self.pp, self.dp, self.tp)]
+        sizes = [_size(g) for g in (self.pp, self.dp, self.tp)]
         sources = (self.pp_source, self.dp_source, self.tp_source)
         return ", ".join(f"{role} {n} ({src})" for role, n, src in zip(ROLES, sizes, sources))
 
@@ -137,6 +137,7 @@ def resolve_groups(*, mesh: Any = None, parallel_dims: Any = None,
 
 
 def _size(group: dist.ProcessGroup | None) -> int:
+    """The ranks of ``group`` (1 for None)."""
     return 1 if group is None else dist.get_world_size(group)
 
 

@@ -59,10 +59,11 @@ def test_three_modes_under_torchrun_reach_the_single_process_parameters(tmp_path
     assert sum(r["pp"]["filled_s"] for r in got["pybubble"]["waits"]) > 0
 
 
-@pytest.mark.parametrize("wrap", ["fsdp", "ddp"])
-def test_dp2_pp2_reaches_the_parameters_of_pp2(tmp_path, wrap):
-    # 4 processes on this machine's 2 cores: a correctness run, not a timing.
-    got = reports(tmp_path, 4, "--dp", 2, "--pp", 2, "--dp-wrap", wrap)
+@pytest.mark.parametrize("wrap, dim", [("fsdp", "dp"), ("ddp", "dp"), ("fsdp", "dp_shard")])
+def test_dp2_pp2_reaches_the_parameters_of_pp2(tmp_path, wrap, dim):
+    # 4 processes on this machine's 2 cores: a correctness run, not a timing. dp_shard: the mesh
+    # ("pp", "dp_shard") as torchtitan names it, FSDP2 over dp_shard; the runtime finds the replicas.
+    got = reports(tmp_path, 4, "--dp", 2, "--pp", 2, "--dp-wrap", wrap, "--dp-dim", dim)
     reference = got["pybubble"]["reference_checksum"]  # one process, the whole batch: what pp 2 reaches
     for mode, report in got.items():
         assert report["param_checksum"] == pytest.approx(reference, rel=1e-6), mode

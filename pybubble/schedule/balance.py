@@ -21,13 +21,14 @@ from __future__ import annotations
 import heapq
 import itertools
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import _core
-from ..config.checks import finite, integer, real_array
+from ..config.checks import INT64, finite, integer, real_array
 
 STEP_BALANCE_FORMAT = "pybubble.step_balance/1"
 """The format key of a :class:`StepBalance` document."""
@@ -188,47 +189,114 @@ def _pack_by_tokens(tokens: np.ndarray, microbatches: int, limit: int) -> np.nda
     return out
 
 
-def balance_replicas(image_cost: np.ndarray, image_owner: np.ndarray, replicas: int) -> np.ndarray:
+def balance_replicas(image_cost: np.ndarray, image_owner: np.ndarray, replicas: int,
+                     image_slot: np.ndarray | None = None) -> np.ndarray:
     """Moves of encoder work between data-parallel replicas: an int64 array of rows ``(image, from,
     to)``, ``from`` the replica that owns the image's sample (its output goes back there), in the
-    order they were decided. The replicas above the mean encoder load, heaviest first, give images
-    to the lightest replica: the largest image that fits both in what the giver has above the mean
-    and in what the taker has below it, else the smallest, if the taker stays below the giver.
-    Every move lowers the giver and leaves the taker below the giver's load before it, so the
-    largest load never grows; an image moves at most once, and only away from its owner."""
+    order they were decided.
+
+    One greedy pass evens out a load over the replicas: those above the mean, heaviest first, give
+    images to the lightest one, the largest image that fits both in what the giver has above the
+    mean and in what the taker has below it (else the smallest, if the taker stays below the
+    giver) and that the taker may take. With `image_slot` (the LLM slot whose deadline each image
+    has), a pass per slot first evens out each slot's encoder seconds, a taker taking only while
+    its total stays within the largest total; then a pass over the totals with the images not yet
+    moved, a taker taking only while its load in the image's slot stays within that slot's
+    largest. So no pass raises the largest total or the largest load of a slot; an image moves at
+    most once and only away from its owner; images without cost stay."""
     cost = real_array(image_cost, "image_cost", minimum=0.0)
     r = integer(replicas, "replicas", minimum=1)
     owner = _indices(image_owner, "image_owner", r, cost.shape)
-    load = np.bincount(owner, weights=cost, minlength=r)
-    mean = float(load.mean())
-    by_owner = np.lexsort((cost, owner))  # stable: equal costs keep their index order
-    bounds = np.searchsorted(owner[by_owner], np.arange(r + 1))
-    takers = [(float(load[k]), k) for k in range(r) if load[k] < mean]
-    heapq.heapify(takers)
     moves: list[tuple[int, int, int]] = []
-    for giver in np.argsort(-load, kind="stable").tolist():
+    eligible = np.flatnonzero(cost > 0)
+    total = np.bincount(owner, weights=cost, minlength=r).tolist()
+    fits: Callable[[int, int, float], bool] = lambda image, taker, c: True  # noqa: E731
+    update: Callable[[int, int, int, float], None] = lambda image, giver, taker, c: None  # noqa: E731
+    if image_slot is not None:
+        slot = _indices(image_slot, "image_slot", INT64[1], cost.shape)
+        ids = eligible[np.lexsort((cost[eligible], owner[eligible], slot[eligible]))]
+        group_owner = owner[ids]
+        cuts = [0, *(np.flatnonzero(np.diff(slot[ids])) + 1).tolist(), ids.size]
+        keys = slot[ids] * r + group_owner
+        cap = max(total, default=0.0)
+
+        def within_total(image: int, taker: int, c: float) -> bool:
+            return total[taker] + c <= cap
+
+        def move_total(image: int, giver: int, taker: int, c: float) -> None:
+            total[giver] -= c
+            total[taker] += c
+
+        id_list, cost_list = ids.tolist(), cost[ids].tolist()
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            if lo == hi:
+                continue
+            bounds = (lo + np.searchsorted(keys[lo:hi], keys[lo] - group_owner[lo] + np.arange(r + 1))).tolist()
+            load = np.bincount(group_owner[lo:hi], weights=cost[ids[lo:hi]], minlength=r).tolist()
+            _even_out(id_list, cost_list, bounds, load, moves, within_total, move_total)
+        moved = np.zeros(cost.size, bool)
+        moved[[m[0] for m in moves]] = True
+        eligible = eligible[~moved[eligible]]
+        runs_on = owner.copy()
+        runs_on[[m[0] for m in moves]] = [m[2] for m in moves]
+        width = int(slot.max(initial=-1)) + 1
+        by_slot = np.bincount(runs_on * width + slot, weights=cost, minlength=r * width).reshape(r, width)
+        slot_cap, slot_load, slot_of = by_slot.max(axis=0).tolist(), by_slot.tolist(), slot.tolist()
+
+        def within_slot(image: int, taker: int, c: float) -> bool:
+            return slot_load[taker][slot_of[image]] + c <= slot_cap[slot_of[image]]
+
+        def move_slot(image: int, giver: int, taker: int, c: float) -> None:
+            slot_load[giver][slot_of[image]] -= c
+            slot_load[taker][slot_of[image]] += c
+
+        fits, update = within_slot, move_slot
+    ids = eligible[np.lexsort((cost[eligible], owner[eligible]))]
+    bounds = np.searchsorted(owner[ids], np.arange(r + 1)).tolist()
+    _even_out(ids.tolist(), cost[ids].tolist(), bounds, total, moves, fits, update)
+    return np.array(moves, np.int64).reshape(-1, 3)
+
+
+def _even_out(ids: list[int], costs: list[float], bounds: list[int], load: list[float],
+              moves: list[tuple[int, int, int]], fits: Callable[[int, int, float], bool],
+              update: Callable[[int, int, int, float], None]) -> None:
+    """One greedy pass of :func:`balance_replicas`: the images ``ids[bounds[k]:bounds[k + 1]]`` of
+    owner k (by cost, with ``costs`` alongside) even out `load` (per replica); ``fits(image, taker,
+    cost)`` says whether a taker may take an image, ``update`` is told of each move. A taker that
+    may take none of a giver's images that would help sits out until the next giver."""
+    mean = sum(load) / len(load)
+    takers = [(x, k) for k, x in enumerate(load) if x < mean]
+    heapq.heapify(takers)
+    for giver in sorted(range(len(load)), key=lambda k: -load[k]):
         if load[giver] <= mean or not takers:
             break
-        mine = by_owner[bounds[giver]:bounds[giver + 1]]
-        mine = mine[cost[mine] > 0]
-        costs, ids = cost[mine].tolist(), mine.tolist()
-        have = float(load[giver])
-        while have > mean and takers and costs:
+        lo, hi = bounds[giver], bounds[giver + 1]
+        mine, images = costs[lo:hi], ids[lo:hi]
+        have, waiting = load[giver], []
+        while have > mean and takers and mine:
             room, taker = takers[0]
-            k = bisect_right(costs, min(have - mean, mean - room)) - 1
+            k = bisect_right(mine, min(have - mean, mean - room)) - 1
             if k < 0:
-                if room + costs[0] >= have:
+                if room + mine[0] >= have:
                     break
                 k = 0
-            c, image = costs.pop(k), ids.pop(k)
-            have, room = have - c, room + c
+            while k >= 0 and not fits(images[k], taker, mine[k]):
+                k -= 1
+            if k < 0:
+                waiting.append(heapq.heappop(takers))
+                continue
+            c, image = mine.pop(k), images.pop(k)
             moves.append((image, giver, taker))
+            update(image, giver, taker, c)
+            have, room = have - c, room + c
+            load[taker] = room
             if room < mean:
                 heapq.heapreplace(takers, (room, taker))
             else:
                 heapq.heappop(takers)
         load[giver] = have
-    return np.array(moves, np.int64).reshape(-1, 3)
+        for entry in waiting:
+            heapq.heappush(takers, entry)
 
 
 def _indices(values: Any, where: str, bound: int, shape: tuple[int, ...]) -> np.ndarray:
@@ -323,7 +391,7 @@ def balance_step(image_cost: np.ndarray, image_sample: np.ndarray, tokens: np.nd
     np.put_along_axis(slot_of, order, np.broadcast_to(np.arange(m), (r, m)), axis=1)
     image_owner = own[sample]
     slot = slot_of[image_owner, microbatch[sample]]
-    moves = balance_replicas(cost, image_owner, r)
+    moves = balance_replicas(cost, image_owner, r, slot)
     runs_on = image_owner.copy()
     runs_on[moves[:, 0]] = moves[:, 2]
     return StepBalance(microbatch=microbatch, order=order, moves=moves, runs_on=runs_on, slot=slot,

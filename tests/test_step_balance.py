@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pybubble.planner.workloads import MixSpec, mix
-from pybubble.schedule.balance import (EncoderCost, balance_replicas, balance_step, middle_room,
+from pybubble.problem.generated import synthetic
+from pybubble.schedule.balance import (EncoderCost, balance_replicas, balance_step, deadline_gaps, middle_room,
                                        order_by_bubbles)
 
 
@@ -150,3 +151,23 @@ def test_bad_input_names_the_field(kwargs, message):
             "owner": np.array([0, 1]), "replicas": 2, "microbatches": 1, "sequence_length": None, **kwargs}
     with pytest.raises(ValueError, match=message):
         balance_step(args.pop("image_cost"), args.pop("image_sample"), args.pop("tokens"), args.pop("owner"), **args)
+
+
+def test_a_bubble_profile_orders_the_microbatches():
+    problem = synthetic(stages=4, microbatches=8, encoder_layers=4, encoder_scale=1.0)
+    gaps = deadline_gaps(problem)
+    a = problem.arrays()
+    assert gaps.shape == (8,) and (gaps >= 0).all()
+    # the forward deadlines' gaps and the gradients' gaps add up to the first deadline plus the
+    # time from the first gradient to the end of the step
+    assert gaps.sum() == pytest.approx(a.forward_needed[-1] + problem.horizon - a.grad_ready[0])
+    samples = mix(64, seed=3)
+    cost = EncoderCost()(samples.tiles)
+    owner = np.repeat([0, 1], 32)
+    b = balance_step(cost, samples.image_sample, samples.tokens(64), owner, replicas=2, microbatches=8, bubble=gaps)
+    load = np.bincount(owner * 8 + b.microbatch, weights=np.bincount(samples.image_sample, cost, 64),
+                       minlength=16).reshape(2, 8)
+    assert np.array_equal(b.order, order_by_bubbles(load, gaps))
+    with pytest.raises(ValueError, match=r"bubble: shape \(3,\), expected \(8,\)"):
+        balance_step(cost, samples.image_sample, samples.tokens(64), owner, replicas=2, microbatches=8,
+                     bubble=np.ones(3))

@@ -19,8 +19,8 @@ With MLLM data (``data``: the mix of :class:`~pybubble.planner.workloads.MixSpec
 :class:`~pybubble.planner.workloads.Samples`), every step draws samples for each of `replicas`
 data-parallel replicas, each mode runs on every replica, and the step is the slowest replica's (the
 replicas meet at the gradient collective); one more mode, ``balanced_dp``, balances the step over
-the microbatches and the replicas (:func:`pybubble.schedule.balance.balance_step`) before each
-replica is rescheduled.
+the microbatches and the replicas (:func:`pybubble.schedule.balance.balance_step`, microbatches
+ordered by the plan's deadline gaps) before each replica is rescheduled.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ..config.checks import finite, integer
 from ..config.schema import Config
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep
-from ..schedule.balance import balance_microbatches, balance_step
+from ..schedule.balance import balance_microbatches, balance_step, deadline_gaps
 from ..schedule.online import OnlineScheduler, replay
 from ..schedule.scheduler import Schedule
 from ..viz.steps import save_step_chart
@@ -346,6 +346,7 @@ def _run_replicas(meet: _Meeting, config: Config, costs: CostModel, data: MixSpe
     meet.extra = {"data": "mix" if isinstance(data, MixSpec) else "file", "replicas": replicas}
     owner = np.repeat(np.arange(replicas), n)
     online = meet.online
+    room = deadline_gaps(meet.best.problem)
     for i, d in enumerate(draws):
         image_cost = d.tiles * tile
         tokens = d.tokens(tokens_per_tile)
@@ -358,7 +359,7 @@ def _run_replicas(meet: _Meeting, config: Config, costs: CostModel, data: MixSpe
             for mode, t in steps_r.items():
                 per_mode[mode].append(t)
         t0 = time.perf_counter()
-        sb = balance_step(image_cost, d.image_sample, tokens, owner, replicas=replicas, microbatches=m)
+        sb = balance_step(image_cost, d.image_sample, tokens, owner, replicas=replicas, microbatches=m, bubble=room)
         meet.dp_took.append(time.perf_counter() - t0)
         per_mode["balanced_dp"] = [online.reschedule(online.scaled_durations(load / meet.mean)).step_time
                                    for load in sb.slot_load]

@@ -329,7 +329,7 @@ def read_samples(path: str | os.PathLike[str], *, tokens_per_tile: int = TOKENS_
     """A user's data as :class:`Samples`: JSON lines, one sample each, ``{"tiles": [t1, t2, ...]}``
     (one count per image, ``[]`` for text only; optional ``"text": N`` text tokens; other keys are
     ignored; blank lines skipped). Refuses, with a ValueError naming the line and the field: a line
-    that is not a JSON object, a tile count that is not a positive integer, text that is not an
+    that is not a JSON object, a tile count below 1 or not an integer, text that is not an
     integer >= 0, a sample over `max_tiles` tiles or `max_tokens` LLM tokens (text plus
     `tokens_per_tile` per tile), and a file without samples."""
     integer(tokens_per_tile, "tokens_per_tile", minimum=1)

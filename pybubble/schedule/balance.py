@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import _core
 from ..config.checks import INT64, finite, integer, real_array
+from ..problem.problem import Problem
 
 STEP_BALANCE_FORMAT = "pybubble.step_balance/1"
 """The format key of a :class:`StepBalance` document."""
@@ -77,6 +78,16 @@ def middle_room(microbatches: int) -> np.ndarray:
     m = integer(microbatches, "microbatches", minimum=1)
     s = np.arange(m, dtype=np.float64)
     return np.minimum(s, m - 1 - s)
+
+
+def deadline_gaps(problem: Problem) -> np.ndarray:
+    """A bubble profile for :func:`order_by_bubbles` from a step's deadlines: for LLM slot k, the
+    time from slot k-1's forward deadline to slot k's (from 0 for the first) plus the time from
+    slot k's gradient to slot k+1's (to the step's end for the last): the room the encoder has
+    for that slot's forward before it and its backward after it."""
+    a = problem.arrays()
+    need, ready = np.asarray(a.forward_needed, np.float64), np.asarray(a.grad_ready, np.float64)
+    return np.diff(need, prepend=0.0) + np.diff(ready, append=max(problem.horizon, float(ready.max(initial=0.0))))
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -360,13 +371,15 @@ class StepBalance:
 
 
 def balance_step(image_cost: np.ndarray, image_sample: np.ndarray, tokens: np.ndarray, owner: np.ndarray, *,
-                 replicas: int, microbatches: int, sequence_length: int | None = None) -> StepBalance:
+                 replicas: int, microbatches: int, sequence_length: int | None = None,
+                 bubble: np.ndarray | None = None) -> StepBalance:
     """One step, before it starts: each replica's samples (``owner[i]`` the replica of sample i)
     packed into its `microbatches` (:func:`pack_microbatches` on `tokens` and the samples' encoder
-    seconds), its microbatches ordered light first and last (:func:`order_by_bubbles` with
-    :func:`middle_room`), then images' encoder work moved between replicas
-    (:func:`balance_replicas`). ``image_cost[j]`` is the encoder seconds of image j, which belongs
-    to sample ``image_sample[j]`` (e.g. :class:`EncoderCost` on its tiles)."""
+    seconds), its microbatches ordered by :func:`order_by_bubbles` against `bubble` (one room per
+    LLM slot; by default :func:`middle_room`, light first and last; :func:`deadline_gaps` gives one
+    from the step's problem), then images' encoder work moved between replicas
+    (:func:`balance_replicas`, by slot). ``image_cost[j]`` is the encoder seconds of image j, which
+    belongs to sample ``image_sample[j]`` (e.g. :class:`EncoderCost` on its tiles)."""
     r = integer(replicas, "replicas", minimum=1)
     m = integer(microbatches, "microbatches", minimum=1)
     cost = real_array(image_cost, "image_cost", minimum=0.0)
@@ -386,7 +399,10 @@ def balance_step(image_cost: np.ndarray, image_sample: np.ndarray, tokens: np.nd
         lo, hi = bounds[k], bounds[k + 1]
         microbatch[by_owner[lo:hi]] = _pack(t_sorted[lo:hi], parts[lo:hi], m, sequence_length)
     load = np.bincount(own * m + microbatch, weights=work, minlength=r * m).reshape(r, m)
-    order = order_by_bubbles(load, middle_room(m))
+    room = middle_room(m) if bubble is None else real_array(bubble, "bubble")
+    if room.shape != (m,):
+        raise ValueError(f"bubble: shape {room.shape}, expected ({m},): one room per microbatch")
+    order = order_by_bubbles(load, room)
     slot_of = np.empty((r, m), np.int64)
     np.put_along_axis(slot_of, order, np.broadcast_to(np.arange(m), (r, m)), axis=1)
     image_owner = own[sample]

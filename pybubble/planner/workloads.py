@@ -22,6 +22,7 @@ from ..config.checks import array, finite, integer, positive_int
 from ..config.documents import read_text
 from ..config.models import EncoderConfig, LLMConfig
 from ..costs.roofline import CostModel
+from ..schedule.balance import pack_microbatches
 
 
 @dataclass(kw_only=True, slots=True)
@@ -226,8 +227,6 @@ class Samples:
              tokens_per_tile: int = TOKENS_PER_TILE) -> np.ndarray:
         """The LLM microbatch of each sample, each microbatch's tokens within `sequence_length`
         (:func:`pybubble.schedule.balance.pack_microbatches`, encoder work as tiles)."""
-        from ..schedule.balance import pack_microbatches
-
         return pack_microbatches(self.tokens(tokens_per_tile), microbatches, sequence_length,
                                  encoder=self.sample_tiles)
 

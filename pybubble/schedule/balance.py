@@ -146,15 +146,21 @@ def pack_microbatches(tokens: np.ndarray, microbatches: int, sequence_length: in
     overfills a sequence, they are packed by tokens alone, largest first into the emptiest
     microbatch. With fewer samples than microbatches, sample i goes to microbatch i (the rest are
     padding). Refuses a sample that does not fit in one sequence, and samples that do not pack."""
-    t = np.asarray(tokens)
-    if t.ndim != 1 or t.dtype.kind not in "iu" or (t.size and t.min() < 0):
-        raise ValueError(f"tokens: expected one integer >= 0 per sample, got {t.dtype} of shape {t.shape}")
+    t = _tokens(tokens)
     m = integer(microbatches, "microbatches", minimum=1)
     limit = _fits(t, sequence_length)
     work = t.astype(np.float64) if encoder is None else real_array(encoder, "encoder", minimum=0.0)
     if work.shape != t.shape:
         raise ValueError(f"encoder: shape {work.shape} does not match tokens {t.shape}")
     return _pack(t, _parts(work, t), m, limit)
+
+
+def _tokens(values: Any) -> np.ndarray:
+    """`values` as one int64 token count >= 0 per sample."""
+    t = np.asarray(values)
+    if t.ndim != 1 or (t.size and (t.dtype.kind not in "iu" or t.min() < 0)):
+        raise ValueError(f"tokens: expected one integer >= 0 per sample, got {t.dtype} of shape {t.shape}")
+    return t.astype(np.int64)
 
 
 def _parts(work: np.ndarray, tokens: np.ndarray) -> np.ndarray:
@@ -165,13 +171,14 @@ def _parts(work: np.ndarray, tokens: np.ndarray) -> np.ndarray:
     return parts / np.where(mean > 0, mean, 1.0)
 
 
-def _pack(tokens: np.ndarray, parts: np.ndarray, microbatches: int, limit: int | None) -> np.ndarray:
-    """:func:`pack_microbatches` on checked input."""
+def _pack(tokens: np.ndarray, parts: np.ndarray, microbatches: int, limit: int | None,
+          where: str = "tokens") -> np.ndarray:
+    """:func:`pack_microbatches` on checked input (`where` names the samples in an error)."""
     if tokens.size <= microbatches:
         return np.arange(tokens.size, dtype=np.int64)
     assignment = _core.balance_microbatches(parts, microbatches)
     if limit is not None and np.bincount(assignment, weights=tokens, minlength=microbatches).max() > limit:
-        assignment = _pack_by_tokens(tokens, microbatches, limit)
+        assignment = _pack_by_tokens(tokens, microbatches, limit, where)
     return assignment
 
 
@@ -186,14 +193,14 @@ def _fits(tokens: np.ndarray, sequence_length: int | None) -> int | None:
     return limit
 
 
-def _pack_by_tokens(tokens: np.ndarray, microbatches: int, limit: int) -> np.ndarray:
+def _pack_by_tokens(tokens: np.ndarray, microbatches: int, limit: int, where: str) -> np.ndarray:
     """Largest sample first into the microbatch with the fewest tokens (worst-fit decreasing)."""
     out = np.empty(tokens.size, np.int64)
     heap = [(0, k) for k in range(microbatches)]
     for i in np.argsort(-tokens, kind="stable").tolist():
         used, k = heap[0]
         if used + int(tokens[i]) > limit:
-            raise ValueError(f"tokens: {int(tokens.sum())} tokens in {tokens.size} samples do not pack into "
+            raise ValueError(f"{where}: {int(tokens.sum())} tokens in {tokens.size} samples do not pack into "
                              f"{microbatches} sequences of {limit} (largest first into the emptiest)")
         heapq.heapreplace(heap, (used + int(tokens[i]), k))
         out[i] = k
@@ -327,7 +334,7 @@ class StepBalance:
     """The microbatch (of its owner's packing) of each sample."""
     order: np.ndarray
     """replicas x microbatches: ``order[r, s]`` the microbatch replica r runs in LLM slot s (a
-    permutation per row; light first and last)."""
+    permutation per row, by the bubble profile)."""
     moves: np.ndarray
     """Rows ``(image, from, to)``: image's encoder work runs on replica ``to``, its output goes
     back to ``from``, the replica that owns its sample (an all-to-all each way)."""
@@ -383,9 +390,7 @@ def balance_step(image_cost: np.ndarray, image_sample: np.ndarray, tokens: np.nd
     r = integer(replicas, "replicas", minimum=1)
     m = integer(microbatches, "microbatches", minimum=1)
     cost = real_array(image_cost, "image_cost", minimum=0.0)
-    t = np.asarray(tokens)
-    if t.ndim != 1 or t.dtype.kind not in "iu" or (t.size and t.min() < 0):
-        raise ValueError(f"tokens: expected one integer >= 0 per sample, got {t.dtype} of shape {t.shape}")
+    t = _tokens(tokens)
     n = t.size
     sequence_length = _fits(t, sequence_length)
     sample = _indices(image_sample, "image_sample", n, cost.shape)
@@ -394,10 +399,11 @@ def balance_step(image_cost: np.ndarray, image_sample: np.ndarray, tokens: np.nd
     microbatch = np.empty(n, np.int64)
     by_owner = np.argsort(own, kind="stable")
     bounds = np.searchsorted(own[by_owner], np.arange(r + 1)).tolist()
-    t_sorted, parts = t[by_owner].astype(np.int64), _parts(work, t)[by_owner]
+    t_sorted, parts = t[by_owner], _parts(work, t)[by_owner]
     for k in range(r):
         lo, hi = bounds[k], bounds[k + 1]
-        microbatch[by_owner[lo:hi]] = _pack(t_sorted[lo:hi], parts[lo:hi], m, sequence_length)
+        microbatch[by_owner[lo:hi]] = _pack(t_sorted[lo:hi], parts[lo:hi], m, sequence_length,
+                                            f"tokens (replica {k})")
     load = np.bincount(own * m + microbatch, weights=work, minlength=r * m).reshape(r, m)
     room = middle_room(m) if bubble is None else real_array(bubble, "bubble")
     if room.shape != (m,):

@@ -25,12 +25,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.profiler import record_function
 
+from . import torch_seams
 from .boundary import TAG_BASE, BoundaryCommunicator
 from .costs import FIELDS, CostHistory, stage_figures, step_sample
 from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
-from .pipelining import check_torch_version, fill_pipeline_waits, schedule_table
+from .pipelining import fill_pipeline_waits, schedule_table
 from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s, splits_backward, stage_ranks
 from .segments import MicrobatchRun, split_into_pieces
 from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits, tp_op_figures
@@ -110,7 +111,7 @@ class EncoderRuntime:
                  mesh: Any = None, pp_group: dist.ProcessGroup | None = None,
                  dp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
                  microbatches: int | None = None, keep: int = 5):
-        check_torch_version()
+        torch_seams.check_torch_seams()
         self.mode = check_mode(mode)
         self.encoder = encoder
         self.stage = stage

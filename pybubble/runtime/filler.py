@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from . import torch_seams
 from .cuda import SideStream
 from .idle_worker import IdleWorker
 
@@ -161,7 +162,7 @@ class FillerStats:
 def _annotated(task: FillTask):
     """A torch.profiler annotation of ``task`` while the profiler records (``pybubble measure``
     counts the time in it busy), else nothing."""
-    return record_function(f"pybubble:task:{task.name}") if torch.autograd._profiler_enabled() else nullcontext()
+    return record_function(f"pybubble:task:{task.name}") if torch_seams.profiler_enabled() else nullcontext()
 
 
 class BubbleFiller:

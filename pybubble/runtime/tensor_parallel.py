@@ -30,8 +30,8 @@ collective's result notes when it was launched):
 The hook runs inside the ``__torch_dispatch__`` of a tensor subclass, below autograd; the pieces
 on CUDA run with the dispatch keys of the place where :func:`fill_tp_waits` was entered (on the
 CPU the worker thread has its own, the defaults), so their forwards record autograd graphs as they
-would anywhere else. These are private torch names (pinned with the pipelining adapter's
-``SUPPORTED_TORCH``).
+would anywhere else. These are private torch names, reached through
+:mod:`pybubble.runtime.torch_seams`, which checks them.
 """
 
 from __future__ import annotations
@@ -44,11 +44,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed._functional_collectives as funcol
 
+from . import torch_seams
 from .filler import BubbleFiller, FillTask
 from .idle_worker import shared_idle_worker
-from .pipelining import check_torch_version
 
 _TP_WAIT = "pybubble:tp_wait"
 """The profiler annotation of a TP collective's wait."""
@@ -133,7 +132,7 @@ class TensorParallelWaits:
         launched = self._launches.pop(_storage(tensor), float("nan"))
         with f.waiting("tp_wait", _TP_WAIT) as entered:
             if f.side is not None:
-                guard = torch._C._ForceDispatchKeyGuard(*keys) if keys is not None else contextlib.nullcontext()
+                guard = torch_seams.dispatch_key_guard(keys) if keys is not None else contextlib.nullcontext()
                 return self._launch_then_wait(tensor, real_wait, guard)
             return self._launch_idle_then_wait(tensor, real_wait, entered, launched)
 
@@ -197,24 +196,14 @@ class TensorParallelWaits:
 def fill_tp_waits(waits: TensorParallelWaits) -> Iterator[TensorParallelWaits]:
     """While active, every eager wait of a functional collective (DTensor's TP collectives) goes
     through ``waits``."""
-    check_torch_version()
-    real = funcol.wait_tensor
-    keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+    keys = torch_seams.dispatch_keys()
 
-    real_wrap = funcol._maybe_wrap_tensor
-
-    def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    def wait_tensor(tensor: torch.Tensor, real: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         return waits.wait(tensor, real, keys)
 
-    def maybe_wrap_tensor(tensor: torch.Tensor) -> torch.Tensor:
-        waits.launched(tensor)  # the AsyncCollectiveTensor keeps this tensor (or a view): its wait gets it
-        return real_wrap(tensor)
-
-    funcol.wait_tensor, funcol._maybe_wrap_tensor = wait_tensor, maybe_wrap_tensor
-    try:
+    # launched: the AsyncCollectiveTensor keeps the wrapped tensor (or a view): its wait gets it
+    with torch_seams.functional_collective_hooks(wait_tensor, waits.launched):
         yield waits
-    finally:
-        funcol.wait_tensor, funcol._maybe_wrap_tensor = real, real_wrap
 
 
 def _lag_figures(lags: list[float]) -> list[float]:

@@ -70,15 +70,15 @@ def test_schedules_counts_and_action_tables(world_of_one):
         return out.sum()
 
     single = Schedule1F1B(PipelineStage(nn.Linear(4, 4), 0, 1, torch.device("cpu")), n_microbatches=3, loss_fn=loss)
-    assert torch_seams.schedule_microbatches(single) == 3
-    assert torch_seams.schedule_num_stages(single) == 1
+    assert torch_seams.microbatch_count(single) == 3
+    assert torch_seams.stage_count(single) == 1
     stages = [PipelineStage(nn.Linear(4, 4), s, 2, torch.device("cpu")) for s in (0, 1)]
     multi = ScheduleInterleaved1F1B(stages, n_microbatches=2, loss_fn=loss)
     order = torch_seams.pipeline_order(multi)
     actions = [a for a in order[0] if a is not None]
     assert {(a.stage_index, str(getattr(a.computation_type, "value", a.computation_type)), a.microbatch_index)
             for a in actions if a.sub_actions is None} >= {(0, "F", 0), (1, "F", 1), (1, "B", 0), (0, "B", 1)}
-    assert torch_seams.schedule_microbatches(object()) is None  # not a torch schedule: the caller asks for it
+    assert torch_seams.microbatch_count(object()) is None  # not a torch schedule: the caller asks for it
 
 
 def test_functional_collective_hooks_see_the_launch_and_the_wait_then_restore(world_of_one):
@@ -163,9 +163,9 @@ def test_changed_seams_are_refused_too(monkeypatch):
 
     bare = object.__new__(schedules.Schedule1F1B)  # a torch schedule whose constructor set no count
     with pytest.raises(RuntimeError, match=r"schedule\._n_microbatches is not set on Schedule1F1B"):
-        torch_seams.schedule_microbatches(bare)
+        torch_seams.microbatch_count(bare)
     with pytest.raises(RuntimeError, match=r"schedule\._num_stages is not set on Schedule1F1B"):
-        torch_seams.schedule_num_stages(bare)
+        torch_seams.stage_count(bare)
 
 
 def test_a_schedule_that_stops_calling_the_wait_is_refused(monkeypatch):

@@ -31,10 +31,10 @@ from .filler import BubbleFiller
 def schedule_microbatches(schedule) -> int:
     """The microbatches per step of a ``torch.distributed.pipelining`` schedule: the count it was
     built with. torch keeps it in a private attribute (``_n_microbatches``, read through
-    :func:`~pybubble.runtime.torch_seams.schedule_microbatches`; no public accessor in the tested
+    :func:`~pybubble.runtime.torch_seams.microbatch_count`; no public accessor in the tested
     versions; a trainer may pass ``microbatches=`` to :class:`~pybubble.runtime.EncoderRuntime`
     instead)."""
-    n = torch_seams.schedule_microbatches(schedule)
+    n = torch_seams.microbatch_count(schedule)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"schedule: {type(schedule).__name__} has no microbatch count (_n_microbatches = {n!r}); "
                          "pass microbatches=")
@@ -54,7 +54,7 @@ def schedule_table(schedule: Any) -> Table:
     single = {"Schedule1F1B": one_f_one_b, "ScheduleGPipe": gpipe}
     for cls in type(schedule).__mro__:
         if cls.__module__ == _schedules.__name__ and cls.__name__ in single:
-            return single[cls.__name__](torch_seams.schedule_num_stages(schedule), schedule_microbatches(schedule))
+            return single[cls.__name__](torch_seams.stage_count(schedule), schedule_microbatches(schedule))
     order = torch_seams.pipeline_order(schedule)
     if not order:
         raise ValueError(f"schedule: {type(schedule).__name__} has no pipeline_order (action table)")

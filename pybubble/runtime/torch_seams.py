@@ -179,7 +179,7 @@ def _check_counts() -> None:
             raise missing_seam(seam, f"is not set by {cls.__name__}'s constructor")
 
 
-def schedule_microbatches(schedule: Any) -> Any:
+def microbatch_count(schedule: Any) -> Any:
     """A schedule's microbatch count as torch keeps it (``_n_microbatches``); None for an object
     that is not a torch schedule and has none."""
     if _is_torch_schedule(schedule) and not hasattr(schedule, "_n_microbatches"):
@@ -187,7 +187,7 @@ def schedule_microbatches(schedule: Any) -> Any:
     return getattr(schedule, "_n_microbatches", None)
 
 
-def schedule_num_stages(schedule: Any) -> int:
+def stage_count(schedule: Any) -> int:
     """The stage count of a single-stage torch schedule (``_num_stages``)."""
     n = getattr(schedule, "_num_stages", None)
     if isinstance(n, bool) or not isinstance(n, int):

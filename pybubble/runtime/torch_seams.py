@@ -123,8 +123,10 @@ def p2p_wait() -> Callable[[list[Any]], None]:
 
 def set_p2p_wait(fn: Callable[[list[Any]], None]) -> None:
     """Makes the schedules wait on p2p work with ``fn`` (give back :func:`p2p_wait`'s to restore)."""
-    p2p_wait()
-    _schedules()._wait_batch_p2p = fn
+    s = _schedules()
+    if not hasattr(s, "_wait_batch_p2p"):
+        raise missing_seam(P2P_WAIT, "does not exist")
+    s._wait_batch_p2p = fn
 
 
 def stage_op_names() -> tuple[str, str, str]:

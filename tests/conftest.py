@@ -104,39 +104,48 @@ def two_ranks(tmp_path):
 
 @pytest.fixture(scope="session")
 def example_reports(tmp_path_factory):
-    """The function example_reports(*args, modes, device, timeout): the example trainer
+    """The function example_reports(*args, modes, device, timeout, profile): the example trainer
     (examples/mllm.py) trained 3 steps at size tiny with `args` in each of `modes` by one launch
     (the same ranks train the modes in turn, each from the seed) and the single-process reference;
     asserts it exits 0 and returns each mode's report by mode. A launch runs once per session:
     tests that train the same arguments share it, each reading its own copy of the reports.
-    `timeout`: seconds per mode."""
+    `timeout`: seconds per mode. `profile`: the launch profiles each mode's last step
+    (``--profile``) and each report names the folder of that mode's traces, ``profile_dir``.
+    Skips the test without torch."""
+    pytest.importorskip("torch")
     done: dict = {}
 
-    def run(*args, modes=("megatron", "coarse", "pybubble"), device="cpu", timeout=180) -> dict[str, dict]:
-        key = (*map(str, args), "--mode", ",".join(modes), "--device", device)
+    def run(*args, modes=("megatron", "coarse", "pybubble"), device="cpu", timeout=180,
+            profile=False) -> dict[str, dict]:
+        key = (*map(str, args), "--mode", ",".join(modes), "--device", device, profile)
         if key not in done:
-            out = tmp_path_factory.mktemp("example") / "report.json"
+            folder = tmp_path_factory.mktemp("example")
+            more = ["--profile", str(folder / "profile")] if profile else []
             # Outside the source tree, so that the installed package (with its extension) is imported.
             r = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "3", "--size", "tiny", "--timeout", "30",
-                                "--reference", "--report", str(out), *key], capture_output=True, text=True,
-                               timeout=timeout * len(modes), cwd=tempfile.gettempdir())
+                                "--reference", "--report", str(folder / "report.json"), *key[:-1], *more],
+                               capture_output=True, text=True, timeout=timeout * len(modes), cwd=tempfile.gettempdir())
             assert r.returncode == 0, r.stderr[-3000:]
-            report = json.loads(out.read_text())
+            report = json.loads((folder / "report.json").read_text())
             done[key] = report if len(modes) > 1 else {modes[0]: report}
+            for mode in modes if profile else ():
+                done[key][mode]["profile_dir"] = str(folder / "profile" / (mode if len(modes) > 1 else ""))
         return copy.deepcopy(done[key])
     return run
 
 
 @pytest.fixture(scope="session")
 def pp2_reports(example_reports) -> dict[str, dict]:
-    """The three modes' reports on 2 ranks (pp 2, 1F1B): one launch, shared by the tests that
-    compare with it."""
-    return example_reports("--ranks", 2, "--schedule", "1f1b")
+    """The three modes' reports on 2 ranks (pp 2, 1F1B), their last steps profiled: one launch,
+    shared by the tests that compare with its parameters or read its traces."""
+    return example_reports("--ranks", 2, "--schedule", "1f1b", profile=True)
 
 
 @pytest.fixture(scope="session")
 def example_trainer():
-    """examples/mllm.py (user code, not in the package) imported as the module ``mllm``."""
+    """examples/mllm.py (user code, not in the package) imported as the module ``mllm``. Skips the
+    test without torch."""
+    pytest.importorskip("torch")
     if "mllm" not in sys.modules:
         spec = importlib.util.spec_from_file_location("mllm", EXAMPLE)
         module = importlib.util.module_from_spec(spec)

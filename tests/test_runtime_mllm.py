@@ -81,11 +81,9 @@ def test_multi_stage_schedules_reach_the_parameters_of_1f1b(example_reports, one
         assert s == pytest.approx(one_f_one_b, rel=1e-6), mode
 
 
-def test_profile_writes_traces_that_pybubble_measure_reads(tmp_path):
-    prof = tmp_path / "prof"
-    r = mllm("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", "coarse", "--profile", prof,
-             "--report", tmp_path / "r.json")
-    assert r.returncode == 0, r.stderr
+def test_profile_writes_traces_that_pybubble_measure_reads(tmp_path, pp2_reports):
+    prof = Path(pp2_reports["coarse"]["profile_dir"])  # several modes: one folder each
+    assert sorted(p.name for p in prof.parent.iterdir()) == sorted(PLACEMENTS)
     assert sorted(p.name for p in prof.iterdir()) == ["plan.json", "rank0.json", "rank1.json"]
     out = subprocess.run([sys.executable, "-m", "pybubble", "measure", str(prof), "--predict", str(prof / "plan.json"),
                           "--json", str(tmp_path / "m.json")], capture_output=True, text=True, timeout=60,

@@ -96,6 +96,13 @@ def test_functional_collective_hooks_see_the_launch_and_the_wait_then_restore(wo
         assert (out + 1).tolist() == [2.0, 2.0, 2.0]
     assert seen == ["launched", "wait"]
     assert (funcol.wait_tensor, funcol._maybe_wrap_tensor) == real
+    # a coalesced collective: each result's launch (torch 2.15 wraps them with _maybe_wrap_tensors)
+    seen.clear()
+    with torch_seams.functional_collective_hooks(wait, lambda t: seen.append("launched")):
+        outs = funcol.all_reduce_coalesced([torch.ones(2), torch.ones(3)], "sum", world_of_one)
+        assert seen == ["launched", "launched"]
+        assert [(o * 2).tolist() for o in outs] == [[2.0, 2.0], [2.0, 2.0, 2.0]]
+    assert seen == ["launched", "launched", "wait", "wait"]
 
 
 def _remove(monkeypatch, dotted: str):

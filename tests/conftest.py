@@ -32,6 +32,7 @@ from hypothesis import HealthCheck, settings
 
 _ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = _ROOT / "examples" / "mllm.py"
+EXAMPLE_LAUNCH = _ROOT / "tests" / "example_launch.py"
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
 LONG_SCALE = 25
@@ -102,43 +103,90 @@ def two_ranks(tmp_path):
     return run
 
 
-@pytest.fixture(scope="session")
-def example_reports(tmp_path_factory):
-    """The function example_reports(*args, modes, device, timeout, profile): the example trainer
-    (examples/mllm.py) trained 3 steps at size tiny with `args` in each of `modes` by one launch
-    (the same ranks train the modes in turn, each from the seed) and the single-process reference;
-    asserts it exits 0 and returns each mode's report by mode. A launch runs once per session:
-    tests that train the same arguments share it, each reading its own copy of the reports.
-    `timeout`: seconds per mode. `profile`: the launch profiles each mode's last step
-    (``--profile``) and each report names the folder of that mode's traces, ``profile_dir``.
-    Skips the test without torch."""
-    pytest.importorskip("torch")
-    done: dict = {}
+PLACEMENTS = ("megatron", "coarse", "pybubble")
+PP2 = (("--ranks", "2", "--schedule", "1f1b"), PLACEMENTS, "cpu", True)
+"""The configuration of pp2_reports (as a key of example_reports: arguments, modes, device, profiled)."""
+_EXAMPLE_RUNS = pytest.StashKey[list]()
 
-    def run(*args, modes=("megatron", "coarse", "pybubble"), device="cpu", timeout=180,
-            profile=False) -> dict[str, dict]:
-        key = (*map(str, args), "--mode", ",".join(modes), "--device", device, profile)
-        if key not in done:
-            folder = tmp_path_factory.mktemp("example")
-            more = ["--profile", str(folder / "profile")] if profile else []
-            # Outside the source tree, so that the installed package (with its extension) is imported.
-            r = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "3", "--size", "tiny", "--timeout", "30",
-                                "--reference", "--report", str(folder / "report.json"), *key[:-1], *more],
-                               capture_output=True, text=True, timeout=timeout * len(modes), cwd=tempfile.gettempdir())
-            assert r.returncode == 0, r.stderr[-3000:]
-            report = json.loads((folder / "report.json").read_text())
+
+def _run_key(args, modes, device="cpu", profile=False) -> tuple:
+    return tuple(map(str, args)), tuple(modes), device, profile
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Gathers the configurations of the example trainer the selected tests train: their modules'
+    ``EXAMPLE_RUNS`` (pairs of arguments and modes, as they call example_reports with) and
+    pp2_reports' run, so that example_reports trains those of one world size in one launch."""
+    runs: dict = {}
+    for item in items:
+        for args, modes in getattr(getattr(item, "module", None), "EXAMPLE_RUNS", ()):
+            runs.setdefault(_run_key(args, modes), None)
+        if "pp2_reports" in getattr(item, "fixturenames", ()):
+            runs.setdefault(PP2, None)
+    config.stash[_EXAMPLE_RUNS] = list(runs)
+
+
+@pytest.fixture(scope="session")
+def example_reports(request, example_trainer, tmp_path_factory):
+    """The function example_reports(*args, modes, device, timeout, profile): the example trainer
+    (examples/mllm.py) trained 3 steps at size tiny with `args` in each of `modes` (the same ranks
+    train the modes in turn, each from the seed) and the single-process reference; returns each
+    mode's report by mode (each test its own copy).
+
+    Each configuration is trained once per session, and those the selected tests declare
+    (``EXAMPLE_RUNS``, see pytest_collection_modifyitems) in one launch per world size: the first
+    call for one of them trains all those of its world size in turn on the same ranks
+    (tests/example_launch.py), each with its own mesh, models and runtime, and asserts that the
+    launch succeeded (a failed launch fails every test that reads one of its configurations, and
+    is not run again). `timeout`: seconds per mode trained. `profile`: each mode's last step is
+    profiled (``--profile``) and its report names the folder of its traces, ``profile_dir``."""
+    declared = request.config.stash.get(_EXAMPLE_RUNS, [])
+    done: dict = {}
+    failed: dict = {}
+
+    def world(key) -> int:
+        return example_trainer.parse_args(list(key[0])).ranks
+
+    def train(batch: list, timeout: float) -> None:
+        folder = tmp_path_factory.mktemp("example")
+        argvs = []
+        for i, (args, modes, device, profile) in enumerate(batch):
+            more = ["--profile", str(folder / f"{i}.profile")] if profile else []
+            argvs.append(["--steps", "3", "--size", "tiny", "--timeout", "30", "--reference", "--report",
+                          str(folder / f"{i}.json"), *args, "--mode", ",".join(modes), "--device", device, *more])
+        (folder / "runs.json").write_text(json.dumps(argvs))
+        # Outside the source tree, so that the installed package (with its extension) is imported.
+        r = subprocess.run([sys.executable, str(EXAMPLE_LAUNCH), str(folder / "runs.json")], capture_output=True,
+                           text=True, timeout=timeout * sum(len(k[1]) for k in batch), cwd=tempfile.gettempdir())
+        if r.returncode != 0:
+            failed.update((key, f"one launch of {len(batch)} configurations failed:\n{r.stderr[-3000:]}")
+                          for key in batch)
+            return
+        for i, key in enumerate(batch):
+            args, modes, device, profile = key
+            report = json.loads((folder / f"{i}.json").read_text())
             done[key] = report if len(modes) > 1 else {modes[0]: report}
             for mode in modes if profile else ():
-                done[key][mode]["profile_dir"] = str(folder / "profile" / (mode if len(modes) > 1 else ""))
+                done[key][mode]["profile_dir"] = str(folder / f"{i}.profile" / (mode if len(modes) > 1 else ""))
+
+    def run(*args, modes=PLACEMENTS, device="cpu", timeout=180, profile=False) -> dict[str, dict]:
+        key = _run_key(args, modes, device, profile)
+        if key not in done and key not in failed:
+            batch = [key] + ([k for k in declared if k != key and k not in done and k not in failed
+                              and k[2] == device and world(k) == world(key)] if key in declared else [])
+            train(batch, timeout)
+        if key in failed:
+            pytest.fail(failed[key])
         return copy.deepcopy(done[key])
     return run
 
 
 @pytest.fixture(scope="session")
 def pp2_reports(example_reports) -> dict[str, dict]:
-    """The three modes' reports on 2 ranks (pp 2, 1F1B), their last steps profiled: one launch,
+    """The three modes' reports on 2 ranks (pp 2, 1F1B), their last steps profiled: one run,
     shared by the tests that compare with its parameters or read its traces."""
-    return example_reports("--ranks", 2, "--schedule", "1f1b", profile=True)
+    args, modes, device, profile = PP2
+    return example_reports(*args, modes=modes, device=device, profile=profile)
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,25 @@ import torch.distributed.pipelining  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
 PLACEMENTS = ("megatron", "coarse", "pybubble")
+FOUR_RANKS = ("--ranks", 4, "--microbatches", 4)
+ENCODERS = {encoder: ("--ranks", 2, "--encoder", encoder) for encoder in ("timm", "clip")}
+MULTI_STAGE = [
+    (("--ranks", 2, "--schedule", "interleaved_1f1b", "--chunks", 2), PLACEMENTS),
+    (("--ranks", 2, "--schedule", "zbv"), PLACEMENTS),
+    (("--ranks", 2, "--schedule", "interleaved_zb", "--chunks", 2), ("pybubble",)),
+    (("--ranks", 2, "--schedule", "gpipe"), ("pybubble",)),
+    # two stages per rank beside data parallelism (4 processes on 2 cores: correctness only)
+    (("--dp", 2, "--pp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2), ("pybubble",)),
+    # split backwards (I, W) beside FSDP2: its blocks resharded after the forward lost W's gradients
+    (("--dp", 2, "--pp", 2, "--schedule", "zbv"), ("pybubble",)),
+    (("--dp", 2, "--pp", 2, "--schedule", "interleaved_zb", "--chunks", 2), ("pybubble",)),
+]
+HAS_DUALPIPEV = hasattr(torch.distributed.pipelining, "ScheduleDualPipeV")
+DUALPIPEV = ("--ranks", 2, "--schedule", "dualpipev", "--microbatches", 4)
+EXAMPLE_RUNS = [(FOUR_RANKS, PLACEMENTS), *((args, ("megatron", "pybubble")) for args in ENCODERS.values()),
+                *MULTI_STAGE, *([(DUALPIPEV, ("pybubble",))] if HAS_DUALPIPEV else [])]
+"""The example's configurations these tests train on CPU ranks (example_reports trains those of one
+world size in one launch)."""
 
 
 def mllm(*args, timeout=180):
@@ -43,14 +62,14 @@ def test_three_modes_reach_the_single_process_parameters(pp2_reports):
 
 def test_four_ranks_reach_the_single_process_parameters(example_reports):
     # More processes than this machine's cores: a correctness run.
-    sums, reference = checksums(example_reports("--ranks", 4, "--microbatches", 4))
+    sums, reference = checksums(example_reports(*FOUR_RANKS))
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
 
 
 @pytest.mark.parametrize("encoder", ["timm", "clip"])
 def test_real_encoders_reach_the_single_process_parameters(example_reports, encoder):
-    sums, reference = checksums(example_reports("--ranks", 2, "--encoder", encoder, modes=("megatron", "pybubble")))
+    sums, reference = checksums(example_reports(*ENCODERS[encoder], modes=("megatron", "pybubble")))
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
 
@@ -61,17 +80,7 @@ def one_f_one_b(pp2_reports) -> float:
     return checksums(pp2_reports)[0]["pybubble"]
 
 
-@pytest.mark.parametrize("schedule, modes", [
-    (["--ranks", 2, "--schedule", "interleaved_1f1b", "--chunks", 2], PLACEMENTS),
-    (["--ranks", 2, "--schedule", "zbv"], PLACEMENTS),
-    (["--ranks", 2, "--schedule", "interleaved_zb", "--chunks", 2], ("pybubble",)),
-    (["--ranks", 2, "--schedule", "gpipe"], ("pybubble",)),
-    # two stages per rank beside data parallelism (4 processes on 2 cores: correctness only)
-    (["--dp", 2, "--pp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2], ("pybubble",)),
-    # split backwards (I, W) beside FSDP2: its blocks resharded after the forward lost W's gradients
-    (["--dp", 2, "--pp", 2, "--schedule", "zbv"], ("pybubble",)),
-    (["--dp", 2, "--pp", 2, "--schedule", "interleaved_zb", "--chunks", 2], ("pybubble",)),
-])
+@pytest.mark.parametrize("schedule, modes", MULTI_STAGE)
 def test_multi_stage_schedules_reach_the_parameters_of_1f1b(example_reports, one_f_one_b, schedule, modes):
     # The same GPT cut into pp x V stages: the modes agree with each other, with the unsplit
     # single-process training and with --schedule 1f1b.
@@ -79,6 +88,12 @@ def test_multi_stage_schedules_reach_the_parameters_of_1f1b(example_reports, one
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
         assert s == pytest.approx(one_f_one_b, rel=1e-6), mode
+
+
+@pytest.mark.skipif(not HAS_DUALPIPEV, reason="torch has no DualPipeV")
+def test_dualpipev_reaches_the_single_process_parameters(example_reports):
+    sums, reference = checksums(example_reports(*DUALPIPEV, modes=("pybubble",)))
+    assert sums["pybubble"] == pytest.approx(reference, rel=1e-6)
 
 
 def test_profile_writes_traces_that_pybubble_measure_reads(tmp_path, pp2_reports):

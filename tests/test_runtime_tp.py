@@ -12,12 +12,18 @@ torch = pytest.importorskip("torch")
 from pybubble.runtime import MeasuredCosts, consumer_delays, make_placement, predict_step_s  # noqa: E402
 
 PLACEMENTS = ("megatron", "coarse", "pybubble")
+TP_ALONE = ("--tp", 2)
+PP_TP = ("--pp", 2, "--tp", 2)
+PP_TP_INTERLEAVED = ("--pp", 2, "--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2)
+EXAMPLE_RUNS = [(TP_ALONE, PLACEMENTS), (PP_TP, PLACEMENTS), (PP_TP_INTERLEAVED, ("pybubble",))]
+"""The example's configurations these tests train (example_reports trains those of one world size
+in one launch)."""
 
 
 def test_tp_alone_three_modes_reach_the_single_process_parameters(example_reports):
     # 2 processes: one pipeline stage, tensor-parallel over 2 ranks; the reference is the same model
     # unsplit in one process.
-    reports = example_reports("--tp", 2, timeout=300)
+    reports = example_reports(*TP_ALONE, timeout=300)
     reference = reports["megatron"]["reference_checksum"]
     for mode, rep in reports.items():
         assert rep["tp"] == 2 and len(rep["tp_waits"]["per_rank"]) == 2
@@ -32,15 +38,14 @@ def test_tp_alone_three_modes_reach_the_single_process_parameters(example_report
 def test_pp_and_tp_three_modes_agree_with_tp_1(pp2_reports, example_reports):
     # 4 processes on 2 cores: a correctness run. tp 1: the 2-rank pipeline (pp 2) of the same GPT.
     base = pp2_reports["pybubble"]
-    reports = example_reports("--pp", 2, "--tp", 2, timeout=300)
+    reports = example_reports(*PP_TP, timeout=300)
     for mode in PLACEMENTS:
         rep = reports[mode]
         assert rep["param_checksum"] == pytest.approx(base["param_checksum"], rel=1e-5), mode
         assert rep["param_checksum"] == pytest.approx(base["reference_checksum"], rel=1e-5), mode
         assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [16] * 4, mode
     # two stages per rank (interleaved 1F1B), each tensor-parallel: 1 block per stage
-    rep = example_reports("--pp", 2, "--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2, modes=("pybubble",),
-                          timeout=300)["pybubble"]
+    rep = example_reports(*PP_TP_INTERLEAVED, modes=("pybubble",), timeout=300)["pybubble"]
     assert rep["param_checksum"] == pytest.approx(base["param_checksum"], rel=1e-5)
     assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [16] * 4
     assert rep["costs"]["tp_count"] == 2

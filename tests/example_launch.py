@@ -1,14 +1,15 @@
 """One launch of the example trainer (examples/mllm.py) that trains several configurations in
-turn: the same ranks and default process group (pybubble.runtime.launch), each configuration its
-own mesh, models and runtime from the seed (mllm.train), its own report (mllm.finish,
-mllm.write_report: the JSON the command writes with ``--report``).
+turn: the same ranks and default process group (started by pybubble.runtime.launch, or by
+torchrun), each configuration its own mesh, models and runtime from the seed (mllm.train), its own
+report (mllm.finish, mllm.write_report: the JSON the command writes with ``--report``).
 
     python tests/example_launch.py RUNS.json
+    python -m torch.distributed.run --standalone --nproc-per-node N tests/example_launch.py RUNS.json
 
 RUNS.json: a list of command lines of examples/mllm.py (each with ``--report``), all of the same
-world size and device. Rank 0 prints each configuration's command line on stderr before training
-it, so that a failure names the configuration it happened in. The tests' ``example_reports``
-fixture (conftest.py) writes RUNS.json and reads the reports."""
+world size, device and timeout. Rank 0 prints each configuration's command line on stderr before
+training it, so that a failure names the configuration it happened in. The tests' fixtures
+(conftest.py's example_reports, test_runtime_torchrun.py's) write RUNS.json and read the reports."""
 
 import json
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))  # also in the spawned ranks
 
 import mllm  # noqa: E402  (the example trainer, user code of pybubble.runtime)
-from pybubble.runtime import launch  # noqa: E402
+from pybubble.runtime import exit_rank, launch, run_rank  # noqa: E402
 
 
 def train_all(rank: int, runs: list) -> list | None:
@@ -44,13 +45,18 @@ def main(path: str) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    try:
-        every = launch(train_all, first.ranks, runs, backend=mllm.backend(first), timeout=first.timeout)
-    except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    for (_, args), figures in zip(runs, every):
+    if first.torchrun:  # this process is one rank; torchrun ends the others when one fails
+        every = run_rank(train_all, runs, backend=mllm.backend(first), timeout=first.timeout)
+    else:
+        try:
+            every = launch(train_all, first.ranks, runs, backend=mllm.backend(first), timeout=first.timeout)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    for (_, args), figures in zip(runs, every or ()):
         mllm.write_report(args, mllm.finish(args, figures))
+    if first.torchrun:
+        exit_rank(0)  # as the example's own ranks end (mllm.main)
     return 0
 
 

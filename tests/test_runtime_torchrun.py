@@ -16,24 +16,31 @@ import pytest
 torch = pytest.importorskip("torch")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
+EXAMPLE_LAUNCH = Path(__file__).resolve().parent / "example_launch.py"
 MODES = ("megatron", "coarse", "pybubble")
+DP2_PP2 = [("fsdp", "dp"), ("ddp", "dp"), ("fsdp", "dp_shard")]
+"""--dp-wrap and --dp-dim of the dp 2 x pp 2 runs. dp_shard: the mesh ("pp", "dp_shard") as
+torchtitan names it, FSDP2 over dp_shard; the runtime finds the replicas."""
 
 
-def torchrun(nproc, *args, timeout=240):
-    """The example under torchrun (--standalone: a free port, so runs side by side do not meet)."""
+def torchrun(nproc, *args, timeout=240, script=EXAMPLE):
+    """The example (or `script`) under torchrun (--standalone: a free port, so runs side by side do
+    not meet)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(EXAMPLE), *map(str, args)]
+           str(script), *map(str, args)]
     # Outside the source tree so that the installed package (with its extension) is imported.
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(tempfile.gettempdir()))
 
 
-def reports(tmp_path, nproc, *args, modes=MODES, steps=3):
-    """Each mode's report after ``steps`` steps, with the single-process reference's checksum: one
-    torchrun launch, its processes train the modes in turn."""
-    path = tmp_path / "report.json"
-    r = torchrun(nproc, "--steps", steps, "--size", "tiny", "--mode", ",".join(modes), "--timeout", 30,
-                 "--report", path, *args, "--reference", timeout=240 * len(modes))
-    assert r.returncode == 0, r.stderr[-3000:]
+def run_args(path, *args, modes=MODES, steps=3) -> list[str]:
+    """The example's arguments for ``steps`` steps of each mode, with the single-process reference,
+    the report written to `path`."""
+    return ["--steps", str(steps), "--size", "tiny", "--mode", ",".join(modes), "--timeout", "30", "--report",
+            str(path), *map(str, args), "--reference"]
+
+
+def read_reports(path, nproc, modes=MODES, steps=3) -> dict[str, dict]:
+    """Each mode's report (written by a torchrun launch of `nproc` processes)."""
     out = json.loads(path.read_text())
     out = out if len(modes) > 1 else {modes[0]: out}
     assert list(out) == list(modes)
@@ -42,6 +49,28 @@ def reports(tmp_path, nproc, *args, modes=MODES, steps=3):
         assert out[mode]["launcher"] == "torchrun" and out[mode]["ranks"] == nproc
         assert len(out[mode]["step_times_s"]) == steps and len(out[mode]["waits"]) == nproc
     return out
+
+
+def reports(tmp_path, nproc, *args, modes=MODES, steps=3):
+    """Each mode's report after ``steps`` steps, with the single-process reference's checksum: one
+    torchrun launch of the example, its processes train the modes in turn."""
+    path = tmp_path / "report.json"
+    r = torchrun(nproc, *run_args(path, *args, modes=modes, steps=steps), timeout=240 * len(modes))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return read_reports(path, nproc, modes, steps)
+
+
+@pytest.fixture(scope="module")
+def dp2_pp2_reports(tmp_path_factory) -> dict[tuple[str, str], dict[str, dict]]:
+    """Each mode's report of each dp 2 x pp 2 run (DP2_PP2) by (wrap, dim): one torchrun launch of 4
+    processes trains them in turn (tests/example_launch.py)."""
+    folder = tmp_path_factory.mktemp("dp2_pp2")
+    argvs = [run_args(folder / f"{wrap}_{dim}.json", "--dp", 2, "--pp", 2, "--dp-wrap", wrap, "--dp-dim", dim)
+             for wrap, dim in DP2_PP2]
+    (folder / "runs.json").write_text(json.dumps(argvs))
+    r = torchrun(4, folder / "runs.json", script=EXAMPLE_LAUNCH, timeout=240 * len(MODES) * len(DP2_PP2))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {(wrap, dim): read_reports(folder / f"{wrap}_{dim}.json", 4) for wrap, dim in DP2_PP2}
 
 
 def test_three_modes_under_torchrun_reach_the_single_process_parameters(tmp_path):
@@ -60,11 +89,10 @@ def test_three_modes_under_torchrun_reach_the_single_process_parameters(tmp_path
     assert sum(r["pp"]["filled_s"] for r in got["pybubble"]["waits"]) > 0
 
 
-@pytest.mark.parametrize("wrap, dim", [("fsdp", "dp"), ("ddp", "dp"), ("fsdp", "dp_shard")])
-def test_dp2_pp2_reaches_the_parameters_of_pp2(tmp_path, wrap, dim):
-    # 4 processes on this machine's 2 cores: a correctness run, not a timing. dp_shard: the mesh
-    # ("pp", "dp_shard") as torchtitan names it, FSDP2 over dp_shard; the runtime finds the replicas.
-    got = reports(tmp_path, 4, "--dp", 2, "--pp", 2, "--dp-wrap", wrap, "--dp-dim", dim)
+@pytest.mark.parametrize("wrap, dim", DP2_PP2)
+def test_dp2_pp2_reaches_the_parameters_of_pp2(dp2_pp2_reports, wrap, dim):
+    # 4 processes on this machine's 2 cores: a correctness run, not a timing.
+    got = dp2_pp2_reports[wrap, dim]
     reference = got["pybubble"]["reference_checksum"]  # one process, the whole batch: what pp 2 reaches
     for mode, report in got.items():
         assert report["param_checksum"] == pytest.approx(reference, rel=1e-6), mode

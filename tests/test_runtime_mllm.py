@@ -225,3 +225,19 @@ def test_cuda_without_a_gpu_exits_2_with_one_line(example_main):
     assert code == 2
     assert err.strip() == ("error: device: 'cuda' but no CUDA device is available "
                            "(torch.cuda.is_available() is False)")
+
+
+def test_dump_plan_writes_each_ranks_plan_that_loads_back_equal(tmp_path):
+    from pybubble.runtime.plan import RankPlan
+
+    r = mllm("--ranks", 2, "--steps", 2, "--size", "tiny", "--mode", "pybubble", "--dump-plan", tmp_path / "plans")
+    assert r.returncode == 0, r.stderr
+    plans = [RankPlan.read(tmp_path / "plans" / f"rank{k}.plan.json") for k in (0, 1)]
+    for k, plan in enumerate(plans):
+        doc = json.loads((tmp_path / "plans" / f"rank{k}.plan.json").read_text())
+        assert RankPlan.from_json(doc) == plan and plan.to_json() == doc
+        assert plan.rank == k and plan.mode == "pybubble" and plan.ops
+    # the step's encoder microbatches, each on its producer, every piece forward and backward
+    chains = sorted({t.chain for p in plans for t in p.tasks})
+    assert chains == list(range(len(plans[0].producer)))
+    assert all(plans[0].producer[t.chain] == p.rank for p in plans for t in p.tasks)

@@ -242,6 +242,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     console.print(f"LLM plan: DP {p.dp} x PP {p.pp} x TP {p.tp}, {p.schedule}"
                   + (f" (vpp {p.vpp})" if p.vpp > 1 else "") + f", {c.microbatches} microbatches; "
                   f"LLM alone {_ms(llm_alone)}")
+    bound = report.lower_bound
+    if bound is not None:
+        console.print(f"lower bound {_ms(bound)} ({bound / llm_alone - 1:+.2%}): no schedule of these encoder plans "
+                      f"in the LLM's bubbles is shorter; pybubble {report.step_time / bound - 1:+.2%} above it")
     t = table()
     for col in ("layout", "step\n(ms)", "vs\nmegatron", "MFU", "encoder\nin bubbles", "memory\nGB/GPU", "GPUs"):
         t.add_column(col, justify="left" if col == "layout" else "right")

@@ -44,17 +44,26 @@ def test_plan_prints_the_comparison(quickstart):
 def test_plan_json_has_exactly_the_promised_keys(quickstart):
     out, _ = quickstart
     doc = json.loads((out / "p.json").read_text())
-    assert set(doc) == {"baselines", "pybubble", "speedup_vs_megatron", "planner_seconds"}
+    assert set(doc) == {"baselines", "pybubble", "llm_alone_s", "lower_bound_s", "encoder_plans",
+                        "speedup_vs_megatron", "planner_seconds"}
     assert set(doc["baselines"]) == {"megatron", "megatron_balanced", "coarse"}
     assert all(set(b) == ({"step_time_s", "fits", "hidden_fraction"} if name == "coarse" else {"step_time_s", "fits"})
                and b["step_time_s"] > 0 and b["fits"] is True for name, b in doc["baselines"].items())
     assert 0.0 <= doc["baselines"]["coarse"]["hidden_fraction"] <= 1.0
     pb = doc["pybubble"]
-    assert set(pb) == {"step_time_s", "layout", "encoder_plan", "partition", "hidden_fraction", "mfu"}
+    assert set(pb) == {"step_time_s", "layout", "encoder_plan", "partition", "spread", "lower_bound_s",
+                       "hidden_fraction", "mfu"}
     assert pb["layout"] == "bubbles"
     assert set(pb["encoder_plan"]) == {"dp", "pp", "tp"}
     cfg = load_config(QUICKSTART)
-    assert sum(pb["partition"]) == cfg.microbatches
+    spread = pb["spread"] or {"head": 0, "tail": 0}
+    assert sum(pb["partition"]) + spread["head"] + spread["tail"] == cfg.microbatches
+    # the bound: below every plan's step, the config's bound the least of them, pybubble above it
+    plans = doc["encoder_plans"]
+    assert plans and all(set(p) == {"pp", "tp", "dp", "step_time_s", "lower_bound_s", "states_fit"} for p in plans)
+    assert all(p["lower_bound_s"] <= p["step_time_s"] * (1 + 1e-12) for p in plans if p["step_time_s"] is not None)
+    assert doc["lower_bound_s"] == min(p["lower_bound_s"] for p in plans if p["states_fit"])
+    assert doc["llm_alone_s"] <= doc["lower_bound_s"] <= pb["lower_bound_s"] <= pb["step_time_s"] * (1 + 1e-12)
     assert pb["encoder_plan"]["dp"] == len(pb["partition"]) * cfg.llm_plan.dp
     assert 0.0 <= pb["hidden_fraction"] <= 1.0 and 0.0 < pb["mfu"] < 1.0
     assert doc["speedup_vs_megatron"] == pytest.approx(doc["baselines"]["megatron"]["step_time_s"] / pb["step_time_s"])

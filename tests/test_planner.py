@@ -86,12 +86,16 @@ def test_frozen_encoders_have_no_backward_tasks():
 
 
 def _brute_force(cfg):
-    """The best step over every plan and every partition, scheduled one by one."""
+    """The best step over every plan, every partition and the spread layouts the search tries,
+    scheduled one by one."""
     step = LLMStep.of(cfg)
     best = math.inf
     for plan in encoder_plans(cfg):
         for partition in compositions(cfg.microbatches, plan.pipelines):
             best = min(best, pybubble.schedule_problem(encoder_problem(step, plan, list(partition))).step_time)
+        space = planner._PlanSpace(step, plan, step.encoder_windows(plan.lanes_per_stage))
+        for head, tail in space.spread_choices():
+            best = min(best, space.layout_candidate(space.spread_layout(head, tail), (head, tail)).step_time)
     return best
 
 

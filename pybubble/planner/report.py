@@ -172,6 +172,18 @@ class PlanReport:
         p = self.best.plan
         return {"dp": p.pipelines * self.config.llm_plan.dp, "pp": p.pp_enc, "tp": p.tp_enc}
 
+    @property
+    def llm_alone(self) -> float:
+        """The LLM-only step under the config's plan (us)."""
+        return self.search.timeline.step_time
+
+    @property
+    def lower_bound(self) -> float | None:
+        """The least step any schedule of the encoder plans in the LLM's bubbles can reach (us;
+        :attr:`Search.bound`), or None when no plan's model states fit."""
+        bound = self.search.bound
+        return None if bound is None else bound.step_time
+
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable report as a dict (what :meth:`to_json` writes)."""
         best = self.best
@@ -179,12 +191,22 @@ class PlanReport:
                                                 for name, b in self.baselines.items()}
         baselines["coarse"]["hidden_fraction"] = self.search.coarse.hidden_fraction
         bubbles = self.in_pipeline is None
+        bound = self.lower_bound
         return {
             "baselines": baselines,
             "pybubble": {"step_time_s": self.step_time * 1e-6, "layout": self.chosen,
                          "encoder_plan": self.encoder_plan() if bubbles else None,
                          "partition": list(best.partition) if bubbles else None,
+                         "spread": ({"head": best.spread[0], "tail": best.spread[1]}
+                                    if bubbles and any(best.spread) else None),
+                         "lower_bound_s": best.bound.step_time * 1e-6 if bubbles and best.bound else None,
                          "hidden_fraction": self.hidden_fraction, "mfu": self.mfu(self.step_time)},
+            "llm_alone_s": self.llm_alone * 1e-6,
+            "lower_bound_s": None if bound is None else bound * 1e-6,
+            "encoder_plans": [{"pp": p.plan.pp_enc, "tp": p.plan.tp_enc, "dp": p.plan.pipelines * self.config.llm_plan.dp,
+                               "step_time_s": None if p.best is None else p.best.step_time * 1e-6,
+                               "lower_bound_s": p.bound.step_time * 1e-6, "states_fit": p.states_fit}
+                              for p in self.search.plans],
             "speedup_vs_megatron": self.speedup_vs_megatron,
             "planner_seconds": self.planner_seconds,
         }
@@ -226,8 +248,14 @@ class PlanReport:
 def describe(c: Candidate) -> str:
     """A candidate's encoder plan and partition in words."""
     p = c.plan
-    return (f"PP_enc {p.pp_enc}, TP_enc {p.tp_enc}, {p.pipelines} encoder pipeline(s) per replica, "
-            f"partition {list(c.partition)}")
+    words = f"PP_enc {p.pp_enc}, TP_enc {p.tp_enc}, {p.pipelines} encoder pipeline(s) per replica, "
+    head, tail = c.spread
+    if not head and not tail:
+        return words + f"partition {list(c.partition)}"
+    spread = f"the first {head} and last {tail} microbatches spread over every pipeline"
+    if sum(c.partition) == 0:
+        return words + "every microbatch spread over every pipeline"
+    return words + f"{spread}, the {sum(c.partition)} between as partition {list(c.partition)}"
 
 
 def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,

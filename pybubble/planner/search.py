@@ -46,6 +46,7 @@ from ..llm.timeline import Timeline, Windows
 from ..problem.encoder import EncoderPlan, EncoderWork
 from ..problem.problem import Problem
 from ..schedule.scheduler import Schedule, schedule_problem
+from .bound import StepBound, encoder_load, step_bound
 
 EXHAUSTIVE = 256
 """Partitions are enumerated whole up to this many compositions; above, local search."""
@@ -117,6 +118,14 @@ class Candidate:
     """The greedy schedule of that problem."""
     memory_bytes: float = 0.0
     """The largest memory of any GPU (bytes)."""
+    spread: tuple[int, int] = (0, 0)
+    """Encoder microbatches spread over every pipeline, at the head (feeding the first LLM
+    microbatches) and at the tail (the last); `partition` then counts the whole ones between."""
+    layout: list[int | tuple[int, ...]] | None = None
+    """Where each encoder microbatch runs (:meth:`EncoderWork.layout_tasks`) when it is not the
+    partition's pipeline-by-pipeline order; None for that order."""
+    bound: StepBound | None = None
+    """The lower bound of its plan on its LLM step (:mod:`pybubble.planner.bound`)."""
 
     @property
     def step_time(self) -> float:
@@ -150,6 +159,21 @@ class SearchStats:
 
 
 @dataclass(kw_only=True, slots=True)
+class PlanSearched:
+    """One encoder plan as the search left it."""
+
+    plan: EncoderPlan
+    """The encoder plan."""
+    bound: StepBound
+    """The lower bound on the step of any schedule of the plan on the LLM step."""
+    states_fit: bool
+    """Whether the LLM and the encoders' model states fit in memory under the plan (when they do
+    not, no layout of the plan fits and the bound does not count)."""
+    best: Candidate | None = None
+    """Its best candidate, or None when the bounds pruned it or nothing of it fits in memory."""
+
+
+@dataclass(kw_only=True, slots=True)
 class Search:
     """The result of :func:`search`."""
 
@@ -164,6 +188,15 @@ class Search:
     ``keep`` of them are the best plans)."""
     stats: SearchStats = field(default_factory=SearchStats)
     """What the search did."""
+    plans: list[PlanSearched] = field(default_factory=list)
+    """Every encoder plan the config allows, in the order the search took them."""
+
+    @property
+    def bound(self) -> StepBound | None:
+        """The least lower bound of the plans whose model states fit: no schedule of any encoder
+        plan in the bubbles of this LLM step is shorter (None when no plan's states fit)."""
+        fitting = [p.bound for p in self.plans if p.states_fit]
+        return min(fitting, key=lambda b: b.step_time) if fitting else None
 
     @property
     def config(self) -> Config:
@@ -202,12 +235,28 @@ class _PlanSpace:
             t = self.work.microbatch_tasks(i)
             compute = t.resource == 0
             self.per_mb[i] = np.bincount(t.lane[compute], weights=t.duration[compute], minlength=lanes)
+        self.per_phase = np.zeros((2, plan.pipelines, lanes))  # the same, forward and backward apart
+        for i in range(plan.pipelines):
+            t = self.work.microbatch_tasks(i)
+            for ph in (0, 1):
+                keep = (t.resource == 0) & (t.phase == ph)
+                self.per_phase[ph, i] = np.bincount(t.lane[keep], weights=t.duration[keep], minlength=lanes)
         self.horizon = step.timeline.step_time
         self.memory_limit = step.config.memory_gb * GB
+        self.step_bound = step_bound(step.timeline, encoder_load(self.work, microbatches=step.config.microbatches),
+                                     step.config.llm_plan.tp)
+        """The lower bound on the step of any schedule of this plan (:func:`step_bound`)."""
+        self.gpu_work = float(self.per_mb.sum()) * plan.tp_enc / plan.pipelines
+        """GPU time of one microbatch's compute (us: kernel time times its TP group's GPUs)."""
+        self.states_fit = self.memory([0] * plan.pipelines) <= self.memory_limit
+        """Whether the LLM and the encoders' model states fit (no activations held)."""
 
     def plan_bound(self, microbatches: int) -> float:
+        """A lower bound on the step of any schedule of this plan: the work that fits in no bubble
+        spread over every lane, or :attr:`step_bound` when the config's microbatches are meant."""
         total = microbatches * float(self.per_mb.sum()) / self.plan.pipelines  # same work per microbatch
-        return self.horizon + max(0.0, (total - float(self.free.sum())) / len(self.free))
+        spill = self.horizon + max(0.0, (total - float(self.free.sum())) / len(self.free))
+        return max(spill, self.step_bound.step_time) if microbatches == self.step.config.microbatches else spill
 
     def bound(self, partition: Sequence[int]) -> float:
         over = np.asarray(partition, np.float64) @ self.per_mb - self.free
@@ -249,14 +298,108 @@ class _PlanSpace:
         problem = Problem.on_timeline(self.step.timeline, self.work.tasks(partition), self.plan.lanes_per_stage,
                                       windows)
         return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule_problem(problem),
-                         memory_bytes=self.memory(partition) if memory is None else memory)
+                         memory_bytes=self.memory(partition) if memory is None else memory, bound=self.step_bound)
+
+    def layout_candidate(self, layout: list[int | tuple[int, ...]], spread: tuple[int, int],
+                         memory: float | None = None) -> Candidate:
+        """`layout` (:meth:`EncoderWork.layout_tasks`) scheduled by the greedy filler into every
+        bubble; its `partition` counts the whole microbatches per pipeline."""
+        problem = Problem.on_timeline(self.step.timeline, self.work.layout_tasks(layout), self.plan.lanes_per_stage,
+                                      self.windows)
+        partition = [sum(1 for p in layout if p == i) for i in range(self.plan.pipelines)]
+        return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
+                         memory_bytes=self.layout_memory(layout) if memory is None else memory, spread=spread,
+                         layout=layout, bound=self.step_bound)
+
+    def layout_memory(self, layout: list[int | tuple[int, ...]]) -> float:
+        """:meth:`memory` of a layout."""
+        lanes = self.work.layout_bytes(layout)
+        return float((np.repeat(self.step.memory, self.plan.lanes_per_stage) + lanes).max())
+
+    def _free_by(self, lanes: list[int], times: np.ndarray) -> np.ndarray:
+        """Per time, the least compute-free time in [0, t] over `lanes` (a pipeline's stages)."""
+        w = self.windows[0]
+        out = np.full(len(times), np.inf)
+        for lane in lanes:
+            lo, hi = int(w.offset[lane]), int(w.offset[lane + 1])
+            s, e = w.start[lo:hi], w.end[lo:hi]
+            got = (np.clip(e[None, :], None, times[:, None]) - np.clip(s[None, :], None, times[:, None])).clip(0.0)
+            out = np.minimum(out, got.sum(axis=1))
+        return out
+
+    def spread_layout(self, head: int, tail: int) -> list[int | tuple[int, ...]]:
+        """A layout whose first `head` and last `tail` encoder microbatches (by the LLM microbatch
+        they feed) are spread over every pipeline and the others run whole.
+
+        A head microbatch k is shared out in proportion to each pipeline's compute-free time before
+        LLM microbatch k needs it, less the head's earlier pieces there (the least over the
+        pipeline's lanes); a tail microbatch likewise by the free time after its gradient is ready,
+        from the last one back. The whole microbatches between go, as evenly as they divide, each
+        to the pipeline with the most free time left before it is needed; they are numbered in the
+        order of the LLM microbatches they feed, so the filler's deadline for each is its own."""
+        plan, tl = self.plan, self.step.timeline
+        m, total = plan.pipelines, self.step.config.microbatches
+        lanes = [[plan.lane(i, e) for e in range(plan.pp_enc)] for i in range(m)]
+        need, ready = np.sort(tl.forward_needed), np.sort(tl.grad_ready)
+        before = np.array([self._free_by(ls, need) for ls in lanes])  # [pipeline, k]
+        whole_free = np.array([self._free_by(ls, np.array([self.horizon]))[0] for ls in lanes])
+        after = whole_free[:, None] - np.array([self._free_by(ls, ready) for ls in lanes])
+        fwd = self.per_phase[0].max(axis=1)  # a whole microbatch's forward on each pipeline's busiest lane
+        bwd = self.per_phase[1].max(axis=1)
+        layout: list[int | tuple[int, ...]] = [0] * total
+        used = np.zeros(m)
+        for k in range(head):
+            share = _share_of(before[:, k] - used)
+            layout[k] = share
+            used += fwd * np.array(share) / sum(share)
+        used_back = np.zeros(m)
+        for k in range(total - 1, total - 1 - tail, -1):
+            share = _share_of(after[:, k] - used_back)
+            layout[k] = share
+            used_back += bwd * np.array(share) / sum(share)
+        body = list(range(head, total - tail))
+        left = even_split(len(body), m)
+        for k in body:
+            room = before[:, k] - used - fwd
+            i = max((i for i in range(m) if left[i] > 0), key=lambda i: (room[i], -i))
+            layout[k] = i
+            left[i] -= 1
+            used[i] += fwd[i]
+        return layout
+
+    def spread_choices(self) -> list[tuple[int, int]]:
+        """The (head, tail) counts worth trying: the LLM microbatches needed before stage 0's first
+        gradient is ready (the warm-up) and those whose gradient is ready after the last one is needed
+        (the cool-down); and every microbatch spread, when those two leave some in between."""
+        tl, total = self.step.timeline, self.step.config.microbatches
+        head = int((tl.forward_needed < tl.grad_ready.min()).sum())
+        tail = int((tl.grad_ready > tl.forward_needed.max()).sum())
+        half = (total + 1) // 2
+        if head + tail >= total:
+            head = min(head, total - min(tail, half))
+            return [(head, total - head)]
+        return [(head, tail), (half, total - half)]
 
     def in_every_bubble(self, cand: Candidate) -> Candidate:
         """A coarse candidate with the problem of every bubble (its schedule is valid there too)."""
         problem = Problem.on_timeline(self.step.timeline, self.work.tasks(cand.partition), self.plan.lanes_per_stage,
                                       self.windows)
         return Candidate(plan=cand.plan, partition=cand.partition, problem=problem, schedule=cand.schedule,
-                         memory_bytes=cand.memory_bytes)
+                         memory_bytes=cand.memory_bytes, bound=cand.bound)
+
+
+SHARE_STEPS = 1000
+"""A spread microbatch's shares are whole weights out of this many (split_images rounds them to
+whole images)."""
+
+
+def _share_of(room: np.ndarray) -> tuple[int, ...]:
+    """Whole weights in proportion to each pipeline's free time `room` (negative counts as none;
+    all alike when no pipeline has any)."""
+    r = np.clip(np.asarray(room, np.float64), 0.0, None)
+    if r.max() <= 0.0:
+        return tuple([1] * len(r))
+    return tuple(int(x) for x in np.round(r / r.max() * SHARE_STEPS))
 
 
 def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
@@ -271,18 +414,38 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
 
 def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], float],
                  stats: SearchStats, lock: threading.Lock) -> Candidate | None:
-    """The best partition of one plan, or None when none fits in memory or beats `incumbent`."""
+    """The best layout of one plan (its spread layouts, then its partitions), or None when none fits
+    in memory or beats `incumbent`."""
     m = space.plan.pipelines
     best: Candidate | None = None
+    whole: Candidate | None = None  # the best partition, from which the local search moves
     seen: set[tuple[int, ...]] = set()
     counts = {"scheduled": 0, "bound_pruned": 0, "memory_pruned": 0}
 
     def limit() -> float:
         return min(incumbent(), best.step_time if best is not None else math.inf)
 
-    def consider(partition: tuple[int, ...]) -> bool:
-        """Schedules `partition` unless pruned; True when it became the plan's best."""
+    def keep(cand: Candidate) -> bool:
         nonlocal best
+        if best is None or cand.step_time < best.step_time:
+            best = cand
+            return True
+        return False
+
+    for head, tail in space.spread_choices():
+        if space.step_bound.step_time >= limit():
+            break
+        layout = space.spread_layout(head, tail)
+        memory = space.layout_memory(layout)
+        if memory > space.memory_limit:
+            counts["memory_pruned"] += 1
+            continue
+        counts["scheduled"] += 1
+        keep(space.layout_candidate(layout, (head, tail), memory))
+
+    def consider(partition: tuple[int, ...]) -> bool:
+        """Schedules `partition` unless pruned; True when it became the best partition."""
+        nonlocal whole
         if partition in seen:
             return False
         seen.add(partition)
@@ -295,8 +458,9 @@ def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], f
             return False
         counts["scheduled"] += 1
         cand = space.candidate(partition, memory=memory)
-        if best is None or cand.step_time < best.step_time:
-            best = cand
+        keep(cand)
+        if whole is None or cand.step_time < whole.step_time:
+            whole = cand
             return True
         return False
 
@@ -305,11 +469,12 @@ def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], f
         for partition in sorted(compositions(microbatches, m), key=space.bound):
             consider(partition)
     else:
-        consider(tuple(even_split(microbatches, m)))  # when it is pruned, so is the plan
-        improved = best is not None
+        consider(tuple(even_split(microbatches, m)))  # when it is pruned, so is the local search
+        improved = whole is not None
         while improved:
             improved = False
-            for partition in sorted(space.moves(best), key=space.bound):
+            assert whole is not None
+            for partition in sorted(space.moves(whole), key=space.bound):
                 improved |= consider(partition)
     with lock:
         stats.scheduled += counts["scheduled"]
@@ -341,7 +506,9 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     edges = edge_windows(timeline)
     spaces = [_PlanSpace(step, p, windows[p.lanes_per_stage], edges.repeated(p.lanes_per_stage)) for p in plans]
     microbatches = config.microbatches
-    spaces.sort(key=lambda s: s.plan_bound(microbatches))
+    # the lowest bound first; among equal bounds the least encoder work (GPU time), which leaves the
+    # most room in the bubbles: a good incumbent early lets the bounds prune the rest
+    spaces.sort(key=lambda s: (s.plan_bound(microbatches), s.gpu_work))
     stats = SearchStats(plans=len(plans))
     lock = threading.Lock()
     results: list[Candidate] = []
@@ -353,6 +520,9 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
             if len(results) < keep:
                 return math.inf
             return sorted(c.step_time for c in results)[keep - 1]
+
+    searched = {id(space): PlanSearched(plan=space.plan, bound=space.step_bound, states_fit=space.states_fit)
+                for space in spaces}
 
     def run(space: _PlanSpace) -> None:
         nonlocal done
@@ -368,6 +538,7 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
             best = space.in_every_bubble(base)  # the greedy filler is a heuristic: keep the better
         with lock:
             coarse.append(base)
+            searched[id(space)].best = best
             if best is not None:
                 results.append(best)
             elif pruned:
@@ -392,8 +563,8 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     stats.seconds = time.perf_counter() - t0
     fitting = [c for c in coarse if c.memory_bytes <= config.memory_gb * GB] or coarse
     return Search(step=step, best=results[0], coarse=min(fitting, key=lambda c: c.step_time), top=results,
-                  stats=stats)
+                  stats=stats, plans=[searched[id(space)] for space in spaces])
 
 
-__all__ = ["EXHAUSTIVE", "Candidate", "Search", "SearchStats", "compositions", "edge_windows", "encoder_plans",
+__all__ = ["EXHAUSTIVE", "SHARE_STEPS", "Candidate", "PlanSearched", "Search", "SearchStats", "compositions", "edge_windows", "encoder_plans",
            "encoder_problem", "encoder_tp_ok", "encoder_work", "search"]

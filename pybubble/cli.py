@@ -266,6 +266,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for row in rows:  # a list like [1, 5, 5, 5] wraps as one word
         layouts.add_row(row.name, re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(", ", ","), row.layout))
     console.print(layouts)
+    for f in report.features if report.in_pipeline is None else []:
+        bought = "" if f.step_without is None else f"; without it {_ms(f.step_without)}"
+        console.print(f"pybubble uses {f.name}: {f.uses}{bought}")
     s = report.search.stats
     console.print(f"planned in {report.planner_seconds:.3f} s: {s.plans} encoder plans ({s.plans_pruned} pruned by "
                   f"bound, {s.plans_out_of_memory} out of memory),\n{s.scheduled} partitions scheduled "

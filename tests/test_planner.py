@@ -101,7 +101,7 @@ def _brute_force(cfg):
 
 def test_search_finds_the_brute_force_optimum_when_it_enumerates():
     cfg = load_config(TINY)
-    found = search(cfg, workers=2)
+    found = search(cfg, workers=2, warmup=False)  # the brute force is on the config's own schedule
     assert found.best.step_time == pytest.approx(_brute_force(cfg), rel=1e-12)
     assert found.stats.plans == len(encoder_plans(cfg))
     assert found.top[0] is found.best and [c.step_time for c in found.top] == sorted(c.step_time for c in found.top)
@@ -110,7 +110,7 @@ def test_search_finds_the_brute_force_optimum_when_it_enumerates():
 def test_local_search_never_loses_to_the_even_partition(monkeypatch):
     cfg = load_config(TINY)
     monkeypatch.setattr(planner, "EXHAUSTIVE", 0)  # local search everywhere
-    found = search(cfg, workers=1)
+    found = search(cfg, workers=1, warmup=False)
     even = min(pybubble.schedule_problem(encoder_problem(found.step, p, even_split(cfg.microbatches, p.pipelines))).step_time
                for p in encoder_plans(cfg))
     assert _brute_force(cfg) <= found.best.step_time <= even
@@ -139,13 +139,13 @@ def test_partition_bound_never_exceeds_the_scheduled_step(space, cuts):
 
 def test_memory_prunes_plans_and_a_too_small_budget_is_an_error():
     cfg = load_config(SMALL)
-    full = search(cfg, keep=len(encoder_plans(cfg)))  # no plan pruned: top holds every plan's best
+    full = search(cfg, keep=len(encoder_plans(cfg)), warmup=False)  # no plan pruned: top holds every plan's best
     assert len(full.top) == len(encoder_plans(cfg))
     need = [c.memory_bytes for c in full.top]
     # a budget between the leanest and the hungriest plan: the hungriest ones go
     limit = (min(need) + max(need)) / 2 / GB
-    tight = search(load_config({**SMALL, "memory_gb": limit}))
-    assert tight.best.memory_bytes <= limit * GB
+    tight = search(load_config({**SMALL, "memory_gb": limit}), keep=len(encoder_plans(cfg)), warmup=False)
+    assert tight.best.memory_bytes <= limit * GB and all(c.memory_bytes <= limit * GB for c in tight.top)
     assert tight.stats.memory_pruned + tight.stats.plans_out_of_memory > 0
     llm_only = full.llm_memory_bytes / GB
     with pytest.raises(ValueError, match="memory_gb: no encoder plan fits"):

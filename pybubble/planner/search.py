@@ -41,7 +41,7 @@ from ..config.schema import Config
 from ..costs.kernels import splits_heads
 from ..costs.memory import GB
 from ..costs.roofline import CostModel
-from ..llm.step import LLMStep, even_split
+from ..llm.step import WARMUP_SCHEDULES, LLMStep, even_split
 from ..llm.timeline import Timeline, Windows
 from ..problem.encoder import EncoderPlan, EncoderWork
 from ..problem.problem import Problem
@@ -126,6 +126,8 @@ class Candidate:
     partition's pipeline-by-pipeline order; None for that order."""
     bound: StepBound | None = None
     """The lower bound of its plan on its LLM step (:mod:`pybubble.planner.bound`)."""
+    step: LLMStep | None = None
+    """The LLM step it fills (its warm-up may differ from the config's schedule)."""
 
     @property
     def step_time(self) -> float:
@@ -136,6 +138,11 @@ class Candidate:
     def hidden_fraction(self) -> float:
         """Share of the encoder's compute inside the LLM step's bubbles."""
         return self.schedule.hidden_fraction(self.problem)
+
+    @property
+    def spread_microbatches(self) -> list[int]:
+        """The encoder microbatches spread over the pipelines (empty for a partition)."""
+        return [] if self.layout is None else [j for j, p in enumerate(self.layout) if not isinstance(p, int)]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -174,6 +181,20 @@ class PlanSearched:
 
 
 @dataclass(kw_only=True, slots=True)
+class WarmupTried:
+    """One warm-up depth the search tried (:meth:`LLMStep.with_warmup`)."""
+
+    extra: tuple[int, ...]
+    """Extra warm-up forwards per pipeline rank."""
+    step: LLMStep
+    """The LLM step with that warm-up."""
+    bound: StepBound | None
+    """The least bound of the encoder plans whose model states fit on it (None: none fits)."""
+    best: Candidate | None = None
+    """The best plan's best layout on it, or None when memory or the bound ruled it out."""
+
+
+@dataclass(kw_only=True, slots=True)
 class Search:
     """The result of :func:`search`."""
 
@@ -190,12 +211,17 @@ class Search:
     """What the search did."""
     plans: list[PlanSearched] = field(default_factory=list)
     """Every encoder plan the config allows, in the order the search took them."""
+    warmups: list[WarmupTried] = field(default_factory=list)
+    """The warm-up depths tried after the search on the config's own (:func:`warmup_variants`)."""
+    default_best: Candidate | None = None
+    """The best candidate on the config's own LLM step (:attr:`best` unless a warm-up depth won)."""
 
     @property
     def bound(self) -> StepBound | None:
-        """The least lower bound of the plans whose model states fit: no schedule of any encoder
-        plan in the bubbles of this LLM step is shorter (None when no plan's states fit)."""
-        fitting = [p.bound for p in self.plans if p.states_fit]
+        """The least lower bound of the plans whose model states fit, on the config's LLM step and
+        on every warm-up depth tried: no schedule of any encoder plan in the bubbles of those steps
+        is shorter (None when no plan's states fit)."""
+        fitting = [p.bound for p in self.plans if p.states_fit] + [w.bound for w in self.warmups if w.bound]
         return min(fitting, key=lambda b: b.step_time) if fitting else None
 
     @property
@@ -222,29 +248,31 @@ class Search:
 class _PlanSpace:
     """One encoder plan's partitions: bounds, memory, and scheduling."""
 
-    def __init__(self, step: LLMStep, plan: EncoderPlan, windows: tuple[Windows, Windows],
-                 edges: Windows | None = None):
-        self.step, self.plan, self.windows = step, plan, windows
+    def __init__(self, step: LLMStep, plan: EncoderPlan, windows: tuple[Windows, Windows] | None = None,
+                 edges: Windows | None = None, like: "_PlanSpace | None" = None):
+        """`like`: the same plan's space on another LLM step, whose encoder work and load are reused
+        (they do not depend on the LLM's timeline)."""
+        self.step, self.plan = step, plan
+        self.windows = windows if windows is not None else step.encoder_windows(plan.lanes_per_stage)
         self.edges = edges if edges is not None else edge_windows(step.timeline).repeated(plan.lanes_per_stage)
-        self.work = encoder_work(step, plan)
         lanes = plan.pp_llm * plan.lanes_per_stage
-        self.free = windows[0].free_time()
-        # compute work per lane of one microbatch on each pipeline
-        self.per_mb = np.zeros((plan.pipelines, lanes))
-        for i in range(plan.pipelines):
-            t = self.work.microbatch_tasks(i)
-            compute = t.resource == 0
-            self.per_mb[i] = np.bincount(t.lane[compute], weights=t.duration[compute], minlength=lanes)
-        self.per_phase = np.zeros((2, plan.pipelines, lanes))  # the same, forward and backward apart
-        for i in range(plan.pipelines):
-            t = self.work.microbatch_tasks(i)
-            for ph in (0, 1):
-                keep = (t.resource == 0) & (t.phase == ph)
-                self.per_phase[ph, i] = np.bincount(t.lane[keep], weights=t.duration[keep], minlength=lanes)
+        self.free = self.windows[0].free_time()
+        if like is not None:
+            self.work, self.per_phase, self.load = like.work, like.per_phase, like.load
+        else:
+            self.work = encoder_work(step, plan)
+            # compute work per lane of one microbatch on each pipeline, forward and backward
+            self.per_phase = np.zeros((2, plan.pipelines, lanes))
+            for i in range(plan.pipelines):
+                t = self.work.microbatch_tasks(i)
+                for ph in (0, 1):
+                    keep = (t.resource == 0) & (t.phase == ph)
+                    self.per_phase[ph, i] = np.bincount(t.lane[keep], weights=t.duration[keep], minlength=lanes)
+            self.load = encoder_load(self.work, microbatches=step.config.microbatches)
+        self.per_mb = self.per_phase.sum(axis=0)
         self.horizon = step.timeline.step_time
         self.memory_limit = step.config.memory_gb * GB
-        self.step_bound = step_bound(step.timeline, encoder_load(self.work, microbatches=step.config.microbatches),
-                                     step.config.llm_plan.tp)
+        self.step_bound = step_bound(step.timeline, self.load, step.config.llm_plan.tp)
         """The lower bound on the step of any schedule of this plan (:func:`step_bound`)."""
         self.gpu_work = float(self.per_mb.sum()) * plan.tp_enc / plan.pipelines
         """GPU time of one microbatch's compute (us: kernel time times its TP group's GPUs)."""
@@ -298,7 +326,8 @@ class _PlanSpace:
         problem = Problem.on_timeline(self.step.timeline, self.work.tasks(partition), self.plan.lanes_per_stage,
                                       windows)
         return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule_problem(problem),
-                         memory_bytes=self.memory(partition) if memory is None else memory, bound=self.step_bound)
+                         memory_bytes=self.memory(partition) if memory is None else memory, bound=self.step_bound,
+                         step=self.step)
 
     def layout_candidate(self, layout: list[int | tuple[int, ...]], spread: tuple[int, int],
                          memory: float | None = None) -> Candidate:
@@ -309,7 +338,7 @@ class _PlanSpace:
         partition = [sum(1 for p in layout if p == i) for i in range(self.plan.pipelines)]
         return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
                          memory_bytes=self.layout_memory(layout) if memory is None else memory, spread=spread,
-                         layout=layout, bound=self.step_bound)
+                         layout=layout, bound=self.step_bound, step=self.step)
 
     def layout_memory(self, layout: list[int | tuple[int, ...]]) -> float:
         """:meth:`memory` of a layout."""
@@ -385,7 +414,7 @@ class _PlanSpace:
         problem = Problem.on_timeline(self.step.timeline, self.work.tasks(cand.partition), self.plan.lanes_per_stage,
                                       self.windows)
         return Candidate(plan=cand.plan, partition=cand.partition, problem=problem, schedule=cand.schedule,
-                         memory_bytes=cand.memory_bytes, bound=cand.bound)
+                         memory_bytes=cand.memory_bytes, bound=cand.bound, step=cand.step)
 
 
 SHARE_STEPS = 1000
@@ -413,9 +442,9 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
 
 
 def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], float],
-                 stats: SearchStats, lock: threading.Lock) -> Candidate | None:
-    """The best layout of one plan (its spread layouts, then its partitions), or None when none fits
-    in memory or beats `incumbent`."""
+                 stats: SearchStats, lock: threading.Lock, spread: bool = True) -> Candidate | None:
+    """The best layout of one plan (its spread layouts unless `spread` is False, then its
+    partitions), or None when none fits in memory or beats `incumbent`."""
     m = space.plan.pipelines
     best: Candidate | None = None
     whole: Candidate | None = None  # the best partition, from which the local search moves
@@ -432,7 +461,7 @@ def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], f
             return True
         return False
 
-    for head, tail in space.spread_choices():
+    for head, tail in space.spread_choices() if spread else []:
         if space.step_bound.step_time >= limit():
             break
         layout = space.spread_layout(head, tail)
@@ -483,15 +512,78 @@ def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], f
     return best
 
 
+def best_partition(step: LLMStep, plan: EncoderPlan) -> Candidate | None:
+    """`plan`'s best partition on `step`, every microbatch whole (no spread): the search's partition
+    search for that plan alone (None when no partition fits in memory)."""
+    space = _PlanSpace(step, plan)
+    return _search_plan(space, step.config.microbatches, lambda: math.inf, SearchStats(), threading.Lock(),
+                        spread=False)
+
+
+def warmup_variants(step: LLMStep) -> list[tuple[int, ...]]:
+    """The extra warm-up forwards per pipeline rank worth trying on `step` (a schedule of
+    :data:`WARMUP_SCHEDULES` with more than one rank): one and two more on every rank but the last,
+    and ``p - 1 - r`` more on rank r (Optimus's adjustment: the early ranks run further ahead, their
+    warm-up bubble moves into the cool-down, where the encoder's backward waits for room)."""
+    plan = step.config.llm_plan
+    if plan.schedule not in WARMUP_SCHEDULES or plan.pp == 1 or step.warmup is not None:
+        return []
+    p = plan.pp
+    return list(dict.fromkeys([tuple([k] * (p - 1) + [0]) for k in (1, 2)] + [tuple(p - 1 - r for r in range(p))]))
+
+
+def _tune_warmup(step: LLMStep, spaces: list["_PlanSpace"], best: Candidate,
+                 stats: SearchStats) -> tuple[list[WarmupTried], Candidate]:
+    """`best`'s plan on each warm-up depth of :func:`warmup_variants`: its spread layouts and (when
+    `best` is a partition) that partition, within memory; returns what was tried and the best."""
+    tried: list[WarmupTried] = []
+    space = next(s for s in spaces if s.plan == best.plan)
+    tp = step.config.llm_plan.tp
+    for extra in warmup_variants(step):
+        try:
+            other = step.with_warmup(extra)
+        except ValueError:  # the table deadlocks
+            continue
+        limit = step.config.memory_gb * GB
+        bounds = [step_bound(other.timeline, s.load, tp) for s in spaces
+                  if float((np.repeat(other.memory, s.plan.lanes_per_stage) + s.work.lane_bytes([0] * s.plan.pipelines)).max())
+                  <= limit]
+        here = WarmupTried(extra=extra, step=other, bound=min(bounds, key=lambda b: b.step_time) if bounds else None)
+        tried.append(here)
+        if other.memory.max() > limit:
+            stats.memory_pruned += 1
+            continue
+        tuned = _PlanSpace(other, best.plan, like=space)
+        if tuned.step_bound.step_time >= best.step_time:
+            stats.bound_pruned += 1
+            continue
+        layouts = [(tuned.spread_layout(h, t), (h, t)) for h, t in tuned.spread_choices()]
+        if best.layout is None:
+            layouts.append(([i for i, n in enumerate(best.partition) for _ in range(n)], (0, 0)))
+        for layout, spread in layouts:
+            memory = tuned.layout_memory(layout)
+            if memory > limit:
+                stats.memory_pruned += 1
+                continue
+            stats.scheduled += 1
+            cand = tuned.layout_candidate(layout, spread, memory)
+            if here.best is None or cand.step_time < here.best.step_time:
+                here.best = cand
+        if here.best is not None and here.best.step_time < best.step_time:
+            best = here.best
+    return tried, best
+
+
 def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
-           keep: int = 1) -> Search:
+           keep: int = 1, warmup: bool = True) -> Search:
     """Finds the encoder plan and partition with the shortest step on the LLM step `step` (see the
     module docstring).
 
     `workers`: threads (the machine's cores are a good choice). `progress(done, total)` is called
     after each plan. `keep`: the bounds prune against the `keep`-th best plan so far, so that the
-    best `keep` plans are all exact in :attr:`Search.top`. ValueError when no plan fits the LLM's
-    stages or memory.
+    best `keep` plans are all exact in :attr:`Search.top`. `warmup`: then try the best plan on other
+    warm-up depths of the LLM's schedule (:func:`warmup_variants`); its best there replaces it in
+    :attr:`Search.top` when shorter. ValueError when no plan fits the LLM's stages or memory.
     """
     keep = integer(keep, "keep", minimum=1)
     t0 = time.perf_counter()
@@ -560,11 +652,19 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         raise ValueError(f"memory_gb: no encoder plan fits in {config.memory_gb:g} GB per GPU (the leanest "
                          f"even partition needs {leanest / GB:.1f} GB)")
     results.sort(key=lambda c: c.step_time)
+    default_best = results[0]
+    tried: list[WarmupTried] = []
+    if warmup:
+        tried, tuned = _tune_warmup(step, spaces, default_best, stats)
+        if tuned is not default_best:
+            results[0] = tuned
     stats.seconds = time.perf_counter() - t0
     fitting = [c for c in coarse if c.memory_bytes <= config.memory_gb * GB] or coarse
     return Search(step=step, best=results[0], coarse=min(fitting, key=lambda c: c.step_time), top=results,
-                  stats=stats, plans=[searched[id(space)] for space in spaces])
+                  stats=stats, plans=[searched[id(space)] for space in spaces], warmups=tried,
+                  default_best=default_best)
 
 
-__all__ = ["EXHAUSTIVE", "SHARE_STEPS", "Candidate", "PlanSearched", "Search", "SearchStats", "compositions", "edge_windows", "encoder_plans",
+__all__ = ["EXHAUSTIVE", "SHARE_STEPS", "Candidate", "PlanSearched", "Search", "SearchStats", "WarmupTried",
+           "best_partition", "warmup_variants", "compositions", "edge_windows", "encoder_plans",
            "encoder_problem", "encoder_tp_ok", "encoder_work", "search"]

@@ -386,7 +386,7 @@ def _calibrate_on_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_dynamic(args: argparse.Namespace) -> int:
-    """Compare static, balanced, online and per-batch plan choice on batches that change."""
+    """Compare static, balanced, ordered, online and per-batch plan choice on batches that change."""
     import numpy as np
 
     from .config.documents import write_document
@@ -406,7 +406,8 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     for col in ("mode", "mean step (ms)", "p95 step (ms)", "gain vs static", "reschedule (ms, median)"):
         t.add_column(col, justify="left" if col == "mode" else "right")
     # balanced: balancing plus rescheduling; choice: all plans it evaluated
-    took = {"online": result.reschedule, "balanced": result.balance_took, "choice": result.choice_took}
+    took = {"online": result.reschedule, "balanced": result.balance_took, "ordered": result.order_took,
+            "choice": result.choice_took}
     for mode, s in summ.items():
         median = f"{float(np.median(took[mode])) * 1e3:.3f}" if mode in took else "-"
         t.add_row(mode, f"{s['mean'] / 1e3:,.1f}", f"{s['p95'] / 1e3:,.1f}", f"{s['gain_vs_static']:.4f}x", median)
@@ -647,8 +648,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "dynamic", cmd_dynamic,
                  "Draws batches whose images per sample change, and compares per batch: the static plan, samples\n"
-                 "balanced over microbatches, online rescheduling, and a per-batch choice among the best plans\n"
-                 "(docs/dynamic.md).",
+                 "balanced over microbatches, microbatches ordered by their encoder work, online rescheduling, and a\n"
+                 "per-batch choice among the best plans (docs/dynamic.md).",
                  "pybubble dynamic examples/quickstart.yaml --steps 100 --plot steps.png")
     p.add_argument("config", help="the planning config (YAML)")
     p.add_argument("--steps", type=int, default=200, metavar="N", help="batches to draw")

@@ -206,3 +206,44 @@ def test_coarse_fills_only_the_edge_bubbles_and_the_plan_is_never_worse():
         assert any(s <= start[i] and end[i] <= e + 1e-6 for s, e in edges.of(int(t.lane[i])))
     assert 0.0 < coarse.hidden_fraction < 1.0
     assert found.best.step_time <= coarse.step_time * (1 + 1e-12)
+
+
+def test_warmup_depth_is_simulated_from_its_own_table(tmp_path):
+    from pybubble.llm.step import default_warmup
+    from pybubble.llm.tables import load_csv, save_csv
+
+    step = LLMStep.of(load_config(SMALL))
+    same = step.with_warmup((0, 0, 0, 0))
+    assert same.timeline.step_time == step.timeline.step_time and same.action_table() == step.action_table()
+    deeper = step.with_warmup((2, 1, 0, 0))
+    table = deeper.action_table()
+    for r, extra in enumerate((2, 1, 0, 0)):
+        row = [str(a) for a in table[r]]
+        first_b = next(i for i, a in enumerate(row) if "B" in a)
+        assert first_b == default_warmup(step.config.llm_plan, 8)[r] + extra + 1  # its forwards, then 1F1B
+        assert sorted(row) == sorted(str(a) for a in step.action_table()[r])  # the same actions, reordered
+    # rank 0 holds two more microbatches' activations at its peak; the others as before or fewer
+    per_mb = deeper.memory[0] - step.memory[0]
+    assert per_mb > 0 and deeper.memory[2] == step.memory[2]
+    save_csv(table, tmp_path / "t.csv")
+    assert load_csv(tmp_path / "t.csv") == table
+    with pytest.raises(ValueError, match="warmup: .* is not one count for each of the 4 pipeline ranks"):
+        step.with_warmup((1, 1))
+    with pytest.raises(ValueError, match=r"warmup\[1\]: -1"):
+        step.with_warmup((0, -1, 0, 0))
+
+
+def test_search_tries_warmup_depths_and_keeps_the_better():
+    cfg = load_config(SMALL)
+    found = search(cfg)
+    assert [w.extra for w in found.warmups] == planner.warmup_variants(found.step) == [(1, 1, 1, 0), (2, 2, 2, 0),
+                                                                                      (3, 2, 1, 0)]
+    tried = [w.best.step_time for w in found.warmups if w.best is not None]
+    assert found.best.step_time == min([found.default_best.step_time, *tried])
+    assert found.bound.step_time <= min(w.bound.step_time for w in found.warmups)
+    best = found.best
+    assert pybubble.validate(best.problem, best.schedule) == []
+    assert best.problem.horizon == best.step.timeline.step_time
+    # no warm-up count to change: zero-bubble schedules keep their table
+    zb = load_config({**SMALL, "llm_plan": {**SMALL["llm_plan"], "schedule": "zb_h1"}})
+    assert search(zb).warmups == [] and planner.warmup_variants(LLMStep.of(zb)) == []

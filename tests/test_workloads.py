@@ -68,3 +68,19 @@ def test_microbatch_loads_in_order_or_by_assignment():
 def test_a_seed_that_is_no_64_bit_integer_is_a_value_error(seed):
     with pytest.raises(ValueError, match="seed"):
         next(batches(WorkloadSpec(), samples=4, steps=1, seed=seed))
+
+
+def test_orders_by_encoder_work():
+    from pybubble.planner.workloads import light_ends_order, work_orders
+
+    loads = np.array([5.0, 1.0, 4.0, 2.0, 3.0])
+    order = light_ends_order(loads)
+    assert sorted(order) == list(range(5))
+    assert loads[order].tolist() == [2.0, 4.0, 5.0, 3.0, 1.0]  # the lightest last, the next first, inward
+    orders = work_orders(loads)
+    assert loads[orders["heavy_ends"]].tolist() == [4.0, 2.0, 1.0, 3.0, 5.0]
+    assert loads[orders["ascending"]].tolist() == sorted(loads)
+    assert loads[orders["descending"]].tolist() == sorted(loads, reverse=True)
+    assert light_ends_order(np.zeros(0)).tolist() == [] and light_ends_order(np.ones(1)).tolist() == [0]
+    with pytest.raises(ValueError, match="loads: shape"):
+        light_ends_order(np.ones((2, 2)))

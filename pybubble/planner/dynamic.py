@@ -5,6 +5,11 @@ follows each batch's samples, and four ways to meet it are compared step by step
   (:func:`pybubble.replay`, a stall model);
 - ``balanced``: samples balanced over the microbatches (:func:`pybubble.balance_microbatches`),
   then the best plan rescheduled online;
+- ``ordered``: the microbatches as the data loader splits them, run in an order by their encoder
+  work: the best plan rescheduled online for each of :func:`~pybubble.planner.workloads.work_orders`
+  (the light ones at the two ends and the heavy ones in the middle, the reverse, sorted up and
+  down) and for the loader's order (what ``online`` runs), the shortest kept (``order_chosen``
+  counts which), so it is never behind ``online``;
 - ``online``: the best plan rescheduled online with the batch's durations;
 - ``choice``: per batch, the plan among the K best on the mean batch whose reschedule gives the
   shortest step, evaluated within a time budget (:class:`PlanChooser`); same microbatches as
@@ -36,11 +41,11 @@ from ..schedule.online import OnlineScheduler, replay
 from ..schedule.scheduler import Schedule
 from ..viz.steps import save_step_chart
 from .search import Candidate, search
-from .workloads import Batch, WorkloadSpec, batches, microbatch_loads, sample_costs
+from .workloads import WORK_ORDERS, Batch, WorkloadSpec, batches, microbatch_loads, sample_costs, work_orders
 
 DYNAMIC_FORMAT = "pybubble.dynamic/1"
 """The format key of a dynamic run's document."""
-MODES = ("static", "balanced", "online", "choice")
+MODES = ("static", "balanced", "ordered", "online", "choice")
 """The ways of meeting batches that change (see the module docstring)."""
 
 
@@ -151,6 +156,8 @@ class DynamicRun:
     """Seconds of each online reschedule (mode ``online``)."""
     balance_took: np.ndarray
     """Seconds of each balancing plus its reschedule (mode ``balanced``)."""
+    order_took: np.ndarray
+    """Seconds of each ordering plus its reschedule (mode ``ordered``)."""
     choice_took: np.ndarray
     """Seconds of each plan choice (mode ``choice``)."""
     chosen: np.ndarray
@@ -185,6 +192,7 @@ class DynamicRun:
             "modes": {m: {**summ[m], "step_time": [float(x) for x in v]} for m, v in self.step_time.items()},
             "reschedule_ms": {"online_median": float(statistics.median(self.reschedule)) * 1e3,
                               "balanced_median": float(statistics.median(self.balance_took)) * 1e3,
+                              "ordered_median": float(statistics.median(self.order_took)) * 1e3,
                               "choice_median": float(statistics.median(self.choice_took)) * 1e3,
                               "choice_max": float(np.max(self.choice_took)) * 1e3},
             "chosen": [int(x) for x in self.chosen],
@@ -209,7 +217,9 @@ def run(config: Config, *, steps: int, seed: int = 0, k: int = 4, budget: float 
               for b in batches(spec, samples=m * config.training.micro_batch, steps=steps, seed=seed)]
     mean = float(np.mean([c[:, 0].sum() for c in sample])) / m
     out: dict[str, list[float]] = {mode: [] for mode in MODES}
-    took, balance_took, choice_took, chosen, evaluated = [], [], [], [], []
+    took, balance_took, order_took, choice_took, chosen, evaluated = [], [], [], [], [], []
+    slot = best.schedule.assignment  # encoder microbatch j feeds LLM microbatch slot[j] on the mean batch
+    order_chosen = dict.fromkeys(("loader", *WORK_ORDERS), 0)
     try:
         for i, c in enumerate(sample):
             plain = microbatch_loads(c[:, 0], m) / mean
@@ -222,6 +232,14 @@ def run(config: Config, *, steps: int, seed: int = 0, k: int = 4, budget: float 
             balanced = microbatch_loads(c[:, 0], m, balance_microbatches(c, m)) / mean
             out["balanced"].append(online.reschedule(online.scaled_durations(balanced)).step_time)
             balance_took.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            by_order = {"loader": out["online"][-1]}
+            by_order.update({name: online.reschedule(online.scaled_durations(plain[order][slot])).step_time
+                             for name, order in work_orders(plain).items()})  # order[k]: the microbatch in slot k
+            name = min(by_order, key=by_order.__getitem__)  # the first of equals: the loader's
+            out["ordered"].append(by_order[name])
+            order_chosen[name] += 1
+            order_took.append(time.perf_counter() - t0)
             pick = chooser.choose(plain)
             out["choice"].append(pick.schedule.step_time)
             choice_took.append(pick.took)
@@ -236,7 +254,7 @@ def run(config: Config, *, steps: int, seed: int = 0, k: int = 4, budget: float 
               "mean_step": float(c.step_time)} for c in chooser.candidates]
     return DynamicRun(horizon=best.problem.horizon, plans=plans,
                       step_time={mode: np.array(v) for mode, v in out.items()}, reschedule=np.array(took),
-                      balance_took=np.array(balance_took),
+                      balance_took=np.array(balance_took), order_took=np.array(order_took),
                       choice_took=np.array(choice_took), chosen=np.array(chosen, np.int64),
                       evaluated=np.array(evaluated, np.int64), budget=float(budget),
-                      extra={"steps": steps, "seed": seed, "microbatches": m})
+                      extra={"steps": steps, "seed": seed, "microbatches": m, "order_chosen": order_chosen})

@@ -441,18 +441,22 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
             yield (first, *rest)
 
 
-def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], float],
-                 stats: SearchStats, lock: threading.Lock, spread: bool = True) -> Candidate | None:
+def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], tuple[float, int]],
+                 stats: SearchStats, lock: threading.Lock, spread: bool = True, rank: int = 0) -> Candidate | None:
     """The best layout of one plan (its spread layouts unless `spread` is False, then its
-    partitions), or None when none fits in memory or beats `incumbent`."""
+    partitions), or None when none fits in memory or beats `incumbent`: the (step, rank) of the
+    candidate to beat, the plan's `rank` breaking ties between equal steps (the lower wins), so the
+    threads' timing does not decide between plans that tie (often at their bound)."""
     m = space.plan.pipelines
     best: Candidate | None = None
     whole: Candidate | None = None  # the best partition, from which the local search moves
     seen: set[tuple[int, ...]] = set()
     counts = {"scheduled": 0, "bound_pruned": 0, "memory_pruned": 0}
 
-    def limit() -> float:
-        return min(incumbent(), best.step_time if best is not None else math.inf)
+    def beaten(bound: float) -> bool:
+        """Whether no layout whose bound is `bound` can beat the incumbent or the plan's best."""
+        own = (best.step_time, rank) if best is not None else (math.inf, rank)
+        return (bound, rank) >= min(incumbent(), own)
 
     def keep(cand: Candidate) -> bool:
         nonlocal best
@@ -462,7 +466,7 @@ def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], f
         return False
 
     for head, tail in space.spread_choices() if spread else []:
-        if space.step_bound.step_time >= limit():
+        if beaten(space.step_bound.step_time):
             break
         layout = space.spread_layout(head, tail)
         memory = space.layout_memory(layout)
@@ -478,7 +482,7 @@ def _search_plan(space: _PlanSpace, microbatches: int, incumbent: Callable[[], f
         if partition in seen:
             return False
         seen.add(partition)
-        if space.bound(partition) >= limit():
+        if beaten(space.bound(partition)):
             counts["bound_pruned"] += 1
             return False
         memory = space.memory(partition)
@@ -516,7 +520,7 @@ def best_partition(step: LLMStep, plan: EncoderPlan) -> Candidate | None:
     """`plan`'s best partition on `step`, every microbatch whole (no spread): the search's partition
     search for that plan alone (None when no partition fits in memory)."""
     space = _PlanSpace(step, plan)
-    return _search_plan(space, step.config.microbatches, lambda: math.inf, SearchStats(), threading.Lock(),
+    return _search_plan(space, step.config.microbatches, lambda: (math.inf, 0), SearchStats(), threading.Lock(),
                         spread=False)
 
 
@@ -603,15 +607,16 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     spaces.sort(key=lambda s: (s.plan_bound(microbatches), s.gpu_work))
     stats = SearchStats(plans=len(plans))
     lock = threading.Lock()
-    results: list[Candidate] = []
+    results: list[tuple[float, int, Candidate]] = []  # (step, the plan's rank, candidate)
     coarse: list[Candidate] = []
     done = 0
+    rank = {id(space): r for r, space in enumerate(spaces)}
 
-    def incumbent() -> float:
+    def incumbent() -> tuple[float, int]:
         with lock:
             if len(results) < keep:
-                return math.inf
-            return sorted(c.step_time for c in results)[keep - 1]
+                return (math.inf, 0)
+            return sorted((step, r) for step, r, _ in results)[keep - 1]
 
     searched = {id(space): PlanSearched(plan=space.plan, bound=space.step_bound, states_fit=space.states_fit)
                 for space in spaces}
@@ -622,17 +627,18 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         memory = space.memory(even)
         fits = memory <= space.memory_limit
         base = space.candidate(even, coarse=True, memory=memory)
-        if space.plan_bound(microbatches) >= incumbent():
+        r = rank[id(space)]
+        if (space.plan_bound(microbatches), r) >= incumbent():
             best, pruned = None, True
         else:
-            best, pruned = _search_plan(space, microbatches, incumbent, stats, lock), False
-        if fits and base.step_time < (best.step_time if best is not None else incumbent()):
+            best, pruned = _search_plan(space, microbatches, incumbent, stats, lock, rank=r), False
+        if fits and (base.step_time, r) < ((best.step_time, r) if best is not None else incumbent()):
             best = space.in_every_bubble(base)  # the greedy filler is a heuristic: keep the better
         with lock:
             coarse.append(base)
             searched[id(space)].best = best
             if best is not None:
-                results.append(best)
+                results.append((best.step_time, r, best))
             elif pruned:
                 stats.plans_pruned += 1
             elif not fits:
@@ -651,16 +657,17 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         leanest = min(s.memory(even_split(microbatches, s.plan.pipelines)) for s in spaces)
         raise ValueError(f"memory_gb: no encoder plan fits in {config.memory_gb:g} GB per GPU (the leanest "
                          f"even partition needs {leanest / GB:.1f} GB)")
-    results.sort(key=lambda c: c.step_time)
-    default_best = results[0]
+    top = [cand for _, _, cand in sorted(results, key=lambda x: x[:2])]
+    default_best = top[0]
     tried: list[WarmupTried] = []
     if warmup:
         tried, tuned = _tune_warmup(step, spaces, default_best, stats)
         if tuned is not default_best:
-            results[0] = tuned
+            top[0] = tuned
     stats.seconds = time.perf_counter() - t0
     fitting = [c for c in coarse if c.memory_bytes <= config.memory_gb * GB] or coarse
-    return Search(step=step, best=results[0], coarse=min(fitting, key=lambda c: c.step_time), top=results,
+    return Search(step=step, best=top[0], coarse=min(fitting, key=lambda c: (c.step_time, c.plan.pp_enc, c.plan.tp_enc)),
+                  top=top,
                   stats=stats, plans=[searched[id(space)] for space in spaces], warmups=tried,
                   default_best=default_best)
 

@@ -101,6 +101,40 @@ def microbatch_loads(cost: np.ndarray, microbatches: int, assignment: np.ndarray
     return np.bincount(a, weights=c, minlength=microbatches)
 
 
+def light_ends_order(loads: np.ndarray) -> np.ndarray:
+    """The order to run microbatches in, given each one's encoder load: ``order[k]`` is the
+    microbatch that feeds LLM microbatch k. The lightest runs last, the next lightest first, and so
+    on inward, so the heaviest sit in the middle of the step: the encoder's forward of the first
+    microbatches must finish before the LLM starts and the backward of the last ones after it ends,
+    with the least room around them, while the pipeline's bubbles are in the middle."""
+    c = np.asarray(loads, dtype=np.float64)
+    if c.ndim != 1:
+        raise ValueError(f"loads: shape {c.shape} is not one load per microbatch")
+    light = np.argsort(c, kind="stable")
+    n = len(c)
+    inward = np.empty(n, np.int64)  # the slots from the ends inward: last, first, last but one, second, ...
+    inward[0::2] = np.arange(n - 1, n - 1 - len(inward[0::2]), -1)
+    inward[1::2] = np.arange(len(inward[1::2]))
+    order = np.empty(n, np.int64)
+    order[inward] = light
+    return order
+
+
+WORK_ORDERS = ("light_ends", "heavy_ends", "ascending", "descending")
+"""The orders of microbatches by encoder work that :func:`work_orders` gives."""
+
+
+def work_orders(loads: np.ndarray) -> dict[str, np.ndarray]:
+    """Orders to run microbatches in, by their encoder `loads` (``order[k]``: the microbatch that feeds
+    LLM microbatch k), one per :data:`WORK_ORDERS`: :func:`light_ends_order`, its reverse (the heavy
+    ones at the ends), and sorted up and down. Which one gives the shortest step depends on the
+    plan: a whole microbatch loads one pipeline's lanes, a spread one all of them, so the heavy ones
+    belong where the plan has the most room around them."""
+    c = np.asarray(loads, dtype=np.float64)
+    return {"light_ends": light_ends_order(c), "heavy_ends": light_ends_order(-c),
+            "ascending": np.argsort(c, kind="stable"), "descending": np.argsort(-c, kind="stable")}
+
+
 def sample_costs(batch: Batch, *, encoder: EncoderConfig, llm: LLMConfig, costs: CostModel,
                  encoder_tp: int = 1, llm_tp: int = 1, frozen: bool = False, recompute: str = "none") -> np.ndarray:
     """N x 2 array: each sample's encoder time (all layers, forward + backward unless frozen, each

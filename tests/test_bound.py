@@ -46,8 +46,11 @@ def test_terms_by_hand_on_a_two_stage_pipeline():
     # the total alone: work far beyond the bubbles
     heavy = step_bound(tl, load([40, 40], [40, 40]), gpus_per_rank=1)
     assert heavy.work == (160 - 60) / 2 and heavy.step_time == 90 + max(heavy.front + heavy.back, heavy.work)
-    # prefetch: the forwards may run in the previous step, only the total bounds them
-    assert step_bound(tl, load([8, 8], [16, 16]), gpus_per_rank=1, prefetch=True).front == 0.0
+    # prefetch: the first forward runs in the previous step, needed by the horizon only; the second still
+    # needs 8 - 10 of free time before 10 -> nothing; both: nothing before 0 at all
+    assert step_bound(tl, load([8, 8], [0, 0]), gpus_per_rank=1, prefetch=1).front == 0.0
+    assert step_bound(tl, load([8, 8], [0, 0]), gpus_per_rank=1, prefetch=0).front == 4.0
+    assert step_bound(tl, load([30, 30], [0, 0]), gpus_per_rank=1, prefetch=1).front == (30 - 10) / 2
 
 
 def test_varying_loads_take_the_lightest_first_and_last():

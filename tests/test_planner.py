@@ -247,3 +247,36 @@ def test_search_tries_warmup_depths_and_keeps_the_better():
     # no warm-up count to change: zero-bubble schedules keep their table
     zb = load_config({**SMALL, "llm_plan": {**SMALL["llm_plan"], "schedule": "zb_h1"}})
     assert search(zb).warmups == [] and planner.warmup_variants(LLMStep.of(zb)) == []
+
+
+def test_prefetch_runs_a_frozen_encoders_next_forwards_in_this_step():
+    from pybubble.planner.report import plan as plan_report
+    from pybubble.problem.problem import prefetched_needs
+
+    frozen = {**SMALL, "encoders": [{"preset": "vit-l-14", "tokens_per_sample": 8 * 257, "frozen": True}]}
+    plain = search(load_config(frozen), warmup=False)
+    ahead_cfg = load_config({**frozen, "training": {**frozen["training"], "prefetch": 2}})
+    ahead = search(ahead_cfg, warmup=False)
+    tl = ahead.step.timeline
+    a = ahead.best.problem.arrays()
+    assert list(a.forward_needed[:2]) == [tl.step_time] * 2 and list(a.grad_ready[:2]) == [tl.step_time] * 2
+    assert list(a.forward_needed[2:]) == list(tl.forward_needed[2:])
+    assert pybubble.validate(ahead.best.problem, ahead.best.schedule) == []
+    assert ahead.bound.step_time <= ahead.best.step_time <= plain.best.step_time
+    assert ahead.bound.step_time <= plain.bound.step_time
+    report = plan_report(ahead_cfg)
+    used = {f.name: f for f in report.features}
+    assert "prefetch" in used and used["prefetch"].step_without >= report.best.step_time
+    assert "frozen" in used["prefetch"].uses
+    with pytest.raises(ValueError, match=r"prefetch: 9 is not an integer in \[0, 8\]"):
+        prefetched_needs(tl, 9)
+
+
+def test_prefetch_needs_frozen_encoders_and_enough_microbatches():
+    with pytest.raises(ValueError, match="training.prefetch: 1 needs every encoder frozen, but vit-l-14 trains"):
+        load_config({**SMALL, "training": {**SMALL["training"], "prefetch": 1}})
+    frozen = {**SMALL, "encoders": [{"preset": "vit-l-14", "frozen": True}]}
+    with pytest.raises(ValueError, match="training.prefetch: 9 is more than the 8 microbatches"):
+        load_config({**frozen, "training": {**frozen["training"], "prefetch": 9}})
+    with pytest.raises(ValueError, match="training.prefetch: -1"):
+        load_config({**frozen, "training": {**frozen["training"], "prefetch": -1}})

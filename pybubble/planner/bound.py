@@ -37,6 +37,7 @@ import numpy as np
 from ..config.checks import positive_int, real_array
 from ..llm.timeline import Timeline, Windows
 from ..problem.encoder import EncoderWork
+from ..problem.problem import prefetched_needs
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -129,10 +130,11 @@ def _free_until(free: Windows, times: np.ndarray) -> np.ndarray:
     return out
 
 
-def step_bound(timeline: Timeline, load: EncoderLoad, gpus_per_rank: int, prefetch: bool = False) -> StepBound:
+def step_bound(timeline: Timeline, load: EncoderLoad, gpus_per_rank: int, prefetch: int = 0) -> StepBound:
     """The bound of `load` on `timeline` whose ranks have `gpus_per_rank` GPUs each (the LLM's TP
-    degree). `prefetch`: the forwards may run in the previous step (a frozen encoder's next-step
-    forwards in the cool-down): only the total bounds them."""
+    degree). `prefetch`: the forwards of that many first LLM microbatches run in the step before (a
+    frozen encoder's, :func:`~pybubble.problem.problem.prefetched_needs`): they are needed by the
+    horizon only."""
     g = positive_int(gpus_per_rank, "gpus_per_rank")
     gpus = g * timeline.ranks
     free = timeline.compute_free
@@ -140,14 +142,15 @@ def step_bound(timeline: Timeline, load: EncoderLoad, gpus_per_rank: int, prefet
     per_rank = free.free_time()
     fwd, bwd = np.sort(load.forward), np.sort(load.backward)
     front = back = 0.0
-    if len(fwd) and not prefetch:
-        need = np.sort(timeline.forward_needed)
+    forward_needed, grad_ready = prefetched_needs(timeline, prefetch)
+    if len(fwd):
+        need = np.sort(forward_needed)
         front = max(0.0, float(((np.cumsum(fwd) - g * _free_until(free, need)) / gpus).max()))
         first = float(need[0])
         before = np.array([_free_until(_rank(free, r), np.array([first]))[0] for r in range(timeline.ranks)])
         front = max(front, load.forward_path - first, load.forward_compute - float(before.max(initial=0.0)))
     if len(bwd) and bwd[-1] > 0:
-        ready = np.sort(timeline.grad_ready)[::-1]  # latest first: the k latest need the k lightest
+        ready = np.sort(grad_ready)[::-1]  # latest first: the k latest need the k lightest
         after = per_rank.sum() - _free_until(free, ready)
         back = max(0.0, float(((np.cumsum(bwd) - g * after) / gpus).max()))
         last = float(ready[0])

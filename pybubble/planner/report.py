@@ -36,7 +36,7 @@ from ..llm.step import LLMStep
 from ..viz.gantt import save_gantt
 from ..viz.trace import save_trace
 from .layouts import Baseline, Separate, megatron, megatron_balanced, separate
-from .search import Candidate, Search, best_partition, search
+from .search import Candidate, Search, best_partition, search, without_prefetch
 
 BASELINES = ("megatron", "megatron_balanced", "coarse")
 """The baselines of the comparison, in the order they are printed."""
@@ -101,13 +101,15 @@ class Feature:
     schedule, and what it bought."""
 
     name: str
-    """``spread`` (the head and tail microbatches spread over every encoder pipeline) or ``warmup``
-    (the LLM's warm-up depth per pipeline rank)."""
+    """``spread`` (the head and tail microbatches spread over every encoder pipeline), ``warmup``
+    (the LLM's warm-up depth per pipeline rank) or ``prefetch`` (frozen encoders: the next step's
+    first forwards in this step, ``training.prefetch``)."""
     uses: str
     """What the plan does, in words."""
     step_without: float | None
     """The step without it (us): the same plan's best partition on the same LLM step (spread; None
-    when none fits in memory), or the search's best on the config's own schedule (warmup)."""
+    when none fits in memory), the search's best on the config's own schedule (warmup), or the same
+    layout with every forward in its own step (prefetch)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -284,9 +286,13 @@ def features(found: Search) -> list[Feature]:
     step = best.step or found.step
     if any(best.spread):
         without = best_partition(step, best.plan)
-        head, tail = best.spread
-        out.append(Feature(name="spread", uses=f"the first {head} and last {tail} microbatches spread over every "
-                                              f"encoder pipeline", step_without=without.step_time if without else None))
+        out.append(Feature(name="spread", uses=f"{_spread_words(*best.spread)} spread over every encoder pipeline",
+                           step_without=without.step_time if without else None))
+    prefetch = found.config.training.prefetch
+    if prefetch:
+        out.append(Feature(name="prefetch", uses=f"the encoder forward of the first {prefetch} microbatches of the next "
+                                                 "step in this step (exact: the encoders are frozen)",
+                           step_without=without_prefetch(best).step_time))
     if step.warmup is not None and found.default_best is not None:
         out.append(Feature(name="warmup", uses=f"{list(step.warmup)} more warm-up forwards per pipeline rank "
                                                f"(LLM alone then {step.timeline.step_time / 1e3:,.1f} ms)",
@@ -298,13 +304,18 @@ def describe(c: Candidate) -> str:
     """A candidate's encoder plan and partition in words."""
     p = c.plan
     words = f"PP_enc {p.pp_enc}, TP_enc {p.tp_enc}, {p.pipelines} encoder pipeline(s) per replica, "
-    head, tail = c.spread
-    if not head and not tail:
+    if not any(c.spread):
         return words + f"partition {list(c.partition)}"
-    spread = f"the first {head} and last {tail} microbatches spread over every pipeline"
     if sum(c.partition) == 0:
         return words + "every microbatch spread over every pipeline"
-    return words + f"{spread}, the {sum(c.partition)} between as partition {list(c.partition)}"
+    return words + (f"{_spread_words(*c.spread)} spread over every pipeline, the other {sum(c.partition)} as "
+                    f"partition {list(c.partition)}")
+
+
+def _spread_words(head: int, tail: int) -> str:
+    """Which microbatches a layout spreads, in words."""
+    parts = ([f"the first {head}"] if head else []) + ([f"the last {tail}"] if tail else [])
+    return " and ".join(parts) + " microbatch" + ("es" if head + tail > 1 else "")
 
 
 def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,

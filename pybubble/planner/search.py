@@ -44,7 +44,7 @@ from ..costs.roofline import CostModel
 from ..llm.step import WARMUP_SCHEDULES, LLMStep, even_split
 from ..llm.timeline import Timeline, Windows
 from ..problem.encoder import EncoderPlan, EncoderWork
-from ..problem.problem import Problem
+from ..problem.problem import Problem, prefetched_needs
 from ..schedule.scheduler import Schedule, schedule_problem
 from .bound import StepBound, encoder_load, step_bound
 
@@ -249,9 +249,10 @@ class _PlanSpace:
     """One encoder plan's partitions: bounds, memory, and scheduling."""
 
     def __init__(self, step: LLMStep, plan: EncoderPlan, windows: tuple[Windows, Windows] | None = None,
-                 edges: Windows | None = None, like: "_PlanSpace | None" = None):
+                 edges: Windows | None = None, like: "_PlanSpace | None" = None, prefetch: int | None = None):
         """`like`: the same plan's space on another LLM step, whose encoder work and load are reused
-        (they do not depend on the LLM's timeline)."""
+        (they do not depend on the LLM's timeline). `prefetch`: instead of the config's
+        ``training.prefetch``."""
         self.step, self.plan = step, plan
         self.windows = windows if windows is not None else step.encoder_windows(plan.lanes_per_stage)
         self.edges = edges if edges is not None else edge_windows(step.timeline).repeated(plan.lanes_per_stage)
@@ -272,7 +273,10 @@ class _PlanSpace:
         self.per_mb = self.per_phase.sum(axis=0)
         self.horizon = step.timeline.step_time
         self.memory_limit = step.config.memory_gb * GB
-        self.step_bound = step_bound(step.timeline, self.load, step.config.llm_plan.tp)
+        self.prefetch = step.config.training.prefetch if prefetch is None else prefetch
+        """LLM microbatches whose encoder forward runs in the step before (frozen encoders)."""
+        self.forward_needed, self.grad_ready = prefetched_needs(step.timeline, self.prefetch)
+        self.step_bound = step_bound(step.timeline, self.load, step.config.llm_plan.tp, self.prefetch)
         """The lower bound on the step of any schedule of this plan (:func:`step_bound`)."""
         self.gpu_work = float(self.per_mb.sum()) * plan.tp_enc / plan.pipelines
         """GPU time of one microbatch's compute (us: kernel time times its TP group's GPUs)."""
@@ -324,7 +328,7 @@ class _PlanSpace:
         :meth:`memory`, when known already."""
         windows = (self.edges, self.windows[1]) if coarse else self.windows
         problem = Problem.on_timeline(self.step.timeline, self.work.tasks(partition), self.plan.lanes_per_stage,
-                                      windows)
+                                      windows, prefetch=0 if coarse else self.prefetch)
         return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule_problem(problem),
                          memory_bytes=self.memory(partition) if memory is None else memory, bound=self.step_bound,
                          step=self.step)
@@ -334,7 +338,7 @@ class _PlanSpace:
         """`layout` (:meth:`EncoderWork.layout_tasks`) scheduled by the greedy filler into every
         bubble; its `partition` counts the whole microbatches per pipeline."""
         problem = Problem.on_timeline(self.step.timeline, self.work.layout_tasks(layout), self.plan.lanes_per_stage,
-                                      self.windows)
+                                      self.windows, prefetch=self.prefetch)
         partition = [sum(1 for p in layout if p == i) for i in range(self.plan.pipelines)]
         return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
                          memory_bytes=self.layout_memory(layout) if memory is None else memory, spread=spread,
@@ -369,7 +373,7 @@ class _PlanSpace:
         plan, tl = self.plan, self.step.timeline
         m, total = plan.pipelines, self.step.config.microbatches
         lanes = [[plan.lane(i, e) for e in range(plan.pp_enc)] for i in range(m)]
-        need, ready = np.sort(tl.forward_needed), np.sort(tl.grad_ready)
+        need, ready = self.forward_needed, self.grad_ready  # of LLM microbatch k, which layout[k] feeds
         before = np.array([self._free_by(ls, need) for ls in lanes])  # [pipeline, k]
         whole_free = np.array([self._free_by(ls, np.array([self.horizon]))[0] for ls in lanes])
         after = whole_free[:, None] - np.array([self._free_by(ls, ready) for ls in lanes])
@@ -400,9 +404,9 @@ class _PlanSpace:
         """The (head, tail) counts worth trying: the LLM microbatches needed before stage 0's first
         gradient is ready (the warm-up) and those whose gradient is ready after the last one is needed
         (the cool-down); and every microbatch spread, when those two leave some in between."""
-        tl, total = self.step.timeline, self.step.config.microbatches
-        head = int((tl.forward_needed < tl.grad_ready.min()).sum())
-        tail = int((tl.grad_ready > tl.forward_needed.max()).sum())
+        total = self.step.config.microbatches
+        head = int((self.forward_needed < self.grad_ready.min()).sum())
+        tail = int((self.grad_ready > self.forward_needed.max()).sum())
         half = (total + 1) // 2
         if head + tail >= total:
             head = min(head, total - min(tail, half))
@@ -412,7 +416,7 @@ class _PlanSpace:
     def in_every_bubble(self, cand: Candidate) -> Candidate:
         """A coarse candidate with the problem of every bubble (its schedule is valid there too)."""
         problem = Problem.on_timeline(self.step.timeline, self.work.tasks(cand.partition), self.plan.lanes_per_stage,
-                                      self.windows)
+                                      self.windows, prefetch=self.prefetch)
         return Candidate(plan=cand.plan, partition=cand.partition, problem=problem, schedule=cand.schedule,
                          memory_bytes=cand.memory_bytes, bound=cand.bound, step=cand.step)
 
@@ -524,6 +528,16 @@ def best_partition(step: LLMStep, plan: EncoderPlan) -> Candidate | None:
                         spread=False)
 
 
+def without_prefetch(cand: Candidate) -> Candidate:
+    """`cand`'s layout on its LLM step with every encoder forward in its own step (no prefetch)."""
+    space = _PlanSpace(cand.step, cand.plan, prefetch=0) if cand.step else None
+    if space is None:
+        raise ValueError("candidate: it has no LLM step")
+    if cand.layout is not None:
+        return space.layout_candidate(cand.layout, cand.spread)
+    return space.candidate(cand.partition)
+
+
 def warmup_variants(step: LLMStep) -> list[tuple[int, ...]]:
     """The extra warm-up forwards per pipeline rank worth trying on `step` (a schedule of
     :data:`WARMUP_SCHEDULES` with more than one rank): one and two more on every rank but the last,
@@ -549,7 +563,7 @@ def _tune_warmup(step: LLMStep, spaces: list["_PlanSpace"], best: Candidate,
         except ValueError:  # the table deadlocks
             continue
         limit = step.config.memory_gb * GB
-        bounds = [step_bound(other.timeline, s.load, tp) for s in spaces
+        bounds = [step_bound(other.timeline, s.load, tp, s.prefetch) for s in spaces
                   if float((np.repeat(other.memory, s.plan.lanes_per_stage) + s.work.lane_bytes([0] * s.plan.pipelines)).max())
                   <= limit]
         here = WarmupTried(extra=extra, step=other, bound=min(bounds, key=lambda b: b.step_time) if bounds else None)
@@ -673,5 +687,5 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
 
 
 __all__ = ["EXHAUSTIVE", "SHARE_STEPS", "Candidate", "PlanSearched", "Search", "SearchStats", "WarmupTried",
-           "best_partition", "warmup_variants", "compositions", "edge_windows", "encoder_plans",
+           "best_partition", "warmup_variants", "without_prefetch", "compositions", "edge_windows", "encoder_plans",
            "encoder_problem", "encoder_tp_ok", "encoder_work", "search"]

@@ -551,7 +551,7 @@ def warmup_variants(step: LLMStep) -> list[tuple[int, ...]]:
 
 
 def _tune_warmup(step: LLMStep, spaces: list["_PlanSpace"], best: Candidate,
-                 stats: SearchStats) -> tuple[list[WarmupTried], Candidate]:
+                 stats: SearchStats, spread: bool = True) -> tuple[list[WarmupTried], Candidate]:
     """`best`'s plan on each warm-up depth of :func:`warmup_variants`: its spread layouts and (when
     `best` is a partition) that partition, within memory; returns what was tried and the best."""
     tried: list[WarmupTried] = []
@@ -575,7 +575,7 @@ def _tune_warmup(step: LLMStep, spaces: list["_PlanSpace"], best: Candidate,
         if tuned.step_bound.step_time >= best.step_time:
             stats.bound_pruned += 1
             continue
-        layouts = [(tuned.spread_layout(h, t), (h, t)) for h, t in tuned.spread_choices()]
+        layouts = [(tuned.spread_layout(h, t), (h, t)) for h, t in tuned.spread_choices()] if spread else []
         if best.layout is None:
             layouts.append(([i for i, n in enumerate(best.partition) for _ in range(n)], (0, 0)))
         for layout, spread in layouts:
@@ -593,7 +593,7 @@ def _tune_warmup(step: LLMStep, spaces: list["_PlanSpace"], best: Candidate,
 
 
 def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
-           keep: int = 1, warmup: bool = True) -> Search:
+           keep: int = 1, warmup: bool = True, spread: bool = True) -> Search:
     """Finds the encoder plan and partition with the shortest step on the LLM step `step` (see the
     module docstring).
 
@@ -601,7 +601,9 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     after each plan. `keep`: the bounds prune against the `keep`-th best plan so far, so that the
     best `keep` plans are all exact in :attr:`Search.top`. `warmup`: then try the best plan on other
     warm-up depths of the LLM's schedule (:func:`warmup_variants`); its best there replaces it in
-    :attr:`Search.top` when shorter. ValueError when no plan fits the LLM's stages or memory.
+    :attr:`Search.top` when shorter. `spread`: try the layouts that spread microbatches over every
+    pipeline (False: partitions of whole microbatches only). ValueError
+    when no plan fits the LLM's stages or memory.
     """
     keep = integer(keep, "keep", minimum=1)
     t0 = time.perf_counter()
@@ -645,7 +647,7 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         if (space.plan_bound(microbatches), r) >= incumbent():
             best, pruned = None, True
         else:
-            best, pruned = _search_plan(space, microbatches, incumbent, stats, lock, rank=r), False
+            best, pruned = _search_plan(space, microbatches, incumbent, stats, lock, spread=spread, rank=r), False
         if fits and (base.step_time, r) < ((best.step_time, r) if best is not None else incumbent()):
             best = space.in_every_bubble(base)  # the greedy filler is a heuristic: keep the better
         with lock:
@@ -675,7 +677,7 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     default_best = top[0]
     tried: list[WarmupTried] = []
     if warmup:
-        tried, tuned = _tune_warmup(step, spaces, default_best, stats)
+        tried, tuned = _tune_warmup(step, spaces, default_best, stats, spread)
         if tuned is not default_best:
             top[0] = tuned
     stats.seconds = time.perf_counter() - t0

@@ -267,7 +267,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         layouts.add_row(row.name, re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(", ", ","), row.layout))
     console.print(layouts)
     for f in report.features if report.in_pipeline is None else []:
-        bought = "" if f.step_without is None else f"; without it {_ms(f.step_without)}"
+        bought = "" if f.step_without is None else f"; without it {_ms(f.step_without)} ({f.without})"
         console.print(f"pybubble uses {f.name}: {f.uses}{bought}")
     s = report.search.stats
     console.print(f"planned in {report.planner_seconds:.3f} s: {s.plans} encoder plans ({s.plans_pruned} pruned by "

@@ -110,6 +110,8 @@ class Feature:
     """The step without it (us): the same plan's best partition on the same LLM step (spread; None
     when none fits in memory), the search's best on the config's own schedule (warmup), or the same
     layout with every forward in its own step (prefetch)."""
+    without: str
+    """What :attr:`step_without` is, in words."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -220,7 +222,7 @@ class PlanReport:
                          "spread": ({"head": best.spread[0], "tail": best.spread[1]}
                                     if bubbles and any(best.spread) else None),
                          "warmup": list(best.step.warmup) if bubbles and best.step and best.step.warmup else None,
-                         "features": [{"name": f.name, "uses": f.uses,
+                         "features": [{"name": f.name, "uses": f.uses, "without": f.without,
                                        "step_without_s": None if f.step_without is None else f.step_without * 1e-6}
                                       for f in self.features] if bubbles else [],
                          "lower_bound_s": best.bound.step_time * 1e-6 if bubbles and best.bound else None,
@@ -267,8 +269,8 @@ class PlanReport:
                              f"{best.step_time / 1e3:,.1f} ms)\n{adopted.layout}")
             return
         bound = self.lower_bound
-        uses = "".join(f"\n{f.uses}" + ("" if f.step_without is None else f" (step without: "
-                                                                          f"{f.step_without / 1e3:,.1f} ms)")
+        uses = "".join(f"\n{f.uses}" + ("" if f.step_without is None else f" (without: {f.step_without / 1e3:,.1f} ms, "
+                                                                          f"{f.without})")
                        for f in self.features)
         save_gantt((best.step or self.search.step).timeline, path, best.problem, best.schedule, window=window,
                    spread=best.spread_microbatches,
@@ -287,16 +289,19 @@ def features(found: Search) -> list[Feature]:
     if any(best.spread):
         without = best_partition(step, best.plan)
         out.append(Feature(name="spread", uses=f"{_spread_words(*best.spread)} spread over every encoder pipeline",
-                           step_without=without.step_time if without else None))
+                           step_without=without.step_time if without else None,
+                           without="the same encoder plan with whole microbatches"))
     prefetch = found.config.training.prefetch
     if prefetch:
         out.append(Feature(name="prefetch", uses=f"the encoder forward of the first {prefetch} microbatches of the next "
                                                  "step in this step (exact: the encoders are frozen)",
-                           step_without=without_prefetch(best).step_time))
+                           step_without=without_prefetch(best).step_time,
+                           without="the same layout with every forward in its own step"))
     if step.warmup is not None and found.default_best is not None:
         out.append(Feature(name="warmup", uses=f"{list(step.warmup)} more warm-up forwards per pipeline rank "
                                                f"(LLM alone then {step.timeline.step_time / 1e3:,.1f} ms)",
-                           step_without=found.default_best.step_time))
+                           step_without=found.default_best.step_time,
+                           without="the best plan on the config's own schedule"))
     return out
 
 

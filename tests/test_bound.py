@@ -109,3 +109,12 @@ def test_encoder_load_follows_the_plan_and_the_scale():
     assert scaled.forward_path == pytest.approx(one.forward_path * 0.5)
     with pytest.raises(ValueError, match="microbatches"):
         encoder_load(work)
+
+
+def test_free_before_counts_whole_and_open_windows():
+    from pybubble.llm.timeline import Windows
+
+    w = Windows(offset=np.array([0, 2, 2, 3]), start=np.array([1.0, 5.0, 0.0]), end=np.array([3.0, 9.0, 10.0]))
+    got = w.free_before(np.array([0.0, 2.0, 4.0, 6.0, 20.0]))
+    assert got.tolist() == [[0, 1, 2, 3, 6], [0, 0, 0, 0, 0], [0, 2, 4, 6, 10]]
+    assert (w.free_before(np.array([1e9]))[:, 0] == w.free_time()).all()

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config.checks import positive_int, real_array
-from ..llm.timeline import Timeline, Windows
+from ..llm.timeline import Timeline
 from ..problem.encoder import EncoderWork
 from ..problem.problem import prefetched_needs
 
@@ -122,14 +122,6 @@ def encoder_load(work: EncoderWork, scale: np.ndarray | None = None, microbatche
                        forward_compute=paths[2], backward_compute=paths[3])
 
 
-def _free_until(free: Windows, times: np.ndarray) -> np.ndarray:
-    """Per time t in `times`, the compute-free time of every rank in [0, t], summed over ranks."""
-    out = np.zeros(len(times))
-    for i, t in enumerate(times.tolist()):
-        out[i] = float((np.clip(free.end, None, t) - np.clip(free.start, None, t)).clip(0.0).sum())
-    return out
-
-
 def step_bound(timeline: Timeline, load: EncoderLoad, gpus_per_rank: int, prefetch: int = 0) -> StepBound:
     """The bound of `load` on `timeline` whose ranks have `gpus_per_rank` GPUs each (the LLM's TP
     degree). `prefetch`: the forwards of that many first LLM microbatches run in the step before (a
@@ -145,26 +137,19 @@ def step_bound(timeline: Timeline, load: EncoderLoad, gpus_per_rank: int, prefet
     forward_needed, grad_ready = prefetched_needs(timeline, prefetch)
     if len(fwd):
         need = np.sort(forward_needed)
-        front = max(0.0, float(((np.cumsum(fwd) - g * _free_until(free, need)) / gpus).max()))
+        before = free.free_before(need)  # ranks x deadlines
+        front = max(0.0, float(((np.cumsum(fwd) - g * before.sum(axis=0)) / gpus).max()))
         first = float(need[0])
-        before = np.array([_free_until(_rank(free, r), np.array([first]))[0] for r in range(timeline.ranks)])
-        front = max(front, load.forward_path - first, load.forward_compute - float(before.max(initial=0.0)))
+        front = max(front, load.forward_path - first, load.forward_compute - float(before[:, 0].max(initial=0.0)))
     if len(bwd) and bwd[-1] > 0:
         ready = np.sort(grad_ready)[::-1]  # latest first: the k latest need the k lightest
-        after = per_rank.sum() - _free_until(free, ready)
-        back = max(0.0, float(((np.cumsum(bwd) - g * after) / gpus).max()))
+        after = per_rank[:, None] - free.free_before(ready)  # ranks x ready times: free time after each
+        back = max(0.0, float(((np.cumsum(bwd) - g * after.sum(axis=0)) / gpus).max()))
         last = float(ready[0])
-        tail = per_rank - np.array([_free_until(_rank(free, r), np.array([last]))[0] for r in range(timeline.ranks)])
-        back = max(back, load.backward_path - (horizon - last), load.backward_compute - float(tail.max(initial=0.0)))
+        back = max(back, load.backward_path - (horizon - last), load.backward_compute - float(after[:, 0].max(initial=0.0)))
     work = max(0.0, (float(fwd.sum() + bwd.sum()) - g * float(per_rank.sum())) / gpus)
     grow = max(front + back, work)
     return StepBound(step_time=horizon + grow, horizon=horizon, front=front, back=back, work=work)
-
-
-def _rank(free: Windows, r: int) -> Windows:
-    """Rank r's windows alone."""
-    lo, hi = int(free.offset[r]), int(free.offset[r + 1])
-    return Windows(offset=np.array([0, hi - lo], np.int64), start=free.start[lo:hi], end=free.end[lo:hi])
 
 
 __all__ = ["EncoderLoad", "StepBound", "encoder_load", "step_bound"]

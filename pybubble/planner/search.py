@@ -349,17 +349,6 @@ class _PlanSpace:
         lanes = self.work.layout_bytes(layout)
         return float((np.repeat(self.step.memory, self.plan.lanes_per_stage) + lanes).max())
 
-    def _free_by(self, lanes: list[int], times: np.ndarray) -> np.ndarray:
-        """Per time, the least compute-free time in [0, t] over `lanes` (a pipeline's stages)."""
-        w = self.windows[0]
-        out = np.full(len(times), np.inf)
-        for lane in lanes:
-            lo, hi = int(w.offset[lane]), int(w.offset[lane + 1])
-            s, e = w.start[lo:hi], w.end[lo:hi]
-            got = (np.clip(e[None, :], None, times[:, None]) - np.clip(s[None, :], None, times[:, None])).clip(0.0)
-            out = np.minimum(out, got.sum(axis=1))
-        return out
-
     def spread_layout(self, head: int, tail: int) -> list[int | tuple[int, ...]]:
         """A layout whose first `head` and last `tail` encoder microbatches (by the LLM microbatch
         they feed) are spread over every pipeline and the others run whole.
@@ -374,9 +363,10 @@ class _PlanSpace:
         m, total = plan.pipelines, self.step.config.microbatches
         lanes = [[plan.lane(i, e) for e in range(plan.pp_enc)] for i in range(m)]
         need, ready = self.forward_needed, self.grad_ready  # of LLM microbatch k, which layout[k] feeds
-        before = np.array([self._free_by(ls, need) for ls in lanes])  # [pipeline, k]
-        whole_free = np.array([self._free_by(ls, np.array([self.horizon]))[0] for ls in lanes])
-        after = whole_free[:, None] - np.array([self._free_by(ls, ready) for ls in lanes])
+        # per pipeline and k, the least compute-free time over its lanes before F_k and after B_k
+        lane_before, lane_ready = self.windows[0].free_before(need), self.windows[0].free_before(ready)
+        before = np.array([lane_before[ls].min(axis=0) for ls in lanes])
+        after = np.array([(self.free[ls][:, None] - lane_ready[ls]).min(axis=0) for ls in lanes])
         fwd = self.per_phase[0].max(axis=1)  # a whole microbatch's forward on each pipeline's busiest lane
         bwd = self.per_phase[1].max(axis=1)
         layout: list[int | tuple[int, ...]] = [0] * total

@@ -183,3 +183,17 @@ def test_a_frozen_encoder_spread_has_no_backward():
     plan = EncoderPlan(pp_enc=1, tp_enc=1, pp_llm=2, tp_llm=2)
     work = work_of(SMALL, plan, 4, frozen=True)
     assert (work.layout_tasks([[1, 1, 1, 1], [0, 0, 1, 1]]).phase == 0).all()
+
+
+def test_piece_images_are_checked():
+    plan = EncoderPlan(pp_enc=1, tp_enc=1, pp_llm=2, tp_llm=1)
+    work = work_of([SMALL, SMALL], plan, [4, 2])
+    one_encoder, both, whole = (work.microbatch_tasks(0, images) for images in ([1, 0], [1, 1], None))
+    assert len(one_encoder) * 2 == len(both) == len(whole)  # a chain per encoder with images
+    assert one_encoder.duration.sum() < both.duration.sum() < whole.duration.sum()
+    with pytest.raises(ValueError, match=r"images: \[1\] is not one image count for each of the 2 encoders"):
+        work.microbatch_tasks(0, [1])
+    with pytest.raises(ValueError, match=r"images\[1\]: 3"):
+        work.microbatch_tasks(0, [1, 3])
+    with pytest.raises(ValueError, match="holds no image"):
+        work.microbatch_tasks(0, [0, 0])

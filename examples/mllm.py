@@ -419,126 +419,199 @@ class Fault:
 
 
 def build_mesh(args: argparse.Namespace, device: torch.device):
-    """The trainer's DeviceMesh: ("pp", "dp"), and "tp" innermost with ``--tp`` > 1, pp outermost as
-    torchtitan orders its dimensions."""
+    """The trainer's DeviceMesh, pp outermost as torchtitan orders its dimensions: ("pp", DP), and
+    "tp" innermost with ``--tp`` > 1; DP is ``--dp-dim`` ("dp", or a torchtitan name such as
+    "dp_shard")."""
     from torch.distributed.device_mesh import init_device_mesh
 
     if args.tp > 1:
-        return init_device_mesh(device.type, (args.pp, args.dp, args.tp), mesh_dim_names=("pp", "dp", "tp"))
-    return init_device_mesh(device.type, (args.pp, args.dp), mesh_dim_names=("pp", "dp"))
+        return init_device_mesh(device.type, (args.pp, args.dp, args.tp), mesh_dim_names=("pp", args.dp_dim, "tp"))
+    return init_device_mesh(device.type, (args.pp, args.dp), mesh_dim_names=("pp", args.dp_dim))
 
 
 def data_parallel(stage_module: nn.Module, args: argparse.Namespace, mesh) -> nn.Module:
     """A stage's module as the pipeline runs it: sharded with FSDP2 (each block, then the whole)
-    or wrapped in DDP over the mesh's "dp", or as it is without data parallelism."""
+    or wrapped in DDP over the mesh's data-parallel dimension, or as it is without data parallelism."""
+    dp_mesh = mesh[args.dp_dim]
     if args.dp > 1 and args.dp_wrap == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        # A schedule that splits the backward finds the weights its W differentiates in the
+        # module's parameters at I: a block resharded after its forward shows its sharded ones
+        # there, not the gathered ones of the microbatch's graph, and W computes no gradient for
+        # them (docs/runtime.md, "Zero-bubble schedules beside data parallelism"). There the
+        # blocks stay gathered from the forward on, as torchtitan keeps them under any pipeline.
+        reshard = args.schedule not in SPLIT_BACKWARD
         for block in stage_module.blocks:
-            fully_shard(block, mesh=mesh["dp"])
-        fully_shard(stage_module, mesh=mesh["dp"])
+            fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
+        fully_shard(stage_module, mesh=dp_mesh)
         return stage_module
     if args.dp > 1:
-        return nn.parallel.DistributedDataParallel(stage_module, process_group=mesh["dp"].get_group())
+        return nn.parallel.DistributedDataParallel(stage_module, process_group=dp_mesh.get_group())
     return stage_module
 
 
-def train(rank: int, args: argparse.Namespace) -> list[dict] | None:
-    """One rank's training loop (the process group is set up by torchrun or ``launch``); rank 0
-    returns every rank's figures."""
-    cfg, kind = config(args), args.encoder
-    m = cfg.microbatches
+@dataclass
+class RankParts:
+    """What one rank trains: its place in the mesh, its LLM stages, the pipeline and the encoder."""
+
+    mesh: object
+    device: torch.device
+    pp_rank: int
+    dp_rank: int
+    tp_rank: int
+    stage_ids: list[int]
+    stage_modules: list[nn.Module]
+    llms: list[nn.Module]
+    schedule: object = None
+    stages: list = dataclasses.field(default_factory=list)
+    encoder: nn.Module | None = None
+
+    @property
+    def first(self) -> bool:
+        return 0 in self.stage_ids
+
+
+def parallelize(args: argparse.Namespace, cfg: ModelConfig, rank: int, fault: Fault) -> RankParts:
+    """The rank's mesh and its LLM stages, tensor-parallel over "tp" and data-parallel over DP."""
     device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
     mesh = build_mesh(args, device)
-    pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh["dp"].get_local_rank()
-    encoder = build_encoder(cfg, kind).to(device)
+    pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh[args.dp_dim].get_local_rank()
     chunks = chunks_of(args)
     mine = stages_of_rank(pp_rank, args.pp, args.schedule, chunks)  # this rank's stages
-    every_stage = build_stages(cfg, args.pp, kind, chunks)
+    every_stage = build_stages(cfg, args.pp, args.encoder, chunks)
     stage_modules = [every_stage[s].to(device) for s in mine]
-    tp_rank = mesh["tp"].get_local_rank() if args.tp > 1 else 0
     if args.tp > 1:  # the encoder stays replicated over "tp": each TP rank runs the same pieces
         for stage_module in stage_modules:
             apply_tp(stage_module, mesh["tp"])
-    fault = Fault(args, rank)
     llms = []
     for s, stage_module in zip(mine, stage_modules):
         if s == 0:
             stage_module.image_shape = (cfg.microbatch_size // args.dp, *stage_module.image_shape[1:])
         fault.stage_hooks(stage_module)
         llms.append(data_parallel(stage_module, args, mesh))
-    stages = [pipelining.PipelineStage(llm, s, args.pp * chunks, device, group=mesh["pp"].get_group())
-              for llm, s in zip(llms, mine)]
+    return RankParts(mesh=mesh, device=device, pp_rank=pp_rank, dp_rank=dp_rank,
+                     tp_rank=mesh["tp"].get_local_rank() if args.tp > 1 else 0, stage_ids=mine,
+                     stage_modules=stage_modules, llms=llms)
+
+
+def build_pipeline(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig) -> None:
+    """The rank's pipeline stages over the mesh's "pp" and the schedule that runs them."""
+    total = args.pp * chunks_of(args)
+    parts.stages = [pipelining.PipelineStage(llm, s, total, parts.device, group=parts.mesh["pp"].get_group())
+                    for llm, s in zip(parts.llms, parts.stage_ids)]
     schedule_class = getattr(pipelining, SCHEDULES[args.schedule])
-    schedule = schedule_class(stages[0] if args.schedule in SINGLE_STAGE else stages, m, loss_fn=loss_fn(cfg),
-                              scale_grads=False)
-    share = lambda x: replica_slice(x, cfg, args.dp, dp_rank)  # noqa: E731
-    images, _, _ = make_batch(cfg, 0, kind)
-    # The runtime on the trainer's mesh: pieces traced on one microbatch; on CUDA the gradient sums
-    # go through the mesh's NCCL groups.
-    runtime = EncoderRuntime(encoder, stage=stages[0] if len(stages) == 1 else stages, schedule=schedule,
-                             mode=args.mode, mesh=mesh, microbatches=m,
-                             example=share(images)[:cfg.microbatch_size // args.dp], device=device)
+    parts.schedule = schedule_class(parts.stages[0] if args.schedule in SINGLE_STAGE else parts.stages,
+                                    cfg.microbatches, loss_fn=loss_fn(cfg), scale_grads=False)
+
+
+def build_runtime(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig, fault: Fault) -> EncoderRuntime:
+    """The encoder and the runtime on the trainer's mesh: pieces traced on one microbatch; on CUDA
+    the gradient sums go through the mesh's NCCL groups."""
+    parts.encoder = build_encoder(cfg, args.encoder).to(parts.device)
+    images, _, _ = make_batch(cfg, 0, args.encoder)
+    example = replica_slice(images, cfg, args.dp, parts.dp_rank)[:cfg.microbatch_size // args.dp]
+    stage = parts.stages[0] if len(parts.stages) == 1 else parts.stages
+    runtime = EncoderRuntime(parts.encoder, stage=stage, schedule=parts.schedule, mode=args.mode, mesh=parts.mesh,
+                             microbatches=cfg.microbatches, example=example, device=parts.device)
     fault.encoder_pieces(runtime)
-    first, last = 0 in mine, args.pp * chunks - 1 in mine
-    if first:
-        stage_modules[mine.index(0)].encoder_output = runtime.encoder_output
-    trace_path = os.environ.get("PYBUBBLE_TRACE")  # the last step's tasks, ops and waits per rank
-    runtime.trace = bool(trace_path)
-    opt = torch.optim.SGD([*encoder.parameters(), *(p for llm in llms for p in llm.parameters())], lr=cfg.lr)
-    profiler = None
-    if args.profile:
-        activities = [torch.profiler.ProfilerActivity.CPU] + (
-            [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
-        profiler = torch.profiler.profile(activities=activities)
+    if parts.first:
+        parts.stage_modules[parts.stage_ids.index(0)].encoder_output = runtime.encoder_output
+    runtime.trace = bool(os.environ.get("PYBUBBLE_TRACE"))  # the last step's tasks, ops and waits per rank
+    return runtime
+
+
+def make_profiler(args: argparse.Namespace, device: torch.device):
+    """torch.profiler for the last step (``--profile``), else None."""
+    if not args.profile:
+        return None
+    activities = [torch.profiler.ProfilerActivity.CPU] + (
+        [torch.profiler.ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return torch.profiler.profile(activities=activities)
+
+
+def train_loop(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namespace, cfg: ModelConfig,
+               rank: int, fault: Fault, profiler) -> list[float]:
+    """The steps: each step's batch (this replica's share), the runtime's step in place of the
+    schedule's, the optimizer; returns when each step ended."""
+    last = args.pp * chunks_of(args) - 1 in parts.stage_ids
+    opt = torch.optim.SGD([*parts.encoder.parameters(), *(p for llm in parts.llms for p in llm.parameters())],
+                          lr=cfg.lr)
     ends = []
-    with torch.cuda.stream(llm_stream(device)) if device.type == "cuda" else contextlib.nullcontext():
-        for step in range(args.steps):
-            fault.before_step(step)
-            images, tokens, targets = (share(x) for x in make_batch(cfg, step, kind))
-            if profiler is not None and step == args.steps - 1:
-                profiler.start()  # the last step only
-            args_ = (tokens.to(device), torch.arange(m)) if first else ()
-            # torch 2.13: the first step infers the stages' shapes by running them for real, outside
-            # DDP's no_sync, and that extra backward breaks the reducer's first bucket rebuild
-            # ("rebuilt parameter indices size is not same as original model parameters size",
-            # plain Schedule1F1B too). Under no_sync it is not recorded; the schedule still prepares
-            # and all-reduces the last microbatch's backward.
-            with contextlib.ExitStack() as no_sync:
-                for llm in llms:
-                    if step == 0 and isinstance(llm, nn.parallel.DistributedDataParallel):
-                        no_sync.enter_context(llm.no_sync())
-                runtime.step(images, *args_, **({"target": targets.to(device)} if last else {}))
-            opt.step()
-            opt.zero_grad()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            ends.append(time.perf_counter())
-            if rank == 0:  # progress, on stderr: the report stays the one line on stdout
-                took = ends[-1] - (ends[-2] if len(ends) > 1 else runtime.records[-1]["start"])
-                print(f"[{args.mode}] step {step + 1}/{args.steps}: {took * 1e3:.1f} ms", file=sys.stderr, flush=True)
-    if trace_path:
+    for step in range(args.steps):
+        fault.before_step(step)
+        images, tokens, targets = (replica_slice(x, cfg, args.dp, parts.dp_rank)
+                                   for x in make_batch(cfg, step, args.encoder))
+        if profiler is not None and step == args.steps - 1:
+            profiler.start()  # the last step only
+        inputs = (tokens.to(parts.device), torch.arange(cfg.microbatches)) if parts.first else ()
+        # torch 2.13: the first step infers the stages' shapes by running them for real, outside
+        # DDP's no_sync, and that extra backward breaks the reducer's first bucket rebuild
+        # ("rebuilt parameter indices size is not same as original model parameters size",
+        # plain Schedule1F1B too). Under no_sync it is not recorded; the schedule still prepares
+        # and all-reduces the last microbatch's backward.
+        with contextlib.ExitStack() as no_sync:
+            for llm in parts.llms:
+                if step == 0 and isinstance(llm, nn.parallel.DistributedDataParallel):
+                    no_sync.enter_context(llm.no_sync())
+            runtime.step(images, *inputs, **({"target": targets.to(parts.device)} if last else {}))
+        opt.step()
+        opt.zero_grad()
+        if parts.device.type == "cuda":
+            torch.cuda.synchronize(parts.device)
+        ends.append(time.perf_counter())
+        if rank == 0:  # progress, on stderr: the report stays the one line on stdout
+            took = ends[-1] - (ends[-2] if len(ends) > 1 else runtime.records[-1].start)
+            print(f"[{args.mode}] step {step + 1}/{args.steps}: {took * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    return ends
+
+
+def write_rank_files(runtime: EncoderRuntime, args: argparse.Namespace, rank: int, profiler) -> None:
+    """The last step's own trace (``PYBUBBLE_TRACE``), plan (``--dump-plan``) and profile (``--profile``)."""
+    if trace_path := os.environ.get("PYBUBBLE_TRACE"):
         with open(f"{trace_path}.rank{rank}.json", "w") as f:
-            json.dump({"start": runtime.records[-1]["start"], "events": runtime.records[-1]["trace"]}, f)
+            json.dump({"start": runtime.records[-1].start, "events": runtime.records[-1].trace}, f)
+    if args.dump_plan:
+        os.makedirs(args.dump_plan, exist_ok=True)
+        runtime.plan.write(os.path.join(args.dump_plan, f"rank{rank}.plan.json"))
     if profiler is not None:
         profiler.stop()
         os.makedirs(args.profile, exist_ok=True)
         profiler.export_chrome_trace(os.path.join(args.profile, f"rank{rank}.json"))
         if rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
             pybubble.save_trace(runtime.placement.timeline, os.path.join(args.profile, "plan.json"))
-    stage_sum = sum(full_checksum(mod) for mod in stage_modules)  # every rank: FSDP2 gathers its shards over dp
-    mine = {"starts": [r["start"] for r in runtime.records], "ends": ends,
-            "predicted": [r["predicted_s"] for r in runtime.records],
+
+
+def rank_figures(parts: RankParts, runtime: EncoderRuntime, ends: list[float], rank: int) -> dict:
+    """This rank's figures for the report."""
+    records = runtime.records
+    stage_sum = sum(full_checksum(mod) for mod in parts.stage_modules)  # every rank: FSDP2 gathers over dp
+    return {"starts": [r.start for r in records], "ends": ends, "predicted": [r.predicted_s for r in records],
             # each parameter once: the stage of dp replica 0, the encoder of rank 0
-            "checksum": (stage_sum if dp_rank == 0 and tp_rank == 0 else 0.0)
-            + (checksum([encoder]) if rank == 0 else 0.0),
-            "filler": runtime.records[-1]["filler"], "filled": [r["filler"]["filled"] for r in runtime.records],
-            "waits": [r["waits"] for r in runtime.records], "costs": asdict(runtime.costs),
-            "overruns": [r["filler"]["overruns"] for r in runtime.records],
-            "held_max_s": [r["filler"]["held_max_s"] for r in runtime.records],
-            "tp_waits": tp_waits(runtime.records), "host": socket.gethostname()}
+            "checksum": (stage_sum if parts.dp_rank == 0 and parts.tp_rank == 0 else 0.0)
+            + (checksum([parts.encoder]) if rank == 0 else 0.0),
+            "filler": asdict(records[-1].filler), "filled": [r.filler.filled for r in records],
+            "waits": [{k: None if w is None else asdict(w) for k, w in r.waits.items()} for r in records],
+            "costs": asdict(runtime.costs), "overruns": [r.filler.overruns for r in records],
+            "held_max_s": [r.filler.held_max_s for r in records], "tp_waits": tp_waits(records),
+            "host": socket.gethostname()}
+
+
+def train(rank: int, args: argparse.Namespace) -> list[dict] | None:
+    """One rank's training (the process group is set up by torchrun or ``launch``), split as
+    torchtitan splits its trainer: the mesh and the parallelized model, the pipeline, the encoder's
+    runtime, the loop. Rank 0 returns every rank's figures."""
+    cfg, fault = config(args), Fault(args, rank)
+    parts = parallelize(args, cfg, rank, fault)
+    build_pipeline(parts, args, cfg)
+    runtime = build_runtime(parts, args, cfg, fault)
+    profiler = make_profiler(args, parts.device)
+    cuda = parts.device.type == "cuda"
+    with torch.cuda.stream(llm_stream(parts.device)) if cuda else contextlib.nullcontext():
+        ends = train_loop(parts, runtime, args, cfg, rank, fault, profiler)
+    write_rank_files(runtime, args, rank, profiler)
     every: list = [None] * dist.get_world_size()
-    dist.all_gather_object(every, mine)
+    dist.all_gather_object(every, rank_figures(parts, runtime, ends, rank))
     return every if rank == 0 else None
 
 
@@ -555,16 +628,16 @@ def settled_waits(every: list[dict], settled: list[int]) -> list[dict]:
     return out
 
 
-def tp_waits(records: list[dict]) -> dict:
+def tp_waits(records: list) -> dict:
     """One rank's TP collectives over the settled steps (the first two profile and adapt): waits,
     the time waited and filled, the pieces launched in them as (measured duration, time taken,
     gap) triples, and per wait the collective's launch, the consumer's resumption and the
     measured duration of the piece then running (for the delays, measured across the TP group)."""
     settled = records[min(2, len(records) - 1):]
     keys = ("waits", "gap_s", "waited_s", "filled", "filled_s")
-    out = {k: sum(r["tp"][k] for r in settled) for k in keys}
+    out = {k: sum(getattr(r.tp, k) for r in settled) for k in keys}
     for k in ("gaps_s", "pieces", "launched_s", "resumed_s", "in_flight_s"):
-        out[k] = [g for r in settled for g in r["tp"][k]]
+        out[k] = [g for r in settled for g in getattr(r.tp, k)]
     return out
 
 
@@ -702,6 +775,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--schedule", default="1f1b", help=f"the pipeline schedule: {', '.join(SCHEDULES)}")
     p.add_argument("--chunks", type=int, default=0,
                    help="stages per rank (default: 1; 2 for zbv and dualpipev, which need 2)")
+    p.add_argument("--dp-dim", default="dp",
+                   help="the mesh's data-parallel dimension's name (default dp; e.g. torchtitan's dp_shard)")
+    p.add_argument("--dump-plan", metavar="DIR", help="write each rank's plan of the last step (JSON) into DIR")
     p.add_argument("--write-config", metavar="FILE",
                    help="write the pybubble planning config of this run's models and ranks (YAML) and exit")
     args = p.parse_args(argv)
@@ -716,7 +792,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def check_args(args: argparse.Namespace) -> None:
+def check_ranks(args: argparse.Namespace) -> None:
+    """The ranks and their mesh: ValueError naming the option."""
     if args.torchrun and args.given_ranks and args.given_ranks != args.ranks:
         raise ValueError(f"ranks: {args.given_ranks} but torchrun started {args.ranks} processes")
     if args.ranks < 2:
@@ -733,6 +810,10 @@ def check_args(args: argparse.Namespace) -> None:
     if args.tp > 1 and args.dp > 1:
         raise ValueError(f"tp: {args.tp} beside dp {args.dp}: the example runs tensor parallelism without data "
                          "parallelism")
+
+
+def check_run(args: argparse.Namespace) -> None:
+    """The run's options: ValueError naming the option."""
     if args.dp_wrap not in DP_WRAPS:
         raise ValueError(f"dp_wrap: {args.dp_wrap!r} is not one of {', '.join(DP_WRAPS)}")
     if args.steps < 1:
@@ -757,6 +838,12 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"fail_rank: {args.fail_rank} is not a rank (< {args.ranks})")
     if args.fault not in FAULTS:
         raise ValueError(f"fault: {args.fault!r} is not one of {', '.join(FAULTS)}")
+    if not args.dp_dim.isidentifier() or args.dp_dim in ("pp", "tp"):
+        raise ValueError(f"dp_dim: {args.dp_dim!r} is not a dimension name other than pp and tp")
+
+
+def check_schedule(args: argparse.Namespace) -> None:
+    """The schedule against the ranks and the model: ValueError naming the option."""
     if args.schedule not in SCHEDULES:
         raise ValueError(f"schedule: {args.schedule!r} is not one of {', '.join(SCHEDULES)}")
     if not hasattr(pipelining, SCHEDULES[args.schedule]):
@@ -769,11 +856,11 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs one")
     if args.schedule in V_SHAPED and chunks != 2:
         raise ValueError(f"chunks: {chunks} stages per rank, but {args.schedule} runs two (a V)")
-    if args.schedule in SPLIT_BACKWARD and args.dp > 1:
-        # Seen with torch 2.13: the three modes agree with each other but not with the
-        # single-process training (FSDP2 and DDP alike), while 1f1b, gpipe and interleaved_1f1b do.
-        raise ValueError(f"schedule: {args.schedule!r} splits the backward (I, W), which does not reach the "
-                         f"single-process parameters with --dp {args.dp} here; use 1f1b, gpipe or interleaved_1f1b")
+    if args.schedule in SPLIT_BACKWARD and args.dp > 1 and args.dp_wrap == "ddp":
+        raise ValueError(f"dp_wrap: 'ddp' beside --schedule {args.schedule}, which splits the backward (I, W): torch "
+                         "computes W's weight gradients with autograd.grad, which DDP's all-reduce never sees "
+                         "(pytorch/pytorch#144530), so the replicas' gradients are not averaged; see "
+                         "docs/runtime.md, 'Zero-bubble schedules beside data parallelism'; use --dp-wrap fsdp")
     if args.tp > 1 and args.schedule in SPLIT_BACKWARD:
         raise ValueError(f"tp: {args.tp} beside --schedule {args.schedule}, which splits the backward (I, W): the "
                          "runtime predicts TP gaps in whole forwards and backwards only; use 1f1b, gpipe or "
@@ -797,6 +884,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"tp: {args.tp} does not divide the {cfg.llm_heads} heads of size {args.size!r}")
     if cfg.microbatch_size % args.dp:
         raise ValueError(f"dp: {args.dp} does not divide the microbatch size {cfg.microbatch_size} of size {args.size!r}")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every option: ValueError naming the option and the value."""
+    check_ranks(args)
+    check_run(args)
+    check_schedule(args)
 
 
 def write_report(args: argparse.Namespace, out: dict) -> None:

@@ -218,3 +218,55 @@ def test_every_subpackage_imports_by_its_dotted_name(sub):
         assert namespace["m"] is module
         # and `from pybubble.SUB.MODULE import *` works: every name of __all__ is defined
         assert [n for n in getattr(module, "__all__", ()) if not hasattr(module, n)] == [], module.__name__
+
+
+RUNTIME = sorted((PACKAGE / "runtime").glob("*.py"))
+EXAMPLE = PACKAGE.parent / "examples" / "mllm.py"
+TORCH_SEAMS = "torch_seams.py"
+"""The one runtime module that names torch's private attributes."""
+
+
+def _sizes(path: Path) -> list[tuple[str, str, int]]:
+    tree = ast.parse(path.read_text(), str(path))
+    return [(type(n).__name__, n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+
+
+def test_the_runtime_has_no_long_class_or_function():
+    """A runtime one can read: no class over 250 lines, no function over 60 (the example trainer's
+    functions too)."""
+    long = [f"{p.name}: {kind} {name} ({lines} lines)" for p in [*RUNTIME, EXAMPLE] for kind, name, lines in _sizes(p)
+            if (kind == "ClassDef" and lines > 250 and p != EXAMPLE) or (kind != "ClassDef" and lines > 60)]
+    assert not long, "\n".join(long)
+
+
+def _private_uses(path: Path) -> list[str]:
+    """``x._name`` where x is not ``self``/``cls`` (another object's or module's private name), and
+    ``from pybubble... import _name``."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            base = node.value
+            if not (isinstance(base, ast.Name) and base.id in ("self", "cls")):
+                found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("pybubble")):
+            found += [f"{path.name}:{node.lineno}: import {a.name}" for a in node.names
+                      if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def test_no_runtime_module_uses_another_modules_private_names():
+    """Only torch_seams.py names torch's private seams; no module reaches into another's
+    underscore names (the runtime's and the example's; aten's op names are not seams)."""
+    allowed = ("._exit",)  # os._exit: public despite its name
+    found = [u for p in [*RUNTIME, EXAMPLE] if p.name != TORCH_SEAMS for u in _private_uses(p)
+             if not u.endswith(allowed) and "._scaled_dot_product" not in u and "._fused_rms_norm" not in u]
+    assert not found, "\n".join(found)
+
+
+def test_the_plan_module_imports_no_torch():
+    tree = ast.parse((PACKAGE / "runtime" / "plan.py").read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert not {n for n in names if n.split(".")[0] == "torch"}

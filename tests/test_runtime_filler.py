@@ -10,15 +10,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pybubble.runtime import (BubbleFiller, FillTask, check_torch_version, fill_pipeline_waits,  # noqa: E402
-                              side_stream)
+from pybubble.runtime import (BubbleFiller, FillTask, PipelineWaits, check_torch_version,  # noqa: E402
+                              fill_pipeline_waits, side_stream)
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 WORKER = textwrap.dedent("""
     import json, sys, time, datetime
     import torch, torch.distributed as dist
-    from pybubble.runtime import BubbleFiller, FillTask
+    from pybubble.runtime import BubbleFiller, FillTask, PipelineWaits
     rank, port = int(sys.argv[1]), int(sys.argv[2])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
@@ -38,13 +38,13 @@ WORKER = textwrap.dedent("""
                             run=lambda: (log.append(i), time.sleep(0.02)), ready=ready, needed_by=needed_by)
         # 1. Fill a gap predicted at 0.25 s while the receive (0.4 s away) has not completed; past
         #    0.25 s the gap runs long and is still used.
-        filler = BubbleFiller([task(i) for i in range(40)], [0.25, 0.0], [("F", 0)], horizon_s=10.0)
-        filler.begin_step()
+        filler = BubbleFiller.with_gaps([task(i) for i in range(40)], [0.25, 0.0], [("F", 0)], horizon_s=10.0)
+        filler.progress.begin_step()
         t = time.perf_counter()
-        filler.wait([dist.irecv(buf, 1)])
+        PipelineWaits(filler).wait([dist.irecv(buf, 1)])
         waited = time.perf_counter() - t
         filled = len(log)
-        filler.op_begin(); filler.op_end()
+        filler.progress.op_begin(); filler.progress.op_end()
         filler.drain()
         out = {"waited": waited, "filled": filled, "deferred": filler.stats.deferred,
                "order": log == list(range(40)), "received": buf.tolist()}
@@ -52,10 +52,10 @@ WORKER = textwrap.dedent("""
         #    depends on runs before the rank blocks, even with filling off.
         log.clear()
         dist.barrier()
-        filler = BubbleFiller([task(0, needed_by=3), task(1, ready=lambda: False), task(2)], [1.0, 0.0],
+        filler = BubbleFiller.with_gaps([task(0, needed_by=3), task(1, ready=lambda: False), task(2)], [1.0, 0.0],
                               [("F", 3)], horizon_s=10.0)
-        filler.begin_step()
-        filler.wait([dist.irecv(buf, 1)])
+        filler.progress.begin_step()
+        PipelineWaits(filler).wait([dist.irecv(buf, 1)])
         out["blocked"] = list(log)
         out["forced"] = filler.stats.forced
         print(json.dumps(out))
@@ -79,8 +79,8 @@ def test_filler_runs_tasks_while_a_gloo_receive_is_pending(two_ranks):
 
 
 def test_filler_checks_its_gaps():
-    with pytest.raises(ValueError, match="gaps_s: 1 gaps for 1 ops"):
-        BubbleFiller([], [0.1], [("F", 0)], horizon_s=1.0)
+    with pytest.raises(ValueError, match=r"gaps_s: 1 entries for 1 ops \(need 2\)"):
+        BubbleFiller.with_gaps([], [0.1], [("F", 0)], horizon_s=1.0)
 
 
 def test_adapter_refuses_unsupported_torch():
@@ -106,13 +106,14 @@ def test_adapter_restores_the_schedules_module():
 
     original = schedules._wait_batch_p2p
     stage = Stage()
-    filler = BubbleFiller([FillTask(name="x", duration_s=0.0, planned_start_s=0.0, run=lambda: None)],
+    filler = BubbleFiller.with_gaps([FillTask(name="x", duration_s=0.0, planned_start_s=0.0, run=lambda: None)],
                           [0.0] * 5, [("F", 0), ("I", 0), ("W", 0), ("B", 1)], horizon_s=1.0)
-    with fill_pipeline_waits(filler, [stage]):
-        assert schedules._wait_batch_p2p == filler.wait
-        assert stage.forward_one_chunk(0) == "f0" and filler._op == 1
-        assert stage.backward_one_chunk(0, full_backward=False) == "b0" and filler._op == 2
-        assert stage.backward_weight_one_chunk(0) == "w0" and filler._op == 3
+    waits = PipelineWaits(filler)
+    with fill_pipeline_waits(waits, [stage]):
+        assert schedules._wait_batch_p2p == waits.wait
+        assert stage.forward_one_chunk(0) == "f0" and filler.progress.op_index == 1
+        assert stage.backward_one_chunk(0, full_backward=False) == "b0" and filler.progress.op_index == 2
+        assert stage.backward_weight_one_chunk(0) == "w0" and filler.progress.op_index == 3
         # an op the table does not have next: the plan would not describe the step
         with pytest.raises(RuntimeError, match="ran F1 where its action table has B1 next"):
             stage.forward_one_chunk(1)
@@ -161,24 +162,24 @@ def side_task(side, name, duration_s, planned_start_s, needed_by=None, ready=lam
 def test_cuda_mode_launches_what_fits_in_each_gap_by_measured_duration():
     side = RecordingSide()
     tasks = [side_task(side, f"t{i}", 0.03, 0.001 * i) for i in range(10)]
-    filler = BubbleFiller(tasks, [0.1, 0.05, 0.0], [("F", 5), ("B", 5)], horizon_s=1.0, side=side)
-    filler.begin_step()
+    filler = BubbleFiller.with_gaps(tasks, [0.1, 0.05, 0.0], [("F", 5), ("B", 5)], horizon_s=1.0, side=side)
+    filler.progress.begin_step()
     time.sleep(0.15)  # the CPU's clock is not the measure: the window opens when the stream gets there
-    filler.wait([RecordingWork(side.log)])
+    PipelineWaits(filler).wait([RecordingWork(side.log)])
     # 3 x 0.03 s fit in the 0.1 s gap, the 4th would overrun it: deferred; then the stream waits.
     assert side.log == ["t0", "t1", "t2", "wait"]
     assert filler.stats.deferred == 1
-    filler.wait([RecordingWork(side.log)])  # a second wait in the same gap: 0.01 s left
+    PipelineWaits(filler).wait([RecordingWork(side.log)])  # a second wait in the same gap: 0.01 s left
     assert side.log[4:] == ["wait"] and filler.stats.deferred == 2
-    filler.op_begin()
-    filler.wait([RecordingWork(side.log)])  # waits inside an op are not filled
-    filler.op_end()
+    filler.progress.op_begin()
+    PipelineWaits(filler).wait([RecordingWork(side.log)])  # waits inside an op are not filled
+    filler.progress.op_end()
     assert side.log[5:] == ["wait"]
-    filler.wait([RecordingWork(side.log)])  # the next gap has its own 0.05 s
+    PipelineWaits(filler).wait([RecordingWork(side.log)])  # the next gap has its own 0.05 s
     assert side.log[6:] == ["t3", "wait"]
     assert filler.stats.filled == 4 and filler.stats.filled_s == pytest.approx(0.12)
-    filler.op_begin()
-    filler.op_end()
+    filler.progress.op_begin()
+    filler.progress.op_end()
     filler.drain()  # the rest, in plan order, then the LLM's stream waits for the side stream
     assert side.log[8:] == [f"t{i}" for i in range(4, 10)] + ["drain"]
     assert filler.remaining == 0
@@ -189,12 +190,12 @@ def test_cuda_mode_stops_at_a_task_not_ready_or_outside_the_step():
     arrived = []
     tasks = [side_task(side, "a", 0.01, 0.0), side_task(side, "grad", 0.01, 0.1, ready=lambda: bool(arrived)),
              side_task(side, "late", 0.01, 2.0)]
-    filler = BubbleFiller(tasks, [1.0, 1.0], [("F", 0)], horizon_s=1.0, side=side)
-    filler.begin_step()
-    filler.wait([RecordingWork(side.log)])
+    filler = BubbleFiller.with_gaps(tasks, [1.0, 1.0], [("F", 0)], horizon_s=1.0, side=side)
+    filler.progress.begin_step()
+    PipelineWaits(filler).wait([RecordingWork(side.log)])
     assert side.log == ["a", "wait"] and filler.stats.deferred == 0  # waiting for an input is no deferral
     arrived.append(True)
-    filler.wait([RecordingWork(side.log)])
+    PipelineWaits(filler).wait([RecordingWork(side.log)])
     assert side.log[2:] == ["grad", "wait"]  # "late" is planned after the LLM's step: left to the drain
     filler.drain()
     assert side.log[4:] == ["late", "drain"]
@@ -204,13 +205,13 @@ def test_cuda_mode_forces_forward_tasks_and_joins_their_events_where_consumed():
     side = RecordingSide()
     tasks = [side_task(side, "f0", 0.5, 0.0, needed_by=0), side_task(side, "f1", 0.5, 0.1, needed_by=1),
              side_task(side, "f2", 0.5, 0.2, needed_by=2), side_task(side, "b", 0.5, 0.3)]
-    filler = BubbleFiller(tasks, [0.0, 0.0, 0.0], [("F", 1), ("F", 2)], horizon_s=1.0, side=side)
-    filler.begin_step()
+    filler = BubbleFiller.with_gaps(tasks, [0.0, 0.0, 0.0], [("F", 1), ("F", 2)], horizon_s=1.0, side=side)
+    filler.progress.begin_step()
     # Before the stream waits for op F1, the forwards it may depend on through other ranks are
     # launched even though the gap has no room; no stream waits for them here.
-    filler.wait([RecordingWork(side.log)])
+    PipelineWaits(filler).wait([RecordingWork(side.log)])
     assert side.log == ["f0", "f1", "wait"] and filler.stats.forced == 2
-    filler.op_begin()
+    filler.progress.op_begin()
     filler.force(0)  # the op consuming microbatch 0's encoder output: its stream waits for f0's event
     assert side.log[3:] == ["join m1"]
     filler.force(1)
@@ -218,7 +219,7 @@ def test_cuda_mode_forces_forward_tasks_and_joins_their_events_where_consumed():
     assert side.log[4:] == ["join m2"]
     filler.force(2)  # not launched yet: launched now, then joined
     assert side.log[5:] == ["f2", "join m3"] and filler.stats.forced == 3
-    filler.op_end()
+    filler.progress.op_end()
     filler.drain()
     assert side.log[7:] == ["b", "drain"] and side.marks == 3  # events only after forward tasks
 
@@ -251,7 +252,7 @@ def test_side_stream_runs_after_the_llm_stream_and_before_the_consumer():
             torch.cuda._sleep(50_000_000)  # the task is slow: its consumer must wait for it
             out["y"] = x * 2
 
-        filler = BubbleFiller([FillTask(name="f", duration_s=0.0, planned_start_s=-1.0, run=task, needed_by=0)],
+        filler = BubbleFiller.with_gaps([FillTask(name="f", duration_s=0.0, planned_start_s=-1.0, run=task, needed_by=0)],
                               [0.0, 0.0], [("F", 0)], horizon_s=1.0, side=side)
         filler.run_front()
         filler.force(0)
@@ -294,17 +295,17 @@ def test_pieces_on_the_side_stream_give_the_unsplit_gradients():
         def wait(self):
             pass
 
-    filler = BubbleFiller(fwd + bwd, [1.0, 1.0], [("F", 0)], horizon_s=1.0, side=SideStream())
+    filler = BubbleFiller.with_gaps(fwd + bwd, [1.0, 1.0], [("F", 0)], horizon_s=1.0, side=SideStream())
     with torch.cuda.stream(llm_stream()):
-        filler.begin_step()
-        filler.wait([Done()])  # every forward piece fits in the window
+        filler.progress.begin_step()
+        PipelineWaits(filler).wait([Done()])  # every forward piece fits in the window
         assert filler.stats.filled == n and filler.stats.forced == 0
-        filler.op_begin()
+        filler.progress.op_begin()
         filler.force(1)  # the op consuming the encoder's output: its stream waits for the last piece
         leaf = run.output().requires_grad_(True)
         leaf.square().sum().backward()  # the LLM's part, on its stream
         grad["out"] = leaf.grad
-        filler.op_end()
+        filler.progress.op_end()
         filler.drain()  # the backward pieces on the side stream, then the LLM's stream waits
         got = [p.grad for p in encoder.parameters()]
         for g, e in zip(got, expected):
@@ -330,11 +331,11 @@ def sleeper(log, name, duration_s, start, **kw):
 
 def test_a_gap_entered_late_is_used_for_what_is_left():
     log = []
-    filler = BubbleFiller([sleeper(log, f"t{i}", 0.03, 0.01 * i) for i in range(10)], [0.3, 0.0], [("F", 0)],
+    filler = BubbleFiller.with_gaps([sleeper(log, f"t{i}", 0.03, 0.01 * i) for i in range(10)], [0.3, 0.0], [("F", 0)],
                           horizon_s=10.0, op_starts_s=[0.3])
     now = time.perf_counter()
-    filler.begin_step(frame0=now - 0.2)  # this rank enters the gap 0.2 s late: 0.1 s are left
-    filler.wait([TimedWork(now + 0.1)])
+    filler.progress.begin_step(frame0=now - 0.2)  # this rank enters the gap 0.2 s late: 0.1 s are left
+    PipelineWaits(filler).wait([TimedWork(now + 0.1)])
     took = time.perf_counter() - now
     assert 2 <= len(log) <= 4 and took < 0.2, (log, took)
     assert filler.stats.waited_s < 0.05
@@ -342,26 +343,26 @@ def test_a_gap_entered_late_is_used_for_what_is_left():
 
 def test_a_gap_that_runs_long_is_still_used():
     log = []
-    filler = BubbleFiller([sleeper(log, f"t{i}", 0.03, 0.01 * i) for i in range(30)], [0.1, 0.0], [("F", 0)],
+    filler = BubbleFiller.with_gaps([sleeper(log, f"t{i}", 0.03, 0.01 * i) for i in range(30)], [0.1, 0.0], [("F", 0)],
                           horizon_s=10.0, op_starts_s=[0.1])
     now = time.perf_counter()
-    filler.begin_step(frame0=now)
-    filler.wait([TimedWork(now + 0.4)])  # predicted at 0.1 s, comes at 0.4 s
+    filler.progress.begin_step(frame0=now)
+    PipelineWaits(filler).wait([TimedWork(now + 0.4)])  # predicted at 0.1 s, comes at 0.4 s
     took = time.perf_counter() - now
     # About 0.1 s filled before the predicted end, most of the 0.3 s overrun after it; the data
     # waits no longer than the overrun rule allows (a task no longer than the overrun so far).
     assert len(log) >= 8 and took < 0.4 + 0.1, (len(log), took)
-    assert filler._drift == pytest.approx(0.3, abs=0.05)  # the next gaps' ends move by what was seen
+    assert filler.progress.drift == pytest.approx(0.3, abs=0.05)  # the next gaps' ends move by what was seen
 
 
 def test_another_chains_task_runs_while_this_ones_input_is_missing():
     log = []
     tasks = [sleeper(log, "a", 0.01, 0.0, chain=0, ready=lambda: False), sleeper(log, "a2", 0.01, 0.01, chain=0),
              sleeper(log, "b", 0.01, 0.02, chain=1)]
-    filler = BubbleFiller(tasks, [1.0, 0.0], [("F", 0)], horizon_s=10.0, op_starts_s=[1.0])
+    filler = BubbleFiller.with_gaps(tasks, [1.0, 0.0], [("F", 0)], horizon_s=10.0, op_starts_s=[1.0])
     now = time.perf_counter()
-    filler.begin_step(frame0=now)
-    filler.wait([TimedWork(now + 0.1)])
+    filler.progress.begin_step(frame0=now)
+    PipelineWaits(filler).wait([TimedWork(now + 0.1)])
     assert log == ["b"]  # a waits for its input, a2 comes after a in its chain
 
 
@@ -369,10 +370,10 @@ def test_forwards_the_first_stage_needs_before_the_next_wait_are_forced():
     log = []
     tasks = [sleeper(log, "soon", 0.001, 0.0, needed_by=3, needed_at_s=0.05),
              sleeper(log, "later", 0.001, 0.01, needed_by=3, needed_at_s=0.5)]
-    filler = BubbleFiller(tasks, [0.0, 0.0, 0.0], [("F", 0), ("B", 0)], horizon_s=10.0, fill=False,
+    filler = BubbleFiller.with_gaps(tasks, [0.0, 0.0, 0.0], [("F", 0), ("B", 0)], horizon_s=10.0, fill=False,
                           op_starts_s=[0.0, 0.1], force_until_s=[0.2, 0.3])
-    filler.begin_step()
-    filler.wait([TimedWork(time.perf_counter())])
+    filler.progress.begin_step()
+    PipelineWaits(filler).wait([TimedWork(time.perf_counter())])
     assert log == ["soon"] and filler.stats.forced == 1
 
 
@@ -380,18 +381,19 @@ def test_cost_history_takes_medians_and_keeps_what_was_not_measured():
     import numpy as np
 
     from pybubble.runtime import CostHistory, MeasuredCosts
-    from pybubble.runtime.costs import step_sample
+    from pybubble.runtime.costs import StepSample
 
     initial = MeasuredCosts(stage_fwd_s=[1.0, 1.0], stage_bwd_s=[2.0, 2.0], p2p_s=0.5, piece_fwd_s=[0.1, 0.2],
                             piece_bwd_s=[0.3, 0.4], optimizer_s=0.0, grad_sync_s=0.0)
     history = CostHistory(initial, keep=3)
     nan = float("nan")
     for f in (1.0, 3.0, 2.0, 10.0):  # the first falls out of the last 3
-        rank0 = step_sample(stage_fwd=[f, nan], stage_bwd=[2 * f, nan], stage_wgrad=[f / 2, nan], lead=0.01,
-                            sync=0.1, outside=0.2, plan=0.001, piece_fwd=[f / 10, nan], piece_bwd=[nan, nan])
-        rank1 = step_sample(stage_fwd=[nan, f + 1], stage_bwd=[nan, nan], stage_wgrad=[nan, nan], lead=0.02,
-                            sync=0.3, outside=nan, plan=0.001, piece_fwd=[3 * f / 10, nan], piece_bwd=[nan, nan])
-        history.add(np.stack([rank0, rank1]))
+        rank0 = StepSample(stage_fwd=[f, nan], stage_bwd=[2 * f, nan], stage_wgrad=[f / 2, nan], lead=0.01,
+                           sync=0.1, outside=0.2, plan=0.001, piece_fwd=[f / 10, nan], piece_bwd=[nan, nan])
+        rank1 = StepSample(stage_fwd=[nan, f + 1], stage_bwd=[nan, nan], stage_wgrad=[nan, nan], lead=0.02,
+                           sync=0.3, outside=nan, plan=0.001, piece_fwd=[3 * f / 10, nan], piece_bwd=[nan, nan])
+        history.add(np.stack([rank0.vector(), rank1.vector()]))
+        assert history.layout["piece_fwd"] == slice(13, 15) and rank0.vector()[history.layout["sync"]] == 0.1
     c = history.costs()
     assert c.stage_fwd_s == [3.0, 4.0] and c.stage_bwd_s == [6.0, 2.0]  # rank 1 saw no backward: kept
     assert c.stage_wgrad_s == [1.5, 1.0]  # stage 1's W not seen: half its backward
@@ -445,9 +447,9 @@ def fill_until_arrival(estimate_s, completes_in, sleep_s, count=6):
 
     tasks = [FillTask(name=str(i), duration_s=estimate_s, planned_start_s=0.01 * i, run=lambda i=i: run(i))
              for i in range(count)]
-    filler = BubbleFiller(tasks, [10.0, 0.0], [("F", 0)], horizon_s=20.0)
-    filler.begin_step()
-    filler.wait([work])
+    filler = BubbleFiller.with_gaps(tasks, [10.0, 0.0], [("F", 0)], horizon_s=20.0)
+    filler.progress.begin_step()
+    PipelineWaits(filler).wait([work])
     return filler, log
 
 
@@ -467,5 +469,5 @@ def test_an_op_is_held_up_by_at_most_the_piece_running_when_its_input_comes():
     assert log == [0]
     assert filler.stats.held_max_s >= 0.04 and filler.stats.overruns == 1
     assert filler.pace == 3.0  # 25 times over its estimate: the ceiling
-    task, too_long = filler._pick(0.005)  # 2 ms estimated, 6 ms at this pace: does not fit 5 ms
+    task, too_long = filler.pick(0.005)  # 2 ms estimated, 6 ms at this pace: does not fit 5 ms
     assert task is None and too_long == pytest.approx(0.006)

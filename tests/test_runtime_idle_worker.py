@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pybubble.runtime import BubbleFiller, FillTask, IdleWorker  # noqa: E402
+from pybubble.runtime import BubbleFiller, FillTask, PipelineWaits, IdleWorker  # noqa: E402
 
 
 @pytest.fixture
@@ -94,21 +94,21 @@ def test_filler_settles_the_worker_before_a_task_of_its_own(worker):
         return FillTask(name=name, duration_s=0.01, planned_start_s=0.0, run=run, chain=0)
 
     tasks = [task("a", 0.05), task("b", 0.05), task("c")]
-    filler = BubbleFiller(tasks, [0.0, 0.0], [("F", 0)], horizon_s=1.0)
+    filler = BubbleFiller.with_gaps(tasks, [0.0, 0.0], [("F", 0)], horizon_s=1.0)
     for t in tasks[:2]:
-        filler.launch_idle(t, worker)
-    assert [t.done for t in tasks] == [True, True, False] and filler.idle_queued_s() > 0.0
+        filler.executor.queue(t, worker)
+    assert [t.done for t in tasks] == [True, True, False] and filler.executor.queued_s() > 0.0
     filler.drain()  # runs c on this thread, after a and b
-    assert log == ["a", "b", "c"] and all(t.finished for t in tasks) and filler.idle_queued_s() == 0.0
+    assert log == ["a", "b", "c"] and all(t.finished for t in tasks) and filler.executor.queued_s() == 0.0
     assert tasks[0].took_s >= 0.0 and filler.remaining == 0
 
 
 def test_filler_picks_for_the_worker_only_what_may_leave_the_main_thread():
     talk = FillTask(name="send", duration_s=0.001, planned_start_s=0.0, run=lambda: None, host_only=True, chain=0)
     local = FillTask(name="piece", duration_s=0.001, planned_start_s=0.001, run=lambda: None, chain=1)
-    filler = BubbleFiller([talk, local], [0.0, 0.0], [("F", 0)], horizon_s=1.0)
-    assert filler._pick(1.0, worker=True)[0] is local
-    assert filler._pick(1.0)[0] is talk
+    filler = BubbleFiller.with_gaps([talk, local], [0.0, 0.0], [("F", 0)], horizon_s=1.0)
+    assert filler.pick(1.0, worker=True)[0] is local
+    assert filler.pick(1.0)[0] is talk
 
 
 def test_held_worker_finishes_its_task_and_starts_no_other(worker):
@@ -159,9 +159,9 @@ def test_force_launches_what_the_llm_needs_onto_the_worker_and_waits_for_it_only
         return FillTask(name=name, duration_s=0.01, planned_start_s=0.0, run=run, needed_by=needed_by, chain=chain)
 
     f0, f1, b0 = task("f0", 0), task("f1", 1, chain=1), task("b0", block=True, chain=2)
-    filler = BubbleFiller([f0, f1, b0], [0.0, 0.0], [("F", 0)], horizon_s=1.0)
-    filler.launch_idle(f0, worker)
-    filler.launch_idle(b0, worker)  # after f0, blocks until released
+    filler = BubbleFiller.with_gaps([f0, f1, b0], [0.0, 0.0], [("F", 0)], horizon_s=1.0)
+    filler.executor.queue(f0, worker)
+    filler.executor.queue(b0, worker)  # after f0, blocks until released
     filler.force(0)  # f0 is finished: returns though b0 is not
     assert log == ["f0"] and not f1.done
     release.set()

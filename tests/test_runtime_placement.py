@@ -6,7 +6,8 @@ pytest.importorskip("torch")
 
 import pybubble  # noqa: E402
 from pybubble.runtime import MeasuredCosts, make_placement, predict_step_s  # noqa: E402
-from pybubble.runtime.placement import piece_tasks, rank_filler  # noqa: E402
+from pybubble.runtime.placement import piece_tasks, rank_plan  # noqa: E402
+from pybubble.runtime.plan import RankPlan  # noqa: E402
 
 
 def costs(**kw):
@@ -48,20 +49,55 @@ def test_piece_tasks_chain_forward_then_backward():
     assert a.lane.tolist() == [1] * 4 + [0] * 4 and a.microbatch.tolist() == [0] * 4 + [1] * 4
 
 
-def test_rank_filler_gaps_follow_the_timeline():
+NAMES = [f"p{i}" for i in range(10)]
+
+
+def test_rank_plan_gaps_follow_the_timeline():
     plan = make_placement("pybubble", costs(), 4)
-    f1 = rank_filler(plan, 1, [])
-    assert len(f1.gaps_s) == 9 and f1.next_ops[0] == ("F", 0)
+    f1 = rank_plan(plan, 1, costs(), NAMES)
+    assert len(f1.gaps_s) == 9 and f1.ops[0].key == ("F", 0)
     assert f1.gaps_s[0] == pytest.approx(0.021)  # stage 0's first forward and one p2p
     assert f1.gaps_s[-1] > 0.0  # cool-down
     # The last stage's backward follows its forward without a receive: a wait before F_k must
     # produce what the first stage needs until that B_k ends.
     ops = sorted((op for op in plan.timeline.ops if op.stage == 1), key=lambda op: op.start)
     front = plan.schedule.shift_front / 1e6
-    assert f1.force_until_s[0] == pytest.approx(front + ops[1].end / 1e6)
+    assert f1.ops[0].force_until_s == pytest.approx(front + ops[1].end / 1e6)
     # Stage 0's forwards take no receive: before F0, until F1 ends (B0 waits for a gradient).
     ops0 = sorted((op for op in plan.timeline.ops if op.stage == 0), key=lambda op: op.start)
-    assert rank_filler(plan, 0, []).force_until_s[0] == pytest.approx(front + ops0[1].end / 1e6)
+    assert rank_plan(plan, 0, costs(), NAMES).ops[0].force_until_s == pytest.approx(front + ops0[1].end / 1e6)
+
+
+def test_rank_plan_holds_each_task_once_and_loads_back_equal(tmp_path):
+    c = costs()
+    plan = make_placement("pybubble", c, 4)
+    ranks = [rank_plan(plan, r, c, NAMES) for r in (0, 1)]
+    # every piece of every encoder microbatch, forward and backward, on the rank that produces it
+    seen = sorted((t.chain, t.phase, t.piece) for r in ranks for t in r.tasks)
+    assert seen == sorted((j, ph, i) for j in range(4) for ph in ("fwd", "bwd") for i in range(10))
+    for r in ranks:
+        assert all(plan.producer[t.chain] == r.rank for t in r.tasks)
+        starts = [t.planned_start_s for t in r.tasks]
+        assert starts == sorted(starts)  # plan order
+        assert [t.needed_by for t in r.tasks if t.phase == "fwd"] == [plan.assignment[t.chain] for t in r.tasks
+                                                                     if t.phase == "fwd"]
+        assert sum(t.after_grad for t in r.tasks) == sum(p == r.rank for p in plan.producer)
+        r.write(tmp_path / f"rank{r.rank}.json")
+        assert RankPlan.read(tmp_path / f"rank{r.rank}.json") == r
+    with pytest.raises(ValueError, match="format: 'x' is not 'pybubble.rank_plan/1'"):
+        RankPlan.from_json({"format": "x"})
+    with pytest.raises(ValueError, match="piece_names: 2 names for 10 pieces"):
+        rank_plan(plan, 0, c, ["a", "b"])
+
+
+def test_the_plan_modules_load_without_torch(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys; import pybubble.runtime.plan, pybubble.runtime.placement; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
 
 
 def test_bad_costs_name_the_field():
@@ -123,8 +159,8 @@ def test_a_multi_stage_plan_follows_the_schedule_table():
     assert ops[3, "F"] == pytest.approx(40_000) and ops[3, "W"] == pytest.approx(40_000)
     assert ops[2, "I"] == pytest.approx(30_000)  # I: the backward less its W
     assert ops[0, "I"] == pytest.approx(0.02, abs=1e-3)  # torch's first stage: its whole backward in W
-    f1 = rank_filler(plan, 1, [])
-    assert [f"{s}{k}{m}" for s, (k, m) in zip(f1.op_stages, f1.next_ops)] == [str(a) for a in table[1] if a]
+    f1 = rank_plan(plan, 1, c, [f"p{i}" for i in range(len(c.piece_fwd_s))])
+    assert [str(op.action) for op in f1.ops] == [str(a) for a in table[1] if a]
     mega = make_placement("megatron", c, 4, table)
     assert mega.producer == [0] * 4
     fwd0 = [op for op in mega.timeline.ops if op.stage == 0 and op.kind == "F"][0]

@@ -59,10 +59,11 @@ def test_three_modes_under_torchrun_reach_the_single_process_parameters(tmp_path
     assert sum(r["pp"]["filled_s"] for r in got["pybubble"]["waits"]) > 0
 
 
-@pytest.mark.parametrize("wrap", ["fsdp", "ddp"])
-def test_dp2_pp2_reaches_the_parameters_of_pp2(tmp_path, wrap):
-    # 4 processes on this machine's 2 cores: a correctness run, not a timing.
-    got = reports(tmp_path, 4, "--dp", 2, "--pp", 2, "--dp-wrap", wrap)
+@pytest.mark.parametrize("wrap, dim", [("fsdp", "dp"), ("ddp", "dp"), ("fsdp", "dp_shard")])
+def test_dp2_pp2_reaches_the_parameters_of_pp2(tmp_path, wrap, dim):
+    # 4 processes on this machine's 2 cores: a correctness run, not a timing. dp_shard: the mesh
+    # ("pp", "dp_shard") as torchtitan names it, FSDP2 over dp_shard; the runtime finds the replicas.
+    got = reports(tmp_path, 4, "--dp", 2, "--pp", 2, "--dp-wrap", wrap, "--dp-dim", dim)
     reference = got["pybubble"]["reference_checksum"]  # one process, the whole batch: what pp 2 reaches
     for mode, report in got.items():
         assert report["param_checksum"] == pytest.approx(reference, rel=1e-6), mode
@@ -111,7 +112,7 @@ BAD_GROUPS = textwrap.dedent("""
     import os, torch, torch.distributed as dist
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleZBVZeroBubble
     from pybubble.runtime import EncoderRuntime
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1")
@@ -128,6 +129,10 @@ BAD_GROUPS = textwrap.dedent("""
     ddp.register_comm_hook(None, lambda state, bucket: None)  # the trainer's own hook: DDP takes one
     ddp_stage = PipelineStage(ddp, 0, 1, torch.device("cpu"))
     cases["hooked"] = dict(stage=ddp_stage, schedule=Schedule1F1B(ddp_stage, 2, loss_fn=lambda y, t: y.sum()))
+    # DDP under a schedule that splits the backward: W's gradients bypass its all-reduce (torch's)
+    v = [PipelineStage(nn.parallel.DistributedDataParallel(nn.Linear(4, 4)), s, 2, torch.device("cpu"))
+         for s in (0, 1)]
+    cases["zero-bubble ddp"] = dict(stage=v, schedule=ScheduleZBVZeroBubble(v, 2, loss_fn=lambda y, t: y.sum()))
     for name, kwargs in cases.items():
         kwargs = {"stage": stage, "schedule": schedule, **kwargs}
         try:
@@ -149,8 +154,13 @@ def test_bad_groups_and_counts_raise_value_errors_naming_the_field():
     assert r.returncode == 0, r.stderr[-3000:]
     lines = r.stdout.splitlines()
     assert lines[:3] == [
-        "no pp: mesh: no 'pp' dimension (its dimensions: ('dp',))",
-        "both: mesh: give a mesh or pp_group/dp_group, not both",
+        "no pp: mesh: no 'pp' dimension (its dimensions: ('dp',)); name the pipeline's dimension with "
+        "roles={'pp': ..., 'dp': ..., 'tp': ...}",
+        "both: mesh: give one of parallel_dims, mesh (with roles) or pp_group/dp_group/tp_group, not mesh and pp_group",
         "zero: microbatches: 0 is not an integer >= 1 (the pp ranks)",
     ]
-    assert len(lines) == 4 and lines[3].startswith("hooked: stage: its DDP module already has a communication hook (")
+    assert len(lines) == 5 and lines[3].startswith("hooked: stage: its DDP module already has a communication hook (")
+    assert lines[4] == ("zero-bubble ddp: stage: a DDP module beside ScheduleZBVZeroBubble, which splits backwards "
+                        "into I and W: torch computes W's gradients with autograd.grad, which DDP's all-reduce never "
+                        "sees (pytorch/pytorch#144530), so the replicas' gradients would not be averaged "
+                        "(docs/runtime.md, 'Zero-bubble schedules beside data parallelism'); shard it with FSDP2")

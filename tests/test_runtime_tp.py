@@ -82,7 +82,7 @@ WORKER = textwrap.dedent("""
     import json, sys, time, datetime
     import torch, torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
-    from pybubble.runtime import BubbleFiller, FillTask, TensorParallelWaits, fill_tp_waits
+    from pybubble.runtime import BubbleFiller, FillTask, PipelineWaits, TensorParallelWaits, fill_tp_waits
     rank, port = int(sys.argv[1]), int(sys.argv[2])
     torch.set_num_threads(1)
     t = time.perf_counter()
@@ -111,10 +111,10 @@ WORKER = textwrap.dedent("""
 
     # Rank 0 fills; rank 1 launches the first collective 0.15 s late and the second 1 s after it.
     tasks = [hog()] + [honest(i) for i in range(1, 16)] if rank == 0 else []
-    filler = BubbleFiller(tasks, [0.0, 0.0], [("F", 0)], horizon_s=10.0, fill=rank == 0)
-    filler.trace = []
-    filler.begin_step()
-    filler.op_begin()
+    filler = BubbleFiller.with_gaps(tasks, [0.0, 0.0], [("F", 0)], horizon_s=10.0, fill=rank == 0)
+    filler.record_trace()
+    filler.progress.begin_step()
+    filler.progress.op_begin()
     waits = TensorParallelWaits(filler, gap_s=0.5, op_idle_s=2.0)
     values = []
     dist.barrier()
@@ -124,13 +124,13 @@ WORKER = textwrap.dedent("""
                 time.sleep(late)
             r = funcol.all_reduce(torch.ones(4), "sum", group)
             values.append(float((r + 0).sum()))  # the first use: the wait
-    filler.op_end()
-    filler.end_pipeline()
+    filler.progress.op_end()
+    filler.progress.end_pipeline()
     filler.drain()
     s = waits.finish()
     print(json.dumps({"values": values, "launched": s.launched_s, "resumed": s.resumed_s,
                       "in_flight": s.in_flight_s, "gaps": s.gaps_s, "filled": s.filled, "filled_s": s.filled_s,
-                      "pieces": s.pieces, "per_op": s.per_op, "grads": grads, "busy": filler.op_busy_s,
+                      "pieces": s.pieces, "per_op": s.per_op, "grads": grads, "busy": filler.progress.op_busy_s,
                       "trace": filler.trace, "remaining": filler.remaining}))
     dist.destroy_process_group()
 """)

@@ -45,6 +45,7 @@ from ..config.schema import load_config
 from ..llm.step import LLMStep
 from ..viz.figures import pyplot, save_figure
 from . import intervals as iv
+from . import names
 from .intervals import Spans
 from .trace import Trace, file_rank
 
@@ -63,11 +64,11 @@ _CPU_OP, _NOTE, _KERNEL, _GPU_NOTE, _OTHER = range(5)
 _CATEGORY = {c: i for i, c in enumerate(EVENT_CATEGORIES)}
 _COLLECTIVE = re.compile(r"(all_?reduce|all_?gather|reduce_?scatter|barrier|broadcast|all_?to_?all)", re.I)
 _TRANSFER = re.compile(r"^(gloo:(send|recv)|nccl:(send|recv))|SendRecv|nccl.*(Send|Recv)", re.I)
-_OP = re.compile(r"^(?:PP:\d+([FBIW])\d+|(Forward|Backward) \d+)$")
-_REGION = re.compile(r"^(pybubble:(wait|front|drain|grad_sync|sync|schedule)|ProfilerStep#|gloo:|nccl:)")
-_SCHEDULE = re.compile(r"^pybubble:schedule$")
-_WAIT = re.compile(r"^pybubble:wait$")
-_SYNC_REGION = re.compile(r"^pybubble:(grad_sync|sync)$")
+_OP = re.compile(rf"{names.OP.pattern}|^(Forward|Backward) \d+$")
+_REGION = re.compile(rf"{names.REGION.pattern}|^(ProfilerStep#|gloo:|nccl:)")
+_SCHEDULE = names.SCHEDULE_SPAN
+_WAIT = names.PIPELINE_WAIT
+_SYNC_REGION = names.SYNC
 _SYNC_OP = re.compile(r"^c10d::(allreduce|allgather|barrier|reduce_scatter|broadcast|alltoall)", re.I)
 _STEP = re.compile(r"^ProfilerStep#")
 _NCCL = re.compile(r"^nccl", re.I)
@@ -299,7 +300,7 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
 def _op_kind(name: str) -> int:
     """The index in "FBIW" of a pipeline op's annotation (``PP:0B3``, ``Forward 3``), else -1."""
     m = _OP.match(name)
-    return _OP_KINDS.index(m.group(1) or m.group(2)[0]) if m else -1
+    return _OP_KINDS.index(m.group(2) or m.group(4)[0]) if m else -1
 
 
 def trace_files(source: str | os.PathLike[str]) -> list[Path]:

@@ -40,15 +40,16 @@ from ..config.checks import finite
 from ..config.schema import Config
 from ..costs.roofline import CALIBRATION_FORMAT, OP_KINDS, CostModel
 from ..llm.step import LLMStep, cost_model, step_comm
+from . import names
 from .bubbles import trace_files
 from .intervals import Spans, clip, length, union
 from .trace import Trace, file_rank
 
-_OP = re.compile(r"^(?:PP:)?(\d+)([FBIW])(\d+)$")
-_TASK = re.compile(r"^pybubble:task:e(\d+)([fb])\.")
+_OP = names.OP_OR_ROW
+_TASK = names.TASK
 _SIM_ENCODER = re.compile(r"^enc (fwd|bwd) mb(\d+)$")
-_INSIDE_OPS = re.compile(r"^pybubble:(task:|wait$)")
-_OWN_SYNC = re.compile(r"^pybubble:(sync|grad_sync)$")
+_INSIDE_OPS = names.INSIDE_OPS
+_OWN_SYNC = names.SYNC
 _COLLECTIVE = {"all_gather": re.compile(r"all_?gather", re.I), "reduce_scatter": re.compile(r"reduce_?scatter", re.I)}
 _DP_BUBBLES = {"dp_allgather": "all_gather", "dp_reducescatter": "reduce_scatter"}
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from .filler import WorkProbe
+from .probe import WorkProbe
 
 
 def _taken_here(t: torch.Tensor) -> torch.Tensor:

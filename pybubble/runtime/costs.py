@@ -7,8 +7,11 @@ import statistics
 import warnings
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
 from .placement import MeasuredCosts
 
@@ -46,13 +49,62 @@ def stage_figures(ops: Sequence[tuple[str, int]], stages: Sequence[int], busy: S
     return fwd, bwd, wgrad
 
 
-def step_sample(*, stage_fwd: Sequence[float], stage_bwd: Sequence[float], stage_wgrad: Sequence[float],
-                lead: float, sync: float, outside: float, plan: float, piece_fwd: Sequence[float],
-                piece_bwd: Sequence[float], tp_count: float = float("nan"), tp_gap: float = float("nan"),
-                tp_wait: float = float("nan")) -> np.ndarray:
-    """One rank's figures of one step as a flat float64 vector (see :data:`FIELDS`)."""
-    return np.array([lead, sync, outside, plan, tp_count, tp_gap, tp_wait, *stage_fwd, *stage_bwd, *stage_wgrad,
-                     *piece_fwd, *piece_bwd], dtype=np.float64)
+@dataclass(kw_only=True, slots=True)
+class StepSample:
+    """One rank's figures of one step, seconds (NaN: not seen; see :data:`FIELDS`)."""
+
+    lead: float
+    """The schedule's own time before its first op."""
+    sync: float
+    """The encoder's gradient sum."""
+    outside: float
+    """The trainer's time between the last step and this one (optimizer, data)."""
+    plan: float
+    """The runtime's planning."""
+    stage_fwd: Sequence[float]
+    """Per pipeline stage: the median own time of its forwards (NaN: another rank's stage)."""
+    stage_bwd: Sequence[float]
+    """Per stage: of its full backwards (B, or I + W)."""
+    stage_wgrad: Sequence[float]
+    """Per stage: of its weight-gradient backwards W."""
+    piece_fwd: Sequence[float]
+    """Per piece: its forward's duration (the mean over the microbatches the rank ran)."""
+    piece_bwd: Sequence[float]
+    """Per piece: its backward's."""
+    tp_count: float = float("nan")
+    """TP collectives waited on per LLM op (NaN without tensor parallelism)."""
+    tp_gap: float = float("nan")
+    """Their median gap."""
+    tp_wait: float = float("nan")
+    """Their mean gap."""
+
+    def vector(self) -> np.ndarray:
+        """The figures as one flat float64 vector, laid out as :class:`SampleLayout` says (what the
+        ranks all-gather)."""
+        return np.array([*(getattr(self, f) for f in FIELDS), *self.stage_fwd, *self.stage_bwd, *self.stage_wgrad,
+                         *self.piece_fwd, *self.piece_bwd], dtype=np.float64)
+
+
+class SampleLayout:
+    """Where each figure lies in a :meth:`StepSample.vector` of ``stages`` stages and ``pieces``
+    pieces: :data:`FIELDS`, then per stage the forwards, the backwards, the weight gradients, then
+    per piece the forwards and the backwards."""
+
+    def __init__(self, stages: int, pieces: int):
+        self.stages, self.pieces = stages, pieces
+        k, s = len(FIELDS), stages
+        self._slices = {"stage_fwd": slice(k, k + s), "stage_bwd": slice(k + s, k + 2 * s),
+                        "stage_wgrad": slice(k + 2 * s, k + 3 * s), "stages": slice(k, k + 3 * s),
+                        "piece_fwd": slice(k + 3 * s, k + 3 * s + pieces),
+                        "piece_bwd": slice(k + 3 * s + pieces, k + 3 * s + 2 * pieces),
+                        "pieces": slice(k + 3 * s, k + 3 * s + 2 * pieces)}
+        self.width = k + 3 * s + 2 * pieces
+        """Figures per sample."""
+
+    def __getitem__(self, name: str) -> int | slice:
+        """The index of a field of :data:`FIELDS`, or the slice of ``stage_fwd``, ``stage_bwd``,
+        ``stage_wgrad``, ``stages`` (all three), ``piece_fwd``, ``piece_bwd`` or ``pieces`` (both)."""
+        return FIELDS.index(name) if name in FIELDS else self._slices[name]
 
 
 class CostHistory:
@@ -66,16 +118,17 @@ class CostHistory:
         self.initial = initial
         self.ranks = initial.stages if ranks is None else ranks
         self.pieces = len(initial.piece_fwd_s)
+        self.layout = SampleLayout(initial.stages, self.pieces)
+        """Where each figure lies in a rank's sample."""
         self._steps: deque[np.ndarray] = deque(maxlen=keep)
 
     @property
     def width(self) -> int:
-        """Figures per rank in one step's samples (the fields, then each stage's forward, backward
-        and weight gradient, then each piece's forward and backward)."""
-        return len(FIELDS) + 3 * self.initial.stages + 2 * self.pieces
+        """Figures per rank in one step's samples."""
+        return self.layout.width
 
     def add(self, samples: np.ndarray) -> None:
-        """``samples``: one row per rank (:func:`step_sample`)."""
+        """``samples``: one row per rank (:meth:`StepSample.vector`)."""
         samples = np.asarray(samples, dtype=np.float64)
         if samples.shape != (self.ranks, self.width):
             raise ValueError(f"samples: shape {samples.shape}, expected ({self.ranks}, {self.width})")
@@ -91,16 +144,17 @@ class CostHistory:
             values = values[np.isfinite(values)]
             return float(np.median(values)) if values.size else fallback
 
-        c, n, k, S = self.initial, self.pieces, len(FIELDS), self.initial.stages
+        c, n, S, at = self.initial, self.pieces, self.initial.stages, self.layout
         with warnings.catch_warnings():  # all-NaN columns (not measured) give NaN: kept from before
             warnings.simplefilter("ignore", RuntimeWarning)
-            stage = np.nanmax(h[:, :, k:k + 3 * S], axis=1)  # steps x stage figures: the rank that ran them
-            piece = np.nanmean(h[:, :, k + 3 * S:], axis=1)  # steps x pieces: mean over the ranks that ran them
-            other = h[:, :, 0] + np.nan_to_num(h[:, :, 2]) + h[:, :, 3]  # lead + outside + plan, per rank
+            stage = np.nanmax(h[:, :, at["stages"]], axis=1)  # steps x stage figures: the rank that ran them
+            piece = np.nanmean(h[:, :, at["pieces"]], axis=1)  # steps x pieces: mean over the ranks that ran them
+            other = h[:, :, at["lead"]] + np.nan_to_num(h[:, :, at["outside"]]) + h[:, :, at["plan"]]  # per rank
             worst = np.nanmax(other, axis=1) if np.isfinite(other).any() else np.full(len(h), np.nan)
             # The gradient sum as the last rank to reach it saw it: the others also waited for that
             # rank, which the plan's step already counts.
-            sync = np.nanmin(h[:, :, 1], axis=1) if np.isfinite(h[:, :, 1]).any() else np.full(len(h), np.nan)
+            sync_col = h[:, :, at["sync"]]
+            sync = np.nanmin(sync_col, axis=1) if np.isfinite(sync_col).any() else np.full(len(h), np.nan)
         bwd = [median(stage[:, S + s], c.stage_bwd_s[s]) for s in range(S)]
         initial_w = c.stage_wgrad_s or [b / 2 for b in c.stage_bwd_s]
         wgrad = [min(median(stage[:, 2 * S + s], initial_w[s]), bwd[s]) for s in range(S)]
@@ -110,5 +164,16 @@ class CostHistory:
             piece_fwd_s=[median(piece[:, i], c.piece_fwd_s[i]) for i in range(n)],
             piece_bwd_s=[median(piece[:, n + i], c.piece_bwd_s[i]) for i in range(n)],
             optimizer_s=median(worst, c.optimizer_s), grad_sync_s=median(sync, c.grad_sync_s),
-            tp_count=int(round(median(h[:, :, 4], c.tp_count))), tp_gap_s=median(h[:, :, 5], c.tp_gap_s),
-            tp_wait_s=median(h[:, :, 6], c.tp_wait_s))
+            tp_count=int(round(median(h[:, :, at["tp_count"]], c.tp_count))),
+            tp_gap_s=median(h[:, :, at["tp_gap"]], c.tp_gap_s), tp_wait_s=median(h[:, :, at["tp_wait"]], c.tp_wait_s))
+
+
+def share_samples(sample: np.ndarray, outside_s: float, group: dist.ProcessGroup, ranks: int) -> np.ndarray:
+    """Every rank's sample of the last step, gathered over ``group`` (one row per rank), with this
+    rank's ``outside`` set to ``outside_s`` (the trainer's own time between the two steps)."""
+    sample = sample.copy()
+    sample[FIELDS.index("outside")] = outside_s
+    mine = torch.from_numpy(sample)
+    every = [torch.zeros_like(mine) for _ in range(ranks)]
+    dist.all_gather(every, mine, group=group)
+    return torch.stack(every).numpy()

@@ -2,19 +2,18 @@
 ``torch.distributed.pipelining`` trainer inside the pipeline's bubbles, step by step.
 
 Per step it shares what every rank measured in the last steps, plans anew (the core schedules
-the encoder's pieces into the predicted bubbles), runs the pieces inside the schedule's waits,
-hands the encoder outputs to the first stage and their gradients back, and sums the encoder's
-gradients over the ranks. The first step is a profiling step, run the ``coarse`` way (the
-``megatron`` way in that mode): it yields the LLM ops' and the pieces' durations that the next
-plans start from.
+the encoder's pieces into the predicted bubbles; each rank's part is a
+:class:`~pybubble.runtime.plan.RankPlan`), runs the pieces inside the schedule's waits, hands the
+encoder outputs to the first stage and their gradients back, and sums the encoder's gradients over
+the ranks. The first step profiles the pieces and the p2p latency, then runs the ``coarse`` way
+(the ``megatron`` way in that mode): it yields the LLM ops' durations that the next plans start
+from.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
-import statistics
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -23,17 +22,25 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
-from .boundary import TAG_BASE, BoundaryCommunicator
-from .costs import FIELDS, CostHistory, stage_figures, step_sample
+from ..measure import names
+from .boundary import BoundaryCommunicator
+from .costs import CostHistory, share_samples
 from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
+from .executors import executor_for
+from .parallel_groups import ParallelGroups, resolve_groups, runtime_group
 from .pipelining import check_torch_version, fill_pipeline_waits, schedule_table
-from .placement import MeasuredCosts, check_mode, make_placement, placement_step_s, splits_backward, stage_ranks
+from .placement import MeasuredCosts, check_mode, make_placement, rank_plan, splits_backward, stage_ranks
+from .plan import RankPlan
+from .profile import p2p_latency, shared_profile, time_pieces
+from .records import StepRecord, WaitFigures
 from .segments import MicrobatchRun, split_into_pieces
-from .tensor_parallel import TensorParallelWaits, TPWaitStats, fill_tp_waits, tp_op_figures
+from .tensor_parallel import fill_tp_waits
+from .waits import DataParallelWaits, TensorParallelWaits
 
 
 def _inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
@@ -57,9 +64,43 @@ def sync_grads(module: nn.Module, group: dist.ProcessGroup | None, dp_group: dis
         offset += p.numel()
 
 
-def _cpu_capable(group: dist.ProcessGroup) -> bool:
-    """Whether ``group`` carries CPU tensors (gloo, alone or beside NCCL as ``cpu:gloo,cuda:nccl``)."""
-    return "gloo" in str(dist.get_backend(group))
+def check_stages(stages: Sequence[Any], table: dict, rank: int, ranks: int, schedule: str) -> int:
+    """The pipeline's stage count, once ``stages`` (this rank's ``PipelineStage`` objects) are
+    found to be built over the pp group and to be the stages ``table`` (that of the schedule class
+    named ``schedule``) runs on ``rank``."""
+    if len(table) != ranks:
+        raise ValueError(f"schedule: its action table has {len(table)} ranks, the pp group {ranks}")
+    owner = stage_ranks(table)
+    for st in stages:
+        if getattr(st, "group_size", ranks) != ranks:
+            raise ValueError(f"stage: its group has {st.group_size} ranks, the pp group {ranks} "
+                             "(build the PipelineStage with group= the pp group)")
+        if getattr(st, "num_stages", len(owner)) != len(owner):
+            raise ValueError(f"stage: {st.num_stages} stages, the schedule's table has {len(owner)}")
+    if splits_backward(table) and any(isinstance(getattr(st, "submod", None), DistributedDataParallel)
+                                      for st in stages):
+        raise ValueError(f"stage: a DDP module beside {schedule}, which splits backwards into I and W: torch "
+                         "computes W's gradients with autograd.grad, which DDP's all-reduce never sees "
+                         "(pytorch/pytorch#144530), so the replicas' gradients would not be averaged "
+                         "(docs/runtime.md, 'Zero-bubble schedules beside data parallelism'); shard it with FSDP2")
+    mine = sorted(s for s, r in owner.items() if r == rank)
+    given = sorted(getattr(st, "stage_index", s) for st, s in zip(stages, mine))
+    if len(stages) != len(mine) or given != mine:
+        raise ValueError(f"stage: stages {given} on rank {rank}, the schedule's table runs {mine} there")
+    return len(owner)
+
+
+def check_microbatches(microbatches: int | None, table: dict, ranks: int) -> int:
+    """The schedule's microbatches per step: those of its action table (``microbatches``, when
+    given, must be the same)."""
+    in_table = 1 + max(a.microbatch for row in table.values() for a in row)
+    if microbatches is None:
+        microbatches = in_table
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < ranks:
+        raise ValueError(f"microbatches: {microbatches!r} is not an integer >= {ranks} (the pp ranks)")
+    if microbatches != in_table:
+        raise ValueError(f"microbatches: {microbatches}, the schedule's table runs {in_table}")
+    return microbatches
 
 
 class EncoderRuntime:
@@ -67,172 +108,71 @@ class EncoderRuntime:
     ``torch.distributed.pipelining`` schedule, single-stage (``Schedule1F1B``, ``ScheduleGPipe``
     over ``stage``) or multi-stage (``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
     ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV`` over this rank's stages: ``stage`` is then
-    their list). The step is predicted from the schedule's own action table
-    (``schedule.pipeline_order``) and the encoder's pieces follow it; the encoder outputs go to
-    the rank that holds the LLM's first stage.
+    their list). The step is predicted from the schedule's own action table and the encoder's
+    pieces follow it; the encoder outputs go to the rank that holds the LLM's first stage.
 
-    It runs in the process group the trainer set up (torchrun's env:// rendezvous, or
-    :func:`launch`) and on the trainer's groups:
-
-    - ``mesh``: the trainer's ``DeviceMesh`` with torchtitan's dimension names: ``"pp"`` (the
-      pipeline), optionally ``"dp"`` (data-parallel replicas of the pipeline) and ``"tp"``; or
-      ``pp_group``/``dp_group`` explicitly; or neither: the (first) stage's group (``stage.group``,
-      by default the whole world) is the pipeline and there is no data parallelism.
-    - ``group``: where the runtime's own traffic goes (cost sharing, the step's barrier, encoder
-      outputs and their gradients): default the pp group itself when it carries CPU tensors
-      (gloo), with tags apart from the pipeline's; on an NCCL-only pp group one gloo group per
-      pipeline over the same ranks is created (every rank constructs the runtime; with explicit
-      ``pp_group`` and no mesh, pass ``group``). No other group is created.
-    - ``microbatches``: the schedule's microbatches per step (default: those of its action table,
-      :func:`~pybubble.runtime.pipelining.schedule_table`; given, they must be the same).
-
-    When a stage's module is sharded with FSDP2 or wrapped in DDP, its data-parallel
-    collectives are observed (:func:`~pybubble.runtime.data_parallel.observe_data_parallel`):
-    their waits count as ``dp`` waits, and in ``pybubble`` mode the filler runs encoder tasks in
-    them. The encoder's gradients are summed over the pp group (each rank ran some of the step's
-    microbatches) and averaged over the dp group.
-
-    - ``mode``: ``megatron`` (the whole encoder inside the first stage's ops), ``coarse`` (spread
-      over the ranks, forwards before the pipeline, backwards after it) or ``pybubble`` (its pieces
-      inside the pipeline's waits, where the core's schedule puts them).
-    - ``example``: one microbatch of encoder input (a tensor or a tuple of tensors) on ``device``:
-      the encoder is traced on it and cut into kernel-level pieces (:func:`split_into_pieces`).
-    - ``keep``: steps whose measured costs the plan follows (medians).
-
-    The first stage's module (on the rank that holds it) gets the encoder output of LLM
-    microbatch ``k`` from :meth:`encoder_output` (a tensor that requires grad; its gradient goes
-    back to the rank that produced it). Call :meth:`step` instead of ``schedule.step``; then run the optimizer over the
-    encoder's and the stage's parameters as usual.
+    The trainer's groups (:func:`~pybubble.runtime.parallel_groups.resolve_groups`): a torchtitan
+    ``parallel_dims``, a ``mesh`` (with ``roles`` when its dimensions are not named pp/dp/tp or as
+    torchtitan names them), or ``pp_group``/``dp_group``/``tp_group``; with none, the (first)
+    stage's group is the pipeline. ``group``: where the runtime's own traffic goes (default the pp
+    group when it carries CPU tensors; else one gloo group per pipeline is created). ``mode``:
+    ``megatron``, ``coarse`` or ``pybubble``; ``example``: one microbatch of encoder input, on
+    which the encoder is traced and cut into pieces; ``keep``: steps whose measured costs the plan
+    follows (medians). See docs/runtime.md.
     """
 
     def __init__(self, encoder: nn.Module, *, stage: Any, schedule: Any, mode: str,
                  example: torch.Tensor | Sequence[torch.Tensor], device: torch.device | str = "cpu",
-                 mesh: Any = None, pp_group: dist.ProcessGroup | None = None,
-                 dp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
+                 mesh: Any = None, parallel_dims: Any = None, roles: dict | None = None,
+                 pp_group: dist.ProcessGroup | None = None, dp_group: dist.ProcessGroup | None = None,
+                 tp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
                  microbatches: int | None = None, keep: int = 5):
         check_torch_version()
-        self.mode = check_mode(mode)
-        self.encoder = encoder
-        self.stage = stage
+        self.mode, self.encoder, self.schedule = check_mode(mode), encoder, schedule
         self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
         """This rank's pipeline stages."""
-        self.schedule = schedule
         self.device = torch.device(device)
-        if mesh is not None:
-            if pp_group is not None or dp_group is not None:
-                raise ValueError("mesh: give a mesh or pp_group/dp_group, not both")
-            names = tuple(mesh.mesh_dim_names or ())
-            if "pp" not in names:
-                raise ValueError(f"mesh: no 'pp' dimension (its dimensions: {names})")
-            pp_group = mesh["pp"].get_group()
-            dp_group = mesh["dp"].get_group() if "dp" in names else None
-        self.pp_group: dist.ProcessGroup = (pp_group if pp_group is not None
-                                            else getattr(self.stages[0], "group", None) or dist.group.WORLD)
-        """The pipeline's ranks (the stages of the schedule's table over them)."""
-        self.dp_group = dp_group if dp_group is not None and dist.get_world_size(dp_group) > 1 else None
-        """The data-parallel replicas of this rank (None: no data parallelism)."""
-        self.rank = dist.get_rank(self.pp_group)
-        self.ranks = dist.get_world_size(self.pp_group)
-        for st in self.stages:
-            if getattr(st, "group_size", self.ranks) != self.ranks:
-                raise ValueError(f"stage: its group has {st.group_size} ranks, the pp group {self.ranks} "
-                                 "(build the PipelineStage with group= the pp group)")
+        self.groups: ParallelGroups = resolve_groups(
+            mesh=mesh, parallel_dims=parallel_dims, roles=roles, pp_group=pp_group, dp_group=dp_group,
+            tp_group=tp_group, default_pp=getattr(self.stages[0], "group", None))
+        """The trainer's groups the runtime works on."""
+        self.pp_group, self.dp_group = self.groups.pp, self.groups.dp
+        self.rank, self.ranks = dist.get_rank(self.pp_group), dist.get_world_size(self.pp_group)
         self.table = schedule_table(schedule)
         """The schedule's action table (its compute actions), which the plan simulates."""
-        if len(self.table) != self.ranks:
-            raise ValueError(f"schedule: its action table has {len(self.table)} ranks, the pp group {self.ranks}")
-        tp = mesh["tp"].size() if mesh is not None and "tp" in tuple(mesh.mesh_dim_names or ()) else 1
-        if tp > 1 and splits_backward(self.table):
-            raise ValueError(f"schedule: {type(schedule).__name__} splits backwards into I and W, beside the mesh's "
-                             f"tp {tp}: tensor parallelism is predicted with whole backwards only (Schedule1F1B, "
-                             "ScheduleGPipe, ScheduleInterleaved1F1B)")
-        owner = stage_ranks(self.table)
-        self.num_stages = len(owner)
-        """The pipeline's stages (over all its ranks)."""
-        for st in self.stages:
-            if getattr(st, "num_stages", self.num_stages) != self.num_stages:
-                raise ValueError(f"stage: {st.num_stages} stages, the schedule's table has {self.num_stages}")
-        mine = sorted(s for s, r in owner.items() if r == self.rank)
-        given = sorted(getattr(st, "stage_index", s) for st, s in zip(self.stages, mine))
-        if len(self.stages) != len(mine) or given != mine:
-            raise ValueError(f"stage: stages {given} on rank {self.rank}, the schedule's table runs {mine} there")
-        in_table = 1 + max(a.microbatch for row in self.table.values() for a in row)
-        if microbatches is None:
-            microbatches = in_table
-        if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < self.ranks:
-            raise ValueError(f"microbatches: {microbatches!r} is not an integer >= {self.ranks} (the pp ranks)")
-        if microbatches != in_table:
-            raise ValueError(f"microbatches: {microbatches}, the schedule's table runs {in_table}")
-        self.microbatches = microbatches
-        self.group = group if group is not None else self._own_group(mesh)
-        kinds = [observe_data_parallel(st.submod, self._wait_dp, self.dp_group)
+        self.num_stages = check_stages(self.stages, self.table, self.rank, self.ranks, type(schedule).__name__)
+        self.microbatches = check_microbatches(microbatches, self.table, self.ranks)
+        self.groups.check_schedule(self.table, type(schedule).__name__)
+        self.group = group if group is not None else runtime_group(self.groups, self.ranks)
+        self.dp_waits = DataParallelWaits()
+        kinds = [observe_data_parallel(st.submod, self.dp_waits, self.dp_group)
                  for st in self.stages if getattr(st, "submod", None) is not None]
         self.data_parallel = next((k for k in kinds if k is not None), None)
         """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
-        self._dp_seen: list[float] = []
-        """This step's data-parallel collectives: seconds from each one's wait to its completion."""
-        self._dp_last: list[float] = []
-        """The same of the last step: the room the filler gives the same collective now."""
-        example = tuple(t.to(self.device) for t in _inputs_of(example))
-        self.pieces = split_into_pieces(encoder, example)
+        self.pieces = split_into_pieces(encoder, tuple(t.to(self.device) for t in _inputs_of(example)))
         with torch.no_grad():
-            out = MicrobatchRun(self.pieces, example)
+            out = MicrobatchRun(self.pieces, tuple(t.to(self.device) for t in _inputs_of(example)))
             for i in range(len(self.pieces)):
                 out.forward_piece(i)
             output = out.output()
         self.output_shape, self.output_dtype = tuple(output.shape), output.dtype
         self.side = side_stream(self.device)
-        self.history = CostHistory(self._profile(example), keep=keep, ranks=self.ranks)
-        self.costs: MeasuredCosts = self.history.initial
+        self.keep = keep
+        self.history: CostHistory | None = None
+        """The measured costs of the last steps (None before the first step's profile)."""
+        self.costs: MeasuredCosts | None = None
         self.steps = 0
-        self.records: list[dict[str, Any]] = []
-        """Per step: ``predicted_s``, ``start`` (perf_counter after the step's barrier), ``plan_s``,
-        ``sync_s``, ``filler`` (the filler's counters), ``waits`` (per kind of wait, ``pp``,
-        ``dp``, ``tp``: ``waited_s``, the LLM's time blocked in such waits with no encoder task
-        running, and ``filled_s``, the encoder tasks' time inside them; None where the kind is not
-        observed: ``dp`` without FSDP2/DDP on the stage, ``tp`` without tensor parallelism), ``tp``
-        (what the TP waits saw, :class:`TPWaitStats`)."""
+        self.records: list[StepRecord] = []
+        """One :class:`~pybubble.runtime.records.StepRecord` per step."""
         self.trace = False
-        """True: each step's filler keeps (what, start, end) of its tasks, ops and waits in
-        ``records[-1]["trace"]``."""
+        """True: each step's record keeps (what, start, end) of its tasks, ops and waits."""
         self.placement = None
         """The placement of the last step's encoder pieces (its ``timeline``: the LLM step as predicted)."""
+        self.plan: RankPlan | None = None
+        """This rank's plan of the last step."""
         self._work: EncoderStep | None = None
         self._returned: float | None = None
         self._last_sample: np.ndarray | None = None
-
-    def _own_group(self, mesh: Any) -> dist.ProcessGroup:
-        """The group of the runtime's own traffic: the pp group when it carries CPU tensors; else
-        one gloo group per pipeline of ``mesh`` (or of the world), this rank's."""
-        if _cpu_capable(self.pp_group):
-            return self.pp_group
-        if mesh is not None:
-            names = tuple(mesh.mesh_dim_names)
-            pipelines = mesh.mesh.movedim(names.index("pp"), -1).reshape(-1, self.ranks).tolist()
-        elif self.ranks == dist.get_world_size():
-            pipelines = [list(range(self.ranks))]
-        else:
-            raise ValueError(f"group: the pp group's backend is {dist.get_backend(self.pp_group)!r}, which does not "
-                             "carry CPU tensors; pass a gloo group over its ranks (or the mesh)")
-        me = dist.get_rank()
-        mine = None
-        for ranks in pipelines:  # every rank creates every pipeline's group, in the same order
-            g = dist.new_group(ranks, backend="gloo")
-            if me in ranks:
-                mine = g
-        return mine
-
-    def _wait_dp(self, works: Sequence[dist.Work]) -> None:
-        """A data-parallel collective's wait (from FSDP2's or DDP's hooks): inside a step the
-        filler's, with the room this collective took to complete last step."""
-        work = self._work
-        if work is None:
-            for w in works:
-                w.wait()
-            return
-        i = len(self._dp_seen)
-        room = self._dp_last[i] if i < len(self._dp_last) else 0.0
-        self._dp_seen.append(work.filler.wait_collective(works, room))
 
     # -- measuring -----------------------------------------------------------------------------
     def _now(self) -> float:
@@ -240,73 +180,25 @@ class EncoderRuntime:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def _profile(self, example: tuple[torch.Tensor, ...], repeats: int = 3) -> MeasuredCosts:
-        """The pieces' durations on one microbatch and the p2p latency, shared by every rank; the
-        LLM ops' durations come from the first step."""
-        n = len(self.pieces)
-        fwd, bwd = [[] for _ in range(n)], [[] for _ in range(n)]
-        for _ in range(repeats):
-            run = MicrobatchRun(self.pieces, example)
-            for i in range(n):
-                t = self._now()
-                run.forward_piece(i)
-                fwd[i].append(self._now() - t)
-            run.output_grad = torch.ones_like(run.output())
-            for i in range(n - 1, -1, -1):
-                t = self._now()
-                run.backward_piece(i)
-                bwd[i].append(self._now() - t)
+    def _profile(self, example: tuple[torch.Tensor, ...]) -> None:
+        """Before the first step: the pieces' durations on one microbatch and the p2p latency,
+        shared by every rank (the LLM ops' durations come from the first step)."""
+        fwd, bwd = time_pieces(self.pieces, example, self._now)
         self.encoder.zero_grad(set_to_none=True)
-        p2p = 0.0
-        if self.ranks > 1 and self.rank < 2:
-            buf = torch.zeros(self.output_shape, dtype=self.output_dtype)
-            for rep in range(6):
-                t = time.perf_counter()
-                if self.rank == 0:
-                    dist.send(buf, group=self.group, group_dst=1, tag=TAG_BASE - 1)
-                    dist.recv(buf, group=self.group, group_src=1, tag=TAG_BASE - 1)
-                else:
-                    dist.recv(buf, group=self.group, group_src=0, tag=TAG_BASE - 1)
-                    dist.send(buf, group=self.group, group_dst=0, tag=TAG_BASE - 1)
-                if rep:  # the first is a warm-up
-                    p2p += (time.perf_counter() - t) / 10
-        mine = torch.tensor([p2p, *(min(x) for x in fwd), *(min(x) for x in bwd)], dtype=torch.float64)
-        every = [torch.zeros_like(mine) for _ in range(self.ranks)]
-        dist.all_gather(every, mine, group=self.group)
-        a = torch.stack(every).numpy()
-        stages = self.num_stages
-        return MeasuredCosts(stage_fwd_s=[1e-6] * stages, stage_bwd_s=[1e-6] * stages,  # from the first step
-                             p2p_s=float(a[:, 0].max()), piece_fwd_s=a[:, 1:1 + n].mean(axis=0).tolist(),
-                             piece_bwd_s=a[:, 1 + n:].mean(axis=0).tolist())
-
-    def _sample(self, work: EncoderStep, sync_s: float, plan_s: float, tp: TPWaitStats) -> np.ndarray:
-        f = work.filler
-        ops = f.next_ops
-        n = len(self.pieces)
-        fwd_t = [[t.took_s for t in ts] for ts in work.fwd_tasks.values()]
-        bwd_t = [[t.took_s for t in ts] for ts in work.bwd_tasks.values()]
-        timed = self.side is None  # on CUDA a task's launch is not its duration: the profile's stay
-        piece_fwd = [statistics.mean(ts[i] for ts in fwd_t) if fwd_t and timed else float("nan") for i in range(n)]
-        piece_bwd = [statistics.mean(ts[i] for ts in bwd_t) if bwd_t and timed else float("nan") for i in range(n)]
-        stage_fwd, stage_bwd, stage_wgrad = stage_figures(ops, f.op_stages, f.op_busy_s, self.num_stages)
-        return step_sample(stage_fwd=stage_fwd, stage_bwd=stage_bwd, stage_wgrad=stage_wgrad, lead=f.lead_busy_s,
-                           sync=sync_s if self.mode != "megatron" else float("nan"), outside=float("nan"),
-                           plan=plan_s, piece_fwd=piece_fwd, piece_bwd=piece_bwd,
-                           **dict(zip(("tp_count", "tp_gap", "tp_wait"), tp_op_figures(tp))))
+        p2p = p2p_latency(self.group, self.rank, self.ranks, self.output_shape, self.output_dtype)
+        self.history = CostHistory(shared_profile(self.group, self.num_stages, p2p, fwd, bwd), keep=self.keep,
+                                   ranks=self.ranks)
+        self.costs = self.history.initial
 
     def _share_costs(self, entry: float) -> None:
         """All ranks' figures of the last step (with the trainer's time since then) into the
         history; on CUDA the CPU's clock does not time the GPU's work, so the costs stay those of
         the profiling step."""
-        sample = self._last_sample.copy()
-        sample[FIELDS.index("outside")] = entry - self._returned  # the trainer's own time between the two steps
-        mine = torch.from_numpy(sample)
-        every = [torch.zeros_like(mine) for _ in range(self.ranks)]
-        with record_function("pybubble:sync"):
-            dist.all_gather(every, mine, group=self.group)
+        with record_function(names.region("sync")):
+            every = share_samples(self._last_sample, entry - self._returned, self.group, self.ranks)
         if self.device.type == "cpu" or self.steps == 1:
-            with record_function("pybubble:plan"):
-                self.history.add(torch.stack(every).numpy())
+            with record_function(names.region("plan")):
+                self.history.add(every)
                 self.costs = self.history.costs()
 
     # -- the step ------------------------------------------------------------------------------
@@ -316,6 +208,71 @@ class EncoderRuntime:
             raise RuntimeError("encoder_output: called outside EncoderRuntime.step")
         return self._work.output(microbatch)
 
+    def _plan(self) -> tuple[RankPlan, float]:
+        """This step's placement and this rank's plan (the profiling step runs the coarse way,
+        megatron in that mode), and the time planning took."""
+        t = time.perf_counter()
+        mode = self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
+        with record_function(names.region("plan")):
+            self.placement = make_placement(mode, self.costs, self.microbatches, self.table)
+            self.plan = rank_plan(self.placement, self.rank, self.costs, [p.name for p in self.pieces])
+        return self.plan, time.perf_counter() - t
+
+    def _begin(self, plan: RankPlan, chunks: list[tuple[torch.Tensor, ...]]) -> EncoderStep:
+        """The step's boundary communicator (its receives posted) and encoder work."""
+        with record_function(names.region("setup")):
+            boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=plan.first_stage,
+                                            producer=plan.producer, assignment=plan.assignment,
+                                            output_shape=self.output_shape, dtype=self.output_dtype,
+                                            device=self.device)
+            boundary.begin_step()
+            return EncoderStep(plan=plan, pieces=self.pieces, boundary=boundary,
+                               inputs=lambda k: tuple(c[k] for c in chunks), executor=executor_for(self.side))
+
+    def _run(self, work: EncoderStep, start: float, args: tuple, kwargs: dict) -> tuple[Any, TensorParallelWaits]:
+        """The pipeline's schedule with the encoder's tasks in its waits: the front, the schedule,
+        the drain."""
+        filler = work.filler
+        if self.device.type == "cuda" and self.steps == 0:
+            filler.progress.op_clock = self._now  # the profiling step times the GPU's ops
+        if self.trace:
+            filler.record_trace()
+        self.dp_waits.begin_step(filler)
+        self._work = work
+        completed = False
+        try:
+            with record_function(names.region("front")):
+                filler.run_front()
+            filler.progress.begin_step(frame0=start)
+            tp = TensorParallelWaits(filler, self.costs.tp_gap_s, self.costs.tp_op_wait_s)
+            with fill_pipeline_waits(work.waits, self.stages), fill_tp_waits(tp), \
+                    record_function(names.region("schedule")):
+                result = self.schedule.step(*args, **kwargs)
+            filler.progress.end_pipeline()
+            with record_function(names.region("drain")):
+                filler.drain()
+            tp.finish()
+            work.boundary.end_step()
+            completed = True
+        finally:
+            self._work = None
+            self.dp_waits.end_step(completed)
+            if filler.executor.timed and sys.exc_info()[0] is not None:
+                with contextlib.suppress(Exception):  # a failed step leaves nothing running on the worker
+                    filler.settle()
+        return result, tp
+
+    def _sync_grads(self, plan: RankPlan) -> float:
+        """The encoder's gradients summed over the pp ranks that ran its microbatches and averaged
+        over the replicas; returns the time it took."""
+        t = self._now()
+        spread = plan.mode != "megatron" and self.ranks > 1  # the encoder's microbatches ran on several pp ranks
+        holds = plan.mode != "megatron" or self.rank == plan.first_stage  # megatron: on the first stage's rank only
+        if spread or (holds and self.dp_group is not None):
+            with record_function(names.region("grad_sync")):
+                sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
+        return self._now() - t
+
     def step(self, encoder_input: torch.Tensor | Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
         """One training step: ``encoder_input`` is the whole batch's encoder input (split into the
         schedule's microbatches along dim 0, on every rank); ``args``/``kwargs`` go to
@@ -323,74 +280,28 @@ class EncoderRuntime:
         ``schedule.step`` returns; the encoder's gradients are summed over the ranks when it
         returns."""
         entry = time.perf_counter()
-        if self._last_sample is not None:
+        inputs = [torch.tensor_split(x.to(self.device), self.microbatches) for x in _inputs_of(encoder_input)]
+        if self.history is None:
+            self._profile(tuple(c[0] for c in inputs))
+        elif self._last_sample is not None:
             self._share_costs(entry)
-        t = time.perf_counter()
-        mode = self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
-        with record_function("pybubble:plan"):
-            plan = self.placement = make_placement(mode, self.costs, self.microbatches, self.table)
-            predicted = placement_step_s(plan, self.costs)
-        plan_s = time.perf_counter() - t
-        with record_function("pybubble:sync"):
+        plan, plan_s = self._plan()
+        with record_function(names.region("sync")):
             dist.barrier(group=self.group)
         start = time.perf_counter()
-        with record_function("pybubble:setup"):
-            m, inputs = self.microbatches, _inputs_of(encoder_input)
-            chunks = [torch.tensor_split(x.to(self.device), m) for x in inputs]
-            boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=plan.first_stage,
-                                            producer=plan.producer, assignment=plan.assignment,
-                                            output_shape=self.output_shape, dtype=self.output_dtype,
-                                            device=self.device)
-            boundary.begin_step()
-            work = self._work = EncoderStep(plan=plan, rank=self.rank, pieces=self.pieces, costs=self.costs,
-                                            boundary=boundary, inputs=lambda k: tuple(c[k] for c in chunks),
-                                            side=self.side)
-        filler = work.filler
-        if self.device.type == "cuda" and self.steps == 0:
-            filler.op_clock = self._now  # the profiling step times the GPU's ops
-        if self.trace:
-            filler.trace = []
-        self._dp_seen = []
-        try:
-            with record_function("pybubble:front"):
-                filler.run_front()
-            filler.begin_step(frame0=start)
-            tp = TensorParallelWaits(filler, self.costs.tp_gap_s, self.costs.tp_op_wait_s)
-            with fill_pipeline_waits(filler, self.stages), fill_tp_waits(tp), record_function("pybubble:schedule"):
-                result = self.schedule.step(*args, **kwargs)
-            filler.end_pipeline()
-            with record_function("pybubble:drain"):
-                filler.drain()
-            tp.finish()
-            boundary.end_step()
-        finally:
-            self._work = None
-            if filler.side is None and sys.exc_info()[0] is not None:
-                with contextlib.suppress(Exception):  # a failed step leaves nothing running on the worker
-                    filler.settle()
-        self._dp_last = self._dp_seen
-        t = self._now()
-        spread = mode != "megatron" and self.ranks > 1  # the encoder's microbatches ran on several pp ranks
-        holds = mode != "megatron" or self.rank == plan.first_stage  # megatron: on the first stage's rank only
-        if spread or (holds and self.dp_group is not None):
-            with record_function("pybubble:grad_sync"):
-                sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
-        sync_s = self._now() - t
-        with record_function("pybubble:setup"):
-            self._last_sample = self._sample(work, sync_s, plan_s, tp.stats)
-        stats = filler.stats
-        record = {"predicted_s": predicted, "start": start, "plan_s": plan_s, "sync_s": sync_s,
-                  "filler": dataclasses.asdict(stats),
-                  "waits": {"pp": {"waited_s": stats.waited_s, "filled_s": stats.filled_s},
-                            "dp": {"waited_s": stats.dp_waited_s, "filled_s": stats.dp_filled_s}
-                            if self.data_parallel else None,
-                            "tp": {"waited_s": tp.stats.waited_s, "filled_s": tp.stats.filled_s}
-                            if tp.stats.waits else None},
-                  "tp": dataclasses.asdict(tp.stats)}
-        if self.trace:
-            record["trace"] = filler.trace
-        self.records.append(record)
+        work = self._begin(plan, inputs)
+        result, tp = self._run(work, start, args, kwargs)
+        sync_s = self._sync_grads(plan)
+        with record_function(names.region("setup")):
+            sync = sync_s if self.mode != "megatron" else float("nan")
+            self._last_sample = work.sample(self.num_stages, sync, plan_s, tp.stats).vector()
+        stats = work.filler.stats
+        self.records.append(StepRecord(
+            predicted_s=plan.predicted_step_s, start=start, plan_s=plan_s, sync_s=sync_s, filler=stats, tp=tp.stats,
+            waits={"pp": WaitFigures(stats.waited_s, stats.filled_s),
+                   "dp": WaitFigures(stats.dp_waited_s, stats.dp_filled_s) if self.data_parallel else None,
+                   "tp": WaitFigures(tp.stats.waited_s, tp.stats.filled_s) if tp.stats.waits else None},
+            trace=work.filler.trace))
         self.steps += 1
         self._returned = time.perf_counter()
         return result
-

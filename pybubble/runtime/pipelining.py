@@ -25,7 +25,8 @@ from torch.distributed.pipelining import schedules as _schedules
 from torch.profiler import record_function
 
 from ..llm.tables import ACTION_KINDS, Action, Table, gpipe, one_f_one_b
-from .filler import BubbleFiller
+from ..measure import names as trace_names
+from .waits import PipelineWaits
 
 SUPPORTED_TORCH = ("2.13",)
 """torch major.minor versions whose private pipelining hooks this adapter was checked against."""
@@ -86,10 +87,10 @@ def schedule_table(schedule: Any) -> Table:
 
 
 @contextlib.contextmanager
-def fill_pipeline_waits(filler: BubbleFiller, stage: Any) -> Iterator[BubbleFiller]:
-    """While active, the pipelining schedules' waits on p2p work run ``filler``'s tasks, and the
-    ops of ``stage`` (a ``PipelineStage``, or this rank's stages of a multi-stage schedule) mark
-    its op boundaries. An op that is not the one the filler expects next (its table's order)
+def fill_pipeline_waits(waits: PipelineWaits, stage: Any) -> Iterator[PipelineWaits]:
+    """While active, the pipelining schedules' waits on p2p work go to ``waits`` (its filler runs
+    tasks in them), and the ops of ``stage`` (a ``PipelineStage``, or this rank's stages of a
+    multi-stage schedule) mark the filler's op boundaries. An op that is not the one the filler expects next (its table's order)
     raises ``RuntimeError``: the plan would not describe the step."""
     check_torch_version()
     if not hasattr(_schedules, "_wait_batch_p2p"):
@@ -111,25 +112,26 @@ def fill_pipeline_waits(filler: BubbleFiller, stage: Any) -> Iterator[BubbleFill
                 kind = "B" if kwargs.get("full_backward", args[1] if len(args) > 1 else True) else "I"
             else:
                 kind = "W"
-            expected = filler.next_op
-            if expected is not None and expected != (kind, int(chunk_id)):
+            expected = progress.next_op
+            if expected is not None and expected.key != (kind, int(chunk_id)):
                 raise RuntimeError(f"stage {stage_index} ran {kind}{chunk_id} where its action table has "
-                                   f"{expected[0]}{expected[1]} next")
-            filler.op_begin()
+                                   f"{expected.action.kind}{expected.action.microbatch} next")
+            progress.op_begin()
             try:
                 # Named as torch's own pipeline runtime names its actions in profiles.
-                with record_function(f"PP:{stage_index}{kind}{chunk_id}"):
+                with record_function(trace_names.op_name(stage_index, kind, int(chunk_id))):
                     return fn(chunk_id, *args, **kwargs)
             finally:
-                filler.op_end()
+                progress.op_end()
         return op
 
-    _schedules._wait_batch_p2p = filler.wait
+    progress = waits.filler.progress
+    _schedules._wait_batch_p2p = waits.wait
     for st, present, _ in saved:
         for name in present:
             setattr(st, name, marked(getattr(st, name), name, getattr(st, "stage_index", 0)))
     try:
-        yield filler
+        yield waits
     finally:
         _schedules._wait_batch_p2p = original_wait
         for st, present, own in saved:

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config.checks import finite, integer, one_of
-from ..llm.tables import Table, build_table
+from ..llm.tables import Action, Table, build_table
 from ..llm.timeline import Timeline, simulate_pipeline
 from ..problem.arrays import Tasks
 from ..problem.problem import Problem
+from ..measure import names as names_
 from ..schedule.scheduler import Schedule, schedule_problem
-from .cuda import SideStream
-from .filler import BubbleFiller, FillTask
+from .plan import PlannedOp, PlannedTask, RankPlan
 
 PLACEMENTS = ("megatron", "coarse", "pybubble")
 """Where the encoder runs: on stage 0 inside its ops, before and after the LLM's step on every
@@ -231,34 +231,76 @@ def shift_front_s(plan: Placement) -> float:
     return 0.0 if plan.schedule is None else plan.schedule.shift_front / US
 
 
-def rank_filler(plan: Placement, rank: int, tasks: list[FillTask], side: SideStream | None = None) -> BubbleFiller:
-    """The filler of ``rank``: its ops' predicted gaps and starts (seconds after the step's start)
-    from the LLM timeline, how far ahead each wait must produce the first stage's inputs (to the
-    end of the ops that follow it without a receive), and its tasks (run on the host, or launched
-    on ``side`` on CUDA)."""
+def task_index(pieces: int, chain: int, phase: str, step: int) -> int:
+    """The id in a placement's problem of encoder microbatch ``chain``'s task: its ``step``-th
+    forward (piece ``step``) or its ``step``-th backward (piece ``pieces - 1 - step``), as
+    :func:`piece_tasks` numbers them."""
+    return 2 * pieces * chain + (step if phase == "fwd" else pieces + step)
+
+
+def _rank_tasks(plan: Placement, rank: int, costs: MeasuredCosts, names: Sequence[str]) -> list[PlannedTask]:
+    """The encoder tasks ``rank`` runs under ``plan``, in plan order (by planned start)."""
+    n, front = len(names), shift_front_s(plan)
+    tasks = []
+    for j, producer in enumerate(plan.producer):
+        if producer != rank:
+            continue
+        k, remote = plan.assignment[j], producer != plan.first_stage  # a remote chain's output travels
+        needed_at = None
+        if plan.start_s is not None and remote:
+            needed_at = front + float(plan.timeline.forward_needed[k]) / US - costs.p2p_s
+        for i in range(n):
+            start = 0.0 if plan.start_s is None else float(plan.start_s[task_index(n, j, "fwd", i)])
+            tasks.append(PlannedTask(chain=j, piece=i, phase="fwd", label=names_.task_label(j, "fwd", names[i]),
+                                     duration_s=costs.piece_fwd_s[i], planned_start_s=start, needed_by=k,
+                                     needed_at_s=needed_at, host_only=remote and i == n - 1))
+        for step, i in enumerate(range(n - 1, -1, -1)):
+            start = (plan.timeline.step_time / US if plan.start_s is None
+                     else float(plan.start_s[task_index(n, j, "bwd", step)]))
+            tasks.append(PlannedTask(chain=j, piece=i, phase="bwd", label=names_.task_label(j, "bwd", names[i]),
+                                     duration_s=costs.piece_bwd_s[i], planned_start_s=start,
+                                     host_only=remote and step == 0, after_grad=step == 0))
+    return sorted(tasks, key=lambda t: t.planned_start_s)
+
+
+def _rank_ops(plan: Placement, rank: int) -> tuple[list[PlannedOp], float]:
+    """``rank``'s ops with their predicted gaps and starts (seconds after the step's start) from the
+    LLM timeline and how far ahead each wait must produce the first stage's inputs (to the end of
+    the ops that follow it without a receive); and the gap after the last op."""
     every = plan.timeline.ops
     ops = [op for op in every if op.rank == rank]  # in the table's order, the order they run in
     owner = {op.stage: op.rank for op in every}
-    gaps, t = [], 0.0
-    for op in ops:
-        gaps.append((op.start - t) / US)
-        t = op.end
-    gaps.append((plan.timeline.step_time - t) / US)
-    front = shift_front_s(plan)
-    last = max(owner)
+    front, last = shift_front_s(plan), max(owner)
 
     def receives(op) -> bool:  # its input comes from another rank: the schedule waits before it
         return ((op.kind == "F" and op.stage > 0 and owner[op.stage - 1] != rank)
                 or (op.kind in "BI" and op.stage < last and owner[op.stage + 1] != rank))
 
-    until = []
-    for n in range(len(ops)):
+    planned, t = [], 0.0
+    for n, op in enumerate(ops):
         k = n
         while k + 1 < len(ops) and not receives(ops[k + 1]):
             k += 1
-        until.append(front + ops[k].end / US)
-    return BubbleFiller(tasks, gaps, [(op.kind, op.microbatch) for op in ops], plan.timeline.step_time / US,
-                        fill=plan.mode == "pybubble", side=side, op_starts_s=[front + op.start / US for op in ops],
-                        force_until_s=until, op_stages=[op.stage for op in ops])
+        planned.append(PlannedOp(action=Action(op.stage, op.kind, op.microbatch), gap_s=(op.start - t) / US,
+                                 start_s=front + op.start / US, force_until_s=front + ops[k].end / US))
+        t = op.end
+    return planned, (plan.timeline.step_time - t) / US
 
 
+def rank_plan(plan: Placement, rank: int, costs: MeasuredCosts, piece_names: Sequence[str]) -> RankPlan:
+    """What ``rank`` runs in the step ``plan`` places (its ops and its encoder tasks, the encoder
+    of ``len(piece_names)`` pieces with the durations of ``costs``), as data."""
+    if len(piece_names) != len(costs.piece_fwd_s):
+        raise ValueError(f"piece_names: {len(piece_names)} names for {len(costs.piece_fwd_s)} pieces")
+    n, front = len(piece_names), shift_front_s(plan)
+    arrival: list[float | None] = [None] * len(plan.producer)
+    if plan.start_s is not None:
+        for j, p in enumerate(plan.producer):
+            last = task_index(n, j, "fwd", n - 1)
+            arrival[j] = (front + float(plan.start_s[last]) + costs.piece_fwd_s[-1]
+                          + (costs.p2p_s if p != plan.first_stage else 0.0))
+    ops, tail = _rank_ops(plan, rank)
+    return RankPlan(mode=plan.mode, rank=rank, first_stage=plan.first_stage, producer=tuple(plan.producer),
+                    assignment=tuple(plan.assignment), horizon_s=plan.timeline.step_time / US, shift_front_s=front,
+                    tail_gap_s=tail, ops=tuple(ops), tasks=tuple(_rank_tasks(plan, rank, costs, piece_names)),
+                    output_arrival_s=tuple(arrival), predicted_step_s=placement_step_s(plan, costs))

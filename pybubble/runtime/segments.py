@@ -153,6 +153,79 @@ def trace_encoder(encoder: nn.Module, example: Sequence[torch.Tensor]) -> tuple[
     return gm, fixed
 
 
+def _cut(body: list[torch.fx.Node]) -> tuple[dict[torch.fx.Node, int], int]:
+    """Each node's piece: a kernel or norm starts a new piece once the current one holds a kernel;
+    a trailing norm (post-norm layers) joins the last kernel's piece. Returns the parts and their
+    count."""
+    part: dict[torch.fx.Node, int] = {}
+    index, has_kernel = 0, False
+    for node in body:
+        target = str(node.target)
+        if node.op == "call_function" and (target in KERNELS or target in NORMS) and has_kernel:
+            index, has_kernel = index + 1, False
+        part[node] = index
+        has_kernel = has_kernel or target in KERNELS
+    if index > 0 and not has_kernel:
+        for node, k in part.items():
+            if k == index:
+                part[node] = index - 1
+        index -= 1
+    return part, index + 1
+
+
+def _live_in(body, inputs, part, count, result, fixed_nodes) -> list[list[torch.fx.Node]]:
+    """The values each piece takes: those defined before it and read by it or later (a piece's
+    outputs are the values later pieces, or the encoder's output, read)."""
+    last_use: dict[torch.fx.Node, int] = {}
+    for node in body:
+        for arg in node.all_input_nodes:
+            last_use[arg] = max(last_use.get(arg, -1), part[node])
+    last_use[result] = count  # read after the last piece
+    defined: dict[torch.fx.Node, int] = {n: -1 for n in inputs}
+    defined.update(part)
+    live_in: list[list[torch.fx.Node]] = [list(inputs)]
+    for k in range(1, count):
+        live_in.append([n for n in [*inputs, *body] if defined.get(n, count) < k <= last_use.get(n, -1)
+                        and n not in fixed_nodes and not (n.op == "get_attr")])
+    return live_in
+
+
+def _piece(encoder, gm, k, body, part, placeholders, fixed_nodes, live_in, outs, weights) -> Piece:
+    """Piece ``k``: its graph (its weights, then the values it takes, to the values it gives) and
+    its name (the module its kernel comes from and the kernel)."""
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    used_fixed = sorted({fixed_nodes[a] for n in body if part[n] == k for a in n.all_input_nodes if a in fixed_nodes})
+    for i in used_fixed:
+        env[placeholders[i]] = graph.placeholder(f"w{i}")
+    for n in live_in:
+        env[n] = graph.placeholder(n.name)
+
+    def arg(a: torch.fx.Node) -> torch.fx.Node:
+        if a not in env and a.op == "get_attr":  # a constant of the trace, used by several pieces
+            env[a] = graph.node_copy(a)
+        return env[a]
+
+    for node in body:
+        if part[node] == k and node not in env:
+            env[node] = graph.node_copy(node, arg)
+    for n in outs:
+        if n not in env:
+            raise ValueError(f"{_module_label(encoder, _module_of(n))} cannot be split: value {n.name} "
+                             f"crosses a cut without passing through the piece before it")
+    graph.output(tuple(env[n] for n in outs))
+    kernel = next((n for n in body if part[n] == k and str(n.target) in KERNELS), None)
+    label = kernel or next((n for n in body if part[n] == k), None)
+    module = _module_of(label) if label is not None else ""
+    op = getattr(label.target, "__name__", "op").split(".")[0] if label is not None else "identity"
+    for n in [*live_in, *outs]:
+        if "val" in n.meta and not isinstance(n.meta["val"], torch.Tensor):
+            raise ValueError(f"{_module_label(encoder, _module_of(n))} cannot be split: a "
+                             f"{type(n.meta['val']).__name__} crosses the cut after piece {k}")
+    return Piece(f"{module or 'encoder'}:{op}", _piece_fn(torch.fx.GraphModule(gm, graph),
+                                                          [weights[i] for i in used_fixed]))
+
+
 def split_into_pieces(encoder: nn.Module, example: torch.Tensor | Sequence[torch.Tensor]) -> list[Piece]:
     """Cuts ``encoder`` (any ``nn.Module`` whose forward returns a tensor, or a tuple or
     ModelOutput whose first item is one) into kernel-level pieces by tracing one forward on
@@ -170,72 +243,13 @@ def split_into_pieces(encoder: nn.Module, example: torch.Tensor | Sequence[torch
     inputs = placeholders[fixed:]
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     body = [n for n in gm.graph.nodes if n.op in ("call_function", "get_attr")]
-    # The cut: a kernel or norm starts a new piece once the current one holds a kernel.
-    part: dict[torch.fx.Node, int] = {}
-    index, has_kernel = 0, False
-    for node in body:
-        target = str(node.target)
-        if node.op == "call_function" and (target in KERNELS or target in NORMS) and has_kernel:
-            index, has_kernel = index + 1, False
-        part[node] = index
-        has_kernel = has_kernel or target in KERNELS
-    if index > 0 and not has_kernel:  # a trailing norm (post-norm layers) joins the last kernel's piece
-        for node, k in part.items():
-            if k == index:
-                part[node] = index - 1
-        index -= 1
-    count = index + 1
-    # Where each value is last needed: a piece's outputs are the values later pieces (or the
-    # encoder's output) read.
-    last_use: dict[torch.fx.Node, int] = {}
-    for node in body:
-        for arg in node.all_input_nodes:
-            last_use[arg] = max(last_use.get(arg, -1), part[node])
+    part, count = _cut(body)
     result = output_node.args[0]
     while isinstance(result, (list, tuple)):  # make_fx's output is a pytree of the one tensor
         result = result[0]
-    last_use[result] = count  # read after the last piece
-    defined: dict[torch.fx.Node, int] = {n: -1 for n in inputs}
-    defined.update(part)
-    live_in: list[list[torch.fx.Node]] = [list(inputs)]
-    for k in range(1, count):
-        live_in.append([n for n in [*inputs, *body] if defined.get(n, count) < k <= last_use.get(n, -1)
-                        and n not in fixed_nodes and not (n.op == "get_attr")])
-    pieces: list[Piece] = []
-    for k in range(count):
-        outs = [result] if k == count - 1 else live_in[k + 1]
-        graph = torch.fx.Graph()
-        env: dict[torch.fx.Node, torch.fx.Node] = {}
-        used_fixed = sorted({fixed_nodes[a] for n in body if part[n] == k for a in n.all_input_nodes
-                             if a in fixed_nodes})
-        for i in used_fixed:
-            env[placeholders[i]] = graph.placeholder(f"w{i}")
-        for n in live_in[k]:
-            env[n] = graph.placeholder(n.name)
-        def arg(a: torch.fx.Node) -> torch.fx.Node:
-            if a not in env and a.op == "get_attr":  # a constant of the trace, used by several pieces
-                env[a] = graph.node_copy(a)
-            return env[a]
-
-        for node in body:
-            if part[node] == k and node not in env:
-                env[node] = graph.node_copy(node, arg)
-        for n in outs:
-            if n not in env:
-                raise ValueError(f"{_module_label(encoder, _module_of(n))} cannot be split: value {n.name} "
-                                 f"crosses a cut without passing through the piece before it")
-        graph.output(tuple(env[n] for n in outs))
-        piece_gm = torch.fx.GraphModule(gm, graph)
-        kernel = next((n for n in body if part[n] == k and str(n.target) in KERNELS), None)
-        label = kernel or next((n for n in body if part[n] == k), None)
-        module = _module_of(label) if label is not None else ""
-        op = getattr(label.target, "__name__", "op").split(".")[0] if label is not None else "identity"
-        for n in [*live_in[k], *outs]:
-            if "val" in n.meta and not isinstance(n.meta["val"], torch.Tensor):
-                raise ValueError(f"{_module_label(encoder, _module_of(n))} cannot be split: a "
-                                 f"{type(n.meta['val']).__name__} crosses the cut after piece {k}")
-        pieces.append(Piece(f"{module or 'encoder'}:{op}", _piece_fn(piece_gm, [weights[i] for i in used_fixed])))
-    return pieces
+    live_in = _live_in(body, inputs, part, count, result, fixed_nodes)
+    return [_piece(encoder, gm, k, body, part, placeholders, fixed_nodes, live_in[k],
+                   [result] if k == count - 1 else live_in[k + 1], weights) for k in range(count)]
 
 
 def _piece_fn(gm: torch.fx.GraphModule, weights: list[torch.Tensor]) -> Callable[..., State]:

@@ -89,6 +89,9 @@ def test_plan_trace_has_a_track_per_lane_with_ops_bubbles_and_encoder_kernels(qu
     cfg = load_config(QUICKSTART)
     report = plan(cfg)
     best, stages = report.best, cfg.llm_plan.pp
+    # the quickstart's plan: valid, within memory, its LLM step the one the trace draws
+    assert pybubble.validate(best.problem, best.schedule) == []
+    assert best.memory_bytes <= cfg.memory_gb * 1e9 and best.problem.horizon == best.step.timeline.step_time
     slices = [e for e in events if e["ph"] == "X"]
     assert {e["cat"] for e in slices} == {"op", "bubble", "encoder"}
     assert {e["pid"] for e in slices} == set(range(stages))
@@ -103,6 +106,15 @@ def test_plan_trace_has_a_track_per_lane_with_ops_bubbles_and_encoder_kernels(qu
     assert min(e["ts"] for e in slices) >= 0.0
     assert max(e["ts"] + e["dur"] for e in slices) == pytest.approx(best.step_time, rel=1e-9)
     assert {e["name"] for e in slices if e["cat"] == "bubble"} <= set(BUBBLE_KINDS)
+    # a spread microbatch's kernels name their piece's images and lane: the pieces hold all its images
+    pieces: dict[int, dict[int, list[int]]] = {}
+    for e in encoder:
+        if e["args"]["phase"] == "fwd" and e["name"].startswith("enc"):
+            assert set(e["args"]) == {"task", "microbatch", "phase", "images", "lane"}
+            pieces.setdefault(e["args"]["microbatch"], {})[e["args"]["lane"]] = e["args"]["images"]
+    spread = best.spread_microbatches
+    assert spread and all(len(pieces[j]) > 1 for j in spread)
+    assert all([sum(p[0] for p in pieces[j].values())] == cfg.encoder_images for j in pieces)
 
 
 def test_report_to_json_is_the_text_of_to_dict(quickstart):

@@ -255,7 +255,8 @@ class PlanReport:
         if adopted is not None and adopted.timeline is not None:
             save_trace(adopted.timeline, path)
         else:
-            save_trace((self.best.step or self.search.step).timeline, path, self.best.problem, self.best.schedule)
+            save_trace((self.best.step or self.search.step).timeline, path, self.best.problem, self.best.schedule,
+                       self.best.task_images())
 
     def save_plot(self, path: str | os.PathLike[str], window: tuple[float, float] | None = None) -> None:
         """A Gantt chart of one pipeline of pybubble's step: bubbles shaded, the encoder's kernels

@@ -139,6 +139,13 @@ class Candidate:
         """Share of the encoder's compute inside the LLM step's bubbles."""
         return self.schedule.hidden_fraction(self.problem)
 
+    def task_images(self) -> np.ndarray | None:
+        """Per task, the images of each encoder its piece holds (tasks x encoders), or None when every
+        microbatch runs whole (a partition)."""
+        if self.layout is None or not self.spread_microbatches:
+            return None
+        return encoder_work(self.step, self.plan).layout_images(self.layout) if self.step else None
+
     @property
     def spread_microbatches(self) -> list[int]:
         """The encoder microbatches spread over the pipelines (empty for a partition)."""

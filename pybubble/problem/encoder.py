@@ -340,6 +340,7 @@ class EncoderWork:
         tasks in id order holds a like part of every piece. Task ids from 0, microbatch 0 (cached)."""
         split = tuple(self.split_images(share))
         if split not in self._spread_blocks:
+            held = [images for images in split if any(images)]
             pieces = [self.microbatch_tasks(i, images) for i, images in enumerate(split) if any(images)]
             sizes = np.array([len(t) for t in pieces])
             first = np.concatenate([[0], np.cumsum(sizes)])
@@ -356,7 +357,7 @@ class EncoderWork:
             take = np.repeat(offset[:-1][order], counts[order]) + _ranks_within(counts[order])
             block = {k: np.concatenate([getattr(t, k) for t in pieces])[order] for k in ("lane", "duration", "resource")}
             block.update(phase=phase[order], microbatch=np.zeros(len(order), np.int64), after_counts=counts[order],
-                         after=new_id[after[take]])
+                         after=new_id[after[take]], images=np.array(held, np.int64).reshape(len(held), -1)[piece[order]])
             self._spread_blocks[split] = block
         return self._spread_blocks[split]
 
@@ -376,6 +377,12 @@ class EncoderWork:
             raise ValueError(f"layout: {len(layout):,} encoder microbatches make "
                              f"{sum(len(b['lane']) for b in blocks):,} kernel tasks, more than the limit of {MAX_TASKS:,}")
         return _joined(blocks, [1] * len(blocks))
+
+    def layout_images(self, layout: Sequence[int | Sequence[int]]) -> np.ndarray:
+        """Per task of :meth:`layout_tasks` (same order), the images of each encoder its piece holds
+        (tasks x encoders): a whole microbatch's tasks hold all of them."""
+        blocks = [self._spread_block(self._share(p, f"layout[{j}]")) for j, p in enumerate(layout)]
+        return np.concatenate([b["images"] for b in blocks]) if blocks else np.zeros((0, len(self._images)), np.int64)
 
     def _lane_bytes_terms(self) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
         """Per lane, the model states; per encoder, per pipeline and lane, the activations of one

@@ -422,8 +422,7 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
         with drawing(args.plot):
             result.save_plot(args.plot, title=f"{os.path.basename(args.config)}: step time over {args.steps} "
                                               "batches whose encoder work changes")
-    summary("dynamic", **{f"{mode}_ms": round(s["mean"] / 1e3, 1) for mode, s in summ.items()},
-            choice_gain=summ["choice"]["gain_vs_static"])
+    summary("dynamic", **{f"{mode}_ms": round(s["mean"] / 1e3, 1) for mode, s in summ.items()})
     return 0
 
 

@@ -2,8 +2,9 @@
 emulated communication, filled with encoder kernels from a low-priority side stream.
 
 The LLM stream runs ``--layers`` matmuls per layer step, then waits (an event) for an emulated
-collective on a communication stream (``torch.cuda._sleep``, a one-block spin kernel, like a
-collective that holds few SMs). The filler launches encoder matmuls on a low-priority side
+collective on a communication stream (``torch.cuda._sleep``, reached through
+``pybubble.runtime.torch_seams.cuda_sleep``: a one-block spin kernel, like a collective that
+holds few SMs). The filler launches encoder matmuls on a low-priority side
 stream, ordered after the window opens with an event, and only as many as fit in the window by
 their measured duration (stream priorities do not preempt running kernels). Printed: the LLM
 stream's slowdown (target under 2%) and the share of the encoder's work hidden in the windows.
@@ -39,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
               "kernels can then only run where they were launched, so the filler must launch them exactly "
               "at window starts (expect a smaller hidden share)")
 
+    from pybubble.runtime.torch_seams import cuda_sleep
+
     dev = torch.device("cuda")
     # Lower numbers are higher priorities; 0 is the lowest (the default).
     llm = torch.cuda.Stream(priority=-1)
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return start.elapsed_time(end) * 1e3  # us
 
     # Spin cycles per microsecond, for the emulated collective.
-    cycles_per_us = 1e5 / max(elapsed(lambda: torch.cuda._sleep(100_000)), 1e-3)
+    cycles_per_us = 1e5 / max(elapsed(lambda: cuda_sleep(100_000)), 1e-3)
     enc_us = min(elapsed(lambda: torch.mm(e, e)) for _ in range(5))
     fit = max(int(a.window_us * 0.9 // enc_us), 0)
 
@@ -70,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 opened.record(llm)
                 with torch.cuda.stream(comm):
                     comm.wait_event(opened)
-                    torch.cuda._sleep(int(a.window_us * cycles_per_us))
+                    cuda_sleep(a.window_us * cycles_per_us)
                     done = torch.cuda.Event()
                     done.record(comm)
                 if fill and budget[0] > 0:

@@ -472,10 +472,14 @@ class RankParts:
         return 0 in self.stage_ids
 
 
-def parallelize(args: argparse.Namespace, cfg: ModelConfig, rank: int, fault: Fault) -> RankParts:
-    """The rank's mesh and its LLM stages, tensor-parallel over "tp" and data-parallel over DP."""
-    device = torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
-    mesh = build_mesh(args, device)
+def rank_device(args: argparse.Namespace) -> torch.device:
+    """The rank's device: its GPU (``--device cuda``) or the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if args.device == "cuda" else torch.device("cpu")
+
+
+def parallelize(args: argparse.Namespace, cfg: ModelConfig, mesh, fault: Fault) -> RankParts:
+    """The rank's LLM stages on the trainer's mesh, tensor-parallel over "tp" and data-parallel over DP."""
+    device = rank_device(args)
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh[args.dp_dim].get_local_rank()
     chunks = chunks_of(args)
     mine = stages_of_rank(pp_rank, args.pp, args.schedule, chunks)  # this rank's stages
@@ -569,17 +573,19 @@ def train_loop(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namespa
 def write_rank_files(runtime: EncoderRuntime, args: argparse.Namespace, rank: int, profiler) -> None:
     """The last step's own trace (``PYBUBBLE_TRACE``), plan (``--dump-plan``) and profile (``--profile``)."""
     if trace_path := os.environ.get("PYBUBBLE_TRACE"):
-        with open(f"{trace_path}.rank{rank}.json", "w") as f:
+        with open(f"{trace_path}{'' if len(args.modes) == 1 else '.' + args.mode}.rank{rank}.json", "w") as f:
             json.dump({"start": runtime.records[-1].start, "events": runtime.records[-1].trace}, f)
     if args.dump_plan:
-        os.makedirs(args.dump_plan, exist_ok=True)
-        runtime.plan.write(os.path.join(args.dump_plan, f"rank{rank}.plan.json"))
+        folder = mode_path(args, args.dump_plan)
+        os.makedirs(folder, exist_ok=True)
+        runtime.plan.write(os.path.join(folder, f"rank{rank}.plan.json"))
     if profiler is not None:
         profiler.stop()
-        os.makedirs(args.profile, exist_ok=True)
-        profiler.export_chrome_trace(os.path.join(args.profile, f"rank{rank}.json"))
+        folder = mode_path(args, args.profile)
+        os.makedirs(folder, exist_ok=True)
+        profiler.export_chrome_trace(os.path.join(folder, f"rank{rank}.json"))
         if rank == 0:  # the LLM step the last step's plan predicted (pybubble measure --predict)
-            pybubble.save_trace(runtime.placement.timeline, os.path.join(args.profile, "plan.json"))
+            pybubble.save_trace(runtime.placement.timeline, os.path.join(folder, "plan.json"))
 
 
 def rank_figures(parts: RankParts, runtime: EncoderRuntime, ends: list[float], rank: int) -> dict:
@@ -597,12 +603,32 @@ def rank_figures(parts: RankParts, runtime: EncoderRuntime, ends: list[float], r
             "host": socket.gethostname()}
 
 
-def train(rank: int, args: argparse.Namespace) -> list[dict] | None:
+def train(rank: int, args: argparse.Namespace) -> dict[str, list[dict]] | None:
     """One rank's training (the process group is set up by torchrun or ``launch``), split as
-    torchtitan splits its trainer: the mesh and the parallelized model, the pipeline, the encoder's
-    runtime, the loop. Rank 0 returns every rank's figures."""
+    torchtitan splits its trainer: the mesh, then per mode (``--mode``, one or several in turn on
+    the same ranks and mesh) the parallelized model, the pipeline, the encoder's runtime, the loop.
+    Rank 0 returns every rank's figures by mode."""
+    mesh = build_mesh(args, rank_device(args))
+    figures = {mode: train_mode(rank, mode_args(args, mode), mesh) for mode in args.modes}
+    return figures if rank == 0 else None
+
+
+def mode_args(args: argparse.Namespace, mode: str) -> argparse.Namespace:
+    """The options of one mode's training: ``args`` with ``--mode`` that mode (``modes`` stays the
+    whole list: with several, each mode's rank files go apart, see :func:`mode_path`)."""
+    return argparse.Namespace(**{**vars(args), "mode": mode})
+
+
+def mode_path(args: argparse.Namespace, path: str) -> str:
+    """The folder for this mode's files (``--profile``, ``--dump-plan``): ``path`` itself when one
+    mode is trained, ``path/<mode>`` when several are."""
+    return path if len(args.modes) == 1 else os.path.join(path, args.mode)
+
+
+def train_mode(rank: int, args: argparse.Namespace, mesh) -> list[dict]:
+    """One mode's training from a fresh model (the seed's weights): every rank's figures."""
     cfg, fault = config(args), Fault(args, rank)
-    parts = parallelize(args, cfg, rank, fault)
+    parts = parallelize(args, cfg, mesh, fault)
     build_pipeline(parts, args, cfg)
     runtime = build_runtime(parts, args, cfg, fault)
     profiler = make_profiler(args, parts.device)
@@ -612,7 +638,7 @@ def train(rank: int, args: argparse.Namespace) -> list[dict] | None:
     write_rank_files(runtime, args, rank, profiler)
     every: list = [None] * dist.get_world_size()
     dist.all_gather_object(every, rank_figures(parts, runtime, ends, rank))
-    return every if rank == 0 else None
+    return every
 
 
 def settled_waits(every: list[dict], settled: list[int]) -> list[dict]:
@@ -733,12 +759,16 @@ def planning_config(args: argparse.Namespace) -> dict:
             "llm_plan": plan}
 
 
-def finish(args: argparse.Namespace, every: list[dict]) -> dict:
-    """The report, with the single-process reference's checksum when asked."""
-    out = report(args, every)
-    if args.reference:
-        out["reference_checksum"] = reference_checksum(config(args), args.pp, args.steps, args.encoder)
-    return out
+def finish(args: argparse.Namespace, figures: dict[str, list[dict]]) -> dict:
+    """The report, with the single-process reference's checksum when asked (computed once): one
+    mode's, or with several a dict of each mode's report by mode."""
+    reference = reference_checksum(config(args), args.pp, args.steps, args.encoder) if args.reference else None
+    out = {}
+    for mode, every in figures.items():
+        out[mode] = report(mode_args(args, mode), every)
+        if reference is not None:
+            out[mode]["reference_checksum"] = reference
+    return out if len(args.modes) > 1 else out[args.mode]
 
 
 def backend(args: argparse.Namespace) -> str:
@@ -760,7 +790,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of each stage (default 1)")
     p.add_argument("--dp-wrap", default="fsdp", help=f"how the LLM's stages are data-parallel: {', '.join(DP_WRAPS)}")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--mode", default="pybubble", help="megatron, coarse or pybubble")
+    p.add_argument("--mode", default="pybubble",
+                   help="megatron, coarse or pybubble; several, comma-separated (megatron,coarse,pybubble): trained "
+                        "in turn by the same ranks, each from the seed, the report a dict by mode")
     p.add_argument("--encoder", default="vit", help=f"the vision encoder: {', '.join(ENCODERS)}")
     p.add_argument("--report", help="write the report (JSON) here")
     p.add_argument("--profile", help="write a torch.profiler Chrome trace of the last step per rank into this folder")
@@ -783,6 +815,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.torchrun = "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
     args.given_ranks = args.ranks
+    args.modes = args.mode.split(",")
     if args.torchrun:
         args.ranks = int(os.environ["WORLD_SIZE"])
     elif not args.ranks:
@@ -818,8 +851,11 @@ def check_run(args: argparse.Namespace) -> None:
         raise ValueError(f"dp_wrap: {args.dp_wrap!r} is not one of {', '.join(DP_WRAPS)}")
     if args.steps < 1:
         raise ValueError(f"steps: {args.steps} is not >= 1")
-    if args.mode not in PLACEMENTS:
-        raise ValueError(f"mode: {args.mode!r} is not one of {', '.join(PLACEMENTS)}")
+    for mode in args.modes:
+        if mode not in PLACEMENTS:
+            raise ValueError(f"mode: {mode!r} is not one of {', '.join(PLACEMENTS)}")
+    if len(set(args.modes)) < len(args.modes):
+        raise ValueError(f"mode: {args.mode!r} names a mode twice")
     if args.encoder not in ENCODERS:
         raise ValueError(f"encoder: {args.encoder!r} is not one of {', '.join(ENCODERS)}")
     if args.size not in SIZES:
@@ -897,8 +933,9 @@ def write_report(args: argparse.Namespace, out: dict) -> None:
     if args.report:
         with open(args.report, "w") as f:
             json.dump(out, f, indent=1)
-    print(f"{args.mode} ({args.encoder}): median step {out['median_step_s'] * 1e3:.1f} ms, predicted "
-          f"{out['predicted_step_s'] * 1e3:.1f} ms, param_checksum {out['param_checksum']:.9g}")
+    for rep in out.values() if len(args.modes) > 1 else [out]:
+        print(f"{rep['mode']} ({args.encoder}): median step {rep['median_step_s'] * 1e3:.1f} ms, predicted "
+              f"{rep['predicted_step_s'] * 1e3:.1f} ms, param_checksum {rep['param_checksum']:.9g}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -393,28 +393,51 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     from .config.schema import load_config
     from .planner.dynamic import run
 
+    from .planner.workloads import MixSpec, read_samples
+
     integer(args.steps, "steps", minimum=1)
     integer(args.candidates, "candidates", minimum=1)
     finite(args.budget_ms, "budget_ms", minimum=0.0)
+    if args.replicas is not None:
+        integer(args.replicas, "replicas", minimum=1)
+        if args.data_file is None and args.data != "mix":
+            raise ValueError("replicas: modelled with --data mix or --data-file only")
     config = load_config(args.config)
+    data = None
+    if args.data_file is not None:
+        data = read_samples(args.data_file, tokens_per_tile=config.encoders[0].model.tokens)
+    elif args.data == "mix":
+        data = MixSpec()
     with progress_bar(f"{args.steps} batches", total=args.steps) as update:
         result = run(config, steps=args.steps, seed=args.seed, k=args.candidates, budget=args.budget_ms / 1e3,
-                     progress=lambda i: update(i + 1, args.steps))
+                     progress=lambda i: update(i + 1, args.steps), data=data, replicas=args.replicas)
     summ = result.summary()
+    replicas = result.imbalance_before is not None
     t = table(f"{args.config}: {args.steps} batches, LLM alone {_ms(result.horizon)}, "
-              f"{len(result.plans)} candidate plans")
-    for col in ("mode", "mean step (ms)", "p95 step (ms)", "gain vs static", "reschedule (ms, median)"):
+              f"{len(result.plans)} candidate plans"
+              + (f", {result.extra['replicas']} replicas ({result.extra['data']} data)" if replicas else ""))
+    for col in ("mode", "mean step (ms)", "p95 step (ms)", "gain vs static", "reschedule (ms, median)") \
+            + (("replicas wait (ms, mean)",) if replicas else ()):
         t.add_column(col, justify="left" if col == "mode" else "right")
     # balanced: balancing plus rescheduling; choice: all plans it evaluated
     took = {"online": result.reschedule, "balanced": result.balance_took, "ordered": result.order_took,
             "choice": result.choice_took}
     for mode, s in summ.items():
         median = f"{float(np.median(took[mode])) * 1e3:.3f}" if mode in took else "-"
-        t.add_row(mode, f"{s['mean'] / 1e3:,.1f}", f"{s['p95'] / 1e3:,.1f}", f"{s['gain_vs_static']:.4f}x", median)
+        wait = (f"{float(np.mean(result.dp_wait[mode])) / 1e3:,.2f}",) if replicas else ()
+        t.add_row(mode, f"{s['mean'] / 1e3:,.1f}", f"{s['p95'] / 1e3:,.1f}", f"{s['gain_vs_static']:.4f}x", median,
+                  *wait)
     console.print(t)
     console.print(f"choice: {float(np.mean(result.evaluated)):.2f} plans evaluated per batch on average within "
                   f"{args.budget_ms:g} ms (max {float(result.choice_took.max()) * 1e3:.3f} ms); a plan other than "
                   f"the mean batch's best chosen for {int((result.chosen > 0).sum())} of {args.steps} batches")
+    if replicas:
+        assert result.imbalance_before is not None and result.imbalance_after is not None
+        assert result.balance_dp_took is not None
+        console.print(f"replicas' encoder imbalance (max / mean seconds), median over steps: "
+                      f"{float(np.median(result.imbalance_before)):.3f} before balancing, "
+                      f"{float(np.median(result.imbalance_after)):.3f} after (balanced_dp; balancing "
+                      f"{float(np.median(result.balance_dp_took)) * 1e3:.3f} ms per step, median)")
     if args.json:
         write_document(args.json, {**result.to_dict(), "config": str(args.config)})
         console.print(f"wrote {args.json}")
@@ -658,6 +681,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-ms", type=float, default=10.0, metavar="MS", help="time budget of one plan choice, ms")
     p.add_argument("--plot", metavar="FILE", help="write the chart of step times per mode here (.png or .svg)")
     p.add_argument("--json", metavar="FILE", help="write the run (pybubble.dynamic/1 JSON) here")
+    data = p.add_mutually_exclusive_group()
+    data.add_argument("--data", choices=("workload", "mix"), default="workload",
+                      help="workload: images per sample from the config (one replica, as before); mix: an open "
+                           "VLM's training mix as tiles over data-parallel replicas (docs/dynamic.md)")
+    data.add_argument("--data-file", metavar="FILE",
+                      help='JSON lines, one sample each: {"tiles": [t1, t2, ...], "text": N}, drawn with '
+                           "replacement, over data-parallel replicas like --data mix")
+    p.add_argument("--replicas", type=int, metavar="N",
+                   help="data-parallel replicas modelled with --data mix or --data-file (default: the config's dp)")
 
     p = _command(sub, "measure", cmd_measure,
                  "Reads torch.profiler Chrome traces of a pipeline run (a file, or a folder of one per rank)\n"

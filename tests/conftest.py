@@ -18,16 +18,20 @@ CI) never adds it, and then this changes nothing.
 """
 
 import copy
+import importlib.util
+import json
 import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 _ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = _ROOT / "examples" / "mllm.py"
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
 LONG_SCALE = 25
@@ -95,4 +99,68 @@ def two_ranks(tmp_path):
         outs = [p.communicate(timeout=timeout) for p in procs]
         assert [p.returncode for p in procs] == [0, 0], outs
         return outs
+    return run
+
+
+@pytest.fixture(scope="session")
+def example_reports(tmp_path_factory):
+    """The function example_reports(*args, modes, device, timeout, profile): the example trainer
+    (examples/mllm.py) trained 3 steps at size tiny with `args` in each of `modes` by one launch
+    (the same ranks train the modes in turn, each from the seed) and the single-process reference;
+    asserts it exits 0 and returns each mode's report by mode. A launch runs once per session:
+    tests that train the same arguments share it, each reading its own copy of the reports.
+    `timeout`: seconds per mode. `profile`: the launch profiles each mode's last step
+    (``--profile``) and each report names the folder of that mode's traces, ``profile_dir``.
+    Skips the test without torch."""
+    pytest.importorskip("torch")
+    done: dict = {}
+
+    def run(*args, modes=("megatron", "coarse", "pybubble"), device="cpu", timeout=180,
+            profile=False) -> dict[str, dict]:
+        key = (*map(str, args), "--mode", ",".join(modes), "--device", device, profile)
+        if key not in done:
+            folder = tmp_path_factory.mktemp("example")
+            more = ["--profile", str(folder / "profile")] if profile else []
+            # Outside the source tree, so that the installed package (with its extension) is imported.
+            r = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "3", "--size", "tiny", "--timeout", "30",
+                                "--reference", "--report", str(folder / "report.json"), *key[:-1], *more],
+                               capture_output=True, text=True, timeout=timeout * len(modes), cwd=tempfile.gettempdir())
+            assert r.returncode == 0, r.stderr[-3000:]
+            report = json.loads((folder / "report.json").read_text())
+            done[key] = report if len(modes) > 1 else {modes[0]: report}
+            for mode in modes if profile else ():
+                done[key][mode]["profile_dir"] = str(folder / "profile" / (mode if len(modes) > 1 else ""))
+        return copy.deepcopy(done[key])
+    return run
+
+
+@pytest.fixture(scope="session")
+def pp2_reports(example_reports) -> dict[str, dict]:
+    """The three modes' reports on 2 ranks (pp 2, 1F1B), their last steps profiled: one launch,
+    shared by the tests that compare with its parameters or read its traces."""
+    return example_reports("--ranks", 2, "--schedule", "1f1b", profile=True)
+
+
+@pytest.fixture(scope="session")
+def example_trainer():
+    """examples/mllm.py (user code, not in the package) imported as the module ``mllm``. Skips the
+    test without torch."""
+    pytest.importorskip("torch")
+    if "mllm" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("mllm", EXAMPLE)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["mllm"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["mllm"]
+
+
+@pytest.fixture
+def example_main(example_trainer, capsys):
+    """The function example_main(*args): the example trainer's ``main(args)`` in this process (the
+    status ``python examples/mllm.py ARGS`` exits with; for arguments it refuses before any rank
+    starts); returns the status and what it wrote on stderr."""
+    def run(*args) -> tuple[int, str]:
+        capsys.readouterr()
+        code = example_trainer.main(list(map(str, args)))
+        return code, capsys.readouterr().err
     return run

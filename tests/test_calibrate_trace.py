@@ -179,11 +179,10 @@ def test_calibration_op_factors_are_checked(tmp_path):
             CostModel("h100", calibration={"format": "pybubble.calibration/1", "op_factors": bad})
 
 
-def test_the_example_writes_its_own_config(tmp_path):
+def test_the_example_writes_its_own_config(tmp_path, example_main):
     out = tmp_path / "example.yaml"
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "mllm.py"), "--ranks", "3", "--microbatches", "6",
-                        "--write-config", str(out)], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
+    code, err = example_main("--ranks", 3, "--microbatches", 6, "--write-config", out)
+    assert code == 0, err
     cfg = load_config(out)
     assert cfg.cluster.gpu == "cpu" and cfg.cluster.gpus == 3 and cfg.llm_plan.pp == 3
     assert cfg.microbatches == 6 and cfg.llm.layers == 3 * 2 and cfg.encoders[0].model.layers == 12
@@ -276,19 +275,13 @@ def test_the_fit_reads_a_trainers_profiler_traces_that_never_used_pybubble(tmp_p
     assert abs(float(fields["error"])) < 0.02
 
 
-def test_the_fit_reads_the_example_trainers_profile(tmp_path):
+def test_the_fit_reads_the_example_trainers_profile(tmp_path, example_main, pp2_reports):
     """The runtime's own --profile traces of real gloo ranks (tiny models, megatron mode): every op
     kind of the example's config is measured and fitted (the figures are this machine's)."""
-    pytest.importorskip("torch")
-    example = ROOT / "examples" / "mllm.py"
-    prof, cfg = tmp_path / "prof", tmp_path / "example.yaml"
-    common = ["--ranks", "2", "--size", "tiny"]
-    r = subprocess.run([sys.executable, str(example), *common, "--write-config", str(cfg)], capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stderr
-    r = subprocess.run([sys.executable, str(example), *common, "--steps", "3", "--mode", "megatron", "--profile",
-                        str(prof)], capture_output=True, text=True, timeout=180, cwd=tmp_path)
-    assert r.returncode == 0, r.stderr
+    cfg = tmp_path / "example.yaml"
+    code, err = example_main("--ranks", 2, "--size", "tiny", "--write-config", cfg)
+    assert code == 0, err
+    prof = pp2_reports["megatron"]["profile_dir"]  # 2 ranks, tiny, 3 steps
     r = run("calibrate", "--trace", prof, "--config", cfg, "-o", tmp_path / "c.json")
     assert r.returncode == 0, r.stderr
     factors = json.loads((tmp_path / "c.json").read_text())["op_factors"]

@@ -85,3 +85,35 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, config, replaced, args
     assert r.returncode == 2
     assert r.stderr.startswith("error: ") and message in r.stderr
     assert r.stderr.strip().splitlines() == [r.stderr.strip()]
+
+
+def test_mix_data_over_replicas_adds_a_mode_and_the_imbalance(tmp_path, config):
+    out = tmp_path / "r.json"
+    r = run(config, "--data", "mix", "--steps", 3, "--replicas", 3, "--candidates", 2, "--json", out, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "balanced_dp" in r.stdout and "before balancing" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["data"] == "mix" and doc["replicas"] == 3
+    assert set(doc["modes"]) == {"static", "balanced", "online", "choice", "balanced_dp"}
+    before, after = doc["imbalance"]["before"], doc["imbalance"]["after"]
+    assert len(before) == len(after) == 3
+    assert all(1.0 <= a <= b + 1e-12 for a, b in zip(after, before)) and max(before) > 1.0
+    assert set(doc["dp_wait"]) == set(doc["modes"]) and all(w >= 0 for w in doc["dp_wait"].values())
+    for mode in doc["modes"].values():
+        assert len(mode["step_time"]) == 3 and min(mode["step_time"]) >= doc["horizon"]
+
+
+def test_a_data_file_is_replayed_and_a_bad_line_named(tmp_path, config):
+    data = tmp_path / "samples.jsonl"
+    data.write_text('{"tiles": [13], "text": 100}\n{"tiles": []}\n{"tiles": [1, 1, 1, 1, 1, 1, 1, 1]}\n')
+    out = tmp_path / "r.json"
+    r = run(config, "--data-file", data, "--steps", 2, "--candidates", 1, "--json", out, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out.read_text())
+    assert doc["data"] == "file" and doc["replicas"] == SMALL["llm_plan"]["dp"]
+    data.write_text('{"tiles": [13]}\n{"tiles": [2, 0]}\n')
+    r = run(config, "--data-file", data, "--steps", 2, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == f"error: {data} line 2: tiles[1]: 0 is not a positive integer"
+    r = run(config, "--replicas", 2, cwd=tmp_path)
+    assert r.returncode == 2 and "replicas: modelled with --data mix or --data-file only" in r.stderr

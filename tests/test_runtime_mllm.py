@@ -24,47 +24,41 @@ def mllm(*args, timeout=180):
                           timeout=timeout, cwd=Path(tempfile.gettempdir()))
 
 
-def checksums(tmp_path, *args, modes=PLACEMENTS, device="cpu") -> tuple[dict[str, float], float]:
-    """Each mode's parameter checksum after 3 steps, and the single-process reference's."""
-    sums = {}
-    for mode in modes:
-        out = tmp_path / f"{mode}.json"
-        extra = ["--reference"] if mode == modes[-1] else []
-        r = mllm("--steps", 3, "--size", "tiny", "--mode", mode, "--report", out, "--timeout", 30, "--device", device,
-                 *args, *extra)
-        assert r.returncode == 0, r.stderr
-        report = json.loads(out.read_text())
+def checksums(reports: dict[str, dict], device="cpu") -> tuple[dict[str, float], float]:
+    """Each mode's parameter checksum after 3 steps (example_reports' launch), and the single-process
+    reference's."""
+    for report in reports.values():
         assert len(report["step_times_s"]) == 3 and report["median_step_s"] > 0 and report["predicted_step_s"] > 0
         assert len(report["predicted_steps_s"]) == 3 and report["device"] == device
-        sums[mode] = report["param_checksum"]
-    return sums, report["reference_checksum"]
+        assert report["reference_checksum"] == next(iter(reports.values()))["reference_checksum"]  # computed once
+    return {m: r["param_checksum"] for m, r in reports.items()}, report["reference_checksum"]
 
 
-def test_three_modes_reach_the_single_process_parameters(tmp_path):
-    sums, reference = checksums(tmp_path, "--ranks", 2)
+def test_three_modes_reach_the_single_process_parameters(pp2_reports):
+    sums, reference = checksums(pp2_reports)
+    assert list(sums) == list(PLACEMENTS)
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
 
 
-def test_four_ranks_reach_the_single_process_parameters(tmp_path):
+def test_four_ranks_reach_the_single_process_parameters(example_reports):
     # More processes than this machine's cores: a correctness run.
-    sums, reference = checksums(tmp_path, "--ranks", 4, "--microbatches", 4)
+    sums, reference = checksums(example_reports("--ranks", 4, "--microbatches", 4))
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
 
 
 @pytest.mark.parametrize("encoder", ["timm", "clip"])
-def test_real_encoders_reach_the_single_process_parameters(tmp_path, encoder):
-    sums, reference = checksums(tmp_path, "--ranks", 2, "--encoder", encoder, modes=("megatron", "pybubble"))
+def test_real_encoders_reach_the_single_process_parameters(example_reports, encoder):
+    sums, reference = checksums(example_reports("--ranks", 2, "--encoder", encoder, modes=("megatron", "pybubble")))
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
 
 
 @pytest.fixture(scope="module")
-def one_f_one_b(tmp_path_factory) -> float:
+def one_f_one_b(pp2_reports) -> float:
     """The pybubble mode's checksum under --schedule 1f1b (2 ranks, tiny, 3 steps)."""
-    sums, _ = checksums(tmp_path_factory.mktemp("1f1b"), "--ranks", 2, "--schedule", "1f1b", modes=("pybubble",))
-    return sums["pybubble"]
+    return checksums(pp2_reports)[0]["pybubble"]
 
 
 @pytest.mark.parametrize("schedule, modes", [
@@ -78,27 +72,18 @@ def one_f_one_b(tmp_path_factory) -> float:
     (["--dp", 2, "--pp", 2, "--schedule", "zbv"], ("pybubble",)),
     (["--dp", 2, "--pp", 2, "--schedule", "interleaved_zb", "--chunks", 2], ("pybubble",)),
 ])
-def test_multi_stage_schedules_reach_the_parameters_of_1f1b(tmp_path, one_f_one_b, schedule, modes):
+def test_multi_stage_schedules_reach_the_parameters_of_1f1b(example_reports, one_f_one_b, schedule, modes):
     # The same GPT cut into pp x V stages: the modes agree with each other, with the unsplit
     # single-process training and with --schedule 1f1b.
-    sums, reference = checksums(tmp_path, *schedule, modes=modes)
+    sums, reference = checksums(example_reports(*schedule, modes=modes))
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
         assert s == pytest.approx(one_f_one_b, rel=1e-6), mode
 
 
-@pytest.mark.skipif(not hasattr(torch.distributed.pipelining, "ScheduleDualPipeV"), reason="torch has no DualPipeV")
-def test_dualpipev_reaches_the_single_process_parameters(tmp_path):
-    sums, reference = checksums(tmp_path, "--ranks", 2, "--schedule", "dualpipev", "--microbatches", 4,
-                                modes=("pybubble",))
-    assert sums["pybubble"] == pytest.approx(reference, rel=1e-6)
-
-
-def test_profile_writes_traces_that_pybubble_measure_reads(tmp_path):
-    prof = tmp_path / "prof"
-    r = mllm("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", "coarse", "--profile", prof,
-             "--report", tmp_path / "r.json")
-    assert r.returncode == 0, r.stderr
+def test_profile_writes_traces_that_pybubble_measure_reads(tmp_path, pp2_reports):
+    prof = Path(pp2_reports["coarse"]["profile_dir"])  # several modes: one folder each
+    assert sorted(p.name for p in prof.parent.iterdir()) == sorted(PLACEMENTS)
     assert sorted(p.name for p in prof.iterdir()) == ["plan.json", "rank0.json", "rank1.json"]
     out = subprocess.run([sys.executable, "-m", "pybubble", "measure", str(prof), "--predict", str(prof / "plan.json"),
                           "--json", str(tmp_path / "m.json")], capture_output=True, text=True, timeout=60,
@@ -161,9 +146,9 @@ def test_the_cuda_mode_filler_in_the_trainer_reaches_the_reference(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (NCCL, one GPU per rank)")
-def test_three_modes_reach_the_same_parameters_on_cuda(tmp_path):
+def test_three_modes_reach_the_same_parameters_on_cuda(example_reports):
     # float32 on the GPU: other kernels and summation orders than the CPU reference's.
-    sums, reference = checksums(tmp_path, "--ranks", 2, device="cuda")
+    sums, reference = checksums(example_reports("--ranks", 2, device="cuda"), device="cuda")
     for mode, s in sums.items():
         assert s == pytest.approx(sums["megatron"], rel=1e-5), mode
         assert s == pytest.approx(reference, rel=1e-5), mode
@@ -182,6 +167,7 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout():
 
 @pytest.mark.parametrize("args, message", [
     (["--mode", "fast"], "error: mode: 'fast' is not one of megatron, coarse, pybubble"),
+    (["--mode", "coarse,megatron,coarse"], "error: mode: 'coarse,megatron,coarse' names a mode twice"),
     (["--ranks", 1], "error: ranks: 1 is not >= 2"),
     (["--size", "huge"], "error: size: 'huge' is not one of small, tiny"),
     (["--encoder", "resnet"], "error: encoder: 'resnet' is not one of vit, timm, clip"),
@@ -205,15 +191,22 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout():
      "gradients are not averaged; see docs/runtime.md, 'Zero-bubble schedules beside data parallelism'; use "
      "--dp-wrap fsdp"),
 ])
-def test_bad_arguments_exit_2_with_one_line(args, message):
-    r = mllm(*args)
+def test_bad_arguments_exit_2_with_one_line(example_main, args, message):
+    code, err = example_main(*args)
+    assert code == 2
+    assert err.strip() == message
+
+
+def test_the_command_exits_2_with_one_line_on_a_bad_argument():
+    # The command line itself (the cases above call its main in this process).
+    r = mllm("--mode", "megatron,fast")
     assert r.returncode == 2
-    assert r.stderr.strip() == message
+    assert r.stderr.strip() == "error: mode: 'fast' is not one of megatron, coarse, pybubble"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a CUDA device")
-def test_cuda_without_a_gpu_exits_2_with_one_line():
-    r = mllm("--device", "cuda", "--size", "tiny", "--steps", 1)
-    assert r.returncode == 2
-    assert r.stderr.strip() == ("error: device: 'cuda' but no CUDA device is available "
-                                "(torch.cuda.is_available() is False)")
+def test_cuda_without_a_gpu_exits_2_with_one_line(example_main):
+    code, err = example_main("--device", "cuda", "--size", "tiny", "--steps", 1)
+    assert code == 2
+    assert err.strip() == ("error: device: 'cuda' but no CUDA device is available "
+                           "(torch.cuda.is_available() is False)")

@@ -3,29 +3,12 @@ and gradients, in float64, for the encoders users have: the example's ViT blocks
 nn.TransformerEncoderLayer, timm VisionTransformer, Hugging Face CLIPVisionModel and
 SiglipVisionModel, torchvision's VisionTransformer (the class of vit_b_16)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from pybubble.runtime import MicrobatchRun, split_into_pieces  # noqa: E402
-
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def example():
-    """examples/mllm.py (user code, not in the package)."""
-    if "mllm" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("mllm", EXAMPLES / "mllm.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["mllm"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["mllm"]
-
 
 def split_run(encoder, x, grad):
     pieces = split_into_pieces(encoder, x)
@@ -44,8 +27,8 @@ def first(out):
     return out if isinstance(out, torch.Tensor) else out[0]
 
 
-def build(name):
-    mllm = example()
+def build(mllm, name):
+    """The encoder `name` (the example trainer's ViT blocks among them: `mllm`) and its input's shape."""
     if name == "vit_blocks":
         return nn.Sequential(nn.Linear(12, 16), mllm.ViTBlock(16, 4), mllm.ViTBlock(16, 2), nn.LayerNorm(16)), (3, 7, 12)
     if name == "encoder_layer_pre_norm":
@@ -85,9 +68,9 @@ ENCODERS = ["vit_blocks", "encoder_layer_pre_norm", "encoder_layer_post_norm", "
 
 
 @pytest.mark.parametrize("name", ENCODERS)
-def test_pieces_give_the_unsplit_outputs_and_gradients(name):
+def test_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name):
     torch.manual_seed(0)
-    encoder, shape = build(name)
+    encoder, shape = build(example_trainer, name)
     encoder = encoder.double().train()
     x = torch.randn(*shape, dtype=torch.float64)
     out_ref = first(encoder(x))
@@ -109,16 +92,16 @@ def test_pieces_give_the_unsplit_outputs_and_gradients(name):
             torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
 
 
-def test_pieces_are_named_after_their_modules_and_kernels():
-    encoder, shape = build("vit_blocks")
+def test_pieces_are_named_after_their_modules_and_kernels(example_trainer):
+    encoder, shape = build(example_trainer, "vit_blocks")
     names = [p.name for p in split_into_pieces(encoder, torch.randn(*shape))]
     assert names == ["0:addmm", "1.qkv:addmm", "1:_scaled_dot_product_flash_attention_for_cpu", "1.proj:addmm",
                      "1.fc1:addmm", "1.fc2:addmm", "2.qkv:addmm", "2:_scaled_dot_product_flash_attention_for_cpu",
                      "2.proj:addmm", "2.fc1:addmm", "2.fc2:addmm"]
 
 
-def test_torchvision_vit_b_16_splits_into_five_pieces_per_layer():
-    example().import_vision_libraries()
+def test_torchvision_vit_b_16_splits_into_five_pieces_per_layer(example_trainer):
+    example_trainer.import_vision_libraries()
     from torchvision.models import vit_b_16
 
     torch.manual_seed(0)
@@ -128,8 +111,8 @@ def test_torchvision_vit_b_16_splits_into_five_pieces_per_layer():
     assert pieces[1].name == "encoder.layers.encoder_layer_0.self_attention:addmm"  # batch 1: qkv in one addmm
 
 
-def test_pieces_run_in_order():
-    encoder, shape = build("vit_blocks")
+def test_pieces_run_in_order(example_trainer):
+    encoder, shape = build(example_trainer, "vit_blocks")
     x = torch.randn(1, *shape[1:])
     run = MicrobatchRun(split_into_pieces(encoder, x), (x,))
     with pytest.raises(RuntimeError, match="out of order"):

@@ -3,11 +3,7 @@ dimension (real gloo processes, tiny models, a few steps), the filler inside the
 functional collectives (two processes), and TP gaps in the predicted step."""
 
 import json
-import subprocess
-import sys
-import tempfile
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -15,23 +11,13 @@ torch = pytest.importorskip("torch")
 
 from pybubble.runtime import MeasuredCosts, consumer_delays, make_placement, predict_step_s  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
 PLACEMENTS = ("megatron", "coarse", "pybubble")
 
 
-def run_example(tmp_path, name, *args):
-    out = tmp_path / f"{name}.json"
-    r = subprocess.run([sys.executable, str(EXAMPLE), "--steps", "3", "--size", "tiny", "--timeout", "30",
-                        "--report", str(out), *map(str, args)], capture_output=True, text=True, timeout=300,
-                       cwd=Path(tempfile.gettempdir()))
-    assert r.returncode == 0, r.stderr
-    return json.loads(out.read_text())
-
-
-def test_tp_alone_three_modes_reach_the_single_process_parameters(tmp_path):
+def test_tp_alone_three_modes_reach_the_single_process_parameters(example_reports):
     # 2 processes: one pipeline stage, tensor-parallel over 2 ranks; the reference is the same model
     # unsplit in one process.
-    reports = {m: run_example(tmp_path, m, "--tp", 2, "--mode", m, "--reference") for m in PLACEMENTS}
+    reports = example_reports("--tp", 2, timeout=300)
     reference = reports["megatron"]["reference_checksum"]
     for mode, rep in reports.items():
         assert rep["tp"] == 2 and len(rep["tp_waits"]["per_rank"]) == 2
@@ -43,16 +29,18 @@ def test_tp_alone_three_modes_reach_the_single_process_parameters(tmp_path):
     assert all(r["filled"] == 0 for m in ("megatron", "coarse") for r in reports[m]["tp_waits"]["per_rank"])
 
 
-def test_pp_and_tp_three_modes_agree_with_tp_1(tmp_path):
-    # 4 processes on 2 cores: a correctness run.
-    base = run_example(tmp_path, "tp1", "--pp", 2, "--mode", "pybubble", "--reference")
+def test_pp_and_tp_three_modes_agree_with_tp_1(pp2_reports, example_reports):
+    # 4 processes on 2 cores: a correctness run. tp 1: the 2-rank pipeline (pp 2) of the same GPT.
+    base = pp2_reports["pybubble"]
+    reports = example_reports("--pp", 2, "--tp", 2, timeout=300)
     for mode in PLACEMENTS:
-        rep = run_example(tmp_path, mode, "--pp", 2, "--tp", 2, "--mode", mode)
+        rep = reports[mode]
         assert rep["param_checksum"] == pytest.approx(base["param_checksum"], rel=1e-5), mode
         assert rep["param_checksum"] == pytest.approx(base["reference_checksum"], rel=1e-5), mode
         assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [16] * 4, mode
     # two stages per rank (interleaved 1F1B), each tensor-parallel: 1 block per stage
-    rep = run_example(tmp_path, "interleaved", "--pp", 2, "--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2)
+    rep = example_reports("--pp", 2, "--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2, modes=("pybubble",),
+                          timeout=300)["pybubble"]
     assert rep["param_checksum"] == pytest.approx(base["param_checksum"], rel=1e-5)
     assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [16] * 4
     assert rep["costs"]["tp_count"] == 2
@@ -71,11 +59,10 @@ def test_pp_and_tp_three_modes_agree_with_tp_1(tmp_path):
      "error: schedule: 'interleaved_1f1b' with --pp 1 (tensor parallelism alone) is not run by the example; use "
      "1f1b or gpipe"),
 ])
-def test_bad_tp_arguments_exit_2_with_one_line(args, message):
-    r = subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True, text=True, timeout=60,
-                       cwd=Path(tempfile.gettempdir()))
-    assert r.returncode == 2
-    assert r.stderr.strip() == message
+def test_bad_tp_arguments_exit_2_with_one_line(example_main, args, message):
+    code, err = example_main(*args)
+    assert code == 2
+    assert err.strip() == message
 
 
 WORKER = textwrap.dedent("""

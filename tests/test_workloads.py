@@ -71,16 +71,15 @@ def test_a_seed_that_is_no_64_bit_integer_is_a_value_error(seed):
 
 
 def test_orders_by_encoder_work():
-    from pybubble.planner.workloads import light_ends_order, work_orders
+    from pybubble.planner.workloads import work_orders
 
     loads = np.array([5.0, 1.0, 4.0, 2.0, 3.0])
-    order = light_ends_order(loads)
-    assert sorted(order) == list(range(5))
-    assert loads[order].tolist() == [2.0, 4.0, 5.0, 3.0, 1.0]  # the lightest last, the next first, inward
     orders = work_orders(loads)
+    assert all(sorted(o) == list(range(5)) for o in orders.values())
+    assert loads[orders["light_ends"]].tolist() == [2.0, 4.0, 5.0, 3.0, 1.0]  # the lightest last, then first, inward
     assert loads[orders["heavy_ends"]].tolist() == [4.0, 2.0, 1.0, 3.0, 5.0]
     assert loads[orders["ascending"]].tolist() == sorted(loads)
     assert loads[orders["descending"]].tolist() == sorted(loads, reverse=True)
-    assert light_ends_order(np.zeros(0)).tolist() == [] and light_ends_order(np.ones(1)).tolist() == [0]
+    assert all(o.tolist() == [] for o in work_orders(np.zeros(0)).values())
     with pytest.raises(ValueError, match="loads: shape"):
-        light_ends_order(np.ones((2, 2)))
+        work_orders(np.ones((2, 2)))

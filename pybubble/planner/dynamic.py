@@ -1,5 +1,5 @@
 """Data that changes every batch, on a config's own problem: the encoder's work per microbatch
-follows each batch's samples, and four ways to meet it are compared step by step.
+follows each batch's samples, and five ways to meet it are compared step by step.
 
 - ``static``: the best encoder plan's schedule for the mean batch, replayed on every batch
   (:func:`pybubble.replay`, a stall model);
@@ -19,6 +19,13 @@ Each batch comes from :mod:`pybubble.workloads`; a sample's encoder cost is the 
 config's encoders of :func:`~pybubble.workloads.sample_costs`; microbatch j's encoder tasks are
 scaled by its cost over the mean microbatch's (the problem holds the mean batch). The LLM's
 timeline is held fixed: only the encoder's work varies. Times are microseconds.
+
+With MLLM data (``data``: the mix of :class:`~pybubble.planner.workloads.MixSpec` or a user's
+:class:`~pybubble.planner.workloads.Samples`), every step draws samples for each of `replicas`
+data-parallel replicas, each mode runs on every replica, and the step is the slowest replica's (the
+replicas meet at the gradient collective); one more mode, ``balanced_dp``, balances the step over
+the microbatches and the replicas (:func:`pybubble.schedule.balance.balance_step`, microbatches
+ordered by the plan's deadline gaps) before each replica is rescheduled.
 """
 
 from __future__ import annotations
@@ -36,17 +43,21 @@ from ..config.checks import finite, integer
 from ..config.schema import Config
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep
-from ..schedule.balance import balance_microbatches
+from ..schedule.balance import balance_microbatches, balance_step, deadline_gaps
 from ..schedule.online import OnlineScheduler, replay
 from ..schedule.scheduler import Schedule
 from ..viz.steps import save_step_chart
 from .search import Candidate, search
-from .workloads import WORK_ORDERS, Batch, WorkloadSpec, batches, microbatch_loads, sample_costs, work_orders
+from .workloads import (WORK_ORDERS, Batch, MixSpec, Samples, WorkloadSpec, batches, encoder_time, llm_time,
+                        microbatch_loads, sample_costs, work_orders)
 
 DYNAMIC_FORMAT = "pybubble.dynamic/1"
 """The format key of a dynamic run's document."""
 MODES = ("static", "balanced", "ordered", "online", "choice")
 """The ways of meeting batches that change (see the module docstring)."""
+REPLICA_MODES = MODES + ("balanced_dp",)
+"""The modes with MLLM data over data-parallel replicas: one more, balanced over the microbatches
+and the replicas."""
 
 
 def ranked_candidates(step: LLMStep, k: int) -> list[Candidate]:
@@ -167,7 +178,18 @@ class DynamicRun:
     budget: float
     """The choice's budget (s)."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """More keys for the document (steps, seed, microbatches)."""
+    """More keys for the document (steps, seed, microbatches; with MLLM data: data, replicas)."""
+    imbalance_before: np.ndarray | None = None
+    """With MLLM data: per step, the replicas' largest over mean encoder seconds on their own
+    samples."""
+    imbalance_after: np.ndarray | None = None
+    """With MLLM data: the same after balancing over the replicas (mode ``balanced_dp``)."""
+    dp_wait: dict[str, np.ndarray] = field(default_factory=dict)
+    """With MLLM data: per mode, per step, the slowest replica's step less the replicas' mean step
+    (us): the time the replicas wait for each other at the gradient collective."""
+    balance_dp_took: np.ndarray | None = None
+    """With MLLM data: seconds of each step's balancing over microbatches and replicas (without the
+    reschedules)."""
 
     def summary(self) -> dict[str, dict[str, float]]:
         """Per mode: mean and p95 step (us) and the gain over static (static mean / mode mean)."""
@@ -197,64 +219,175 @@ class DynamicRun:
                               "choice_max": float(np.max(self.choice_took)) * 1e3},
             "chosen": [int(x) for x in self.chosen],
             "evaluated": [int(x) for x in self.evaluated],
+            **self._replica_keys(),
         }
+
+    def _replica_keys(self) -> dict[str, Any]:
+        """The keys that MLLM data over replicas adds to the document (none without it)."""
+        if self.imbalance_before is None or self.imbalance_after is None or self.balance_dp_took is None:
+            return {}
+        return {"imbalance": {"before": [float(x) for x in self.imbalance_before],
+                              "after": [float(x) for x in self.imbalance_after],
+                              "before_median": float(np.median(self.imbalance_before)),
+                              "after_median": float(np.median(self.imbalance_after))},
+                "dp_wait": {m: float(np.mean(v)) for m, v in self.dp_wait.items()},
+                "balance_dp_ms_median": float(np.median(self.balance_dp_took)) * 1e3}
 
 
 def run(config: Config, *, steps: int, seed: int = 0, k: int = 4, budget: float = 0.010,
         spec: WorkloadSpec | None = None, costs: CostModel | None = None,
-        progress: Callable[[int], None] | None = None) -> DynamicRun:
+        progress: Callable[[int], None] | None = None, data: MixSpec | Samples | None = None,
+        replicas: int | None = None) -> DynamicRun:
     """Draws `steps` batches for the config (``global_batch / dp`` samples each) and runs every
-    mode on them; `progress(i)` is called after batch i."""
+    mode on them; `progress(i)` is called after batch i. With `data` (MLLM samples: a mix to draw
+    from, or a user's samples drawn with replacement), each step draws that many samples for each
+    of `replicas` replicas (default: the config's dp) and the step is the slowest replica's."""
     integer(steps, "steps", minimum=1)
     step = LLMStep.of(config, costs)
     costs = step.costs
-    spec = spec or workload_spec(config)
     m = config.microbatches
     chooser = PlanChooser.from_step(step, k, budget)
     best = chooser.candidates[0]
     online = OnlineScheduler(best.problem)
-    sample = [encoder_costs(b, config, costs)
-              for b in batches(spec, samples=m * config.training.micro_batch, steps=steps, seed=seed)]
-    mean = float(np.mean([c[:, 0].sum() for c in sample])) / m
-    out: dict[str, list[float]] = {mode: [] for mode in MODES}
-    took, balance_took, order_took, choice_took, chosen, evaluated = [], [], [], [], [], []
-    slot = best.schedule.assignment  # encoder microbatch j feeds LLM microbatch slot[j] on the mean batch
-    order_chosen = dict.fromkeys(("loader", *WORK_ORDERS), 0)
+    meet = _Meeting(online=online, best=best, chooser=chooser, microbatches=m)
     try:
-        for i, c in enumerate(sample):
-            plain = microbatch_loads(c[:, 0], m) / mean
-            d_plain = online.scaled_durations(plain)
-            out["static"].append(replay(best.problem.with_durations(d_plain), best.schedule))
-            t0 = time.perf_counter()
-            out["online"].append(online.reschedule(d_plain).step_time)
-            took.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            balanced = microbatch_loads(c[:, 0], m, balance_microbatches(c, m)) / mean
-            out["balanced"].append(online.reschedule(online.scaled_durations(balanced)).step_time)
-            balance_took.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            by_order = {"loader": out["online"][-1]}
-            by_order.update({name: online.reschedule(online.scaled_durations(plain[order][slot])).step_time
-                             for name, order in work_orders(plain).items()})  # order[k]: the microbatch in slot k
-            name = min(by_order, key=by_order.__getitem__)  # the first of equals: the loader's
-            out["ordered"].append(by_order[name])
-            order_chosen[name] += 1
-            order_took.append(time.perf_counter() - t0)
-            pick = chooser.choose(plain)
-            out["choice"].append(pick.schedule.step_time)
-            choice_took.append(pick.took)
-            chosen.append(pick.index)
-            evaluated.append(pick.evaluated)
-            if progress is not None:
-                progress(i)
+        if data is None:
+            spec = spec or workload_spec(config)
+            sample = [encoder_costs(b, config, costs)
+                      for b in batches(spec, samples=m * config.training.micro_batch, steps=steps, seed=seed)]
+            meet.mean = float(np.mean([c[:, 0].sum() for c in sample])) / m
+            for i, c in enumerate(sample):
+                meet.keep(*meet.modes(c))
+                if progress is not None:
+                    progress(i)
+        else:
+            r = config.llm_plan.dp if replicas is None else integer(replicas, "replicas", minimum=1)
+            _run_replicas(meet, config, costs, data, steps=steps, seed=seed, replicas=r, progress=progress)
     finally:
         online.close()
         chooser.close()
     plans = [{"pp_enc": c.plan.pp_enc, "tp_enc": c.plan.tp_enc, "partition": list(c.partition),
               "mean_step": float(c.step_time)} for c in chooser.candidates]
     return DynamicRun(horizon=best.problem.horizon, plans=plans,
-                      step_time={mode: np.array(v) for mode, v in out.items()}, reschedule=np.array(took),
-                      balance_took=np.array(balance_took), order_took=np.array(order_took),
-                      choice_took=np.array(choice_took), chosen=np.array(chosen, np.int64),
-                      evaluated=np.array(evaluated, np.int64), budget=float(budget),
-                      extra={"steps": steps, "seed": seed, "microbatches": m, "order_chosen": order_chosen})
+                      step_time={mode: np.array(v) for mode, v in meet.out.items()},
+                      reschedule=np.array(meet.took), balance_took=np.array(meet.balance_took),
+                      order_took=np.array(meet.order_took), choice_took=np.array(meet.choice_took),
+                      chosen=np.array(meet.chosen, np.int64), evaluated=np.array(meet.evaluated, np.int64),
+                      budget=float(budget),
+                      extra={"steps": steps, "seed": seed, "microbatches": m, "order_chosen": meet.order_chosen,
+                             **meet.extra},
+                      **meet.replica_fields())
+
+
+@dataclass(kw_only=True, slots=True)
+class _Meeting:
+    """Runs the modes on batches and keeps what they give."""
+
+    online: OnlineScheduler
+    best: Candidate
+    chooser: PlanChooser
+    microbatches: int
+    mean: float = 1.0
+    out: dict[str, list[float]] = field(default_factory=lambda: {mode: [] for mode in MODES})
+    took: list[float] = field(default_factory=list)
+    balance_took: list[float] = field(default_factory=list)
+    order_took: list[float] = field(default_factory=list)
+    order_chosen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("loader", *WORK_ORDERS), 0))
+    choice_took: list[float] = field(default_factory=list)
+    chosen: list[int] = field(default_factory=list)
+    evaluated: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    before: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+    wait: dict[str, list[float]] = field(default_factory=dict)
+    dp_took: list[float] = field(default_factory=list)
+
+    def modes(self, c: np.ndarray) -> tuple[dict[str, float], Choice]:
+        """The modes of :data:`MODES` on one batch (N x 2 sample costs): their step times and the plan
+        choice (the times each took are kept)."""
+        m, online = self.microbatches, self.online
+        plain = microbatch_loads(c[:, 0], m) / self.mean
+        d_plain = online.scaled_durations(plain)
+        steps = {"static": replay(self.best.problem.with_durations(d_plain), self.best.schedule)}
+        t0 = time.perf_counter()
+        steps["online"] = online.reschedule(d_plain).step_time
+        self.took.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        balanced = microbatch_loads(c[:, 0], m, balance_microbatches(c, m)) / self.mean
+        steps["balanced"] = online.reschedule(online.scaled_durations(balanced)).step_time
+        self.balance_took.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        slot = self.best.schedule.assignment  # encoder microbatch j feeds LLM microbatch slot[j]
+        by_order = {"loader": steps["online"]}
+        by_order.update({name: online.reschedule(online.scaled_durations(plain[order][slot])).step_time
+                         for name, order in work_orders(plain).items()})  # order[k]: the microbatch in slot k
+        name = min(by_order, key=by_order.__getitem__)  # the first of equals: the loader's
+        steps["ordered"] = by_order[name]
+        self.order_chosen[name] += 1
+        self.order_took.append(time.perf_counter() - t0)
+        pick = self.chooser.choose(plain)
+        steps["choice"] = pick.schedule.step_time
+        self.choice_took.append(pick.took)
+        return steps, pick
+
+    def keep(self, steps: dict[str, float], pick: Choice) -> None:
+        """Keeps one batch's step times and plan choice."""
+        for mode, t in steps.items():
+            self.out[mode].append(t)
+        self.chosen.append(pick.index)
+        self.evaluated.append(pick.evaluated)
+
+    def replica_fields(self) -> dict[str, Any]:
+        """The :class:`DynamicRun` fields of MLLM data over replicas (none without it)."""
+        if not self.before:
+            return {}
+        return {"imbalance_before": np.array(self.before), "imbalance_after": np.array(self.after),
+                "dp_wait": {mode: np.array(v) for mode, v in self.wait.items()},
+                "balance_dp_took": np.array(self.dp_took)}
+
+
+def _run_replicas(meet: _Meeting, config: Config, costs: CostModel, data: MixSpec | Samples, *, steps: int,
+                  seed: int, replicas: int, progress: Callable[[int], None] | None) -> None:
+    """Each step: samples for every replica, the modes of :data:`MODES` on each replica (the step: the
+    slowest one's), and ``balanced_dp``. A tile costs the summed encoders' time on one image of the first
+    encoder's tokens (tiles run one by one, InternVL-style); a sample's LLM cost is its tokens
+    (text plus that many per tile) at the per-token cost of a full training sequence."""
+    m, micro = meet.microbatches, config.training.micro_batch
+    n = m * micro
+    tokens_per_tile = config.encoders[0].model.tokens
+    tile = sum(encoder_time(e.model, e.model.tokens, costs, frozen=e.frozen, recompute=config.training.recompute)
+               for e in config.encoders)
+    seq = config.training.seq_len
+    per_token = llm_time(config.llm, seq, costs, recompute=config.training.recompute) / seq
+    rng = np.random.default_rng(integer(seed, "seed", minimum=0))
+    draws = [data.draw(replicas * n, rng) for _ in range(steps)]
+    meet.mean = float(np.mean([d.tiles.sum() * tile for d in draws])) / (replicas * m)
+    meet.out["balanced_dp"] = []
+    meet.wait = {mode: [] for mode in REPLICA_MODES}
+    meet.extra = {"data": "mix" if isinstance(data, MixSpec) else "file", "replicas": replicas}
+    owner = np.repeat(np.arange(replicas), n)
+    online = meet.online
+    room = deadline_gaps(meet.best.problem)
+    for i, d in enumerate(draws):
+        image_cost = d.tiles * tile
+        tokens = d.tokens(tokens_per_tile)
+        c = np.stack([np.bincount(d.image_sample, weights=image_cost, minlength=len(d)), tokens * per_token], axis=1)
+        per_mode: dict[str, list[float]] = {mode: [] for mode in REPLICA_MODES}
+        picks = []
+        for r in range(replicas):
+            steps_r, pick = meet.modes(c[r * n:(r + 1) * n])
+            picks.append(pick)
+            for mode, t in steps_r.items():
+                per_mode[mode].append(t)
+        t0 = time.perf_counter()
+        sb = balance_step(image_cost, d.image_sample, tokens, owner, replicas=replicas, microbatches=m, bubble=room)
+        meet.dp_took.append(time.perf_counter() - t0)
+        per_mode["balanced_dp"] = [online.reschedule(online.scaled_durations(load / meet.mean)).step_time
+                                   for load in sb.slot_load]
+        meet.keep({mode: max(v) for mode, v in per_mode.items()}, picks[int(np.argmax(per_mode["choice"]))])
+        for mode, values in per_mode.items():
+            meet.wait[mode].append(max(values) - float(np.mean(values)))
+        meet.before.append(sb.imbalance_before)
+        meet.after.append(sb.imbalance_after)
+        if progress is not None:
+            progress(i)

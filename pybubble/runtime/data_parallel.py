@@ -21,8 +21,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 from torch.nn.parallel import DistributedDataParallel
+
+from . import torch_seams
+
+AllGather, ReduceScatter = torch_seams.fsdp_comm_classes()
 
 Wait = Callable[[Sequence[dist.Work]], None]
 """Blocks until the works completed (and may fill the time)."""

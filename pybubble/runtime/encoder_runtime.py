@@ -33,7 +33,8 @@ from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
 from .executors import executor_for
 from .parallel_groups import ParallelGroups, resolve_groups, runtime_group
-from .pipelining import check_torch_version, fill_pipeline_waits, schedule_table
+from . import torch_seams
+from .pipelining import fill_pipeline_waits, schedule_table
 from .placement import MeasuredCosts, check_mode, make_placement, rank_plan, splits_backward, stage_ranks
 from .plan import RankPlan
 from .profile import p2p_latency, shared_profile, time_pieces
@@ -127,7 +128,7 @@ class EncoderRuntime:
                  pp_group: dist.ProcessGroup | None = None, dp_group: dist.ProcessGroup | None = None,
                  tp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
                  microbatches: int | None = None, keep: int = 5):
-        check_torch_version()
+        torch_seams.check_torch_seams()
         self.mode, self.encoder, self.schedule = check_mode(mode), encoder, schedule
         self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
         """This rank's pipeline stages."""

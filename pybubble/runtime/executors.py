@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
-import torch
 from torch.profiler import record_function
 
 from ..measure import names
+from . import torch_seams
 from .cuda import SideStream
 from .idle_worker import IdleWorker
 from .task import FillTask
@@ -32,7 +32,7 @@ from .task import FillTask
 def annotated(task: FillTask):
     """A torch.profiler annotation of ``task`` while the profiler records (``pybubble measure``
     counts the time in it busy), else nothing."""
-    return record_function(names.task_name(task.name)) if torch.autograd._profiler_enabled() else nullcontext()
+    return record_function(names.task_name(task.name)) if torch_seams.profiler_enabled() else nullcontext()
 
 
 class HostExecutor:

@@ -9,8 +9,8 @@ run planned tasks before the work completes, and the stages' ``forward_one_chunk
 ``backward_one_chunk`` (a full backward ``B`` or, with ``full_backward=False``, the input-gradient
 ``I``) and ``backward_weight_one_chunk`` (``W``) mark the filler's op boundaries. The user's
 schedule object is not changed. :func:`schedule_table` reads the schedule's own action table
-(``pipeline_order``), which the runtime simulates and the filler follows. These are private torch
-names, so only the versions in ``SUPPORTED_TORCH`` are accepted.
+(``pipeline_order``), which the runtime simulates and the filler follows. The private torch
+names among these are reached through :mod:`pybubble.runtime.torch_seams`, which checks them.
 """
 
 from __future__ import annotations
@@ -20,35 +20,20 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-import torch
-from torch.distributed.pipelining import schedules as _schedules
 from torch.profiler import record_function
 
 from ..llm.tables import ACTION_KINDS, Action, Table, gpipe, one_f_one_b
 from ..measure import names as trace_names
+from . import torch_seams
 from .waits import PipelineWaits
-
-SUPPORTED_TORCH = ("2.13",)
-"""torch major.minor versions whose private pipelining hooks this adapter was checked against."""
-
-
-def check_torch_version(version: str | None = None) -> None:
-    """Raises ``RuntimeError`` unless ``version`` (default: the installed torch) is supported."""
-    version = torch.__version__ if version is None else version
-    major_minor = ".".join(version.split("+")[0].split(".")[:2])
-    if major_minor not in SUPPORTED_TORCH:
-        raise RuntimeError(
-            f"torch {version} is not supported by pybubble.runtime's pipelining adapter "
-            f"(it hooks private torch.distributed.pipelining functions; supported: "
-            f"{', '.join(SUPPORTED_TORCH)})")
-
 
 def schedule_microbatches(schedule) -> int:
     """The microbatches per step of a ``torch.distributed.pipelining`` schedule: the count it was
-    built with. torch keeps it in a private attribute (``_n_microbatches``; no public accessor in
-    the supported versions): this is the one place that reads it (a trainer may pass
-    ``microbatches=`` to :class:`~pybubble.runtime.EncoderRuntime` instead)."""
-    n = getattr(schedule, "_n_microbatches", None)
+    built with. torch keeps it in a private attribute (``_n_microbatches``, read through
+    :func:`~pybubble.runtime.torch_seams.microbatch_count`; no public accessor in the tested
+    versions; a trainer may pass ``microbatches=`` to :class:`~pybubble.runtime.EncoderRuntime`
+    instead)."""
+    n = torch_seams.microbatch_count(schedule)
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"schedule: {type(schedule).__name__} has no microbatch count (_n_microbatches = {n!r}); "
                          "pass microbatches=")
@@ -67,9 +52,9 @@ def schedule_table(schedule: Any) -> Table:
     :func:`~pybubble.llm.tables.gpipe`. ValueError for a schedule with neither."""
     single = {"Schedule1F1B": one_f_one_b, "ScheduleGPipe": gpipe}
     for cls in type(schedule).__mro__:
-        if cls.__module__ == _schedules.__name__ and cls.__name__ in single:
-            return single[cls.__name__](schedule._num_stages, schedule_microbatches(schedule))
-    order = getattr(schedule, "pipeline_order", None)
+        if torch_seams.is_torch_schedule_class(cls) and cls.__name__ in single:
+            return single[cls.__name__](torch_seams.stage_count(schedule), schedule_microbatches(schedule))
+    order = torch_seams.pipeline_order(schedule)
     if not order:
         raise ValueError(f"schedule: {type(schedule).__name__} has no pipeline_order (action table)")
 
@@ -92,12 +77,9 @@ def fill_pipeline_waits(waits: PipelineWaits, stage: Any) -> Iterator[PipelineWa
     tasks in them), and the ops of ``stage`` (a ``PipelineStage``, or this rank's stages of a
     multi-stage schedule) mark the filler's op boundaries. An op that is not the one the filler expects next (its table's order)
     raises ``RuntimeError``: the plan would not describe the step."""
-    check_torch_version()
-    if not hasattr(_schedules, "_wait_batch_p2p"):
-        raise RuntimeError("torch.distributed.pipelining.schedules has no _wait_batch_p2p to hook")
     stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
-    original_wait = _schedules._wait_batch_p2p
-    names = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+    original_wait = torch_seams.p2p_wait()
+    names = torch_seams.stage_op_names()
     saved = []
     for st in stages:
         present = [name for name in names if hasattr(st, name)]
@@ -106,10 +88,10 @@ def fill_pipeline_waits(waits: PipelineWaits, stage: Any) -> Iterator[PipelineWa
     def marked(fn, name: str, stage_index: int):
         @functools.wraps(fn)
         def op(chunk_id, *args, **kwargs):
-            if name == "forward_one_chunk":
+            if name == names[0]:
                 kind = "F"
-            elif name == "backward_one_chunk":
-                kind = "B" if kwargs.get("full_backward", args[1] if len(args) > 1 else True) else "I"
+            elif name == names[1]:
+                kind = "B" if torch_seams.is_full_backward(args, kwargs) else "I"
             else:
                 kind = "W"
             expected = progress.next_op
@@ -126,14 +108,14 @@ def fill_pipeline_waits(waits: PipelineWaits, stage: Any) -> Iterator[PipelineWa
         return op
 
     progress = waits.filler.progress
-    _schedules._wait_batch_p2p = waits.wait
+    torch_seams.set_p2p_wait(waits.wait)
     for st, present, _ in saved:
         for name in present:
             setattr(st, name, marked(getattr(st, name), name, getattr(st, "stage_index", 0)))
     try:
         yield waits
     finally:
-        _schedules._wait_batch_p2p = original_wait
+        torch_seams.set_p2p_wait(original_wait)
         for st, present, own in saved:
             for name in present:
                 if name in own:

@@ -35,18 +35,17 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import functional_call
 
+from . import torch_seams
+
 State = tuple[torch.Tensor, ...]
 
-_aten = torch.ops.aten
-KERNELS = frozenset(str(op) for op in (
-    _aten.addmm.default, _aten.mm.default, _aten.bmm.default, _aten.baddbmm.default, _aten.convolution.default,
-    _aten._scaled_dot_product_flash_attention_for_cpu.default, _aten._scaled_dot_product_flash_attention.default,
-    _aten._scaled_dot_product_efficient_attention.default, _aten._scaled_dot_product_cudnn_attention.default,
-))
+KERNELS = torch_seams.aten_op_names(
+    "addmm", "mm", "bmm", "baddbmm", "convolution",
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+)
 """Ops that start a piece (once the piece holds one already)."""
-NORMS = frozenset(str(op) for op in (
-    _aten.native_layer_norm.default, _aten.native_group_norm.default, _aten._fused_rms_norm.default,
-))
+NORMS = torch_seams.aten_op_names("native_layer_norm", "native_group_norm", "_fused_rms_norm")
 """Norms start a piece too (a norm belongs with the kernel after it)."""
 RANDOM = ("native_dropout", "bernoulli", "rand", "randn", "randint", "normal", "uniform", "multinomial")
 
@@ -143,7 +142,7 @@ def trace_encoder(encoder: nn.Module, example: Sequence[torch.Tensor]) -> tuple[
         if any(name.startswith(r) for r in RANDOM):
             raise ValueError(f"{where} cannot be split: it draws random numbers ({name}); its pieces would "
                              f"not repeat the unsplit forward (set dropout to 0 or call eval())")
-        schema = getattr(node.target, "_schema", None)
+        schema = torch_seams.op_schema(node.target)
         if schema is not None and schema.is_mutable:
             written = [a for a, arg in zip(node.args, schema.arguments)
                        if arg.alias_info is not None and arg.alias_info.is_write]

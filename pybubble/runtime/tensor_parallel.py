@@ -32,19 +32,18 @@ The policy is :class:`~pybubble.runtime.waits.TensorParallelWaits`'s:
 The hook runs inside the ``__torch_dispatch__`` of a tensor subclass, below autograd; the pieces
 on CUDA run with the dispatch keys of the place where :func:`fill_tp_waits` was entered (on the
 CPU the worker thread has its own, the defaults), so their forwards record autograd graphs as they
-would anywhere else. These are private torch names (pinned with the pipelining adapter's
-``SUPPORTED_TORCH``).
+would anywhere else. These are private torch names, reached through
+:mod:`pybubble.runtime.torch_seams`, which checks them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
-import torch.distributed._functional_collectives as funcol
 
-from .pipelining import check_torch_version
+from . import torch_seams
 from .waits import TensorParallelWaits
 
 
@@ -52,24 +51,14 @@ from .waits import TensorParallelWaits
 def fill_tp_waits(waits: TensorParallelWaits) -> Iterator[TensorParallelWaits]:
     """While active, every eager wait of a functional collective (DTensor's TP collectives) goes
     through ``waits``."""
-    check_torch_version()
-    real = funcol.wait_tensor
-    keys = (torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set())
+    keys = torch_seams.dispatch_keys()
 
-    real_wrap = funcol._maybe_wrap_tensor
+    def wait_tensor(tensor: torch.Tensor, real: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return waits.wait(tensor, real, lambda: torch_seams.dispatch_key_guard(keys))
 
-    def wait_tensor(tensor: torch.Tensor) -> torch.Tensor:
-        return waits.wait(tensor, real, lambda: torch._C._ForceDispatchKeyGuard(*keys))
-
-    def maybe_wrap_tensor(tensor: torch.Tensor) -> torch.Tensor:
-        waits.launched(tensor)  # the AsyncCollectiveTensor keeps this tensor (or a view): its wait gets it
-        return real_wrap(tensor)
-
-    funcol.wait_tensor, funcol._maybe_wrap_tensor = wait_tensor, maybe_wrap_tensor
-    try:
+    # launched: the AsyncCollectiveTensor keeps the wrapped tensor (or a view): its wait gets it
+    with torch_seams.functional_collective_hooks(wait_tensor, waits.launched):
         yield waits
-    finally:
-        funcol.wait_tensor, funcol._maybe_wrap_tensor = real, real_wrap
 
 
 __all__ = ["fill_tp_waits"]

@@ -1,12 +1,38 @@
-"""Microbatch balancing for data whose cost changes every batch (DFLOP's online step): split the
-samples so that no microbatch is much heavier than the rest in either the encoder or the LLM, then
-order the microbatches so the encoder-heavy ones meet the largest bubbles."""
+"""Balancing data whose cost changes every batch, before the step starts (numpy and the core, no
+torch):
+
+- over the microbatches of one replica (DFLOP's online step): split the samples so that no
+  microbatch is much heavier than the rest in either the encoder or the LLM
+  (:func:`balance_microbatches`), within the LLM's fixed sequence length (:func:`pack_microbatches`),
+  then order the microbatches so the encoder-heavy ones meet the largest bubbles
+  (:func:`order_by_bubbles`; light ones first and last: :func:`middle_room`);
+- over data-parallel replicas: move images' encoder work from the replicas with the most to the
+  ones with room, each output going back to the replica that owns its sample
+  (:func:`balance_replicas`);
+- both for one step, as one JSON-ready result (:func:`balance_step`, :class:`StepBalance`).
+
+The encoder's cost per image is :class:`EncoderCost` (``a*tiles^2 + b*tiles + c``) or any costs the
+caller measured. Every result depends only on its input (ties broken by index), so every rank that
+gathers the same tile counts computes the same plan.
+"""
 
 from __future__ import annotations
+
+import heapq
+import itertools
+from bisect import bisect_right
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .. import _core
+from ..config.checks import INT64, finite, integer, real_array
+from ..problem.problem import Problem
+
+STEP_BALANCE_FORMAT = "pybubble.step_balance/1"
+"""The format key of a :class:`StepBalance` document."""
 
 
 def balance_microbatches(costs: np.ndarray, num_microbatches: int) -> np.ndarray:
@@ -30,11 +56,367 @@ def max_microbatch_cost(costs: np.ndarray, assignment: np.ndarray, num_microbatc
 def order_by_bubbles(encoder_load: np.ndarray, bubble: np.ndarray) -> np.ndarray:
     """Bubble-aware order: ``encoder_load[k]`` is microbatch k's encoder cost, ``bubble[s]`` the
     idle time available to the encoder before LLM slot s. Returns ``order`` with ``order[s]`` the
-    microbatch to run in slot s: the heaviest microbatch meets the largest bubble, and so on."""
+    microbatch to run in slot s: the heaviest microbatch meets the largest bubble, and so on (ties
+    by index). A 2-D `encoder_load` (one row per replica) is ordered row by row, against one
+    `bubble` profile for all rows or one row each."""
     load = np.asarray(encoder_load, dtype=np.float64)
     room = np.asarray(bubble, dtype=np.float64)
-    if load.ndim != 1 or room.shape != load.shape:
+    if load.ndim not in (1, 2) or room.ndim > load.ndim or room.shape[-1:] != load.shape[-1:] \
+            or (room.ndim == 2 and room.shape != load.shape):
         raise ValueError(f"bubble: shape {room.shape} does not match encoder_load {load.shape}")
-    order = np.empty(load.size, np.int64)
-    order[np.argsort(-room, kind="stable")] = np.argsort(-load, kind="stable")
+    slots = np.broadcast_to(np.argsort(-room, axis=-1, kind="stable"), load.shape)
+    order = np.empty(load.shape, np.int64)
+    np.put_along_axis(order, slots, np.argsort(-load, axis=-1, kind="stable"), axis=-1)
     return order
+
+
+def middle_room(microbatches: int) -> np.ndarray:
+    """A bubble profile for :func:`order_by_bubbles` that puts light microbatches first and last
+    and heavy ones in the middle: slot s has room ``min(s, microbatches - 1 - s)``. In a pipeline
+    step the first microbatch's encoder forward runs before the LLM can start and the last one's
+    backward after it ends, while the middle ones meet the warm-up, steady and cool-down bubbles."""
+    m = integer(microbatches, "microbatches", minimum=1)
+    s = np.arange(m, dtype=np.float64)
+    return np.minimum(s, m - 1 - s)
+
+
+def deadline_gaps(problem: Problem) -> np.ndarray:
+    """A bubble profile for :func:`order_by_bubbles` from a step's deadlines: for LLM slot k, the
+    time from slot k-1's forward deadline to slot k's (from 0 for the first) plus the time from
+    slot k's gradient to slot k+1's (to the step's end for the last): the room the encoder has
+    for that slot's forward before it and its backward after it."""
+    a = problem.arrays()
+    need, ready = np.asarray(a.forward_needed, np.float64), np.asarray(a.grad_ready, np.float64)
+    return np.diff(need, prepend=0.0) + np.diff(ready, append=max(problem.horizon, float(ready.max(initial=0.0))))
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class EncoderCost:
+    """The encoder's seconds on one image of `tiles` tiles: ``a*tiles^2 + b*tiles + c`` (the form
+    LoongForge fits to its ViT during warm-up: attention grows with the square of an image's
+    length, the rest with its length, plus a fixed cost per image). With tiles that the encoder
+    runs one by one (InternVL), ``a`` is 0."""
+
+    a: float = 0.0
+    """Seconds per tile squared."""
+    b: float = 1.0
+    """Seconds per tile."""
+    c: float = 0.0
+    """Seconds per image."""
+
+    def __post_init__(self) -> None:
+        for name in ("a", "b", "c"):
+            finite(getattr(self, name), name, minimum=0.0)
+
+    def __call__(self, tiles: np.ndarray) -> np.ndarray:
+        """Seconds of each image of ``tiles[i]`` tiles (float64)."""
+        t = np.asarray(tiles, dtype=np.float64)
+        return (self.a * t + self.b) * t + self.c
+
+    @classmethod
+    def fit(cls, tiles: np.ndarray, seconds: np.ndarray) -> "EncoderCost":
+        """Least squares over measured images (`tiles`, `seconds`), every coefficient >= 0: of the
+        fits on each subset of the three terms whose coefficients come out non-negative, the one
+        with the smallest residual."""
+        t = real_array(tiles, "tiles", minimum=0.0)
+        y = real_array(seconds, "seconds", minimum=0.0)
+        if t.shape != y.shape or t.size == 0:
+            raise ValueError(f"seconds: shape {y.shape} does not match tiles {t.shape} (or no measurements)")
+        columns = np.stack([t * t, t, np.ones_like(t)], axis=1)
+        best, best_residual = (0.0, 0.0, 0.0), float(y @ y)
+        for keep in itertools.chain.from_iterable(itertools.combinations(range(3), k) for k in (1, 2, 3)):
+            x = np.linalg.lstsq(columns[:, keep], y, rcond=None)[0]
+            if (x < 0).any():
+                continue
+            r = y - columns[:, keep] @ x
+            if float(r @ r) < best_residual * (1 - 1e-12):
+                coef = [0.0, 0.0, 0.0]
+                for k, v in zip(keep, x):
+                    coef[k] = float(v)
+                best, best_residual = tuple(coef), float(r @ r)
+        return cls(a=best[0], b=best[1], c=best[2])
+
+
+def pack_microbatches(tokens: np.ndarray, microbatches: int, sequence_length: int | None = None, *,
+                      encoder: np.ndarray | None = None) -> np.ndarray:
+    """The LLM microbatch of each sample (int64 in [0, microbatches)), so that the LLM's shapes stay
+    fixed: each microbatch's tokens fit in one packed sequence of `sequence_length` (None: no
+    limit). The samples are balanced on their encoder work (`encoder`, default their tokens) and
+    their tokens together, each part scaled by its mean (:func:`balance_microbatches`); when that
+    overfills a sequence, they are packed by tokens alone, largest first into the emptiest
+    microbatch. With fewer samples than microbatches, sample i goes to microbatch i (the rest are
+    padding). Refuses a sample that does not fit in one sequence, and samples that do not pack."""
+    t = _tokens(tokens)
+    m = integer(microbatches, "microbatches", minimum=1)
+    limit = _fits(t, sequence_length)
+    work = t.astype(np.float64) if encoder is None else real_array(encoder, "encoder", minimum=0.0)
+    if work.shape != t.shape:
+        raise ValueError(f"encoder: shape {work.shape} does not match tokens {t.shape}")
+    return _pack(t, _parts(work, t), m, limit)
+
+
+def _tokens(values: Any) -> np.ndarray:
+    """`values` as one int64 token count >= 0 per sample."""
+    t = np.asarray(values)
+    if t.ndim != 1 or (t.size and (t.dtype.kind not in "iu" or t.min() < 0)):
+        raise ValueError(f"tokens: expected one integer >= 0 per sample, got {t.dtype} of shape {t.shape}")
+    return t.astype(np.int64)
+
+
+def _parts(work: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+    """N x 2: each sample's encoder work and tokens, each part over its mean (scale-free)."""
+    parts = np.empty((tokens.size, 2))
+    parts[:, 0], parts[:, 1] = work, tokens
+    mean = parts.mean(axis=0) if tokens.size else np.ones(2)
+    return parts / np.where(mean > 0, mean, 1.0)
+
+
+def _pack(tokens: np.ndarray, parts: np.ndarray, microbatches: int, limit: int | None,
+          where: str = "tokens") -> np.ndarray:
+    """:func:`pack_microbatches` on checked input (`where` names the samples in an error)."""
+    if tokens.size <= microbatches:
+        return np.arange(tokens.size, dtype=np.int64)
+    assignment = _core.balance_microbatches(parts, microbatches)
+    if limit is not None and np.bincount(assignment, weights=tokens, minlength=microbatches).max() > limit:
+        assignment = _pack_by_tokens(tokens, microbatches, limit, where)
+    return assignment
+
+
+def _fits(tokens: np.ndarray, sequence_length: int | None) -> int | None:
+    """`sequence_length` checked, after a ValueError naming the first sample longer than it."""
+    if sequence_length is None:
+        return None
+    limit = integer(sequence_length, "sequence_length", minimum=1)
+    if tokens.size and tokens.max() > limit:
+        i = int(np.argmax(tokens > limit))
+        raise ValueError(f"tokens[{i}]: a sample of {int(tokens[i])} tokens does not fit in one sequence of {limit}")
+    return limit
+
+
+def _pack_by_tokens(tokens: np.ndarray, microbatches: int, limit: int, where: str) -> np.ndarray:
+    """Largest sample first into the microbatch with the fewest tokens (worst-fit decreasing)."""
+    out = np.empty(tokens.size, np.int64)
+    heap = [(0, k) for k in range(microbatches)]
+    for i in np.argsort(-tokens, kind="stable").tolist():
+        used, k = heap[0]
+        if used + int(tokens[i]) > limit:
+            raise ValueError(f"{where}: {int(tokens.sum())} tokens in {tokens.size} samples do not pack into "
+                             f"{microbatches} sequences of {limit} (largest first into the emptiest)")
+        heapq.heapreplace(heap, (used + int(tokens[i]), k))
+        out[i] = k
+    return out
+
+
+def balance_replicas(image_cost: np.ndarray, image_owner: np.ndarray, replicas: int,
+                     image_slot: np.ndarray | None = None) -> np.ndarray:
+    """Moves of encoder work between data-parallel replicas: an int64 array of rows ``(image, from,
+    to)``, ``from`` the replica that owns the image's sample (its output goes back there), in the
+    order they were decided.
+
+    One greedy pass evens out a load over the replicas: those above the mean, heaviest first, give
+    images to the lightest one, the largest image that fits both in what the giver has above the
+    mean and in what the taker has below it (else the smallest, if the taker stays below the
+    giver) and that the taker may take. With `image_slot` (the LLM slot whose deadline each image
+    has), a pass per slot first evens out each slot's encoder seconds, a taker taking only while
+    its total stays within the largest total; then a pass over the totals with the images not yet
+    moved, a taker taking only while its load in the image's slot stays within that slot's
+    largest. So no pass raises the largest total or the largest load of a slot; an image moves at
+    most once and only away from its owner; images without cost stay."""
+    cost = real_array(image_cost, "image_cost", minimum=0.0)
+    r = integer(replicas, "replicas", minimum=1)
+    owner = _indices(image_owner, "image_owner", r, cost.shape)
+    moves: list[tuple[int, int, int]] = []
+    eligible = np.flatnonzero(cost > 0)
+    total = np.bincount(owner, weights=cost, minlength=r).tolist()
+    fits: Callable[[int, int, float], bool] = lambda image, taker, c: True  # noqa: E731
+    update: Callable[[int, int, int, float], None] = lambda image, giver, taker, c: None  # noqa: E731
+    if image_slot is not None:
+        slot = _indices(image_slot, "image_slot", INT64[1], cost.shape)
+        ids = eligible[np.lexsort((cost[eligible], owner[eligible], slot[eligible]))]
+        group_owner = owner[ids]
+        cuts = [0, *(np.flatnonzero(np.diff(slot[ids])) + 1).tolist(), ids.size]
+        keys = slot[ids] * r + group_owner
+        cap = max(total, default=0.0)
+
+        def within_total(image: int, taker: int, c: float) -> bool:
+            return total[taker] + c <= cap
+
+        def move_total(image: int, giver: int, taker: int, c: float) -> None:
+            total[giver] -= c
+            total[taker] += c
+
+        id_list, cost_list = ids.tolist(), cost[ids].tolist()
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            if lo == hi:
+                continue
+            bounds = (lo + np.searchsorted(keys[lo:hi], keys[lo] - group_owner[lo] + np.arange(r + 1))).tolist()
+            load = np.bincount(group_owner[lo:hi], weights=cost[ids[lo:hi]], minlength=r).tolist()
+            _even_out(id_list, cost_list, bounds, load, moves, within_total, move_total)
+        moved = np.zeros(cost.size, bool)
+        moved[[m[0] for m in moves]] = True
+        eligible = eligible[~moved[eligible]]
+        runs_on = owner.copy()
+        runs_on[[m[0] for m in moves]] = [m[2] for m in moves]
+        width = int(slot.max(initial=-1)) + 1
+        by_slot = np.bincount(runs_on * width + slot, weights=cost, minlength=r * width).reshape(r, width)
+        slot_cap, slot_load, slot_of = by_slot.max(axis=0).tolist(), by_slot.tolist(), slot.tolist()
+
+        def within_slot(image: int, taker: int, c: float) -> bool:
+            return slot_load[taker][slot_of[image]] + c <= slot_cap[slot_of[image]]
+
+        def move_slot(image: int, giver: int, taker: int, c: float) -> None:
+            slot_load[giver][slot_of[image]] -= c
+            slot_load[taker][slot_of[image]] += c
+
+        fits, update = within_slot, move_slot
+    ids = eligible[np.lexsort((cost[eligible], owner[eligible]))]
+    bounds = np.searchsorted(owner[ids], np.arange(r + 1)).tolist()
+    _even_out(ids.tolist(), cost[ids].tolist(), bounds, total, moves, fits, update)
+    return np.array(moves, np.int64).reshape(-1, 3)
+
+
+def _even_out(ids: list[int], costs: list[float], bounds: list[int], load: list[float],
+              moves: list[tuple[int, int, int]], fits: Callable[[int, int, float], bool],
+              update: Callable[[int, int, int, float], None]) -> None:
+    """One greedy pass of :func:`balance_replicas`: the images ``ids[bounds[k]:bounds[k + 1]]`` of
+    owner k (by cost, with ``costs`` alongside) even out `load` (per replica); ``fits(image, taker,
+    cost)`` says whether a taker may take an image, ``update`` is told of each move. A taker that
+    may take none of a giver's images that would help sits out until the next giver."""
+    mean = sum(load) / len(load)
+    takers = [(x, k) for k, x in enumerate(load) if x < mean]
+    heapq.heapify(takers)
+    for giver in sorted(range(len(load)), key=lambda k: -load[k]):
+        if load[giver] <= mean or not takers:
+            break
+        lo, hi = bounds[giver], bounds[giver + 1]
+        mine, images = costs[lo:hi], ids[lo:hi]
+        have, waiting = load[giver], []
+        while have > mean and takers and mine:
+            room, taker = takers[0]
+            k = bisect_right(mine, min(have - mean, mean - room)) - 1
+            if k < 0:
+                if room + mine[0] >= have:
+                    break
+                k = 0
+            while k >= 0 and not fits(images[k], taker, mine[k]):
+                k -= 1
+            if k < 0:
+                waiting.append(heapq.heappop(takers))
+                continue
+            c, image = mine.pop(k), images.pop(k)
+            moves.append((image, giver, taker))
+            update(image, giver, taker, c)
+            have, room = have - c, room + c
+            load[taker] = room
+            if room < mean:
+                heapq.heapreplace(takers, (room, taker))
+            else:
+                heapq.heappop(takers)
+        load[giver] = have
+        for entry in waiting:
+            heapq.heappush(takers, entry)
+
+
+def _indices(values: Any, where: str, bound: int, shape: tuple[int, ...]) -> np.ndarray:
+    """`values` as an int64 array of `shape` with entries in [0, bound)."""
+    a = np.asarray(values)
+    if a.shape != shape or (a.size and (a.dtype.kind not in "iu" or a.min() < 0 or a.max() >= bound)):
+        raise ValueError(f"{where}: expected {shape} integers in [0, {bound}), got {a.dtype} of shape {a.shape}")
+    return a.astype(np.int64)
+
+
+@dataclass(kw_only=True, slots=True)
+class StepBalance:
+    """One step's data balanced over the LLM's microbatches and the data-parallel replicas
+    (:func:`balance_step`). Samples and images are indexed as in the step's input."""
+
+    microbatch: np.ndarray
+    """The microbatch (of its owner's packing) of each sample."""
+    order: np.ndarray
+    """replicas x microbatches: ``order[r, s]`` the microbatch replica r runs in LLM slot s (a
+    permutation per row, by the bubble profile)."""
+    moves: np.ndarray
+    """Rows ``(image, from, to)``: image's encoder work runs on replica ``to``, its output goes
+    back to ``from``, the replica that owns its sample (an all-to-all each way)."""
+    runs_on: np.ndarray
+    """The replica that runs each image's encoder work."""
+    slot: np.ndarray
+    """The LLM slot of each image: the slot of its sample's microbatch on its owner (where its
+    output is needed, whichever replica computes it)."""
+    encoder_before: np.ndarray
+    """Encoder seconds of each replica on its own images."""
+    encoder_after: np.ndarray
+    """Encoder seconds of each replica after the moves."""
+    slot_load: np.ndarray
+    """replicas x microbatches: encoder seconds each replica runs for each LLM slot, after the
+    moves."""
+
+    @staticmethod
+    def _imbalance(load: np.ndarray) -> float:
+        mean = float(load.mean()) if load.size else 0.0
+        return float(load.max()) / mean if mean > 0 else 1.0
+
+    @property
+    def imbalance_before(self) -> float:
+        """The replicas' largest over mean encoder seconds before balancing (1 when even)."""
+        return self._imbalance(self.encoder_before)
+
+    @property
+    def imbalance_after(self) -> float:
+        """The replicas' largest over mean encoder seconds after balancing."""
+        return self._imbalance(self.encoder_after)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The balance as a pybubble.step_balance/1 document (plain JSON types)."""
+        return {"format": STEP_BALANCE_FORMAT, "replicas": int(self.order.shape[0]),
+                "microbatches": int(self.order.shape[1]),
+                "imbalance_before": self.imbalance_before, "imbalance_after": self.imbalance_after,
+                "microbatch": self.microbatch.tolist(), "order": self.order.tolist(),
+                "moves": self.moves.tolist(), "slot": self.slot.tolist(),
+                "encoder_before": self.encoder_before.tolist(), "encoder_after": self.encoder_after.tolist(),
+                "slot_load": self.slot_load.tolist()}
+
+
+def balance_step(image_cost: np.ndarray, image_sample: np.ndarray, tokens: np.ndarray, owner: np.ndarray, *,
+                 replicas: int, microbatches: int, sequence_length: int | None = None,
+                 bubble: np.ndarray | None = None) -> StepBalance:
+    """One step, before it starts: each replica's samples (``owner[i]`` the replica of sample i)
+    packed into its `microbatches` (:func:`pack_microbatches` on `tokens` and the samples' encoder
+    seconds), its microbatches ordered by :func:`order_by_bubbles` against `bubble` (one room per
+    LLM slot; by default :func:`middle_room`, light first and last; :func:`deadline_gaps` gives one
+    from the step's problem), then images' encoder work moved between replicas
+    (:func:`balance_replicas`, by slot). ``image_cost[j]`` is the encoder seconds of image j, which
+    belongs to sample ``image_sample[j]`` (e.g. :class:`EncoderCost` on its tiles)."""
+    r = integer(replicas, "replicas", minimum=1)
+    m = integer(microbatches, "microbatches", minimum=1)
+    cost = real_array(image_cost, "image_cost", minimum=0.0)
+    t = _tokens(tokens)
+    n = t.size
+    sequence_length = _fits(t, sequence_length)
+    sample = _indices(image_sample, "image_sample", n, cost.shape)
+    own = _indices(owner, "owner", r, t.shape)
+    work = np.bincount(sample, weights=cost, minlength=n)
+    microbatch = np.empty(n, np.int64)
+    by_owner = np.argsort(own, kind="stable")
+    bounds = np.searchsorted(own[by_owner], np.arange(r + 1)).tolist()
+    t_sorted, parts = t[by_owner], _parts(work, t)[by_owner]
+    for k in range(r):
+        lo, hi = bounds[k], bounds[k + 1]
+        microbatch[by_owner[lo:hi]] = _pack(t_sorted[lo:hi], parts[lo:hi], m, sequence_length,
+                                            f"tokens (replica {k})")
+    load = np.bincount(own * m + microbatch, weights=work, minlength=r * m).reshape(r, m)
+    room = middle_room(m) if bubble is None else real_array(bubble, "bubble")
+    if room.shape != (m,):
+        raise ValueError(f"bubble: shape {room.shape}, expected ({m},): one room per microbatch")
+    order = order_by_bubbles(load, room)
+    slot_of = np.empty((r, m), np.int64)
+    np.put_along_axis(slot_of, order, np.broadcast_to(np.arange(m), (r, m)), axis=1)
+    image_owner = own[sample]
+    slot = slot_of[image_owner, microbatch[sample]]
+    moves = balance_replicas(cost, image_owner, r, slot)
+    runs_on = image_owner.copy()
+    runs_on[moves[:, 0]] = moves[:, 2]
+    return StepBalance(microbatch=microbatch, order=order, moves=moves, runs_on=runs_on, slot=slot,
+                       encoder_before=np.bincount(image_owner, weights=cost, minlength=r),
+                       encoder_after=np.bincount(runs_on, weights=cost, minlength=r),
+                       slot_load=np.bincount(runs_on * m + slot, weights=cost, minlength=r * m).reshape(r, m))

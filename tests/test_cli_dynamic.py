@@ -94,7 +94,7 @@ def test_mix_data_over_replicas_adds_a_mode_and_the_imbalance(tmp_path, config):
     assert "balanced_dp" in r.stdout and "before balancing" in r.stdout
     doc = json.loads(out.read_text())
     assert doc["data"] == "mix" and doc["replicas"] == 3
-    assert set(doc["modes"]) == {"static", "balanced", "online", "choice", "balanced_dp"}
+    assert set(doc["modes"]) == {"static", "balanced", "ordered", "online", "choice", "balanced_dp"}
     before, after = doc["imbalance"]["before"], doc["imbalance"]["after"]
     assert len(before) == len(after) == 3
     assert all(1.0 <= a <= b + 1e-12 for a, b in zip(after, before)) and max(before) > 1.0

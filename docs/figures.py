@@ -32,7 +32,7 @@ QUICKSTART = "pybubble plan examples/quickstart.yaml --plot plan.png"
 FIGURES = {
     "plan.png": QUICKSTART,
     "plan_3072_end.png":
-        "pybubble plan examples/optimus/strong_3072.yaml --plot plan_3072_end.png --window 2950:3250",
+        "pybubble plan examples/optimus/strong_3072.yaml --plot plan_3072_end.png --window 2750:3170",
     "bubbles.png": "pybubble bubbles --schedule interleaved_1f1b --stages 8 --microbatches 32 --chunks 12 "
                    "--tp-count 2 --tp-duration 60 --dp-allgather 3000 --dp-reducescatter 8000 --plot bubbles.png",
     "dynamic.png": "pybubble dynamic examples/quickstart.yaml --steps 50 --plot dynamic.png",

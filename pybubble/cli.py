@@ -242,6 +242,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     console.print(f"LLM plan: DP {p.dp} x PP {p.pp} x TP {p.tp}, {p.schedule}"
                   + (f" (vpp {p.vpp})" if p.vpp > 1 else "") + f", {c.microbatches} microbatches; "
                   f"LLM alone {_ms(llm_alone)}")
+    bound = report.lower_bound
+    if bound is not None:
+        console.print(f"lower bound {_ms(bound)} ({bound / llm_alone - 1:+.2%}): no schedule of these encoder plans "
+                      f"in the LLM's bubbles is shorter; pybubble {report.step_time / bound - 1:+.2%} above it")
     t = table()
     for col in ("layout", "step\n(ms)", "vs\nmegatron", "MFU", "encoder\nin bubbles", "memory\nGB/GPU", "GPUs"):
         t.add_column(col, justify="left" if col == "layout" else "right")
@@ -262,6 +266,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for row in rows:  # a list like [1, 5, 5, 5] wraps as one word
         layouts.add_row(row.name, re.sub(r"\[[^\]]*\]", lambda m: m.group(0).replace(", ", ","), row.layout))
     console.print(layouts)
+    for f in report.features if report.in_pipeline is None else []:
+        bought = "" if f.step_without is None else f"; without it {_ms(f.step_without)} ({f.without})"
+        console.print(f"pybubble uses {f.name}: {f.uses}{bought}")
     s = report.search.stats
     console.print(f"planned in {report.planner_seconds:.3f} s: {s.plans} encoder plans ({s.plans_pruned} pruned by "
                   f"bound, {s.plans_out_of_memory} out of memory),\n{s.scheduled} partitions scheduled "
@@ -379,7 +386,7 @@ def _calibrate_on_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_dynamic(args: argparse.Namespace) -> int:
-    """Compare static, balanced, online and per-batch plan choice on batches that change."""
+    """Compare static, balanced, ordered, online and per-batch plan choice on batches that change."""
     import numpy as np
 
     from .config.documents import write_document
@@ -413,7 +420,8 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
             + (("replicas wait (ms, mean)",) if replicas else ()):
         t.add_column(col, justify="left" if col == "mode" else "right")
     # balanced: balancing plus rescheduling; choice: all plans it evaluated
-    took = {"online": result.reschedule, "balanced": result.balance_took, "choice": result.choice_took}
+    took = {"online": result.reschedule, "balanced": result.balance_took, "ordered": result.order_took,
+            "choice": result.choice_took}
     for mode, s in summ.items():
         median = f"{float(np.median(took[mode])) * 1e3:.3f}" if mode in took else "-"
         wait = (f"{float(np.mean(result.dp_wait[mode])) / 1e3:,.2f}",) if replicas else ()
@@ -437,8 +445,7 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
         with drawing(args.plot):
             result.save_plot(args.plot, title=f"{os.path.basename(args.config)}: step time over {args.steps} "
                                               "batches whose encoder work changes")
-    summary("dynamic", **{f"{mode}_ms": round(s["mean"] / 1e3, 1) for mode, s in summ.items()},
-            choice_gain=summ["choice"]["gain_vs_static"])
+    summary("dynamic", **{f"{mode}_ms": round(s["mean"] / 1e3, 1) for mode, s in summ.items()})
     return 0
 
 
@@ -663,8 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _command(sub, "dynamic", cmd_dynamic,
                  "Draws batches whose images per sample change, and compares per batch: the static plan, samples\n"
-                 "balanced over microbatches, online rescheduling, and a per-batch choice among the best plans\n"
-                 "(docs/dynamic.md).",
+                 "balanced over microbatches, microbatches ordered by their encoder work, online rescheduling, and a\n"
+                 "per-batch choice among the best plans (docs/dynamic.md).",
                  "pybubble dynamic examples/quickstart.yaml --steps 100 --plot steps.png")
     p.add_argument("config", help="the planning config (YAML)")
     p.add_argument("--steps", type=int, default=200, metavar="N", help="batches to draw")

@@ -28,14 +28,14 @@ def test_runs_every_mode_and_writes_json_and_plot(tmp_path, config):
     out, plot = tmp_path / "r.json", tmp_path / "steps.png"
     r = run(config, "--steps", 6, "--seed", 3, "--json", out, "--plot", plot, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    for mode in ("static", "balanced", "online", "choice"):
+    for mode in ("static", "balanced", "ordered", "online", "choice"):
         assert mode in r.stdout
     doc = json.loads(out.read_text())
     assert doc["format"] == "pybubble.dynamic/1"
     assert {"steps", "seed", "horizon", "budget_ms", "plans", "modes", "reschedule_ms", "chosen",
             "evaluated"} <= set(doc)
     assert doc["steps"] == 6 and doc["seed"] == 3 and doc["budget_ms"] == 10.0
-    assert set(doc["modes"]) == {"static", "balanced", "online", "choice"}
+    assert set(doc["modes"]) == {"static", "balanced", "ordered", "online", "choice"}
     for mode in doc["modes"].values():
         assert len(mode["step_time"]) == 6
         assert {"mean", "p95", "gain_vs_static"} <= set(mode)
@@ -44,6 +44,10 @@ def test_runs_every_mode_and_writes_json_and_plot(tmp_path, config):
     # the choice always reschedules the plan that `online` uses, so it is never worse
     choice, online = doc["modes"]["choice"]["step_time"], doc["modes"]["online"]["step_time"]
     assert all(c <= o for c, o in zip(choice, online))
+    # ordering by encoder work keeps the loader's order when no other is shorter: never behind online
+    assert all(o <= n for o, n in zip(doc["modes"]["ordered"]["step_time"], online))
+    assert set(doc["order_chosen"]) == {"loader", "light_ends", "heavy_ends", "ascending", "descending"}
+    assert sum(doc["order_chosen"].values()) == 6
     assert 1 <= len(doc["plans"]) <= 4
     assert all(1 <= e <= len(doc["plans"]) for e in doc["evaluated"])
     assert all(0 <= c < len(doc["plans"]) for c in doc["chosen"])
@@ -90,7 +94,7 @@ def test_mix_data_over_replicas_adds_a_mode_and_the_imbalance(tmp_path, config):
     assert "balanced_dp" in r.stdout and "before balancing" in r.stdout
     doc = json.loads(out.read_text())
     assert doc["data"] == "mix" and doc["replicas"] == 3
-    assert set(doc["modes"]) == {"static", "balanced", "online", "choice", "balanced_dp"}
+    assert set(doc["modes"]) == {"static", "balanced", "ordered", "online", "choice", "balanced_dp"}
     before, after = doc["imbalance"]["before"], doc["imbalance"]["after"]
     assert len(before) == len(after) == 3
     assert all(1.0 <= a <= b + 1e-12 for a, b in zip(after, before)) and max(before) > 1.0

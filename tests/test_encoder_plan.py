@@ -116,3 +116,84 @@ def test_full_problem_loads_schedules_and_validates(pp_enc, tp_enc, frozen):
     sched = pybubble.schedule_problem(problem)
     assert pybubble.validate(problem, sched) == []
     assert sched.step_time >= horizon
+
+
+def work_of(encoders, plan, images, frozen=False):
+    from pybubble.problem.encoder import EncoderWork
+    return EncoderWork(encoders, plan=plan, micro_batch=images, costs=CostModel("h100"), frozen=frozen)
+
+
+def test_split_images_gives_whole_images_in_proportion():
+    plan = EncoderPlan(pp_enc=1, tp_enc=1, pp_llm=4, tp_llm=2)  # 8 pipelines
+    work = work_of([SMALL, SMALL], plan, [13, 3])
+    even = work.split_images([1] * 8)
+    assert [sum(p[e] for p in even) for e in (0, 1)] == [13, 3]
+    assert sorted(p[0] for p in even) == [1, 1, 1, 2, 2, 2, 2, 2]  # as even as whole images go
+    assert even[-1] == (2, 1) and even[0][1] == 0  # ties go to the last pipelines
+    lopsided = work.split_images([0, 0, 0, 0, 0, 0, 1, 3])
+    assert [p[0] for p in lopsided] == [0] * 6 + [3, 10] and [p[1] for p in lopsided] == [0] * 6 + [1, 2]
+    with pytest.raises(ValueError, match=r"share: .* gives the microbatch to no pipeline"):
+        work.split_images([0] * 8)
+    with pytest.raises(ValueError, match=r"share\[2\]: -1"):
+        work.split_images([1, 1, -1, 1, 1, 1, 1, 1])
+
+
+@pytest.mark.parametrize("pp_enc, tp_enc", [(1, 1), (2, 1), (1, 2)])
+def test_whole_placements_are_the_partition_and_spread_ones_split_every_piece(pp_enc, tp_enc):
+    plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=4, tp_llm=2)
+    work = work_of(SMALL, plan, 6)
+    m = plan.pipelines
+    partition = [2] * m
+    whole = work.layout_tasks([i for i in range(m) for _ in range(2)])
+    same = work.tasks(partition)
+    for key in ("lane", "duration", "resource", "phase", "microbatch", "after_offset", "after"):
+        assert (getattr(whole, key) == getattr(same, key)).all(), key
+    assert (work.layout_bytes([i for i in range(m) for _ in range(2)]) == work.lane_bytes(partition)).all()
+    share = [1] * m
+    spread = work.layout_tasks([share, 0, share])
+    tasks = spread.to_dicts()
+    check_structure(tasks)
+    pieces = [images for images in work.split_images(share) if images[0]]
+    one = [work.microbatch_tasks(i, images) for i, images in enumerate(work.split_images(share)) if images[0]]
+    assert sum(t["microbatch"] == 0 for t in tasks) == sum(len(t) for t in one) and len(pieces) == min(m, 6)
+    # every piece on its own pipeline's lanes, with its own images' durations
+    lanes = {plan.lane(i, e) for i, images in enumerate(work.split_images(share)) if images[0] for e in range(pp_enc)}
+    assert {t["lane"] for t in tasks if t["microbatch"] == 0 and t["resource"] == "compute"} == lanes
+    assert sum(t["duration"] for t in tasks if t["microbatch"] == 0) == pytest.approx(sum(t.duration.sum() for t in one))
+    # merged fraction by fraction: the first forward tasks are the first kernels of every piece
+    fwd = [t for t in tasks if t["microbatch"] == 0 and t["phase"] == "fwd"]
+    assert {t["lane"] for t in fwd[:len(pieces)]} == {plan.lane(i, 0) for i, im in enumerate(work.split_images(share)) if im[0]}
+    # a spread microbatch holds its share of the activations on each pipeline
+    states = work.lane_bytes([0] * m)
+    one = (work.lane_bytes([1] + [0] * (m - 1)) - states).sum()  # one whole microbatch's activations
+    held = work.layout_bytes([share] * 6) - states
+    assert held.sum() == pytest.approx(6 * one, rel=1e-9) and held.max() < 6 * one
+    problem = pybubble.Problem.from_arrays(pybubble.problem.problem.ProblemArrays(
+        horizon=1e5, compute_free=pybubble.Windows.whole(plan.pp_llm * plan.lanes_per_stage, 0, 1e5),
+        link_free=pybubble.Windows.whole(plan.pp_llm * plan.lanes_per_stage, 0, 1e5),
+        forward_needed=[1e4, 2e4, 3e4], grad_ready=[5e4, 6e4, 7e4], tasks=spread))
+    assert pybubble.validate(problem, pybubble.schedule_problem(problem)) == []
+    with pytest.raises(ValueError, match=r"layout\[1\]: .* is neither a pipeline nor a share"):
+        work.layout_tasks([0, [1, 2]])
+    with pytest.raises(ValueError, match=r"layout\[0\]: 99"):
+        work.layout_tasks([99])
+
+
+def test_a_frozen_encoder_spread_has_no_backward():
+    plan = EncoderPlan(pp_enc=1, tp_enc=1, pp_llm=2, tp_llm=2)
+    work = work_of(SMALL, plan, 4, frozen=True)
+    assert (work.layout_tasks([[1, 1, 1, 1], [0, 0, 1, 1]]).phase == 0).all()
+
+
+def test_piece_images_are_checked():
+    plan = EncoderPlan(pp_enc=1, tp_enc=1, pp_llm=2, tp_llm=1)
+    work = work_of([SMALL, SMALL], plan, [4, 2])
+    one_encoder, both, whole = (work.microbatch_tasks(0, images) for images in ([1, 0], [1, 1], None))
+    assert len(one_encoder) * 2 == len(both) == len(whole)  # a chain per encoder with images
+    assert one_encoder.duration.sum() < both.duration.sum() < whole.duration.sum()
+    with pytest.raises(ValueError, match=r"images: \[1\] is not one image count for each of the 2 encoders"):
+        work.microbatch_tasks(0, [1])
+    with pytest.raises(ValueError, match=r"images\[1\]: 3"):
+        work.microbatch_tasks(0, [1, 3])
+    with pytest.raises(ValueError, match="holds no image"):
+        work.microbatch_tasks(0, [0, 0])

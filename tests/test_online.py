@@ -79,7 +79,7 @@ def test_ranked_candidates_are_the_best_plans_on_the_mean_batch(ranked):
     assert steps[0] <= min(even.values())
     assert len({(c.plan.pp_enc, c.plan.tp_enc) for c in ranked}) == 4  # four different plans
     assert {c.problem.num_microbatches for c in ranked} == {config.microbatches}
-    assert all(sum(c.partition) == config.microbatches for c in ranked)
+    assert all(sum(c.partition) + sum(c.spread) == config.microbatches for c in ranked)
 
 
 def test_choice_is_the_best_reschedule_when_the_budget_allows_all(ranked):
@@ -89,7 +89,7 @@ def test_choice_is_the_best_reschedule_when_the_budget_allows_all(ranked):
     chooser = PlanChooser(ranked, budget=10.0)
     refs = [pybubble.OnlineScheduler(c.problem) for c in ranked]
     picked = set()
-    for _ in range(12):
+    for _ in range(40):  # the best plan on the mean batch (spread, more warm-up) wins most batches
         scale = rng.lognormal(0.0, 0.8, ranked[0].problem.num_microbatches)
         got = chooser.choose(scale)
         steps = [r.reschedule(r.scaled_durations(scale)).step_time for r in refs]

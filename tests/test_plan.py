@@ -44,17 +44,39 @@ def test_plan_prints_the_comparison(quickstart):
 def test_plan_json_has_exactly_the_promised_keys(quickstart):
     out, _ = quickstart
     doc = json.loads((out / "p.json").read_text())
-    assert set(doc) == {"baselines", "pybubble", "speedup_vs_megatron", "planner_seconds"}
+    assert set(doc) == {"baselines", "pybubble", "llm_alone_s", "lower_bound_s", "encoder_plans", "warmups",
+                        "speedup_vs_megatron", "planner_seconds"}
     assert set(doc["baselines"]) == {"megatron", "megatron_balanced", "coarse"}
     assert all(set(b) == ({"step_time_s", "fits", "hidden_fraction"} if name == "coarse" else {"step_time_s", "fits"})
                and b["step_time_s"] > 0 and b["fits"] is True for name, b in doc["baselines"].items())
     assert 0.0 <= doc["baselines"]["coarse"]["hidden_fraction"] <= 1.0
     pb = doc["pybubble"]
-    assert set(pb) == {"step_time_s", "layout", "encoder_plan", "partition", "hidden_fraction", "mfu"}
+    assert set(pb) == {"step_time_s", "layout", "encoder_plan", "partition", "spread", "warmup", "features",
+                       "lower_bound_s", "hidden_fraction", "mfu"}
+    # what the plan uses, each with the step without it: never shorter than the plan's
+    names = [f["name"] for f in pb["features"]]
+    assert set(names) <= {"spread", "warmup"} and len(names) == len(set(names))
+    assert all(set(f) == {"name", "uses", "without", "step_without_s"} for f in pb["features"])
+    assert ("spread" in names) == (pb["spread"] is not None) and ("warmup" in names) == (pb["warmup"] is not None)
+    assert all(f["step_without_s"] is None or f["step_without_s"] >= pb["step_time_s"] for f in pb["features"])
     assert pb["layout"] == "bubbles"
     assert set(pb["encoder_plan"]) == {"dp", "pp", "tp"}
     cfg = load_config(QUICKSTART)
-    assert sum(pb["partition"]) == cfg.microbatches
+    spread = pb["spread"] or {"head": 0, "tail": 0}
+    assert sum(pb["partition"]) + spread["head"] + spread["tail"] == cfg.microbatches
+    # the bound: below every plan's step, the config's bound the least of them, pybubble above it
+    plans = doc["encoder_plans"]
+    assert plans and all(set(p) == {"pp", "tp", "dp", "step_time_s", "lower_bound_s", "states_fit"} for p in plans)
+    assert all(p["lower_bound_s"] <= p["step_time_s"] * (1 + 1e-12) for p in plans if p["step_time_s"] is not None)
+    warmups = doc["warmups"]
+    assert all(set(w) == {"extra", "llm_alone_s", "lower_bound_s", "step_time_s"} for w in warmups)
+    assert all(w["lower_bound_s"] <= w["step_time_s"] * (1 + 1e-12) for w in warmups if w["step_time_s"] is not None)
+    assert doc["lower_bound_s"] == min([p["lower_bound_s"] for p in plans if p["states_fit"]]
+                                       + [w["lower_bound_s"] for w in warmups if w["lower_bound_s"] is not None])
+    assert min(doc["llm_alone_s"], *(w["llm_alone_s"] for w in warmups)) <= doc["lower_bound_s"]
+    assert doc["lower_bound_s"] <= pb["lower_bound_s"] <= pb["step_time_s"] * (1 + 1e-12)
+    # the quickstart: within 3% of the LLM alone (issue 30), within 1.5% of the bound
+    assert pb["step_time_s"] <= 1.03 * doc["llm_alone_s"] and pb["step_time_s"] <= 1.015 * doc["lower_bound_s"]
     assert pb["encoder_plan"]["dp"] == len(pb["partition"]) * cfg.llm_plan.dp
     assert 0.0 <= pb["hidden_fraction"] <= 1.0 and 0.0 < pb["mfu"] < 1.0
     assert doc["speedup_vs_megatron"] == pytest.approx(doc["baselines"]["megatron"]["step_time_s"] / pb["step_time_s"])
@@ -67,6 +89,9 @@ def test_plan_trace_has_a_track_per_lane_with_ops_bubbles_and_encoder_kernels(qu
     cfg = load_config(QUICKSTART)
     report = plan(cfg)
     best, stages = report.best, cfg.llm_plan.pp
+    # the quickstart's plan: valid, within memory, its LLM step the one the trace draws
+    assert pybubble.validate(best.problem, best.schedule) == []
+    assert best.memory_bytes <= cfg.memory_gb * 1e9 and best.problem.horizon == best.step.timeline.step_time
     slices = [e for e in events if e["ph"] == "X"]
     assert {e["cat"] for e in slices} == {"op", "bubble", "encoder"}
     assert {e["pid"] for e in slices} == set(range(stages))
@@ -81,6 +106,15 @@ def test_plan_trace_has_a_track_per_lane_with_ops_bubbles_and_encoder_kernels(qu
     assert min(e["ts"] for e in slices) >= 0.0
     assert max(e["ts"] + e["dur"] for e in slices) == pytest.approx(best.step_time, rel=1e-9)
     assert {e["name"] for e in slices if e["cat"] == "bubble"} <= set(BUBBLE_KINDS)
+    # a spread microbatch's kernels name their piece's images and lane: the pieces hold all its images
+    pieces: dict[int, dict[int, list[int]]] = {}
+    for e in encoder:
+        if e["args"]["phase"] == "fwd" and e["name"].startswith("enc"):
+            assert set(e["args"]) == {"task", "microbatch", "phase", "images", "lane"}
+            pieces.setdefault(e["args"]["microbatch"], {})[e["args"]["lane"]] = e["args"]["images"]
+    spread = best.spread_microbatches
+    assert spread and all(len(pieces[j]) > 1 for j in spread)
+    assert all([sum(p[0] for p in pieces[j].values())] == cfg.encoder_images for j in pieces)
 
 
 def test_report_to_json_is_the_text_of_to_dict(quickstart):
@@ -146,10 +180,13 @@ def test_plan_derives_the_llm_step_once(monkeypatch):
     monkeypatch.setattr(llm_step.LLMStep, "of", classmethod(counted("steps", of)))
     monkeypatch.setattr(llm_step, "_simulate", counted("timelines", simulate))
     monkeypatch.setattr(llm_step, "_stage_memory", counted("memory", memory))
-    plan(config, workers=1)
+    report = plan(config, workers=1)
     # one LLM step: its layer's forward and backward kernels (times and TP collectives); then the two
-    # Megatron layouts simulate their own steps (encoder layers added) and count their own memory
-    assert calls == {"llm_layer_kernels": 2, "steps": 1, "timelines": 3, "memory": 3}
+    # Megatron layouts simulate their own steps (encoder layers added) and count their own memory, and
+    # each warm-up depth tried simulates its own table from the same layer times
+    tried = len(report.search.warmups)
+    assert tried == 3
+    assert calls == {"llm_layer_kernels": 2, "steps": 1, "timelines": 3 + tried, "memory": 3 + tried}
 
 
 ENCODER_TOKENS = {"vit-l-14": 257, "siglip-so400m": 729, "vit-3b": 256, "vit-h-14": 257}

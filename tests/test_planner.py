@@ -86,18 +86,22 @@ def test_frozen_encoders_have_no_backward_tasks():
 
 
 def _brute_force(cfg):
-    """The best step over every plan and every partition, scheduled one by one."""
+    """The best step over every plan, every partition and the spread layouts the search tries,
+    scheduled one by one."""
     step = LLMStep.of(cfg)
     best = math.inf
     for plan in encoder_plans(cfg):
         for partition in compositions(cfg.microbatches, plan.pipelines):
             best = min(best, pybubble.schedule_problem(encoder_problem(step, plan, list(partition))).step_time)
+        space = planner._PlanSpace(step, plan, step.encoder_windows(plan.lanes_per_stage))
+        for head, tail in space.spread_choices():
+            best = min(best, space.layout_candidate(space.spread_layout(head, tail), (head, tail)).step_time)
     return best
 
 
 def test_search_finds_the_brute_force_optimum_when_it_enumerates():
     cfg = load_config(TINY)
-    found = search(cfg, workers=2)
+    found = search(cfg, workers=2, warmup=False)  # the brute force is on the config's own schedule
     assert found.best.step_time == pytest.approx(_brute_force(cfg), rel=1e-12)
     assert found.stats.plans == len(encoder_plans(cfg))
     assert found.top[0] is found.best and [c.step_time for c in found.top] == sorted(c.step_time for c in found.top)
@@ -106,7 +110,7 @@ def test_search_finds_the_brute_force_optimum_when_it_enumerates():
 def test_local_search_never_loses_to_the_even_partition(monkeypatch):
     cfg = load_config(TINY)
     monkeypatch.setattr(planner, "EXHAUSTIVE", 0)  # local search everywhere
-    found = search(cfg, workers=1)
+    found = search(cfg, workers=1, warmup=False)
     even = min(pybubble.schedule_problem(encoder_problem(found.step, p, even_split(cfg.microbatches, p.pipelines))).step_time
                for p in encoder_plans(cfg))
     assert _brute_force(cfg) <= found.best.step_time <= even
@@ -135,13 +139,13 @@ def test_partition_bound_never_exceeds_the_scheduled_step(space, cuts):
 
 def test_memory_prunes_plans_and_a_too_small_budget_is_an_error():
     cfg = load_config(SMALL)
-    full = search(cfg, keep=len(encoder_plans(cfg)))  # no plan pruned: top holds every plan's best
+    full = search(cfg, keep=len(encoder_plans(cfg)), warmup=False)  # no plan pruned: top holds every plan's best
     assert len(full.top) == len(encoder_plans(cfg))
     need = [c.memory_bytes for c in full.top]
     # a budget between the leanest and the hungriest plan: the hungriest ones go
     limit = (min(need) + max(need)) / 2 / GB
-    tight = search(load_config({**SMALL, "memory_gb": limit}))
-    assert tight.best.memory_bytes <= limit * GB
+    tight = search(load_config({**SMALL, "memory_gb": limit}), keep=len(encoder_plans(cfg)), warmup=False)
+    assert tight.best.memory_bytes <= limit * GB and all(c.memory_bytes <= limit * GB for c in tight.top)
     assert tight.stats.memory_pruned + tight.stats.plans_out_of_memory > 0
     llm_only = full.llm_memory_bytes / GB
     with pytest.raises(ValueError, match="memory_gb: no encoder plan fits"):
@@ -202,3 +206,77 @@ def test_coarse_fills_only_the_edge_bubbles_and_the_plan_is_never_worse():
         assert any(s <= start[i] and end[i] <= e + 1e-6 for s, e in edges.of(int(t.lane[i])))
     assert 0.0 < coarse.hidden_fraction < 1.0
     assert found.best.step_time <= coarse.step_time * (1 + 1e-12)
+
+
+def test_warmup_depth_is_simulated_from_its_own_table(tmp_path):
+    from pybubble.llm.step import default_warmup
+    from pybubble.llm.tables import load_csv, save_csv
+
+    step = LLMStep.of(load_config(SMALL))
+    same = step.with_warmup((0, 0, 0, 0))
+    assert same.timeline.step_time == step.timeline.step_time and same.action_table() == step.action_table()
+    deeper = step.with_warmup((2, 1, 0, 0))
+    table = deeper.action_table()
+    for r, extra in enumerate((2, 1, 0, 0)):
+        row = [str(a) for a in table[r]]
+        first_b = next(i for i, a in enumerate(row) if "B" in a)
+        assert first_b == default_warmup(step.config.llm_plan, 8)[r] + extra + 1  # its forwards, then 1F1B
+        assert sorted(row) == sorted(str(a) for a in step.action_table()[r])  # the same actions, reordered
+    # rank 0 holds two more microbatches' activations at its peak; the others as before or fewer
+    per_mb = deeper.memory[0] - step.memory[0]
+    assert per_mb > 0 and deeper.memory[2] == step.memory[2]
+    save_csv(table, tmp_path / "t.csv")
+    assert load_csv(tmp_path / "t.csv") == table
+    with pytest.raises(ValueError, match="warmup: .* is not one count for each of the 4 pipeline ranks"):
+        step.with_warmup((1, 1))
+    with pytest.raises(ValueError, match=r"warmup\[1\]: -1"):
+        step.with_warmup((0, -1, 0, 0))
+
+
+def test_search_tries_warmup_depths_and_keeps_the_better():
+    cfg = load_config(SMALL)
+    found = search(cfg)
+    assert [w.extra for w in found.warmups] == planner.warmup_variants(found.step) == [(1, 1, 1, 0), (2, 2, 2, 0),
+                                                                                      (3, 2, 1, 0)]
+    tried = [w.best.step_time for w in found.warmups if w.best is not None]
+    assert found.best.step_time == min([found.default_best.step_time, *tried])
+    assert found.bound.step_time <= min(w.bound.step_time for w in found.warmups)
+    best = found.best
+    assert pybubble.validate(best.problem, best.schedule) == []
+    assert best.problem.horizon == best.step.timeline.step_time
+    # no warm-up count to change: zero-bubble schedules keep their table
+    zb = load_config({**SMALL, "llm_plan": {**SMALL["llm_plan"], "schedule": "zb_h1"}})
+    assert search(zb).warmups == [] and planner.warmup_variants(LLMStep.of(zb)) == []
+
+
+def test_prefetch_runs_a_frozen_encoders_next_forwards_in_this_step():
+    from pybubble.planner.report import plan as plan_report
+    from pybubble.problem.problem import prefetched_needs
+
+    frozen = {**SMALL, "encoders": [{"preset": "vit-l-14", "tokens_per_sample": 8 * 257, "frozen": True}]}
+    plain = search(load_config(frozen), warmup=False)
+    ahead_cfg = load_config({**frozen, "training": {**frozen["training"], "prefetch": 2}})
+    ahead = search(ahead_cfg, warmup=False)
+    tl = ahead.step.timeline
+    a = ahead.best.problem.arrays()
+    assert list(a.forward_needed[:2]) == [tl.step_time] * 2 and list(a.grad_ready[:2]) == [tl.step_time] * 2
+    assert list(a.forward_needed[2:]) == list(tl.forward_needed[2:])
+    assert pybubble.validate(ahead.best.problem, ahead.best.schedule) == []
+    assert ahead.bound.step_time <= ahead.best.step_time <= plain.best.step_time
+    assert ahead.bound.step_time <= plain.bound.step_time
+    report = plan_report(ahead_cfg)
+    used = {f.name: f for f in report.features}
+    assert "prefetch" in used and used["prefetch"].step_without >= report.best.step_time
+    assert "frozen" in used["prefetch"].uses
+    with pytest.raises(ValueError, match=r"prefetch: 9 is not an integer in \[0, 8\]"):
+        prefetched_needs(tl, 9)
+
+
+def test_prefetch_needs_frozen_encoders_and_enough_microbatches():
+    with pytest.raises(ValueError, match="training.prefetch: 1 needs every encoder frozen, but vit-l-14 trains"):
+        load_config({**SMALL, "training": {**SMALL["training"], "prefetch": 1}})
+    frozen = {**SMALL, "encoders": [{"preset": "vit-l-14", "frozen": True}]}
+    with pytest.raises(ValueError, match="training.prefetch: 9 is more than the 8 microbatches"):
+        load_config({**frozen, "training": {**frozen["training"], "prefetch": 9}})
+    with pytest.raises(ValueError, match="training.prefetch: -1"):
+        load_config({**frozen, "training": {**frozen["training"], "prefetch": -1}})

@@ -87,16 +87,19 @@ def test_the_encoders_kernels_are_drawn_in_full_in_their_lane_rows(tmp_path, fig
     report = pybubble.plan(pybubble.load_config(QUICKSTART))
     report.save_plot(tmp_path / "p.png")
     ax = figures[0].axes[0]
-    green = [c for c in ax.collections
-             if len(c.get_facecolor()) and np.allclose(c.get_facecolor()[0][:3], _rgb(gantt.ENCODER_COLOURS[0]))]
-    assert green, "the encoder's forward kernels are drawn"
     best = report.best
     t = best.problem.arrays().tasks
     start = best.schedule.start + best.schedule.shift_front
+    spread = np.isin(t.microbatch, best.spread_microbatches)
+    assert spread.any() and not spread.all(), "the quickstart spreads its head and tail, not the rest"
     fwd = (t.resource == 0) & (t.phase == 0)
-    drawn = sum(_area(c) for c in green)  # ms x row height
     lane_h = 0.34
-    assert drawn / lane_h == pytest.approx(t.duration[fwd].sum() / 1e3, rel=0.02)
+    for colour, which in ((gantt.ENCODER_COLOURS[0], ~spread), (gantt.SPREAD_COLOURS[0], spread)):
+        green = [c for c in ax.collections
+                 if len(c.get_facecolor()) and np.allclose(c.get_facecolor()[0][:3], _rgb(colour))]
+        assert green, "the encoder's forward kernels are drawn"
+        drawn = sum(_area(c) for c in green)  # ms x row height
+        assert drawn / lane_h == pytest.approx(t.duration[fwd & which].sum() / 1e3, rel=0.02)
     assert start.min() >= 0.0
 
 

@@ -68,3 +68,18 @@ def test_microbatch_loads_in_order_or_by_assignment():
 def test_a_seed_that_is_no_64_bit_integer_is_a_value_error(seed):
     with pytest.raises(ValueError, match="seed"):
         next(batches(WorkloadSpec(), samples=4, steps=1, seed=seed))
+
+
+def test_orders_by_encoder_work():
+    from pybubble.planner.workloads import work_orders
+
+    loads = np.array([5.0, 1.0, 4.0, 2.0, 3.0])
+    orders = work_orders(loads)
+    assert all(sorted(o) == list(range(5)) for o in orders.values())
+    assert loads[orders["light_ends"]].tolist() == [2.0, 4.0, 5.0, 3.0, 1.0]  # the lightest last, then first, inward
+    assert loads[orders["heavy_ends"]].tolist() == [4.0, 2.0, 1.0, 3.0, 5.0]
+    assert loads[orders["ascending"]].tolist() == sorted(loads)
+    assert loads[orders["descending"]].tolist() == sorted(loads, reverse=True)
+    assert all(o.tolist() == [] for o in work_orders(np.zeros(0)).values())
+    with pytest.raises(ValueError, match="loads: shape"):
+        work_orders(np.ones((2, 2)))

@@ -8,6 +8,7 @@ llm: {preset: gpt-175b}            # or explicit layers/hidden/heads/ffn_hidden/
 encoders:                          # one or more
   - {preset: vit-22b, tokens_per_sample: 2048, frozen: false}   # 8 images of 256 tokens
 training: {global_batch: 1536, micro_batch: 2, seq_len: 2048, recompute: full}
+            # optional: prefetch: N (frozen encoders: N microbatches' forward in the previous step)
 llm_plan: {dp: 48, pp: 8, tp: 8, vpp: 12, schedule: interleaved_1f1b}
 baselines:                         # optional: a baseline's own LLM plan (default: llm_plan)
   megatron: {vpp: 1, schedule: 1f1b}
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import presets
-from .checks import flag, known_keys, mapping, one_of, positive, positive_int, required, shown
+from .checks import flag, integer, known_keys, mapping, one_of, positive, positive_int, required, shown
 from .documents import naming, read_yaml
 from .limits import MAX_BATCH, MAX_GPUS, MAX_LAYERS, MAX_MICROBATCHES, MAX_TOKENS
 from .models import EncoderConfig, LLMConfig
@@ -117,12 +118,17 @@ class Training:
     """LLM tokens per sample."""
     recompute: str = "none"
     """Activation recomputation of the LLM and the encoders, one of RECOMPUTE."""
+    prefetch: int = 0
+    """Frozen encoders only: the encoder forward of the first this-many LLM microbatches of the next
+    step runs in this step (its cool-down), which is exact because a frozen encoder's parameters
+    never change; the first step of a run needs them computed before it starts."""
 
     def __post_init__(self) -> None:
         positive_int(self.global_batch, "training.global_batch", MAX_BATCH)
         positive_int(self.micro_batch, "training.micro_batch", MAX_BATCH)
         positive_int(self.seq_len, "training.seq_len", MAX_TOKENS)
         one_of(self.recompute, RECOMPUTE, "training.recompute")
+        integer(self.prefetch, "training.prefetch", minimum=0, maximum=MAX_MICROBATCHES)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -185,6 +191,15 @@ class Config:
         if not self.encoders:
             raise ValueError("encoders: at least one encoder is needed")
         positive(self.memory_gb, "memory_gb")
+        if self.training.prefetch:
+            training = next((e for e in self.encoders if not e.frozen), None)
+            if training is not None:
+                raise ValueError(f"training.prefetch: {self.training.prefetch} needs every encoder frozen, but "
+                                 f"{training.model.name} trains (a forward for the next step would use parameters "
+                                 "this step still changes)")
+            if self.training.prefetch > self.microbatches:
+                raise ValueError(f"training.prefetch: {self.training.prefetch} is more than the "
+                                 f"{self.microbatches} microbatches per pipeline")
         if self.microbatches > MAX_MICROBATCHES:
             raise ValueError(f"training.global_batch: {self.training.global_batch:,} samples give {self.microbatches:,} "
                              f"microbatches per pipeline, more than the limit of {MAX_MICROBATCHES:,}")
@@ -287,11 +302,11 @@ def _config(doc: Mapping[str, Any], source: str) -> Config:
         except ValueError as err:
             raise ValueError(f"{where}.{err}") from None
     tr = _section(doc, "training")
-    known_keys(tr, ("global_batch", "micro_batch", "seq_len", "recompute"), "training")
+    known_keys(tr, ("global_batch", "micro_batch", "seq_len", "recompute", "prefetch"), "training")
     training = Training(global_batch=_value(tr, "global_batch", "training"),
                         micro_batch=_value(tr, "micro_batch", "training"),
                         seq_len=_value(tr, "seq_len", "training", llm.seq_len),
-                        recompute=tr.get("recompute", "none"))
+                        recompute=tr.get("recompute", "none"), prefetch=tr.get("prefetch", 0))
     plan = _plan(_section(doc, "llm_plan"), "llm_plan")
     baselines = {}
     if "baselines" in doc:

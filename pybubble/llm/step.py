@@ -26,14 +26,16 @@ What the simulated step holds, as Megatron-LM runs it:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..config.checks import integer, positive_int
+from ..config.checks import integer, one_of, positive_int, shown
 from ..config.schema import Config, LLMPlan
 from ..costs.memory import activation_bytes, encoder_layer_bytes, recompute_bytes, state_bytes
 from ..costs.roofline import CostModel, stream_schedule
+from .tables import Table, build_table, interleaved_1f1b, interleaved_warmup
 from .timeline import Timeline, Windows, simulate_pipeline
 
 GRAD_BYTES = 4
@@ -115,15 +117,48 @@ def step_comm(config: Config, costs: CostModel) -> tuple[float, float, float]:
     return p2p, gather, scatter
 
 
+WARMUP_SCHEDULES = ("1f1b", "interleaved_1f1b")
+"""The schedules whose warm-up depth per rank can change (:meth:`LLMStep.with_warmup`)."""
+
+
+def default_warmup(plan: LLMPlan, microbatches: int) -> list[int]:
+    """The warm-up forwards per rank of `plan`'s schedule (one of :data:`WARMUP_SCHEDULES`): 1F1B's
+    ``p - 1 - r``, interleaved 1F1B's Megatron count (:func:`interleaved_warmup`)."""
+    one_of(plan.schedule, WARMUP_SCHEDULES, "llm_plan.schedule")
+    if plan.schedule == "1f1b":
+        return [min(plan.pp - 1 - r, microbatches) for r in range(plan.pp)]
+    return interleaved_warmup(plan.pp, microbatches, plan.vpp)
+
+
+def warmup_table(plan: LLMPlan, microbatches: int, extra: Sequence[int]) -> Table:
+    """The action table of `plan`'s schedule with ``extra[r]`` more warm-up forwards on rank r (at
+    most every forward of the rank): interleaved 1F1B's table with those counts, which for one chunk
+    per rank and no extra is 1F1B's (Optimus's warm-up adjustment: a rank that runs more forwards
+    before its first backward holds more microbatches and idles elsewhere)."""
+    if isinstance(extra, (str, bytes)) or not isinstance(extra, Sequence) or len(extra) != plan.pp:
+        raise ValueError(f"warmup: {shown(extra)} is not one count for each of the {plan.pp} pipeline ranks")
+    total = microbatches * plan.vpp
+    counts = [min(total, w + integer(e, f"warmup[{r}]", minimum=0))
+              for r, (w, e) in enumerate(zip(default_warmup(plan, microbatches), extra))]
+    return interleaved_1f1b(plan.pp, microbatches, plan.vpp, counts)
+
+
 def _simulate(config: Config, costs: CostModel, fwd: float | np.ndarray, bwd: float | np.ndarray,
-              tp_comm: tuple[int, float] | None, wgrad: float | np.ndarray | None = None) -> Timeline:
+              tp_comm: tuple[int, float] | None, wgrad: float | np.ndarray | None = None,
+              warmup: Sequence[int] | None = None) -> Timeline:
     plan = config.llm_plan
     p2p, gather, scatter = step_comm(config, costs)
     if wgrad is None:  # where the schedule splits a backward, W takes its weight-gradient half
         wgrad = np.asarray(bwd) * wgrad_share(costs)
-    return simulate_pipeline(plan.schedule, ranks=plan.pp, microbatches=config.microbatches,
+    schedule = plan.schedule if warmup is None else warmup_table(plan, config.microbatches, warmup)
+    return simulate_pipeline(schedule, ranks=plan.pp, microbatches=config.microbatches,
                              chunks=plan.vpp, fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=p2p, tp_comm=tp_comm,
                              dp_allgather=gather, dp_reducescatter=scatter)
+
+
+def _action_gaps(layers: np.ndarray, tp_comm: tuple[int, float] | None) -> tuple[int, float] | None:
+    """The TP gaps the core opens in every action: one count for all, the mean chunk's."""
+    return (round(layers.mean() * tp_comm[0]), tp_comm[1]) if tp_comm else None
 
 
 def _stage_memory(config: Config, timeline: Timeline, encoder_layers: np.ndarray | None = None,
@@ -172,6 +207,9 @@ class LLMStep:
     """The simulated LLM-only step: even layer layout, TP collectives opened as ``tp`` bubbles."""
     memory: np.ndarray
     """Per pipeline rank, the LLM's model states and peak activations on one GPU (bytes)."""
+    warmup: tuple[int, ...] | None = None
+    """Extra warm-up forwards per pipeline rank over the schedule's own (:meth:`with_warmup`), or
+    None for the schedule as it is."""
 
     @classmethod
     def of(cls, config: Config, costs: CostModel | None = None) -> "LLMStep":
@@ -186,11 +224,29 @@ class LLMStep:
             count = max(1, round(len(gaps) / 2))
             tp_comm = (count, sum(gaps) / (2 * count))
         layers = chunk_layers(plan, llm.layers)
-        # the core opens one count of TP gaps in every action: the mean chunk's
-        timeline = _simulate(config, costs, layers * fwd, layers * bwd,
-                             (round(layers.mean() * tp_comm[0]), tp_comm[1]) if tp_comm else None)
+        timeline = _simulate(config, costs, layers * fwd, layers * bwd, _action_gaps(layers, tp_comm))
         return cls(config=config, costs=costs, layer_fwd=fwd, layer_bwd=bwd, tp_comm=tp_comm, timeline=timeline,
                    memory=_stage_memory(config, timeline))
+
+    def with_warmup(self, extra: Sequence[int]) -> "LLMStep":
+        """The same step with ``extra[r]`` more warm-up forwards on pipeline rank r (a schedule of
+        :data:`WARMUP_SCHEDULES`; :func:`warmup_table`), simulated from that table, its memory
+        counting the microbatches each rank then holds. ValueError when the table deadlocks."""
+        layers = self.chunk_layers
+        extra = tuple(int(e) for e in extra) if isinstance(extra, Sequence) else extra
+        timeline = _simulate(self.config, self.costs, layers * self.layer_fwd, layers * self.layer_bwd,
+                             _action_gaps(layers, self.tp_comm), warmup=extra)
+        return LLMStep(config=self.config, costs=self.costs, layer_fwd=self.layer_fwd, layer_bwd=self.layer_bwd,
+                       tp_comm=self.tp_comm, timeline=timeline, memory=_stage_memory(self.config, timeline),
+                       warmup=extra)
+
+    def action_table(self) -> Table:
+        """The LLM's action table this step simulates (torch's notation; :func:`pybubble.llm.tables.save_csv`
+        writes it in the CSV form torch's pipelining loads)."""
+        plan = self.config.llm_plan
+        if self.warmup is not None:
+            return warmup_table(plan, self.config.microbatches, self.warmup)
+        return build_table(plan.schedule, plan.pp, self.config.microbatches, plan.vpp)
 
     def with_plan(self, plan: LLMPlan) -> "LLMStep":
         """The step of the same config and cost model under another LLM plan (this step when it is
@@ -235,5 +291,5 @@ class LLMStep:
         return _stage_memory(self.config, timeline, encoder_layers, llm_layers, encoder_tp)
 
 
-__all__ = ["GRAD_BYTES", "LLMStep", "activation_peak", "chunk_layers", "cost_model", "even_split", "step_comm",
-           "wgrad_share"]
+__all__ = ["GRAD_BYTES", "WARMUP_SCHEDULES", "LLMStep", "activation_peak", "chunk_layers", "cost_model",
+           "default_warmup", "even_split", "step_comm", "warmup_table", "wgrad_share"]

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import _core
 from ..config.checks import integer, one_of, shown
+from ..config.documents import write_text
 from ..config.limits import MAX_TABLE_ACTIONS
 from ..config.schema import SCHEDULES
 
@@ -235,6 +236,16 @@ def load_csv(path: str | os.PathLike[str]) -> Table:
     return check_table(rows)
 
 
+def save_csv(table: Table, path: str | os.PathLike[str]) -> None:
+    """Writes a table in the CSV form :func:`load_csv` and torch's ``_load_csv`` read (torch's
+    ``_PipelineScheduleRuntime`` then runs it as a custom schedule)."""
+    rows = check_table(table)
+    width = max((len(row) for row in rows.values()), default=0)
+    text = "".join(",".join("" if a is None else str(a) for a in row + [None] * (width - len(row))) + "\n"
+                   for row in rows.values())
+    write_text(path, text)
+
+
 def check_table(table: TableLike) -> Table:
     """A user's table as ``{rank: [Action or None]}`` with ranks 0..p-1, actions given as strings
     parsed; ValueError naming the cell. The fields of actions given as :class:`Action` are checked
@@ -297,4 +308,4 @@ def flatten(table: Table) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
 
 
 __all__ = ["ACTION_KINDS", "NAMES", "Action", "Table", "TableLike", "build_table", "check_table", "flatten", "gpipe",
-           "interleaved_1f1b", "interleaved_warmup", "load_csv", "one_f_one_b", "zb_h1", "zbv"]
+           "interleaved_1f1b", "interleaved_warmup", "load_csv", "one_f_one_b", "save_csv", "zb_h1", "zbv"]

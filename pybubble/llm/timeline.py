@@ -77,6 +77,20 @@ class Windows:
         lo, hi = int(self.offset[lane]), int(self.offset[lane + 1])
         return list(zip(self.start[lo:hi].tolist(), self.end[lo:hi].tolist()))
 
+    def free_before(self, times: np.ndarray) -> np.ndarray:
+        """Free time of each lane in [0, t] for each t of `times` (us): lanes x len(times)."""
+        t = np.asarray(times, dtype=np.float64)
+        widths = np.concatenate([[0.0], np.cumsum(self.end - self.start)])
+        out = np.zeros((self.lanes, len(t)))
+        for lane in range(self.lanes):
+            lo, hi = int(self.offset[lane]), int(self.offset[lane + 1])
+            # the windows that end by t count whole, the one open at t in part
+            done = lo + np.searchsorted(self.end[lo:hi], t, side="right")
+            out[lane] = widths[done] - widths[lo]
+            open_ = done < hi
+            out[lane, open_] += np.clip(t[open_] - self.start[done[open_]], 0.0, None)
+        return out
+
     def free_time(self) -> np.ndarray:
         """Free time per lane (us)."""
         widths = np.concatenate([[0.0], np.cumsum(self.end - self.start)])

@@ -9,7 +9,8 @@ What the trace gives, per rank:
   op slices; each op's time less the encoder pieces and waits annotated inside it;
 - encoder pieces: pybubble's ``pybubble:task:e<j><f|b>.*`` annotations (the runtime's pieces of
   encoder microbatch j), or the simulator's ``enc fwd|bwd mb<j>`` slices; summed per microbatch and
-  phase. A trace without them (a trainer that never used pybubble) has the encoder where Megatron-LM
+  phase (the simulator's slices of a microbatch spread over pipelines carry their piece's images
+  and lane: summed per piece, each predicted at its images). A trace without them (a trainer that never used pybubble) has the encoder where Megatron-LM
   puts it, inside pipeline stage 0's forwards and backwards;
 - pipeline sends: the shortest gap from an op's end to the start of the op on the next rank that
   needs its output (F to the next stage's F, B to the previous stage's B): all ranks' traces share
@@ -36,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from ..config.checks import finite
+from ..config.checks import finite, shown
 from ..config.schema import Config
 from ..costs.roofline import CALIBRATION_FORMAT, OP_KINDS, CostModel
 from ..llm.step import LLMStep, cost_model, step_comm
@@ -63,8 +64,10 @@ class MeasuredRank:
     ops: list[tuple[int, str, int, float, float, float]] = field(default_factory=list)
     """Pipeline ops: (stage, kind F/B/I/W, microbatch, start, end, time inside it that is not the op's
     own: encoder pieces and waits)."""
-    encoder: dict[tuple[int, str], float] = field(default_factory=dict)
-    """Encoder compute per (microbatch, ``fwd``/``bwd``)."""
+    encoder: dict[tuple[int, str, tuple[int, ...], int], float] = field(default_factory=dict)
+    """Encoder compute per (microbatch, ``fwd``/``bwd``, images, lane): where the simulator's trace
+    gives them (a plan that spreads microbatches over pipelines), each piece apart, with its images
+    of each encoder and its lane; else the whole microbatch on the rank, images () and lane -1."""
     collectives: dict[str, float] = field(default_factory=dict)
     """Data-parallel collective time per kind (``all_gather``, ``reduce_scatter``)."""
     start: float = float("inf")
@@ -91,7 +94,7 @@ def _inside(lo: float, hi: float, spans: Spans) -> float:
     return length(clip(spans, lo, hi))
 
 
-_Event = tuple[str, Any, Any, float, float]  # name, category, pid, start, end
+_Event = tuple[str, Any, Any, float, float, Any]  # name, category, pid, start, end, args
 
 
 def _kept(trace: Trace) -> list[_Event]:
@@ -107,14 +110,14 @@ def _kept(trace: Trace) -> list[_Event]:
                                              or name in _DP_BUBBLES or any(p.search(name) for p in _COLLECTIVE.values())):
             continue
         start, dur = finite(e["ts"], f"{trace.path}: ts"), finite(e["dur"], f"{trace.path}: dur", minimum=0.0)
-        out.append((name, e.get("cat"), e.get("pid"), start, start + dur))
+        out.append((name, e.get("cat"), e.get("pid"), start, start + dur, e.get("args")))
     return out
 
 
 def _simulated(events: list[_Event]) -> dict[int, MeasuredRank]:
     """The ranks of a trace the simulator wrote (one process per pipeline rank)."""
     out: dict[int, MeasuredRank] = {}
-    for name, cat, pid, start, end in events:
+    for name, cat, pid, start, end, args in events:
         if not isinstance(pid, int):
             continue
         r = out.setdefault(pid, MeasuredRank(rank=pid, simulated=True))
@@ -122,7 +125,8 @@ def _simulated(events: list[_Event]) -> dict[int, MeasuredRank]:
             r.ops.append((int(m.group(1)), m.group(2), int(m.group(3)), start, end, 0.0))
             r.spanning(start, end)
         elif cat == "encoder" and (m := _SIM_ENCODER.match(name)):
-            key = (int(m.group(2)), m.group(1))
+            images = _piece_images(args, name)
+            key = (int(m.group(2)), m.group(1), images, int(args.get("lane", -1)) if images else -1)
             r.encoder[key] = r.encoder.get(key, 0.0) + end - start
             r.spanning(start, end)
         elif cat == "bubble" and name in _DP_BUBBLES:
@@ -132,9 +136,21 @@ def _simulated(events: list[_Event]) -> dict[int, MeasuredRank]:
     return out
 
 
+def _piece_images(args: Any, name: str) -> tuple[int, ...]:
+    """The ``images`` argument of a simulator's encoder kernel (its piece's images of each encoder),
+    or () when it has none (the whole microbatch)."""
+    images = args.get("images") if isinstance(args, dict) else None
+    if images is None:
+        return ()
+    if not isinstance(images, list) or not all(type(n) is int and n >= 0 for n in images) \
+            or type(args.get("lane")) is not int:
+        raise ValueError(f"trace: {name}: images {shown(images)} is not a list of image counts with its lane")
+    return tuple(images)
+
+
 def _profiled(events: list[_Event], rank: int) -> MeasuredRank:
     """One rank's torch.profiler trace."""
-    iv = [(name, s, e, cat) for name, cat, _, s, e in events]
+    iv = [(name, s, e, cat) for name, cat, _, s, e, _ in events]
     r = MeasuredRank(rank=rank)
     inner = _spans([(s, e) for n, s, e, _ in iv if _INSIDE_OPS.match(n)])
     tasks = _spans([(s, e) for n, s, e, _ in iv if _TASK.match(n)])
@@ -145,7 +161,7 @@ def _profiled(events: list[_Event], rank: int) -> MeasuredRank:
             r.encoder_in_ops |= _inside(s, e, tasks) > 0
             r.spanning(s, e)
         elif m := _TASK.match(name):
-            key = (int(m.group(1)), "fwd" if m.group(2) == "f" else "bwd")
+            key = (int(m.group(1)), "fwd" if m.group(2) == "f" else "bwd", (), -1)
             r.encoder[key] = r.encoder.get(key, 0.0) + e - s
             r.spanning(s, e)
         elif (name.startswith(("nccl:", "gloo:")) or cat == "kernel") and _inside(s, e, own) < e - s:
@@ -164,7 +180,7 @@ def read_step(source: str | os.PathLike[str]) -> dict[int, MeasuredRank]:
     for i, f in enumerate(trace_files(source)):
         trace = Trace(f)
         events = _kept(trace)
-        if any(cat == "op" for _, cat, _, _, _ in events):
+        if any(cat == "op" for _, cat, _, _, _, _ in events):
             found = _simulated(events)
         else:
             info = trace.fields.get("distributedInfo")
@@ -202,22 +218,30 @@ class Fit:
                        f"measured quantities, {len(self.factors)} kinds); largest residual {worst:.1%}"}
 
 
-def _predicted(config: Config) -> tuple[LLMStep, dict[str, float]]:
-    """The config's LLM step and per-kind unit predictions, with the config's cost model less any
-    op factors (the fit measures them from scratch)."""
+def _predicted(config: Config) -> tuple[LLMStep, dict[str, float], CostModel]:
+    """The config's LLM step, per-kind unit predictions and the cost model they come from: the
+    config's, less any op factors (the fit measures them from scratch)."""
     costs: CostModel = cost_model(config)
     costs.op_factors = {}
     step = LLMStep.of(config, costs)
     p2p, gather, scatter = step_comm(config, costs)
-    unit = {"p2p": p2p, "all_gather": gather, "reduce_scatter": scatter, "encoder_fwd": 0.0, "encoder_bwd": 0.0}
-    tr = config.training
-    for enc, images in zip(config.encoders, config.encoder_images):
+    unit = {"p2p": p2p, "all_gather": gather, "reduce_scatter": scatter,
+            **_encoder_unit(config, costs, tuple(config.encoder_images))}
+    return step, unit, costs
+
+
+def _encoder_unit(config: Config, costs: CostModel, images: tuple[int, ...]) -> dict[str, float]:
+    """The encoders' forward and backward time (one GPU) for `images` images of each encoder."""
+    unit = {"encoder_fwd": 0.0, "encoder_bwd": 0.0}
+    for enc, n in zip(config.encoders, images):
         m = enc.model
-        unit["encoder_fwd"] += m.layers * costs.layer_time(m, images, m.tokens, phase="fwd")
+        if n == 0:
+            continue
+        unit["encoder_fwd"] += m.layers * costs.layer_time(m, n, m.tokens, phase="fwd")
         if not enc.frozen:
-            unit["encoder_bwd"] += m.layers * costs.layer_time(m, images, m.tokens, phase="bwd",
-                                                               recompute=tr.recompute)
-    return step, unit
+            unit["encoder_bwd"] += m.layers * costs.layer_time(m, n, m.tokens, phase="bwd",
+                                                               recompute=config.training.recompute)
+    return unit
 
 
 def fit_step(config: Config, ranks: dict[int, MeasuredRank]) -> Fit:
@@ -225,7 +249,7 @@ def fit_step(config: Config, ranks: dict[int, MeasuredRank]) -> Fit:
     module docstring). ValueError when the trace is of another pipeline (rank or stage count) or
     lacks an op kind the config predicts."""
     plan = config.llm_plan
-    step, unit = _predicted(config)
+    step, unit, costs = _predicted(config)
     stages = plan.pp * (2 if plan.schedule == "zbv" else plan.vpp)
     if len(ranks) not in (plan.pp, plan.pp * plan.dp):
         raise ValueError(f"ranks: the trace has {len(ranks)} ranks, the config's pipeline {plan.pp} "
@@ -273,8 +297,12 @@ def fit_step(config: Config, ranks: dict[int, MeasuredRank]) -> Fit:
     for r in ranks.values():
         for kind, t in r.collectives.items():
             add({kind: unit[kind]}, t)
-        for (_, phase), t in r.encoder.items():
-            add({f"encoder_{phase}": unit[f"encoder_{phase}"]}, t)
+        for (_, phase, images, _), t in r.encoder.items():
+            if images and len(images) != len(config.encoders):
+                raise ValueError(f"trace: an encoder piece of {len(images)} encoders' images, the config has "
+                                 f"{len(config.encoders)} encoders")
+            piece = _encoder_unit(config, costs, images) if images else unit
+            add({f"encoder_{phase}": piece[f"encoder_{phase}"]}, t)
     if not rows:
         raise ValueError("trace: no op the config predicts was measured")
     a, y = np.array(rows), np.array(measured)

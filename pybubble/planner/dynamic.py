@@ -1,10 +1,15 @@
 """Data that changes every batch, on a config's own problem: the encoder's work per microbatch
-follows each batch's samples, and four ways to meet it are compared step by step.
+follows each batch's samples, and five ways to meet it are compared step by step.
 
 - ``static``: the best encoder plan's schedule for the mean batch, replayed on every batch
   (:func:`pybubble.replay`, a stall model);
 - ``balanced``: samples balanced over the microbatches (:func:`pybubble.balance_microbatches`),
   then the best plan rescheduled online;
+- ``ordered``: the microbatches as the data loader splits them, run in an order by their encoder
+  work: the best plan rescheduled online for each of :func:`~pybubble.planner.workloads.work_orders`
+  (the light ones at the two ends and the heavy ones in the middle, the reverse, sorted up and
+  down) and for the loader's order (what ``online`` runs), the shortest kept (``order_chosen``
+  counts which), so it is never behind ``online``;
 - ``online``: the best plan rescheduled online with the batch's durations;
 - ``choice``: per batch, the plan among the K best on the mean batch whose reschedule gives the
   shortest step, evaluated within a time budget (:class:`PlanChooser`); same microbatches as
@@ -43,12 +48,12 @@ from ..schedule.online import OnlineScheduler, replay
 from ..schedule.scheduler import Schedule
 from ..viz.steps import save_step_chart
 from .search import Candidate, search
-from .workloads import (Batch, MixSpec, Samples, WorkloadSpec, batches, encoder_time, llm_time, microbatch_loads,
-                        sample_costs)
+from .workloads import (WORK_ORDERS, Batch, MixSpec, Samples, WorkloadSpec, batches, encoder_time, llm_time,
+                        microbatch_loads, sample_costs, work_orders)
 
 DYNAMIC_FORMAT = "pybubble.dynamic/1"
 """The format key of a dynamic run's document."""
-MODES = ("static", "balanced", "online", "choice")
+MODES = ("static", "balanced", "ordered", "online", "choice")
 """The ways of meeting batches that change (see the module docstring)."""
 REPLICA_MODES = MODES + ("balanced_dp",)
 """The modes with MLLM data over data-parallel replicas: one more, balanced over the microbatches
@@ -162,6 +167,8 @@ class DynamicRun:
     """Seconds of each online reschedule (mode ``online``)."""
     balance_took: np.ndarray
     """Seconds of each balancing plus its reschedule (mode ``balanced``)."""
+    order_took: np.ndarray
+    """Seconds of each ordering plus its reschedule (mode ``ordered``)."""
     choice_took: np.ndarray
     """Seconds of each plan choice (mode ``choice``)."""
     chosen: np.ndarray
@@ -207,6 +214,7 @@ class DynamicRun:
             "modes": {m: {**summ[m], "step_time": [float(x) for x in v]} for m, v in self.step_time.items()},
             "reschedule_ms": {"online_median": float(statistics.median(self.reschedule)) * 1e3,
                               "balanced_median": float(statistics.median(self.balance_took)) * 1e3,
+                              "ordered_median": float(statistics.median(self.order_took)) * 1e3,
                               "choice_median": float(statistics.median(self.choice_took)) * 1e3,
                               "choice_max": float(np.max(self.choice_took)) * 1e3},
             "chosen": [int(x) for x in self.chosen],
@@ -263,9 +271,11 @@ def run(config: Config, *, steps: int, seed: int = 0, k: int = 4, budget: float 
     return DynamicRun(horizon=best.problem.horizon, plans=plans,
                       step_time={mode: np.array(v) for mode, v in meet.out.items()},
                       reschedule=np.array(meet.took), balance_took=np.array(meet.balance_took),
-                      choice_took=np.array(meet.choice_took), chosen=np.array(meet.chosen, np.int64),
-                      evaluated=np.array(meet.evaluated, np.int64), budget=float(budget),
-                      extra={"steps": steps, "seed": seed, "microbatches": m, **meet.extra},
+                      order_took=np.array(meet.order_took), choice_took=np.array(meet.choice_took),
+                      chosen=np.array(meet.chosen, np.int64), evaluated=np.array(meet.evaluated, np.int64),
+                      budget=float(budget),
+                      extra={"steps": steps, "seed": seed, "microbatches": m, "order_chosen": meet.order_chosen,
+                             **meet.extra},
                       **meet.replica_fields())
 
 
@@ -281,6 +291,8 @@ class _Meeting:
     out: dict[str, list[float]] = field(default_factory=lambda: {mode: [] for mode in MODES})
     took: list[float] = field(default_factory=list)
     balance_took: list[float] = field(default_factory=list)
+    order_took: list[float] = field(default_factory=list)
+    order_chosen: dict[str, int] = field(default_factory=lambda: dict.fromkeys(("loader", *WORK_ORDERS), 0))
     choice_took: list[float] = field(default_factory=list)
     chosen: list[int] = field(default_factory=list)
     evaluated: list[int] = field(default_factory=list)
@@ -291,8 +303,8 @@ class _Meeting:
     dp_took: list[float] = field(default_factory=list)
 
     def modes(self, c: np.ndarray) -> tuple[dict[str, float], Choice]:
-        """The four modes on one batch (N x 2 sample costs): their step times and the plan choice
-        (the times each took are kept)."""
+        """The modes of :data:`MODES` on one batch (N x 2 sample costs): their step times and the plan
+        choice (the times each took are kept)."""
         m, online = self.microbatches, self.online
         plain = microbatch_loads(c[:, 0], m) / self.mean
         d_plain = online.scaled_durations(plain)
@@ -304,6 +316,15 @@ class _Meeting:
         balanced = microbatch_loads(c[:, 0], m, balance_microbatches(c, m)) / self.mean
         steps["balanced"] = online.reschedule(online.scaled_durations(balanced)).step_time
         self.balance_took.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        slot = self.best.schedule.assignment  # encoder microbatch j feeds LLM microbatch slot[j]
+        by_order = {"loader": steps["online"]}
+        by_order.update({name: online.reschedule(online.scaled_durations(plain[order][slot])).step_time
+                         for name, order in work_orders(plain).items()})  # order[k]: the microbatch in slot k
+        name = min(by_order, key=by_order.__getitem__)  # the first of equals: the loader's
+        steps["ordered"] = by_order[name]
+        self.order_chosen[name] += 1
+        self.order_took.append(time.perf_counter() - t0)
         pick = self.chooser.choose(plain)
         steps["choice"] = pick.schedule.step_time
         self.choice_took.append(pick.took)
@@ -327,8 +348,8 @@ class _Meeting:
 
 def _run_replicas(meet: _Meeting, config: Config, costs: CostModel, data: MixSpec | Samples, *, steps: int,
                   seed: int, replicas: int, progress: Callable[[int], None] | None) -> None:
-    """Each step: samples for every replica, the four modes on each replica (the step: the slowest
-    one's), and ``balanced_dp``. A tile costs the summed encoders' time on one image of the first
+    """Each step: samples for every replica, the modes of :data:`MODES` on each replica (the step: the
+    slowest one's), and ``balanced_dp``. A tile costs the summed encoders' time on one image of the first
     encoder's tokens (tiles run one by one, InternVL-style); a sample's LLM cost is its tokens
     (text plus that many per tile) at the per-token cost of a full training sequence."""
     m, micro = meet.microbatches, config.training.micro_batch

@@ -25,7 +25,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..config.schema import Config
@@ -36,7 +36,7 @@ from ..llm.step import LLMStep
 from ..viz.gantt import save_gantt
 from ..viz.trace import save_trace
 from .layouts import Baseline, Separate, megatron, megatron_balanced, separate
-from .search import Candidate, Search, search
+from .search import Candidate, Search, best_partition, search, without_prefetch
 
 BASELINES = ("megatron", "megatron_balanced", "coarse")
 """The baselines of the comparison, in the order they are printed."""
@@ -95,6 +95,25 @@ class Row:
     """Whether its busiest GPU is within the config's memory (a row that does not fit is not compared)."""
 
 
+@dataclass(kw_only=True, slots=True, frozen=True)
+class Feature:
+    """One way pybubble's plan goes beyond a partition of whole microbatches on the config's LLM
+    schedule, and what it bought."""
+
+    name: str
+    """``spread`` (the head and tail microbatches spread over every encoder pipeline), ``warmup``
+    (the LLM's warm-up depth per pipeline rank) or ``prefetch`` (frozen encoders: the next step's
+    first forwards in this step, ``training.prefetch``)."""
+    uses: str
+    """What the plan does, in words."""
+    step_without: float | None
+    """The step without it (us): the same plan's best partition on the same LLM step (spread; None
+    when none fits in memory), the search's best on the config's own schedule (warmup), or the same
+    layout with every forward in its own step (prefetch)."""
+    without: str
+    """What :attr:`step_without` is, in words."""
+
+
 @dataclass(kw_only=True, slots=True)
 class PlanReport:
     """pybubble's plan and the baselines for one config."""
@@ -112,6 +131,9 @@ class PlanReport:
     chosen: str = "bubbles"
     """pybubble's layout: ``bubbles`` (the search's best encoder plan, in the LLM's bubbles) or the
     name of the Megatron-LM baseline whose layout is faster than every one of those and fits."""
+    features: list[Feature] = field(default_factory=list)
+    """What the best encoder plan in the bubbles uses beyond whole microbatches on the config's
+    schedule, each with the step without it (:func:`features`)."""
 
     @property
     def best(self) -> Candidate:
@@ -172,6 +194,18 @@ class PlanReport:
         p = self.best.plan
         return {"dp": p.pipelines * self.config.llm_plan.dp, "pp": p.pp_enc, "tp": p.tp_enc}
 
+    @property
+    def llm_alone(self) -> float:
+        """The LLM-only step under the config's plan (us)."""
+        return self.search.timeline.step_time
+
+    @property
+    def lower_bound(self) -> float | None:
+        """The least step any schedule of the encoder plans in the LLM's bubbles can reach (us;
+        :attr:`Search.bound`), or None when no plan's model states fit."""
+        bound = self.search.bound
+        return None if bound is None else bound.step_time
+
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable report as a dict (what :meth:`to_json` writes)."""
         best = self.best
@@ -179,12 +213,30 @@ class PlanReport:
                                                 for name, b in self.baselines.items()}
         baselines["coarse"]["hidden_fraction"] = self.search.coarse.hidden_fraction
         bubbles = self.in_pipeline is None
+        bound = self.lower_bound
         return {
             "baselines": baselines,
             "pybubble": {"step_time_s": self.step_time * 1e-6, "layout": self.chosen,
                          "encoder_plan": self.encoder_plan() if bubbles else None,
                          "partition": list(best.partition) if bubbles else None,
+                         "spread": ({"head": best.spread[0], "tail": best.spread[1]}
+                                    if bubbles and any(best.spread) else None),
+                         "warmup": list(best.step.warmup) if bubbles and best.step and best.step.warmup else None,
+                         "features": [{"name": f.name, "uses": f.uses, "without": f.without,
+                                       "step_without_s": None if f.step_without is None else f.step_without * 1e-6}
+                                      for f in self.features] if bubbles else [],
+                         "lower_bound_s": best.bound.step_time * 1e-6 if bubbles and best.bound else None,
                          "hidden_fraction": self.hidden_fraction, "mfu": self.mfu(self.step_time)},
+            "llm_alone_s": self.llm_alone * 1e-6,
+            "lower_bound_s": None if bound is None else bound * 1e-6,
+            "encoder_plans": [{"pp": p.plan.pp_enc, "tp": p.plan.tp_enc, "dp": p.plan.pipelines * self.config.llm_plan.dp,
+                               "step_time_s": None if p.best is None else p.best.step_time * 1e-6,
+                               "lower_bound_s": p.bound.step_time * 1e-6, "states_fit": p.states_fit}
+                              for p in self.search.plans],
+            "warmups": [{"extra": list(w.extra), "llm_alone_s": w.step.timeline.step_time * 1e-6,
+                         "lower_bound_s": None if w.bound is None else w.bound.step_time * 1e-6,
+                         "step_time_s": None if w.best is None else w.best.step_time * 1e-6}
+                        for w in self.search.warmups],
             "speedup_vs_megatron": self.speedup_vs_megatron,
             "planner_seconds": self.planner_seconds,
         }
@@ -203,7 +255,8 @@ class PlanReport:
         if adopted is not None and adopted.timeline is not None:
             save_trace(adopted.timeline, path)
         else:
-            save_trace(self.search.timeline, path, self.best.problem, self.best.schedule)
+            save_trace((self.best.step or self.search.step).timeline, path, self.best.problem, self.best.schedule,
+                       self.best.task_images())
 
     def save_plot(self, path: str | os.PathLike[str], window: tuple[float, float] | None = None) -> None:
         """A Gantt chart of one pipeline of pybubble's step: bubbles shaded, the encoder's kernels
@@ -216,18 +269,59 @@ class PlanReport:
                              f"{llm / 1e3:,.1f} ms; the best encoder plan in the bubbles "
                              f"{best.step_time / 1e3:,.1f} ms)\n{adopted.layout}")
             return
-        save_gantt(self.search.timeline, path, best.problem, best.schedule, window=window,
-                   title=f"pybubble: step {best.step_time / 1e3:,.1f} ms (LLM alone {llm / 1e3:,.1f} ms, "
-                         f"megatron {self.baselines['megatron'].step_time / 1e3:,.1f} ms); "
+        bound = self.lower_bound
+        uses = "".join(f"\n{f.uses}" + ("" if f.step_without is None else f" (without: {f.step_without / 1e3:,.1f} ms, "
+                                                                          f"{f.without})")
+                       for f in self.features)
+        save_gantt((best.step or self.search.step).timeline, path, best.problem, best.schedule, window=window,
+                   spread=best.spread_microbatches,
+                   title=f"pybubble: step {best.step_time / 1e3:,.1f} ms (LLM alone {llm / 1e3:,.1f} ms"
+                         + ("" if bound is None else f", lower bound {bound / 1e3:,.1f} ms")
+                         + f", megatron {self.baselines['megatron'].step_time / 1e3:,.1f} ms); "
                          f"{best.hidden_fraction:.0%} of the encoder's compute in bubbles\n"
-                         f"encoder plan: {describe(best)}")
+                         f"encoder plan: {describe(best)}{uses}")
+
+
+def features(found: Search) -> list[Feature]:
+    """What the search's best candidate uses beyond whole microbatches on the config's schedule,
+    each with the step without it."""
+    best, out = found.best, []
+    step = best.step or found.step
+    if any(best.spread):
+        without = best_partition(step, best.plan)
+        out.append(Feature(name="spread", uses=f"{_spread_words(*best.spread)} spread over every encoder pipeline",
+                           step_without=without.step_time if without else None,
+                           without="the same encoder plan with whole microbatches"))
+    prefetch = found.config.training.prefetch
+    if prefetch:
+        out.append(Feature(name="prefetch", uses=f"the encoder forward of the first {prefetch} microbatches of the next "
+                                                 "step in this step (exact: the encoders are frozen)",
+                           step_without=without_prefetch(best).step_time,
+                           without="the same layout with every forward in its own step"))
+    if step.warmup is not None and found.default_best is not None:
+        out.append(Feature(name="warmup", uses=f"{list(step.warmup)} more warm-up forwards per pipeline rank "
+                                               f"(LLM alone then {step.timeline.step_time / 1e3:,.1f} ms)",
+                           step_without=found.default_best.step_time,
+                           without="the best plan on the config's own schedule"))
+    return out
 
 
 def describe(c: Candidate) -> str:
     """A candidate's encoder plan and partition in words."""
     p = c.plan
-    return (f"PP_enc {p.pp_enc}, TP_enc {p.tp_enc}, {p.pipelines} encoder pipeline(s) per replica, "
-            f"partition {list(c.partition)}")
+    words = f"PP_enc {p.pp_enc}, TP_enc {p.tp_enc}, {p.pipelines} encoder pipeline(s) per replica, "
+    if not any(c.spread):
+        return words + f"partition {list(c.partition)}"
+    if sum(c.partition) == 0:
+        return words + "every microbatch spread over every pipeline"
+    return words + (f"{_spread_words(*c.spread)} spread over every pipeline, the other {sum(c.partition)} as "
+                    f"partition {list(c.partition)}")
+
+
+def _spread_words(head: int, tail: int) -> str:
+    """Which microbatches a layout spreads, in words."""
+    parts = ([f"the first {head}"] if head else []) + ([f"the last {tail}"] if tail else [])
+    return " and ".join(parts) + " microbatch" + ("es" if head + tail > 1 else "")
 
 
 def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
@@ -243,8 +337,9 @@ def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], Non
                  "coarse": Baseline(name="coarse", step_time=coarse.step_time, memory_bytes=coarse.memory_bytes,
                                     layout=f"encoder before/after the LLM's work; {describe(coarse)}",
                                     memory_limit=config.memory_gb * GB)}
-    return PlanReport(config=config, search=found, baselines=baselines, separate=separate(step),
-                      planner_seconds=time.perf_counter() - t0, chosen=choose(found.best, baselines))
+    chosen, used, sep = choose(found.best, baselines), features(found), separate(step)
+    return PlanReport(config=config, search=found, baselines=baselines, separate=sep,
+                      planner_seconds=time.perf_counter() - t0, chosen=chosen, features=used)
 
 
 def choose(best: Candidate, baselines: dict[str, Baseline]) -> str:
@@ -255,4 +350,4 @@ def choose(best: Candidate, baselines: dict[str, Baseline]) -> str:
     return min(faster, key=lambda b: b.step_time).name if faster else "bubbles"
 
 
-__all__ = ["BASELINES", "PlanReport", "Row", "choose", "describe", "encoder_flops", "llm_flops", "mfu", "model_flops", "plan"]
+__all__ = ["BASELINES", "Feature", "PlanReport", "Row", "choose", "describe", "features", "encoder_flops", "llm_flops", "mfu", "model_flops", "plan"]

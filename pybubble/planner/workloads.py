@@ -22,7 +22,7 @@ from ..config.checks import array, finite, integer, positive_int
 from ..config.documents import read_text
 from ..config.models import EncoderConfig, LLMConfig
 from ..costs.roofline import CostModel
-from ..schedule.balance import pack_microbatches
+from ..schedule.balance import middle_room, order_by_bubbles, pack_microbatches
 
 
 @dataclass(kw_only=True, slots=True)
@@ -109,6 +109,26 @@ def microbatch_loads(cost: np.ndarray, microbatches: int, assignment: np.ndarray
     if a.shape != c.shape or (a.size and (a.min() < 0 or a.max() >= microbatches)):
         raise ValueError(f"assignment: shape {a.shape} or values outside [0, {microbatches}) for {c.size} samples")
     return np.bincount(a, weights=c, minlength=microbatches)
+
+
+WORK_ORDERS = ("light_ends", "heavy_ends", "ascending", "descending")
+"""The orders of microbatches by encoder work that :func:`work_orders` gives."""
+
+
+def work_orders(loads: np.ndarray) -> dict[str, np.ndarray]:
+    """Orders to run microbatches in, by their encoder `loads` (``order[k]``: the microbatch that feeds
+    LLM microbatch k), one per :data:`WORK_ORDERS`: the light ones first and last and the heavy ones
+    in the middle (:func:`~pybubble.schedule.balance.order_by_bubbles` against
+    :func:`~pybubble.schedule.balance.middle_room`), its reverse (the heavy ones at the ends), and
+    sorted up and down. Which one gives the shortest step depends on the plan: a whole microbatch
+    loads one pipeline's lanes, a spread one all of them, so the heavy ones belong where the plan has
+    the most room around them."""
+    c = np.asarray(loads, dtype=np.float64)
+    if c.ndim != 1:
+        raise ValueError(f"loads: shape {c.shape} is not one load per microbatch")
+    room = middle_room(len(c)) if len(c) else np.zeros(0)
+    return {"light_ends": order_by_bubbles(c, room), "heavy_ends": order_by_bubbles(-c, room),
+            "ascending": np.argsort(c, kind="stable"), "descending": np.argsort(-c, kind="stable")}
 
 
 def encoder_time(encoder: EncoderConfig, tokens: int, costs: CostModel, *, tp: int = 1, frozen: bool = False,

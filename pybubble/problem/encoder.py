@@ -125,26 +125,46 @@ class EncoderWork:
         """The encoder plan."""
         self.separate = separate
         """Whether the encoder runs on GPUs of its own."""
-        self._models, self._images, self._recompute = models, images, recompute
-        # Per encoder: one layer's kernels with durations, forward and backward, computed once.
-        self._layer_cost = []
-        for mdl, n in zip(models, images):
-            s = tokens if tokens is not None else mdl.tokens
-            per_phase = {}
-            for phase in ("fwd", "bwd"):
-                per_phase[phase] = costs.layer_kernels(mdl, n, s, tp=plan.tp_enc, sequence_parallel=sequence_parallel,
-                                                       phase=phase, recompute=recompute)
-            send = costs.p2p_time(float(mdl.dtype_bytes * n * s * mdl.hidden) / plan.tp_enc)
-            self._layer_cost.append((per_phase, send, plan.stage_layers(mdl.layers)))
+        self._models, self._images, self._recompute = models, tuple(images), recompute
+        self._costs, self._tokens, self._sequence_parallel = costs, tokens, sequence_parallel
+        self._layer_costs: dict[tuple[int, ...], list[Any]] = {}
         self._flags = flags
-        self._templates: dict[bool, dict[str, np.ndarray]] = {}
-        self._bytes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._templates: dict[tuple[bool, tuple[int, ...]], dict[str, np.ndarray]] = {}
+        self._bytes: tuple[np.ndarray, list[np.ndarray], np.ndarray] | None = None
         self._blocks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+        self._spread_blocks: dict[tuple[tuple[int, ...], ...], dict[str, np.ndarray]] = {}
 
-    def _template(self, to_llm: bool) -> dict[str, np.ndarray]:
-        """One microbatch's tasks: lane tags, durations, resources, phases and relative `after`."""
-        if to_llm in self._templates:
-            return self._templates[to_llm]
+    @property
+    def images(self) -> tuple[int, ...]:
+        """Images of one encoder microbatch, per encoder."""
+        return self._images
+
+    def _layer_cost(self, images: tuple[int, ...]) -> list[Any]:
+        """Per encoder: one layer's kernels with durations at `images` images (forward and
+        backward), the send of its output, and its layers per stage; None for an encoder with no
+        image. Computed once per image counts."""
+        if images not in self._layer_costs:
+            plan, costs, out = self.plan, self._costs, []
+            for mdl, n in zip(self._models, images):
+                if n == 0:
+                    out.append(None)
+                    continue
+                s = self._tokens if self._tokens is not None else mdl.tokens
+                per_phase = {phase: costs.layer_kernels(mdl, n, s, tp=plan.tp_enc,
+                                                        sequence_parallel=self._sequence_parallel, phase=phase,
+                                                        recompute=self._recompute) for phase in PHASES}
+                send = costs.p2p_time(float(mdl.dtype_bytes * n * s * mdl.hidden) / plan.tp_enc)
+                out.append((per_phase, send, plan.stage_layers(mdl.layers)))
+            self._layer_costs[images] = out
+        return self._layer_costs[images]
+
+    def _template(self, to_llm: bool, images: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
+        """One microbatch's tasks (at `images` images per encoder, default the microbatch's): lane
+        tags, durations, resources, phases and relative `after`."""
+        images = self._images if images is None else images
+        key = (to_llm, images)
+        if key in self._templates:
+            return self._templates[key]
         plan = self.plan
         parts: dict[str, list[np.ndarray]] = {k: [] for k in ("tag", "duration", "resource", "phase", "counts", "after")}
         size = 0
@@ -194,8 +214,9 @@ class EncoderWork:
             return [] if prev is None else [prev]
 
         last_stage = plan.pp_enc - 1
+        chains = [(cost, frozen) for cost, frozen in zip(self._layer_cost(images), self._flags) if cost is not None]
         ends = []
-        for per_phase, send, layers in self._layer_cost:
+        for (per_phase, send, layers), _ in chains:
             prev: int | None = None
             for e, n in enumerate(layers):
                 prev = run_layers(per_phase["fwd"], n, e, "fwd", prev)
@@ -204,7 +225,7 @@ class EncoderWork:
             if to_llm:  # the encoder's output goes to LLM stage 0
                 prev = emit(last_stage, send, "comm", "fwd", chain(prev))
             ends.append(prev)
-        for (per_phase, send, layers), frozen, end in zip(self._layer_cost, self._flags, ends):
+        for ((per_phase, send, layers), frozen), end in zip(chains, ends):
             if frozen:
                 continue
             prev = end
@@ -217,18 +238,19 @@ class EncoderWork:
         out = {k: np.concatenate(v) for k, v in parts.items()}
         out["duration"] = out["duration"].astype(np.float64)
         out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("counts"))]).astype(np.int64)
-        self._templates[to_llm] = out
+        self._templates[key] = out
         return out
 
-    def _pipeline_template(self, pipeline: int) -> dict[str, np.ndarray]:
-        """The template of `pipeline`'s microbatches: with the send to LLM rank 0 when its last stage
-        sits elsewhere (or the encoder runs on GPUs of its own)."""
-        return self._template(self.separate or self.plan.llm_rank(pipeline, self.plan.pp_enc - 1) != 0)
+    def _pipeline_template(self, pipeline: int, images: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
+        """The template of `pipeline`'s microbatches (or pieces of `images` images): with the send to
+        LLM rank 0 when its last stage sits elsewhere (or the encoder runs on GPUs of its own)."""
+        return self._template(self.separate or self.plan.llm_rank(pipeline, self.plan.pp_enc - 1) != 0, images)
 
-    def microbatch_tasks(self, pipeline: int) -> Tasks:
-        """One microbatch's tasks on `pipeline` (microbatch 0, task ids from 0)."""
+    def microbatch_tasks(self, pipeline: int, images: Sequence[int] | None = None) -> Tasks:
+        """One microbatch's tasks on `pipeline` (microbatch 0, task ids from 0); with `images` (one
+        count per encoder), a piece of that many images instead of the whole microbatch."""
         plan = self.plan
-        t = self._pipeline_template(pipeline)
+        t = self._pipeline_template(pipeline, None if images is None else self._piece_images(images))
         grad_in = plan.lane(pipeline, plan.pp_enc - 1) if self.separate else plan.llm_input_lane(pipeline)
         lanes = np.array([plan.lane(pipeline, e) for e in range(plan.pp_enc)] + [grad_in], np.int64)
         return Tasks(lane=lanes[t["tag"]], microbatch=np.zeros(len(t["tag"]), np.int64),
@@ -263,27 +285,116 @@ class EncoderWork:
         if sum(sizes) > MAX_TASKS:
             raise ValueError(f"partition: {sum(partition):,} encoder microbatches make {sum(sizes):,} kernel tasks, "
                              f"more than the limit of {MAX_TASKS:,}")
-        blocks = [self._block(i, n) for i, n in enumerate(partition) if n > 0]
-        keys = ("lane", "duration", "resource", "phase", "microbatch", "after_counts", "after")
-        if not blocks:
-            return Tasks.empty()
-        out = {k: np.concatenate([blk[k] for blk in blocks]) for k in keys}
-        # each block's microbatches and task ids are relative to the block: shift them into place
-        sizes = np.array([len(blk["lane"]) for blk in blocks])
-        counts = np.array([n for n in partition if n > 0])
-        out["microbatch"] += np.repeat(np.cumsum(counts) - counts, sizes)
-        out["after"] += np.repeat(np.cumsum(sizes) - sizes, [len(blk["after"]) for blk in blocks])
-        out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("after_counts"))]).astype(np.int64)
-        return Tasks(**out)
+        return _joined([self._block(i, n) for i, n in enumerate(partition) if n > 0],
+                       [n for n in partition if n > 0])
 
-    def _lane_bytes_terms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per lane, the model states; per pipeline and lane, the activations of one microbatch and the
-        memory full recomputation rebuilds (computed once)."""
+    def _piece_images(self, images: Sequence[int]) -> tuple[int, ...]:
+        """`images` (one count per encoder, each at most the microbatch's) as a checked tuple."""
+        if isinstance(images, (str, bytes)) or not isinstance(images, (Sequence, np.ndarray)) \
+                or len(images) != len(self._images):
+            raise ValueError(f"images: {shown(images)} is not one image count for each of the {len(self._images)} "
+                             "encoders")
+        out = tuple(integer(n, f"images[{e}]", minimum=0, maximum=full)
+                    for e, (n, full) in enumerate(zip(images, self._images)))
+        if not any(out):
+            raise ValueError(f"images: {shown(images)} holds no image")
+        return out
+
+    def _share(self, placement: int | Sequence[int], where: str) -> tuple[int, ...]:
+        """A microbatch's placement as its share per pipeline: a pipeline index (the whole microbatch
+        there) or one non-negative weight per pipeline, not all zero."""
+        m = self.plan.pipelines
+        if isinstance(placement, (int, np.integer)) and not isinstance(placement, bool):
+            i = integer(placement, where, minimum=0, maximum=m - 1)
+            return tuple(int(k == i) for k in range(m))
+        if isinstance(placement, (str, bytes)) or not isinstance(placement, (Sequence, np.ndarray)) \
+                or len(placement) != m:
+            raise ValueError(f"{where}: {shown(placement)} is neither a pipeline nor a share for each of the {m} "
+                             "encoder pipelines")
+        share = tuple(integer(w, f"{where}[{i}]", minimum=0) for i, w in enumerate(placement))
+        if not any(share):
+            raise ValueError(f"{where}: {shown(placement)} gives the microbatch to no pipeline")
+        return share
+
+    def split_images(self, share: Sequence[int]) -> list[tuple[int, ...]]:
+        """Per pipeline, the images of each encoder that a microbatch spread by `share` (one weight
+        per pipeline) gives it: each encoder's images in proportion to the weights, whole images by
+        largest remainder (ties to the last pipelines, which sit on the later LLM stages: those idle
+        longest at the start and the end of the step). A tile or image is the unit: its layers run
+        on one lane, its output goes to LLM stage 0 and its gradient comes back from there."""
+        share = self._share(list(share), "share")
+        w = np.array(share, np.float64)
+        per_encoder = []
+        for n in self._images:
+            raw = n * w / w.sum()
+            got = np.floor(raw).astype(np.int64)
+            rest = n - int(got.sum())
+            got[(len(raw) - 1 - np.argsort(-(raw - got)[::-1], kind="stable"))[:rest]] += 1
+            per_encoder.append(got)
+        return [tuple(int(g[i]) for g in per_encoder) for i in range(len(share))]
+
+    def _spread_block(self, share: tuple[int, ...]) -> dict[str, np.ndarray]:
+        """One microbatch spread over the pipelines by `share`: each pipeline's piece laid out on its
+        lanes, the pieces' tasks merged fraction by fraction (within each phase, the tasks of every
+        piece in the order of their place in the piece), so a prefix or suffix of the microbatch's
+        tasks in id order holds a like part of every piece. Task ids from 0, microbatch 0 (cached)."""
+        split = tuple(self.split_images(share))
+        if split not in self._spread_blocks:
+            held = [images for images in split if any(images)]
+            pieces = [self.microbatch_tasks(i, images) for i, images in enumerate(split) if any(images)]
+            sizes = np.array([len(t) for t in pieces])
+            first = np.concatenate([[0], np.cumsum(sizes)])
+            phase = np.concatenate([t.phase for t in pieces])
+            place = np.concatenate([_place_in_phase(t.phase) for t in pieces])
+            piece = np.repeat(np.arange(len(pieces)), sizes)
+            order = np.lexsort((piece, place, phase))
+            new_id = np.empty(len(order), np.int64)
+            new_id[order] = np.arange(len(order))
+            counts = np.concatenate([np.diff(t.after_offset) for t in pieces])
+            after = np.concatenate([t.after + first[i] for i, t in enumerate(pieces)])
+            offset = np.concatenate([[0], np.cumsum(counts)])
+            # the predecessor lists of the tasks in their new order
+            take = np.repeat(offset[:-1][order], counts[order]) + _ranks_within(counts[order])
+            block = {k: np.concatenate([getattr(t, k) for t in pieces])[order] for k in ("lane", "duration", "resource")}
+            block.update(phase=phase[order], microbatch=np.zeros(len(order), np.int64), after_counts=counts[order],
+                         after=new_id[after[take]], images=np.array(held, np.int64).reshape(len(held), -1)[piece[order]])
+            self._spread_blocks[split] = block
+        return self._spread_blocks[split]
+
+    def layout_tasks(self, layout: Sequence[int | Sequence[int]]) -> Tasks:
+        """The tasks of a layout: encoder microbatch j runs whole on pipeline ``layout[j]`` (an
+        int), or spread over the pipelines by the share ``layout[j]`` (one weight per pipeline,
+        :meth:`split_images`). Microbatches are numbered in the layout's order."""
+        if isinstance(layout, (str, bytes)) or not isinstance(layout, (Sequence, np.ndarray)):
+            raise ValueError(f"layout: {shown(layout)} is not a list of placements")
+        shares = [self._share(p, f"layout[{j}]") for j, p in enumerate(layout)]
+        total = sum(sum(len(self._pipeline_template(i, images)["tag"]) for i, images in
+                        enumerate(self.split_images(sh)) if any(images)) for sh in dict.fromkeys(shares))
+        if total > MAX_TASKS:  # the distinct placements alone: checked before the whole layout is built
+            raise ValueError(f"layout: {len(layout):,} encoder microbatches make more than {MAX_TASKS:,} kernel tasks")
+        blocks = [self._spread_block(sh) for sh in shares]
+        if sum(len(b["lane"]) for b in blocks) > MAX_TASKS:
+            raise ValueError(f"layout: {len(layout):,} encoder microbatches make "
+                             f"{sum(len(b['lane']) for b in blocks):,} kernel tasks, more than the limit of {MAX_TASKS:,}")
+        return _joined(blocks, [1] * len(blocks))
+
+    def layout_images(self, layout: Sequence[int | Sequence[int]]) -> np.ndarray:
+        """Per task of :meth:`layout_tasks` (same order), the images of each encoder its piece holds
+        (tasks x encoders): a whole microbatch's tasks hold all of them."""
+        blocks = [self._spread_block(self._share(p, f"layout[{j}]")) for j, p in enumerate(layout)]
+        return np.concatenate([b["images"] for b in blocks]) if blocks else np.zeros((0, len(self._images)), np.int64)
+
+    def _lane_bytes_terms(self) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+        """Per lane, the model states; per encoder, per pipeline and lane, the activations of one
+        microbatch's images of that encoder; per pipeline and lane, the memory full recomputation
+        rebuilds (computed once)."""
         if self._bytes is None:
             plan = self.plan
             lanes = plan.pp_llm * plan.lanes_per_stage
-            states, act, rebuild = np.zeros(lanes), np.zeros((plan.pipelines, lanes)), np.zeros((plan.pipelines, lanes))
+            states, rebuild = np.zeros(lanes), np.zeros((plan.pipelines, lanes))
+            acts = []
             for model, frozen, images in zip(self._models, self._flags, self._images):
+                act = np.zeros((plan.pipelines, lanes))
                 s_bytes, a_bytes = encoder_layer_bytes(model, images, plan.tp_enc, frozen, self._recompute)
                 rebuilt = 0.0 if frozen else recompute_bytes(model, images, model.tokens, plan.tp_enc, self._recompute)
                 for e, layers in enumerate(plan.stage_layers(model.layers)):
@@ -293,8 +404,16 @@ class EncoderWork:
                         act[pipeline, lane] += layers * a_bytes
                         if layers:
                             rebuild[pipeline, lane] = max(rebuild[pipeline, lane], rebuilt)
-            self._bytes = (states, act, rebuild)
+                acts.append(act)
+            self._bytes = (states, acts, rebuild)
         return self._bytes
+
+    def _bytes_held(self, held: np.ndarray) -> np.ndarray:
+        """Per lane, the bytes when pipeline i holds ``held[e, i]`` microbatches' worth of encoder e's
+        images at once (see :meth:`lane_bytes`)."""
+        states, acts, rebuild = self._lane_bytes_terms()
+        return (states + sum(held[e] @ act for e, act in enumerate(acts))
+                + (rebuild * (held.sum(axis=0) > 0)[:, None]).max(axis=0))
 
     def lane_bytes(self, partition: Sequence[int]) -> np.ndarray:
         """Per lane, the encoders' model states and worst-case activations on one GPU of that lane's
@@ -302,8 +421,46 @@ class EncoderWork:
         may run all forwards before the first backward), and under full recomputation the largest
         layer's activations rebuilt during its backward."""
         counts = np.array(self._partition(partition), np.float64)
-        states, act, rebuild = self._lane_bytes_terms()
-        return states + counts @ act + (rebuild * (counts > 0)[:, None]).max(axis=0)
+        return self._bytes_held(np.tile(counts, (len(self._images), 1)))
+
+    def layout_bytes(self, layout: Sequence[int | Sequence[int]]) -> np.ndarray:
+        """:meth:`lane_bytes` of a layout (:meth:`layout_tasks`): a piece holds its share of its
+        microbatch's activations (its images of each encoder over the microbatch's), every piece
+        of every microbatch at once; the rebuilt layer counts in full on a pipeline with any piece."""
+        held = np.zeros((len(self._images), self.plan.pipelines))
+        for j, placement in enumerate(layout):
+            for i, images in enumerate(self.split_images(self._share(placement, f"layout[{j}]"))):
+                held[:, i] += np.array(images, np.float64) / np.array(self._images, np.float64)
+        return self._bytes_held(held)
+
+
+def _joined(blocks: list[dict[str, np.ndarray]], counts: list[int]) -> Tasks:
+    """Blocks of tasks one after another: block b holds `counts[b]` microbatches numbered from 0 and
+    task ids from 0; both are shifted into place."""
+    if not blocks:
+        return Tasks.empty()
+    keys = ("lane", "duration", "resource", "phase", "microbatch", "after_counts", "after")
+    out = {k: np.concatenate([blk[k] for blk in blocks]) for k in keys}
+    sizes = np.array([len(blk["lane"]) for blk in blocks])
+    n = np.array(counts)
+    out["microbatch"] += np.repeat(np.cumsum(n) - n, sizes)
+    out["after"] += np.repeat(np.cumsum(sizes) - sizes, [len(blk["after"]) for blk in blocks])
+    out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("after_counts"))]).astype(np.int64)
+    return Tasks(**out)
+
+
+def _place_in_phase(phase: np.ndarray) -> np.ndarray:
+    """Each task's place among the tasks of its phase (0 or 1), as a fraction in [0, 1)."""
+    fwd = phase == 0
+    rank = np.where(fwd, np.cumsum(fwd) - 1, np.cumsum(~fwd) - 1)
+    count = np.where(fwd, fwd.sum(), len(phase) - fwd.sum())
+    return rank / np.maximum(count, 1)
+
+
+def _ranks_within(counts: np.ndarray) -> np.ndarray:
+    """0 .. c - 1 for each count c, concatenated."""
+    total = int(counts.sum())
+    return np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def encoder_tasks(encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,

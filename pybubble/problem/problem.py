@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from ..config.checks import array, number, required, shown
+from ..config.checks import array, integer, number, required, shown
 from ..config.documents import PathOrDict, naming, read_document, write_document
 from ..costs.kernels import PHASES, RESOURCES
 from ..llm.timeline import Timeline, Windows
@@ -50,7 +50,7 @@ class Problem:
     @classmethod
     def on_timeline(cls, timeline: Timeline, tasks: Tasks | Sequence[Mapping[str, Any]], lanes_per_stage: int = 1,
                     windows: tuple[Windows, Windows] | None = None,
-                    lane_names: Sequence[str] | None = None) -> "Problem":
+                    lane_names: Sequence[str] | None = None, prefetch: int = 0) -> "Problem":
         """The problem of placing `tasks` into the bubbles of `timeline`: the step is the LLM frame
         (its ``horizon``), microbatch k carries (F_k, B_k), and every lane of a pipeline rank sees
         the rank's compute_free and link_free windows.
@@ -60,7 +60,11 @@ class Problem:
         "resource" ("compute" or "comm"), "phase" ("fwd" or "bwd"), "microbatch" and "after".
         ``windows``: the (compute_free, link_free) of every lane, when the caller computed them once
         for many problems or when the lanes are not this step's ranks (then give ``lane_names``:
-        e.g. an encoder on GPUs of its own, free the whole step). ValueError naming the field.
+        e.g. an encoder on GPUs of its own, free the whole step). ``prefetch``: the first this-many LLM
+        microbatches take their encoder output from the previous step (a frozen encoder's forward
+        for the next step runs in this one): their ``forward_needed`` and ``grad_ready`` are the
+        horizon, so the forward may run anywhere in the step (:func:`prefetched_needs`).
+        ValueError naming the field.
         """
         if windows is None:
             windows = (timeline.compute_free.repeated(lanes_per_stage), timeline.link_free.repeated(lanes_per_stage))
@@ -69,9 +73,9 @@ class Problem:
                  [f"pp{r}.lane{k}" for r in range(timeline.ranks) for k in range(lanes_per_stage)])
         if compute.lanes != len(names):
             raise ValueError(f"windows: {compute.lanes} lanes, expected {len(names)}")
+        forward_needed, grad_ready = prefetched_needs(timeline, prefetch)
         arrays = ProblemArrays(horizon=timeline.step_time, compute_free=compute, link_free=link,
-                               forward_needed=timeline.forward_needed, grad_ready=timeline.grad_ready,
-                               tasks=Tasks.coerce(tasks))
+                               forward_needed=forward_needed, grad_ready=grad_ready, tasks=Tasks.coerce(tasks))
         return cls.from_arrays(arrays, names)
 
     horizon = _from_core("horizon", "The LLM-only step time (us).")
@@ -117,6 +121,16 @@ class Problem:
     def __repr__(self) -> str:
         return (f"Problem(horizon={self.horizon}, lanes={self.num_lanes}, "
                 f"microbatches={self.num_microbatches}, tasks={self.num_tasks})")
+
+
+def prefetched_needs(timeline: Timeline, prefetch: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The LLM microbatches' (forward_needed, grad_ready) when the encoder forward of the first
+    `prefetch` of them runs in the step before (frozen encoders): those need nothing of this step
+    before its horizon."""
+    n = integer(prefetch, "prefetch", minimum=0, maximum=timeline.microbatches)
+    forward_needed, grad_ready = timeline.forward_needed, timeline.grad_ready
+    forward_needed[:n] = grad_ready[:n] = timeline.step_time
+    return forward_needed, grad_ready
 
 
 def _windows(lane: Mapping[str, Any], key: str, where: str) -> list[tuple[float, float]]:
@@ -171,4 +185,4 @@ def _problem(doc: Mapping[str, Any]) -> Problem:
     return Problem.from_arrays(arrays, names)
 
 
-__all__ = ["PROBLEM_FORMAT", "PHASES", "RESOURCES", "Problem", "load_problem"]
+__all__ = ["PROBLEM_FORMAT", "PHASES", "RESOURCES", "Problem", "load_problem", "prefetched_needs"]

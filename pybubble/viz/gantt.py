@@ -3,7 +3,8 @@
 One block per pipeline stage: a row of the LLM's ops coloured by kind, with the stage's bubbles
 shaded by kind; given an encoder problem and its schedule, one row per encoder lane of that stage
 under it, labelled, where the bubbles are shaded too and the encoder's compute kernels are drawn
-inside the bubbles they fill (forward and backward in their own colours). Encoder work the schedule
+inside the bubbles they fill (forward and backward in their own colours, paler for microbatches
+spread over every pipeline). Encoder work the schedule
 puts before or after the LLM's step (the step grows) lies on a grey background. With a schedule the
 chart is shifted like the trace: the step starts at 0.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +41,8 @@ BUBBLE_COLOURS = {"dp_allgather": "#e3cff5", "pp_warmup": "#ffe08a", "pp_steady"
 """Pale colour of each bubble kind (the LLM idles)."""
 ENCODER_COLOURS = {0: "#22a05a", 1: "#8a3fa8"}
 """Colour of the encoder's forward (0) and backward (1) compute kernels."""
+SPREAD_COLOURS = {0: "#86d9a8", 1: "#c99ee0"}
+"""Colour of the forward (0) and backward (1) kernels of microbatches spread over every pipeline."""
 GROWTH_COLOUR = "#e6e6e6"
 """Background where the step grows before or after the LLM's step."""
 FIGURE_WIDTH = 12.0
@@ -130,9 +134,10 @@ def _layers(colours: dict[str, str], rows: np.ndarray, kind: np.ndarray, start: 
 
 def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Problem | None = None,
                schedule: Schedule | None = None, title: str | None = None,
-               window: tuple[float, float] | None = None) -> None:
+               window: tuple[float, float] | None = None, spread: Sequence[int] = ()) -> None:
     """Writes the step's Gantt chart (format from the file name, e.g. .png or .svg). `window`:
-    (start, end) in microseconds of the chart's time (0 = the step's start) to draw only that part."""
+    (start, end) in microseconds of the chart's time (0 = the step's start) to draw only that part.
+    `spread`: encoder microbatches spread over every pipeline, drawn in paler colours."""
     if (problem is None) != (schedule is None):
         raise ValueError("schedule: give both the problem and its schedule, or neither")
     window = interval(window, "window") if window is not None else None
@@ -172,9 +177,12 @@ def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Proble
     if problem is not None and schedule is not None:
         t = problem.arrays().tasks
         enc_start = schedule.start + shift
-        enc_end, enc_kind = enc_start + t.duration, np.where(t.phase == 0, "enc0", "enc1")
+        enc_end = enc_start + t.duration
+        pale = np.isin(t.microbatch, np.asarray(list(spread), np.int64))
+        enc_kind = np.char.add(np.where(t.phase == 0, "enc0", "enc1"), np.where(pale, "s", ""))
         enc_lane = np.where(t.resource == 0, t.lane, -1)  # compute kernels only
-    encoder_colours = {f"enc{ph}": c for ph, c in ENCODER_COLOURS.items()}
+    encoder_colours = {**{f"enc{ph}": c for ph, c in ENCODER_COLOURS.items()},
+                       **{f"enc{ph}s": c for ph, c in SPREAD_COLOURS.items()}}
 
     ticks, labels = [], []
     for r in range(ranks):
@@ -220,13 +228,14 @@ def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Proble
         title += f"  [window {lo / scale:,.6g}-{hi / scale:,.6g} {unit}]"
     ax.set_title("\n".join(textwrap.fill(line, 130) for line in title.split("\n")), loc="left", fontsize=11)
     labels_of = {**OP_NAMES, **{k: f"bubble: {k}" for k in BUBBLE_KINDS}, "enc0": "encoder forward",
-                 "enc1": "encoder backward", "grown": "step grows (encoder outside the LLM's step)"}
-    colours = {**OP_COLOURS, **BUBBLE_COLOURS, "enc0": ENCODER_COLOURS[0], "enc1": ENCODER_COLOURS[1],
-               "grown": GROWTH_COLOUR}
+                 "enc1": "encoder backward", "enc0s": "encoder forward, spread over every pipeline",
+                 "enc1s": "encoder backward, spread over every pipeline",
+                 "grown": "step grows (encoder outside the LLM's step)"}
+    colours = {**OP_COLOURS, **BUBBLE_COLOURS, **encoder_colours, "grown": GROWTH_COLOUR}
     handles = [Patch(color=colours[k], label=labels_of[k]) for k in labels_of if k in chart.present]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False)
     save_figure(fig, path, dpi=DPI)
 
 
 __all__ = ["BUBBLE_COLOURS", "DPI", "ENCODER_COLOURS", "FIGURE_WIDTH", "GROWTH_COLOUR", "BIN_PIXELS",
-           "OP_COLOURS", "OP_NAMES", "coverage", "save_gantt", "time_unit"]
+           "OP_COLOURS", "OP_NAMES", "SPREAD_COLOURS", "coverage", "save_gantt", "time_unit"]

@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from ..config.documents import write_text
 from ..costs.kernels import PHASES
 from ..llm.timeline import Timeline
@@ -29,9 +31,11 @@ def lane_tid(lane_in_stage: int, resource: int) -> int:
 
 
 def trace_events(timeline: Timeline, problem: Problem | None = None,
-                 schedule: Schedule | None = None) -> list[dict[str, Any]]:
+                 schedule: Schedule | None = None, images: np.ndarray | None = None) -> list[dict[str, Any]]:
     """The trace's events: "X" slices for ops (named by their action, like "3F1"), bubbles (named by
-    kind) and, given `problem` and its `schedule`, encoder kernels (cat "encoder")."""
+    kind) and, given `problem` and its `schedule`, encoder kernels (cat "encoder"). `images`: per
+    task, the images of each encoder its piece holds (a microbatch spread over pipelines), written
+    as the kernel's ``images`` argument (none: every microbatch whole)."""
     if (problem is None) != (schedule is None):
         raise ValueError("schedule: give both the problem and its schedule, or neither")
     shift = schedule.shift_front if schedule is not None else 0.0
@@ -58,6 +62,9 @@ def trace_events(timeline: Timeline, problem: Problem | None = None,
     if problem is not None and schedule is not None:
         a = problem.arrays().tasks
         phases = PHASES
+        held = None if images is None else np.asarray(images).tolist()
+        if held is not None and len(held) != len(a):
+            raise ValueError(f"images: {len(held)} rows for {len(a)} tasks")
         for t, (lane, dur, res, ph, j, start) in enumerate(zip(
                 a.lane.tolist(), a.duration.tolist(), a.resource.tolist(), a.phase.tolist(),
                 a.microbatch.tolist(), schedule.start.tolist())):
@@ -66,15 +73,18 @@ def trace_events(timeline: Timeline, problem: Problem | None = None,
             events.append({"ph": "X", "pid": lane // lanes_per_stage, "tid": lane_tid(lane % lanes_per_stage, res),
                            "cat": "encoder", "ts": start + shift, "dur": dur,
                            "name": f"{'send' if res else 'enc'} {phases[ph]} mb{j}",
-                           "args": {"task": t, "microbatch": j, "phase": phases[ph]}})
+                           "args": {"task": t, "microbatch": j, "phase": phases[ph],
+                                    **({} if held is None else {"images": held[t], "lane": lane})}})
     return events
 
 
 def save_trace(timeline: Timeline, path: str | os.PathLike[str], problem: Problem | None = None,
-               schedule: Schedule | None = None) -> None:
-    """Writes the step (and the encoder's schedule, when given) as a Chrome trace JSON file that
-    opens in the Perfetto UI (atomically: a failed write leaves the old file whole)."""
-    write_text(path, json.dumps({"traceEvents": trace_events(timeline, problem, schedule), "displayTimeUnit": "ms"}))
+               schedule: Schedule | None = None, images: np.ndarray | None = None) -> None:
+    """Writes the step (and the encoder's schedule, when given; `images` as :func:`trace_events`) as a
+    Chrome trace JSON file that opens in the Perfetto UI (atomically: a failed write leaves the old
+    file whole)."""
+    write_text(path, json.dumps({"traceEvents": trace_events(timeline, problem, schedule, images),
+                                 "displayTimeUnit": "ms"}))
 
 
 __all__ = ["BUBBLES_TID", "OPS_TID", "lane_tid", "save_trace", "trace_events"]

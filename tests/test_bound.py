@@ -1,0 +1,120 @@
+"""The lower bound on the step (pybubble.planner.bound): its terms on a pipeline worked out by hand,
+never above a schedule of any layout, and the cost-model property it rests on."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pybubble
+from pybubble.config.schema import load_config
+from pybubble.costs.roofline import CostModel
+from pybubble.llm.step import LLMStep
+from pybubble.llm.timeline import simulate_pipeline
+from pybubble.planner import search as planner
+from pybubble.planner.bound import EncoderLoad, encoder_load, step_bound
+from pybubble.problem.encoder import EncoderPlan, EncoderWork
+
+SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
+         "encoders": [{"preset": "vit-l-14", "tokens_per_sample": 4 * 257}],
+         "training": {"global_batch": 32, "micro_batch": 2, "seq_len": 2048},
+         "llm_plan": {"dp": 2, "pp": 4, "tp": 2}}
+
+
+def load(fwd, bwd, paths=(0.0, 0.0, 0.0, 0.0)):
+    return EncoderLoad(forward=np.array(fwd, float), backward=np.array(bwd, float), forward_path=paths[0],
+                       backward_path=paths[1], forward_compute=paths[2], backward_compute=paths[3])
+
+
+def test_terms_by_hand_on_a_two_stage_pipeline():
+    # 1F1B, 2 ranks, 2 microbatches: F = [0, 10], B = [60, 90], horizon 90; rank 0 idles [20, 40] and
+    # [60, 70], rank 1 [0, 10] and [70, 90]; one GPU per rank.
+    tl = simulate_pipeline("1f1b", ranks=2, microbatches=2, fwd=10, bwd=20)
+    assert list(tl.forward_needed) == [0, 10] and list(tl.grad_ready) == [60, 90] and tl.step_time == 90
+    b = step_bound(tl, load([8, 8], [16, 16]), gpus_per_rank=1)
+    # front: the first forward (8) has no free time before 0 -> 8 / 2 GPUs; both (16) have rank 1's
+    # [0, 10] before 10 -> (16 - 10) / 2 = 3. back: the last backward after 90 -> 16 / 2; both after
+    # 60 have 30 -> (32 - 30) / 2 = 1. total: 48 of work, 60 free -> 0.
+    assert (b.front, b.back, b.work) == (4.0, 8.0, 0.0)
+    assert b.step_time == 102.0 and b.gap == pytest.approx(12 / 90)
+    # one image's chain: 6 of forward cannot end by F_0 = 0 unless the step grows by 6 before it;
+    # 12 of backward after B_1 = 90, the horizon
+    chained = step_bound(tl, load([8, 8], [16, 16], (6.0, 12.0, 5.0, 11.0)), gpus_per_rank=1)
+    assert (chained.front, chained.back) == (6.0, 12.0) and chained.step_time == 108.0
+    # two GPUs per rank: twice the free time and twice the GPUs
+    assert step_bound(tl, load([8, 8], [16, 16]), gpus_per_rank=2).front == 2.0
+    # the total alone: work far beyond the bubbles
+    heavy = step_bound(tl, load([40, 40], [40, 40]), gpus_per_rank=1)
+    assert heavy.work == (160 - 60) / 2 and heavy.step_time == 90 + max(heavy.front + heavy.back, heavy.work)
+    # prefetch: the first forward runs in the previous step, needed by the horizon only; the second still
+    # needs 8 - 10 of free time before 10 -> nothing; both: nothing before 0 at all
+    assert step_bound(tl, load([8, 8], [0, 0]), gpus_per_rank=1, prefetch=1).front == 0.0
+    assert step_bound(tl, load([8, 8], [0, 0]), gpus_per_rank=1, prefetch=0).front == 4.0
+    assert step_bound(tl, load([30, 30], [0, 0]), gpus_per_rank=1, prefetch=1).front == (30 - 10) / 2
+
+
+def test_varying_loads_take_the_lightest_first_and_last():
+    tl = simulate_pipeline("1f1b", ranks=2, microbatches=2, fwd=10, bwd=20)
+    # loads 2 and 14: the lightest can feed the first deadline and be the last backward
+    b = step_bound(tl, load([14, 2], [2, 30]), gpus_per_rank=1)
+    assert b.front == max(2 / 2, (16 - 10) / 2) and b.back == max(2 / 2, (32 - 30) / 2)
+
+
+@pytest.fixture(scope="module")
+def spaces():
+    step = LLMStep.of(load_config(SMALL))
+    return [planner._PlanSpace(step, p, step.encoder_windows(p.lanes_per_stage)) for p in planner.encoder_plans(step.config)]
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.data())
+def test_bound_is_never_above_a_schedule_of_any_layout(spaces, data):
+    space = data.draw(st.sampled_from(spaces))
+    m, total = space.plan.pipelines, space.step.config.microbatches
+    head = data.draw(st.integers(0, total))
+    tail = data.draw(st.integers(0, total - head))
+    cand = space.layout_candidate(space.spread_layout(head, tail), (head, tail))
+    cuts = data.draw(st.lists(st.integers(0, total), min_size=m, max_size=m))
+    partition = list(np.diff(np.concatenate([[0], np.sort(cuts)[:-1], [total]]))) if m > 1 else [total]
+    for c in (cand, space.candidate(partition), space.candidate(partition, coarse=True)):
+        assert pybubble.validate(c.problem, c.schedule) == []
+        assert space.step_bound.step_time <= c.step_time * (1 + 1e-12)
+        assert space.plan_bound(total) <= c.step_time * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("preset", ["vit-l-14", "internvit-300m", "vit-22b"])
+def test_a_kernels_time_per_image_never_grows_with_its_images(preset):
+    # what makes the whole microbatch's work a lower bound for any split of it into pieces
+    enc = pybubble.presets.encoder(preset)
+    costs = CostModel("h100")
+    for tp in (1, 4):
+        work = EncoderWork(enc, plan=EncoderPlan(pp_enc=1, tp_enc=tp, pp_llm=1, tp_llm=4), micro_batch=16, costs=costs)
+        per_image = []
+        for n in range(1, 17):
+            t = work.microbatch_tasks(0, [n])
+            per_image.append(float(t.duration[t.resource == 0].sum()) / n)
+        assert all(a >= b * (1 - 1e-12) for a, b in zip(per_image, per_image[1:]))
+
+
+def test_encoder_load_follows_the_plan_and_the_scale():
+    step = LLMStep.of(load_config(SMALL))
+    plan = EncoderPlan(pp_enc=1, tp_enc=2, pp_llm=4, tp_llm=2)
+    work = planner.encoder_work(step, plan)
+    one = encoder_load(work, microbatches=8)
+    t = work.microbatch_tasks(0)
+    assert one.forward.tolist() == [2 * float(t.duration[(t.resource == 0) & (t.phase == 0)].sum())] * 8
+    assert 0 < one.forward_compute <= one.forward_path <= t.duration[t.phase == 0].sum()
+    scaled = encoder_load(work, scale=np.array([0.5, 2.0]))
+    assert scaled.backward.tolist() == [one.backward[0] * 0.5, one.backward[0] * 2.0]
+    assert scaled.forward_path == pytest.approx(one.forward_path * 0.5)
+    with pytest.raises(ValueError, match="microbatches"):
+        encoder_load(work)
+
+
+def test_free_before_counts_whole_and_open_windows():
+    from pybubble.llm.timeline import Windows
+
+    w = Windows(offset=np.array([0, 2, 2, 3]), start=np.array([1.0, 5.0, 0.0]), end=np.array([3.0, 9.0, 10.0]))
+    got = w.free_before(np.array([0.0, 2.0, 4.0, 6.0, 20.0]))
+    assert got.tolist() == [[0, 1, 2, 3, 6], [0, 0, 0, 0, 0], [0, 2, 4, 6, 10]]
+    assert (w.free_before(np.array([1e9]))[:, 0] == w.free_time()).all()

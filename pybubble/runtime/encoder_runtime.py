@@ -150,9 +150,10 @@ class EncoderRuntime:
                  for st in self.stages if getattr(st, "submod", None) is not None]
         self.data_parallel = next((k for k in kinds if k is not None), None)
         """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
-        self.pieces = split_into_pieces(encoder, tuple(t.to(self.device) for t in _inputs_of(example)))
+        example = tuple(t.to(self.device) for t in _inputs_of(example))
+        self.pieces = split_into_pieces(encoder, example)
         with torch.no_grad():
-            out = MicrobatchRun(self.pieces, tuple(t.to(self.device) for t in _inputs_of(example)))
+            out = MicrobatchRun(self.pieces, example)
             for i in range(len(self.pieces)):
                 out.forward_piece(i)
             output = out.output()

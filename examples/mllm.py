@@ -30,6 +30,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -84,15 +85,31 @@ class ModelConfig:
     vocab: int = 512
     lr: float = 0.05
     seed: int = 0
+    pool: int = 1
+    """Varying data: the encoder's tokens of a tile averaged in groups of this many into one LLM
+    token (a pixel shuffle's reduction; 1 with ``--data fixed``)."""
+    chunk_tiles: int = 8
+    """Varying data: tiles the encoder's pieces run on at a time (a chunk of the pieces' fixed shape)."""
+    max_tiles: int = 32
+    """Varying data: the most tiles of one sample (its images' together); the LLM's sequence holds
+    them all (``seq_len``)."""
+
+    @property
+    def seq_len(self) -> int:
+        """Varying data: the LLM's fixed sequence per sample: the most image tokens and text."""
+        return self.max_tiles * (self.patches // self.pool) + self.text_len
 
     def __post_init__(self) -> None:
         for name in ("microbatches", "microbatch_size", "patches", "patch", "enc_dim", "enc_layers", "enc_heads",
-                     "llm_dim", "llm_layers_per_stage", "llm_heads", "text_len", "vocab"):
+                     "llm_dim", "llm_layers_per_stage", "llm_heads", "text_len", "vocab", "pool", "chunk_tiles",
+                     "max_tiles"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: {v!r} is not an integer >= 1")
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ValueError(f"lr: {self.lr!r} is not a number > 0")
+        if self.patches % self.pool:
+            raise ValueError(f"pool: {self.pool} does not divide the {self.patches} patches of a tile")
 
 
 SIZES = {
@@ -100,6 +117,16 @@ SIZES = {
     "tiny": ModelConfig(microbatches=2, microbatch_size=2, patches=4, patch=4, enc_dim=16, enc_layers=2,
                         enc_heads=2, llm_dim=16, llm_layers_per_stage=2, llm_heads=2, text_len=8, vocab=32),
 }
+VARYING_SIZES = {
+    "small": dataclasses.replace(SIZES["small"], patches=16, pool=4, chunk_tiles=8, max_tiles=32),
+    "tiny": dataclasses.replace(SIZES["tiny"], patches=4, pool=2, chunk_tiles=4, max_tiles=32),
+}
+"""The sizes under ``--data mix`` and ``--data-file``: a tile of ``patches`` patches, ``patches /
+pool`` LLM tokens per tile, up to ``max_tiles`` tiles per sample (a 32-frame video), text up to
+``text_len`` tokens: one sample's sequence is ``seq_len`` tokens."""
+DATA = ("fixed", "mix", "file")
+"""--data: one image per sample, the same shape every step (fixed); samples from a seeded open-VLM
+mix (mix); a user's samples (--data-file)."""
 
 
 # -- models ------------------------------------------------------------------------------------
@@ -201,32 +228,61 @@ def build_encoder(cfg: ModelConfig, kind: str = "vit") -> nn.Module:
             attention_dropout=0.0)))
     else:
         raise ValueError(f"encoder: {kind!r} is not one of {', '.join(ENCODERS)}")
-    return nn.Sequential(tower, nn.Linear(cfg.enc_dim, cfg.llm_dim))
+    head = [nn.Linear(cfg.enc_dim, cfg.llm_dim)] + ([TokenPool(cfg.pool)] if cfg.pool > 1 else [])
+    return nn.Sequential(tower, *head)
+
+
+class TokenPool(nn.Module):
+    """A tile's tokens averaged in groups of ``pool`` (fewer LLM tokens per tile)."""
+
+    def __init__(self, pool: int):
+        super().__init__()
+        self.pool = pool
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(1, (-1, self.pool)).mean(2)
 
 
 def encoder_tokens(cfg: ModelConfig, kind: str) -> int:
-    """Image tokens the encoder gives per sample (CLIP adds a class token)."""
-    return cfg.patches if kind == "vit" else image_grid(cfg) ** 2 + (kind == "clip")
+    """Image tokens the encoder gives per sample, or per tile with varying data (CLIP adds a class
+    token)."""
+    return (cfg.patches if kind == "vit" else image_grid(cfg) ** 2 + (kind == "clip")) // cfg.pool
 
 
 class FirstStage(nn.Module):
-    """Token embedding, image tokens from the encoder in front of the text, the first GPT blocks.
-    ``encoder_output(k)`` gives the image tokens of microbatch k."""
+    """Token embedding, image tokens from the encoder, the first GPT blocks. ``encoder_output(k)``
+    gives the image tokens of microbatch k. Fixed data: each sample's image tokens in front of its
+    text. Varying data (``packed``): each sample one row of ``seq_len`` tokens, its image tokens
+    (``image_len`` of them, its tiles' in order) first, then its text, then padding."""
 
-    def __init__(self, cfg: ModelConfig, image_tokens: int, blocks: list[nn.Module]):
+    def __init__(self, cfg: ModelConfig, image_tokens: int, blocks: list[nn.Module], packed: bool = False):
         super().__init__()
+        self.packed = packed
         self.embed = nn.Embedding(cfg.vocab, cfg.llm_dim)
-        self.pos = nn.Parameter(0.02 * torch.randn(image_tokens + cfg.text_len, cfg.llm_dim))
+        self.pos = nn.Parameter(0.02 * torch.randn(cfg.seq_len if packed else image_tokens + cfg.text_len,
+                                                   cfg.llm_dim))
         self.blocks = nn.Sequential(*blocks)
         self.encoder_output = None
         self.image_shape = (cfg.microbatch_size, image_tokens, cfg.llm_dim)
 
-    def forward(self, tokens: torch.Tensor, microbatch: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, microbatch: torch.Tensor, image_len: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        if self.packed:
+            return self.blocks(self.with_images(tokens, microbatch, image_len) + self.pos)
         if tokens.device.type == "meta":  # shape inference by torch.distributed.pipelining
             image = torch.zeros(self.image_shape, device="meta")
         else:
             image = self.encoder_output(int(microbatch[0]))
         return self.blocks(torch.cat([image, self.embed(tokens)], dim=1) + self.pos)
+
+    def with_images(self, tokens: torch.Tensor, microbatch: torch.Tensor, image_len: torch.Tensor) -> torch.Tensor:
+        """The rows' embeddings with each row's first ``image_len`` positions its image tokens."""
+        x = self.embed(tokens)
+        if tokens.device.type == "meta":
+            return x
+        image = self.encoder_output(int(microbatch[0])).reshape(-1, x.shape[-1])
+        mask = (torch.arange(tokens.shape[1], device=tokens.device) < image_len[:, None])[..., None].expand_as(x)
+        return torch.where(mask, x.new_zeros(()).expand_as(x).masked_scatter(mask, image), x)
 
 
 class MiddleStage(nn.Module):
@@ -239,34 +295,40 @@ class MiddleStage(nn.Module):
 
 
 class LastStage(MiddleStage):
-    def __init__(self, cfg: ModelConfig, blocks: list[nn.Module]):
+    """The last GPT blocks and the head: logits of the text positions (fixed data), of every
+    position (``packed``: the loss skips those without a target)."""
+
+    def __init__(self, cfg: ModelConfig, blocks: list[nn.Module], packed: bool = False):
         super().__init__(cfg, blocks)
         torch.manual_seed(cfg.seed + 2)
         self.norm = nn.LayerNorm(cfg.llm_dim)
         self.head = nn.Linear(cfg.llm_dim, cfg.vocab)
-        self.text_len = cfg.text_len
+        self.text_len = 0 if packed else cfg.text_len
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(self.blocks(x)[:, -self.text_len:]))
 
 
 class OnlyStage(FirstStage):
-    """The whole GPT as one stage (a pipeline of one rank: tensor parallelism alone)."""
+    """The whole GPT as one stage (a pipeline of one rank)."""
 
-    def __init__(self, cfg: ModelConfig, image_tokens: int, blocks: list[nn.Module]):
-        super().__init__(cfg, image_tokens, blocks)
+    def __init__(self, cfg: ModelConfig, image_tokens: int, blocks: list[nn.Module], packed: bool = False):
+        super().__init__(cfg, image_tokens, blocks, packed)
         torch.manual_seed(cfg.seed + 2)  # as LastStage's
         self.norm = nn.LayerNorm(cfg.llm_dim)
         self.head = nn.Linear(cfg.llm_dim, cfg.vocab)
-        self.text_len = cfg.text_len
+        self.text_len = 0 if packed else cfg.text_len
 
-    def forward(self, tokens: torch.Tensor, microbatch: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(super().forward(tokens, microbatch)[:, -self.text_len:]))
+    def forward(self, tokens: torch.Tensor, microbatch: torch.Tensor, image_len: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        return self.head(self.norm(super().forward(tokens, microbatch, image_len)[:, -self.text_len:]))
 
 
-def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit", chunks: int = 1) -> list[nn.Module]:
+def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit", chunks: int = 1,
+                 packed: bool = False) -> list[nn.Module]:
     """The GPT (``ranks * llm_layers_per_stage`` blocks) cut into ``ranks * chunks`` pipeline
-    stages: the same initial weights whatever the rank and the cut (one stage: the whole GPT)."""
+    stages: the same initial weights whatever the rank and the cut (one stage: the whole GPT);
+    ``packed``: for varying data (:class:`FirstStage`)."""
     layers, count = ranks * cfg.llm_layers_per_stage, ranks * chunks
     if layers % count:
         raise ValueError(f"chunks: {layers} GPT blocks do not split into {ranks} x {chunks} stages")
@@ -279,9 +341,9 @@ def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit", chunks: int = 
     for s in range(count):
         mine = blocks[s * per:(s + 1) * per]
         torch.manual_seed(cfg.seed + 1)
-        stages.append(OnlyStage(cfg, encoder_tokens(cfg, kind), mine) if count == 1
-                      else FirstStage(cfg, encoder_tokens(cfg, kind), mine) if s == 0
-                      else LastStage(cfg, mine) if s == count - 1 else MiddleStage(cfg, mine))
+        stages.append(OnlyStage(cfg, encoder_tokens(cfg, kind), mine, packed) if count == 1
+                      else FirstStage(cfg, encoder_tokens(cfg, kind), mine, packed) if s == 0
+                      else LastStage(cfg, mine, packed) if s == count - 1 else MiddleStage(cfg, mine))
     return stages
 
 
@@ -303,6 +365,99 @@ def make_batch(cfg: ModelConfig, step: int, kind: str = "vit") -> tuple[torch.Te
         images = torch.randn(b, 3, image_side(cfg), image_side(cfg), generator=g)
     tokens = torch.randint(0, cfg.vocab, (b, cfg.text_len + 1), generator=g)
     return images, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+# -- varying data: samples of text and 0..N images of 1..T tiles ---------------------------------
+def example_mix(cfg: ModelConfig):
+    """The open-VLM mix (pybubble.planner.workloads.MixSpec: its shares of text-only, single-image,
+    multi-image and video samples, its tiles) with text scaled to the example's ``text_len``."""
+    from pybubble.planner.workloads import MixSpec
+
+    return MixSpec(text_median=cfg.text_len / 2, text_max=cfg.text_len)
+
+
+def step_samples(args: argparse.Namespace, cfg: ModelConfig, step: int):
+    """The whole step's samples (every rank draws the same, from the seed): the mix's, or the data
+    file's drawn with replacement."""
+    from pybubble.planner.workloads import mix
+
+    n, seed = cfg.microbatches * cfg.microbatch_size, cfg.seed * 100003 + step
+    if args.data == "mix":
+        return mix(n, seed=seed, spec=example_mix(cfg))
+    return args.samples.draw(n, np.random.default_rng(seed))
+
+
+def sample_row(cfg: ModelConfig, kind: str, step: int, i: int, tiles: int, text: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sample ``i`` of step ``step`` (its own seed, whatever its place in the batch): its tiles'
+    pixels, its row of ``seq_len`` token ids (image positions and padding 0) and its targets (the
+    next text token at each text position, -100 elsewhere)."""
+    g = torch.Generator().manual_seed((cfg.seed * 100003 + step) * 65537 + i)
+    shape = (cfg.patches, 3 * cfg.patch * cfg.patch) if kind == "vit" else (3, image_side(cfg), image_side(cfg))
+    pixels = torch.randn(tiles, *shape, generator=g)
+    words = torch.randint(0, cfg.vocab, (text + 1,), generator=g)
+    at = tiles * encoder_tokens(cfg, kind)
+    ids = torch.zeros(cfg.seq_len, dtype=torch.long)
+    target = torch.full((cfg.seq_len,), -100, dtype=torch.long)
+    ids[at:at + text], target[at:at + text] = words[:-1], words[1:]
+    return pixels, ids, target
+
+
+@dataclass
+class StepInput:
+    """One replica's share of one step, its samples in the LLM slots they run in."""
+
+    encoder: object
+    """pybubble.runtime.EncoderBatch: each slot's tiles."""
+    tokens: torch.Tensor
+    """(microbatches x rows, seq_len) token ids, slot by slot."""
+    image_len: torch.Tensor
+    """Image tokens at the front of each row."""
+    targets: torch.Tensor
+    text_tokens: int
+    """Targets of the whole step (every replica's): the loss is their sum over this."""
+    slot_tiles: list[int]
+    """Tiles of each slot, as run."""
+    given_tiles: list[int]
+    """Tiles of each slot in the given order (without balancing)."""
+
+
+def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica: int, bubble) -> StepInput:
+    """Replica ``replica``'s samples of step ``step`` (its contiguous share), ``microbatch_size /
+    dp`` rows per LLM microbatch: in the given order (``--balance off``), or balanced on their tiles
+    over the microbatches (pybubble.schedule.balance.fill_rows) with the heaviest microbatch in the
+    slot with the most room (``bubble``: the room per slot, from the last plan; None: as filled)."""
+    from pybubble.runtime import EncoderBatch
+    from pybubble.schedule.balance import fill_rows, order_by_bubbles
+
+    samples = step_samples(args, cfg, step)
+    m, rows = cfg.microbatches, cfg.microbatch_size // args.dp
+    mine = np.arange(replica * m * rows, (replica + 1) * m * rows)
+    tiles, text = samples.sample_tiles[mine], samples.text[mine]
+    given = np.arange(mine.size) // rows
+    slot = given
+    if args.balance == "on":
+        microbatch = fill_rows(tiles, m, rows)
+        load = np.bincount(microbatch, weights=tiles, minlength=m)
+        order = np.arange(m) if bubble is None else order_by_bubbles(load, bubble)
+        slot = np.argsort(order)[microbatch]  # the slot each microbatch runs in
+    run = np.lexsort((np.arange(mine.size), slot))  # samples by slot, in the given order within one
+    parts = [sample_row(cfg, args.encoder, step, int(mine[i]), int(tiles[i]), int(text[i])) for i in run]
+    pixels = [torch.cat([parts[r][0] for r in range(k * rows, (k + 1) * rows)]) for k in range(m)]
+    per_tile = encoder_tokens(cfg, args.encoder)
+    return StepInput(encoder=EncoderBatch(pixels), tokens=torch.stack([p[1] for p in parts]),
+                     image_len=torch.as_tensor(tiles[run] * per_tile), targets=torch.stack([p[2] for p in parts]),
+                     text_tokens=int(samples.text.sum()), slot_tiles=[int(x.shape[0]) for x in pixels],
+                     given_tiles=np.bincount(given, weights=tiles, minlength=m).astype(int).tolist())
+
+
+def packed_loss(scale: list[float]):
+    """The loss of varying data: the targets' cross entropy summed, times ``scale[0]`` (the data
+    parallel degree over the step's targets: the replicas' averaged gradients are those of the
+    step's mean over its targets, whatever the samples' order and slots)."""
+    def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.flatten(0, 1), target.flatten(), ignore_index=-100, reduction="sum") * scale[0]
+    return loss
 
 
 def loss_fn(cfg: ModelConfig):
@@ -345,6 +500,34 @@ def reference_checksum(cfg: ModelConfig, ranks: int, steps: int, kind: str = "vi
             for s in stages[1:]:
                 x = s(x)
             loss(x, targets[sl]).backward()
+        opt.step()
+        opt.zero_grad()
+    return checksum((encoder, *stages))
+
+
+def reference_varying(args: argparse.Namespace, cfg: ModelConfig) -> float:
+    """The same training on varying data in one process, unsplit, the step's samples in their
+    given order: the parameters every mode and balance must reach."""
+    kind = args.encoder
+    encoder, stages = build_encoder(cfg, kind), build_stages(cfg, args.pp, kind, packed=True)
+    opt = torch.optim.SGD([p for m in (encoder, *stages) for p in m.parameters()], lr=cfg.lr)
+    scale = [0.0]
+    loss, per_tile = packed_loss(scale), encoder_tokens(cfg, kind)
+    for step in range(args.steps):
+        samples = step_samples(args, cfg, step)
+        scale[0] = 1.0 / max(int(samples.text.sum()), 1)
+        tiles = samples.sample_tiles
+        rows = [sample_row(cfg, kind, step, i, int(tiles[i]), int(samples.text[i])) for i in range(len(samples))]
+        for k in range(cfg.microbatches):
+            mine = range(k * cfg.microbatch_size, (k + 1) * cfg.microbatch_size)
+            pixels = torch.cat([rows[i][0] for i in mine])
+            image = encoder(pixels) if pixels.shape[0] else torch.zeros(0, per_tile, cfg.llm_dim)
+            stages[0].encoder_output = lambda _k, image=image: image
+            x = stages[0](torch.stack([rows[i][1] for i in mine]), torch.tensor([k]),
+                          torch.as_tensor(tiles[list(mine)] * per_tile))
+            for st in stages[1:]:
+                x = st(x)
+            loss(x, torch.stack([rows[i][2] for i in mine])).backward()
         opt.step()
         opt.zero_grad()
     return checksum((encoder, *stages))
@@ -466,6 +649,10 @@ class RankParts:
     schedule: object = None
     stages: list = dataclasses.field(default_factory=list)
     encoder: nn.Module | None = None
+    loss_scale: list[float] = dataclasses.field(default_factory=lambda: [1.0])
+    """Varying data: the loss's factor this step (:func:`packed_loss`)."""
+    tiles: list[dict] = dataclasses.field(default_factory=list)
+    """Varying data: per step, this replica's tiles per slot as run and as given."""
 
     @property
     def first(self) -> bool:
@@ -483,7 +670,7 @@ def parallelize(args: argparse.Namespace, cfg: ModelConfig, mesh, fault: Fault) 
     pp_rank, dp_rank = mesh["pp"].get_local_rank(), mesh[args.dp_dim].get_local_rank()
     chunks = chunks_of(args)
     mine = stages_of_rank(pp_rank, args.pp, args.schedule, chunks)  # this rank's stages
-    every_stage = build_stages(cfg, args.pp, args.encoder, chunks)
+    every_stage = build_stages(cfg, args.pp, args.encoder, chunks, packed=args.data != "fixed")
     stage_modules = [every_stage[s].to(device) for s in mine]
     if args.tp > 1:  # the encoder stays replicated over "tp": each TP rank runs the same pieces
         for stage_module in stage_modules:
@@ -505,16 +692,21 @@ def build_pipeline(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig)
     parts.stages = [pipelining.PipelineStage(llm, s, total, parts.device, group=parts.mesh["pp"].get_group())
                     for llm, s in zip(parts.llms, parts.stage_ids)]
     schedule_class = getattr(pipelining, SCHEDULES[args.schedule])
+    loss = loss_fn(cfg) if args.data == "fixed" else packed_loss(parts.loss_scale)
     parts.schedule = schedule_class(parts.stages[0] if args.schedule in SINGLE_STAGE else parts.stages,
-                                    cfg.microbatches, loss_fn=loss_fn(cfg), scale_grads=False)
+                                    cfg.microbatches, loss_fn=loss, scale_grads=False)
 
 
 def build_runtime(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig, fault: Fault) -> EncoderRuntime:
-    """The encoder and the runtime on the trainer's mesh: pieces traced on one microbatch; on CUDA
-    the gradient sums go through the mesh's NCCL groups."""
+    """The encoder and the runtime on the trainer's mesh: pieces traced on one microbatch (varying
+    data: on one chunk of ``chunk_tiles`` tiles); on CUDA the gradient sums go through the mesh's
+    NCCL groups."""
     parts.encoder = build_encoder(cfg, args.encoder).to(parts.device)
-    images, _, _ = make_batch(cfg, 0, args.encoder)
-    example = replica_slice(images, cfg, args.dp, parts.dp_rank)[:cfg.microbatch_size // args.dp]
+    if args.data == "fixed":
+        images, _, _ = make_batch(cfg, 0, args.encoder)
+        example = replica_slice(images, cfg, args.dp, parts.dp_rank)[:cfg.microbatch_size // args.dp]
+    else:
+        example = sample_row(cfg, args.encoder, 0, 0, cfg.chunk_tiles, 0)[0]
     stage = parts.stages[0] if len(parts.stages) == 1 else parts.stages
     runtime = EncoderRuntime(parts.encoder, stage=stage, schedule=parts.schedule, mode=args.mode, mesh=parts.mesh,
                              microbatches=cfg.microbatches, example=example, device=parts.device)
@@ -544,11 +736,9 @@ def train_loop(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namespa
     ends = []
     for step in range(args.steps):
         fault.before_step(step)
-        images, tokens, targets = (replica_slice(x, cfg, args.dp, parts.dp_rank)
-                                   for x in make_batch(cfg, step, args.encoder))
+        images, inputs, targets = step_inputs(parts, runtime, args, cfg, step)
         if profiler is not None and step == args.steps - 1:
             profiler.start()  # the last step only
-        inputs = (tokens.to(parts.device), torch.arange(cfg.microbatches)) if parts.first else ()
         # torch 2.13: the first step infers the stages' shapes by running them for real, outside
         # DDP's no_sync, and that extra backward breaks the reducer's first bucket rebuild
         # ("rebuilt parameter indices size is not same as original model parameters size",
@@ -568,6 +758,26 @@ def train_loop(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namespa
             took = ends[-1] - (ends[-2] if len(ends) > 1 else runtime.records[-1].start)
             print(f"[{args.mode}] step {step + 1}/{args.steps}: {took * 1e3:.1f} ms", file=sys.stderr, flush=True)
     return ends
+
+
+def step_inputs(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namespace, cfg: ModelConfig,
+                step: int) -> tuple:
+    """This replica's share of step ``step``: the encoder's input, the first stage's inputs (on
+    its rank) and the targets. Varying data: the samples balanced over the slots against the room
+    of the last step's plan (pybubble.schedule.balance.deadline_gaps), the loss's factor set."""
+    device = parts.device
+    if args.data == "fixed":
+        images, tokens, targets = (replica_slice(x, cfg, args.dp, parts.dp_rank)
+                                   for x in make_batch(cfg, step, args.encoder))
+        return images, (tokens.to(device), torch.arange(cfg.microbatches)) if parts.first else (), targets.to(device)
+    from pybubble.schedule.balance import deadline_gaps
+
+    problem = runtime.placement.problem if runtime.placement is not None else None
+    data = replica_step(args, cfg, step, parts.dp_rank, None if problem is None else deadline_gaps(problem))
+    parts.loss_scale[0] = args.dp / max(data.text_tokens, 1)
+    parts.tiles.append({"run": data.slot_tiles, "given": data.given_tiles})
+    inputs = (data.tokens.to(device), torch.arange(cfg.microbatches), data.image_len.to(device)) if parts.first else ()
+    return data.encoder, inputs, data.targets.to(device)
 
 
 def write_rank_files(runtime: EncoderRuntime, args: argparse.Namespace, rank: int, profiler) -> None:
@@ -729,7 +939,7 @@ def tp_report(every: list[dict], tp: int, cuda: bool) -> dict:
 
 def config(args: argparse.Namespace) -> ModelConfig:
     """The size's config, with ``--microbatches`` when given."""
-    cfg = SIZES[args.size]
+    cfg = (SIZES if args.data == "fixed" else VARYING_SIZES)[args.size]
     if args.microbatches:
         cfg = ModelConfig(**{**asdict(cfg), "microbatches": args.microbatches})
     return cfg
@@ -762,7 +972,10 @@ def planning_config(args: argparse.Namespace) -> dict:
 def finish(args: argparse.Namespace, figures: dict[str, list[dict]]) -> dict:
     """The report, with the single-process reference's checksum when asked (computed once): one
     mode's, or with several a dict of each mode's report by mode."""
-    reference = reference_checksum(config(args), args.pp, args.steps, args.encoder) if args.reference else None
+    reference = None
+    if args.reference:
+        reference = (reference_checksum(config(args), args.pp, args.steps, args.encoder) if args.data == "fixed"
+                     else reference_varying(args, config(args)))
     out = {}
     for mode, every in figures.items():
         out[mode] = report(mode_args(args, mode), every)
@@ -809,6 +1022,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="stages per rank (default: 1; 2 for zbv and dualpipev, which need 2)")
     p.add_argument("--dp-dim", default="dp",
                    help="the mesh's data-parallel dimension's name (default dp; e.g. torchtitan's dp_shard)")
+    p.add_argument("--data", default="fixed",
+                   help=f"the step's samples: {', '.join(DATA[:2])} (fixed: one image per sample, the same shape "
+                        "every step; mix: text and 0..N images of 1..13 tiles, videos, from a seeded open-VLM mix)")
+    p.add_argument("--data-file", metavar="FILE",
+                   help='replay your samples: JSON lines, one sample each, {"tiles": [t1, t2, ...], "text": N}')
+    p.add_argument("--balance", default="on",
+                   help="varying data: on (samples balanced over the microbatches, heaviest in the most room) or off")
     p.add_argument("--dump-plan", metavar="DIR", help="write each rank's plan of the last step (JSON) into DIR")
     p.add_argument("--write-config", metavar="FILE",
                    help="write the pybubble planning config of this run's models and ranks (YAML) and exit")
@@ -816,6 +1036,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.torchrun = "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
     args.given_ranks = args.ranks
     args.modes = args.mode.split(",")
+    args.given_data = args.data
+    if args.data_file:
+        args.data = "file"
+    args.samples = None
     if args.torchrun:
         args.ranks = int(os.environ["WORLD_SIZE"])
     elif not args.ranks:
@@ -838,8 +1062,8 @@ def check_ranks(args: argparse.Namespace) -> None:
     if args.dp * args.pp * args.tp != args.ranks:
         raise ValueError(f"pp: dp {args.dp} x pp {args.pp}{f' x tp {args.tp}' if args.tp > 1 else ''} is not the "
                          f"{args.ranks} ranks")
-    if args.pp < (1 if args.tp > 1 else 2):
-        raise ValueError(f"pp: {args.pp} is not >= {1 if args.tp > 1 else 2}")
+    if args.pp < (1 if args.tp > 1 or args.dp > 1 else 2):
+        raise ValueError(f"pp: {args.pp} is not >= {1 if args.tp > 1 or args.dp > 1 else 2}")
     if args.tp > 1 and args.dp > 1:
         raise ValueError(f"tp: {args.tp} beside dp {args.dp}: the example runs tensor parallelism without data "
                          "parallelism")
@@ -922,11 +1146,31 @@ def check_schedule(args: argparse.Namespace) -> None:
         raise ValueError(f"dp: {args.dp} does not divide the microbatch size {cfg.microbatch_size} of size {args.size!r}")
 
 
+def check_data(args: argparse.Namespace) -> None:
+    """The data options, and the data file read (every sample within the limits of the size):
+    ValueError naming the option, or the file's line."""
+    if args.given_data not in DATA[:2]:
+        raise ValueError(f"data: {args.given_data!r} is not one of {', '.join(DATA[:2])} (or give --data-file)")
+    if args.data_file and args.given_data != "fixed":
+        raise ValueError(f"data: --data {args.given_data} beside --data-file: give one")
+    if args.balance not in ("on", "off"):
+        raise ValueError(f"balance: {args.balance!r} is not one of on, off")
+    if args.data != "fixed" and args.encoder == "clip":
+        raise ValueError("encoder: 'clip' with varying data: its class token per tile does not pool; use vit or timm")
+    if args.data == "file":
+        from pybubble.planner.workloads import read_samples
+
+        cfg = config(args)
+        args.samples = read_samples(args.data_file, tokens_per_tile=encoder_tokens(cfg, args.encoder),
+                                    max_tiles=cfg.max_tiles, max_tokens=cfg.seq_len)
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Every option: ValueError naming the option and the value."""
     check_ranks(args)
     check_run(args)
     check_schedule(args)
+    check_data(args)
 
 
 def write_report(args: argparse.Namespace, out: dict) -> None:

@@ -160,8 +160,12 @@ void Scheduler::place_forward_front(int32_t j) {
 
 // The k-th encoder microbatch to finish its forward feeds LLM microbatch k, when that meets every
 // forward_needed; otherwise microbatch j feeds LLM microbatch j (which the placement guarantees).
-void Scheduler::choose_assignment() {
+void Scheduler::choose_assignment(bool fixed) {
   const int32_t m = p_.num_microbatches();
+  if (fixed) {
+    for (int32_t j = 0; j < m; ++j) out_.assignment[static_cast<size_t>(j)] = j;
+    return;
+  }
   const auto& fn = p_.fields().forward_needed;
   for (int32_t j = 0; j < m; ++j) {
     double f = -kInf;
@@ -344,7 +348,7 @@ void Scheduler::finish() {
   out_.step_time = last_end_ - first_start_;
 }
 
-const Schedule& Scheduler::run(Policy policy, const std::vector<double>* durations) {
+const Schedule& Scheduler::run(Policy policy, const std::vector<double>* durations, bool fixed_assignment) {
   const int32_t n = p_.num_tasks(), m = p_.num_microbatches();
   if (durations != nullptr) {
     if (durations->size() != static_cast<size_t>(n)) {
@@ -385,7 +389,7 @@ const Schedule& Scheduler::run(Policy policy, const std::vector<double>* duratio
   }
   for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].time = 0.0;
   for (int32_t j = m - 1; j >= 0; --j) place_forward_front(j);
-  choose_assignment();
+  choose_assignment(fixed_assignment);
 
   // Backward: inside the step where it fits (greedy), latest grad_ready first, whole or its
   // longest fitting prefix; the rest after the horizon.

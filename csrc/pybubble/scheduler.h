@@ -41,7 +41,10 @@ class Scheduler {
 
   /// Schedules with the problem's own durations, or with `durations` (num_tasks values, each
   /// finite and >= 0, else std::invalid_argument). The result stays valid until the next run.
-  const Schedule& run(Policy policy, const std::vector<double>* durations = nullptr);
+  /// `fixed_assignment`: encoder microbatch j feeds LLM microbatch j (its data belongs to that
+  /// microbatch, so its tasks' durations are those of its own data); otherwise the scheduler may
+  /// feed the LLM microbatches in the order the encoder's forwards finish.
+  const Schedule& run(Policy policy, const std::vector<double>* durations = nullptr, bool fixed_assignment = false);
 
  private:
   struct Cursor {
@@ -53,7 +56,7 @@ class Scheduler {
   bool place_forward_in_step(int32_t j, int64_t first);
   int64_t forward_suffix(int32_t j);
   void place_forward_front(int32_t j);
-  void choose_assignment();
+  void choose_assignment(bool fixed);
   void build_backward_windows();
   bool place_backward_in_step(int32_t j, int64_t last);
   int64_t backward_prefix(int32_t j);

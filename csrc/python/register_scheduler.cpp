@@ -27,16 +27,17 @@ void register_scheduler(py::module_& m) {
            py::arg("problem"), py::keep_alive<1, 2>())
       .def(
           "run",
-          [](Scheduler& self, py::handle policy, py::handle durations) {
+          [](Scheduler& self, py::handle policy, py::handle durations, bool fixed_assignment) {
             const auto pol = pybubble::parse_policy(read_text(policy, "policy"));
             std::vector<double> d;
             if (!durations.is_none()) d = read_array<double>(durations, "durations", {pybubble::kMaxTasks, "tasks"});
             // Scheduling touches no Python object: other threads run meanwhile.
             const pybubble::Schedule& out =
-                without_gil([&]() -> const pybubble::Schedule& { return self.run(pol, durations.is_none() ? nullptr : &d); });
+                without_gil([&]() -> const pybubble::Schedule& { return self.run(pol, durations.is_none() ? nullptr : &d, fixed_assignment); });
             return as_tuple(out);
           },
-          py::arg("policy") = "greedy", py::arg("durations") = py::none(),
+          py::arg("policy") = "greedy", py::arg("durations") = py::none(), py::kw_only(),
+          py::arg("fixed_assignment") = false,
           "Returns (start, assignment, step_time, shift_front, shift_back).");
   m.def(
       "first_fit_floor",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {
-    "BoundaryCommunicator": "boundary", "CostHistory": "costs", "StepSample": "costs",
+    "EncoderBatch": "batch", "BoundaryCommunicator": "boundary", "CostHistory": "costs", "StepSample": "costs",
     "SideStream": "cuda", "llm_stream": "cuda", "side_stream": "cuda",
     "observe_data_parallel": "data_parallel", "EncoderRuntime": "encoder_runtime", "sync_grads": "encoder_runtime",
     "EncoderStep": "encoder_step", "HostExecutor": "executors", "CudaExecutor": "executors",
@@ -31,7 +31,7 @@ _WHERE = {
     "DataParallelWaits": "waits", "PipelineWaits": "waits", "TensorParallelWaits": "waits",
 }
 
-__all__ = ["BoundaryCommunicator", "BubbleFiller", "CostHistory", "CudaExecutor", "DataParallelWaits",
+__all__ = ["BoundaryCommunicator", "EncoderBatch", "BubbleFiller", "CostHistory", "CudaExecutor", "DataParallelWaits",
     "EncoderRuntime", "EncoderStep", "FillTask", "FillerStats", "HostExecutor", "IdleWorker", "MeasuredCosts",
     "MicrobatchRun", "PLACEMENTS", "ParallelGroups", "Piece", "PipelineWaits", "Placement", "PlannedOp",
     "PlannedTask", "RankPlan", "TESTED_TORCH", "SideStream", "StepProgress", "StepRecord", "StepSample",

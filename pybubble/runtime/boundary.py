@@ -40,10 +40,11 @@ TAG_BASE = 1 << 20
 class BoundaryCommunicator:
     """Moves encoder microbatches' outputs and gradients between their producer and the LLM's
     first stage (``first_stage_rank``); ``rank``, ``first_stage_rank`` and ``producer`` are ranks
-    of ``group``."""
+    of ``group``; ``output_shapes[j]``: the shape of encoder microbatch j's output (data that
+    varies per step: its tiles)."""
 
     def __init__(self, *, group: dist.ProcessGroup | None, rank: int, first_stage_rank: int,
-                 producer: Sequence[int], assignment: Sequence[int], output_shape: Sequence[int],
+                 producer: Sequence[int], assignment: Sequence[int], output_shapes: Sequence[Sequence[int]],
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", tag_base: int = TAG_BASE):
         m = len(assignment)
         if sorted(int(k) for k in assignment) != list(range(m)):
@@ -59,7 +60,10 @@ class BoundaryCommunicator:
         self.producer = [int(p) for p in producer]
         self.assignment = [int(k) for k in assignment]
         self.encoder_microbatch = {k: j for j, k in enumerate(self.assignment)}
-        self.output_shape = tuple(output_shape)
+        if len(output_shapes) != m:
+            raise ValueError(f"output_shapes: {len(output_shapes)} shapes for {m} encoder microbatches")
+        self.output_shapes = [tuple(s) for s in output_shapes]
+        """The output's shape of each encoder microbatch (its gradient's too)."""
         self.dtype = dtype
         self.device = torch.device(device)
         """Where outputs and gradients are delivered; the group's buffers stay in host memory."""
@@ -79,11 +83,11 @@ class BoundaryCommunicator:
             if not self._remote(j):
                 continue
             if self.rank == self.first_stage_rank:
-                buf = torch.empty(self.output_shape, dtype=self.dtype)
+                buf = torch.empty(self.output_shapes[j], dtype=self.dtype)
                 work = dist.irecv(buf, group=self.group, group_src=p, tag=self.tag_base + j)
                 self._pending["out", j] = (buf, WorkProbe(work))
             elif self.rank == p:
-                buf = torch.empty(self.output_shape, dtype=self.dtype)
+                buf = torch.empty(self.output_shapes[j], dtype=self.dtype)
                 work = dist.irecv(buf, group=self.group, group_src=self.first_stage_rank,
                                   tag=self.tag_base + m + j)
                 self._pending["grad", j] = (buf, WorkProbe(work))

@@ -26,13 +26,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from ..measure import names
+from .batch import EncoderBatch, inputs_of
 from .boundary import BoundaryCommunicator
 from .costs import CostHistory, share_samples
 from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
 from .executors import executor_for
-from .parallel_groups import ParallelGroups, resolve_groups, runtime_group
+from .parallel_groups import ParallelGroups, agree_on_data, resolve_groups, runtime_group, world_group
 from . import torch_seams
 from .pipelining import fill_pipeline_waits, schedule_table
 from .placement import MeasuredCosts, check_mode, make_placement, rank_plan, splits_backward, stage_ranks
@@ -42,10 +43,6 @@ from .records import StepRecord, WaitFigures
 from .segments import MicrobatchRun, split_into_pieces
 from .tensor_parallel import fill_tp_waits
 from .waits import DataParallelWaits, TensorParallelWaits
-
-
-def _inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
 
 def sync_grads(module: nn.Module, group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None = None) -> None:
@@ -145,12 +142,16 @@ class EncoderRuntime:
         self.microbatches = check_microbatches(microbatches, self.table, self.ranks)
         self.groups.check_schedule(self.table, type(schedule).__name__)
         self.group = group if group is not None else runtime_group(self.groups, self.ranks)
+        self.world_group = world_group()
+        """Every rank (gloo): where the ranks agree on each step's data before it starts."""
         self.dp_waits = DataParallelWaits()
         kinds = [observe_data_parallel(st.submod, self.dp_waits, self.dp_group)
                  for st in self.stages if getattr(st, "submod", None) is not None]
         self.data_parallel = next((k for k in kinds if k is not None), None)
         """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
-        example = tuple(t.to(self.device) for t in _inputs_of(example))
+        example = tuple(t.to(self.device) for t in inputs_of(example))
+        self.example = example
+        """One chunk of encoder input: the pieces' fixed shape (its dim 0: the tiles of a chunk)."""
         self.pieces = split_into_pieces(encoder, example)
         with torch.no_grad():
             out = MicrobatchRun(self.pieces, example)
@@ -210,26 +211,33 @@ class EncoderRuntime:
             raise RuntimeError("encoder_output: called outside EncoderRuntime.step")
         return self._work.output(microbatch)
 
-    def _plan(self) -> tuple[RankPlan, float]:
-        """This step's placement and this rank's plan (the profiling step runs the coarse way,
-        megatron in that mode), and the time planning took."""
+    def _plan(self, batch: EncoderBatch) -> tuple[RankPlan, float]:
+        """This step's placement for ``batch``'s chunks and this rank's plan (the profiling step
+        runs the coarse way, megatron in that mode), and the time planning took."""
         t = time.perf_counter()
         mode = self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
         with record_function(names.region("plan")):
-            self.placement = make_placement(mode, self.costs, self.microbatches, self.table)
+            chunks = batch.chunk_counts(self.chunk_tiles)
+            self.placement = make_placement(mode, self.costs, self.microbatches, self.table, chunks)
             self.plan = rank_plan(self.placement, self.rank, self.costs, [p.name for p in self.pieces])
         return self.plan, time.perf_counter() - t
 
-    def _begin(self, plan: RankPlan, chunks: list[tuple[torch.Tensor, ...]]) -> EncoderStep:
+    @property
+    def chunk_tiles(self) -> int:
+        """Tiles of one chunk: the encoder's pieces run on this many at a time."""
+        return int(self.example[0].shape[0])
+
+    def _begin(self, plan: RankPlan, batch: EncoderBatch) -> EncoderStep:
         """The step's boundary communicator (its receives posted) and encoder work."""
         with record_function(names.region("setup")):
+            shapes = [(batch.tiles[k], *self.output_shape[1:]) for k in plan.assignment]
             boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=plan.first_stage,
                                             producer=plan.producer, assignment=plan.assignment,
-                                            output_shape=self.output_shape, dtype=self.output_dtype,
-                                            device=self.device)
+                                            output_shapes=shapes, dtype=self.output_dtype, device=self.device)
             boundary.begin_step()
-            return EncoderStep(plan=plan, pieces=self.pieces, boundary=boundary,
-                               inputs=lambda k: tuple(c[k] for c in chunks), executor=executor_for(self.side))
+            size = self.chunk_tiles
+            return EncoderStep(plan=plan, pieces=self.pieces, boundary=boundary, tiles=batch.tiles,
+                               inputs=lambda k, c: batch.chunk(k, c, size), executor=executor_for(self.side))
 
     def _run(self, work: EncoderStep, start: float, args: tuple, kwargs: dict) -> tuple[Any, TensorParallelWaits]:
         """The pipeline's schedule with the encoder's tasks in its waits: the front, the schedule,
@@ -275,23 +283,42 @@ class EncoderRuntime:
                 sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
         return self._now() - t
 
-    def step(self, encoder_input: torch.Tensor | Sequence[torch.Tensor], *args: Any, **kwargs: Any) -> Any:
-        """One training step: ``encoder_input`` is the whole batch's encoder input (split into the
-        schedule's microbatches along dim 0, on every rank); ``args``/``kwargs`` go to
-        ``schedule.step`` (the first stage's inputs, ``target=`` on the last stage). Returns what
-        ``schedule.step`` returns; the encoder's gradients are summed over the ranks when it
-        returns."""
+    def _agree(self, batch: EncoderBatch) -> None:
+        """Every rank's verdict on its step's data, gathered before the step: a ValueError on every
+        rank when any rank's batch does not fit the encoder or the schedule (none starts a step
+        another refused)."""
+        problem = batch.problem(self.example, self.microbatches)
+        with record_function(names.region("sync")):
+            verdicts = agree_on_data(problem, self.world_group)
+        if problem is not None:
+            raise ValueError(problem)
+        if verdicts:
+            rank, why = verdicts[0]
+            raise ValueError(f"batch: rank {rank} refused its step's data ({why}); no rank runs the step")
+
+    def step(self, encoder_input: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], *args: Any,
+             **kwargs: Any) -> Any:
+        """One training step: ``encoder_input`` is the step's encoder input as it comes, an
+        :class:`~pybubble.runtime.batch.EncoderBatch` (each microbatch's tiles, varying per step), or
+        one batch of a fixed shape (split into the schedule's microbatches along dim 0), on every
+        rank; ``args``/``kwargs`` go to ``schedule.step`` (the first stage's inputs, ``target=`` on
+        the last stage). Returns what ``schedule.step`` returns; the encoder's gradients are summed
+        over the ranks when it returns. Data that does not fit is refused on every rank before the
+        step (ValueError)."""
         entry = time.perf_counter()
-        inputs = [torch.tensor_split(x.to(self.device), self.microbatches) for x in _inputs_of(encoder_input)]
+        batch = (encoder_input if isinstance(encoder_input, EncoderBatch)
+                 else EncoderBatch.split(encoder_input, self.microbatches))
+        self._agree(batch)
+        batch = batch.to(self.device)
         if self.history is None:
-            self._profile(tuple(c[0] for c in inputs))
+            self._profile(self.example)
         elif self._last_sample is not None:
             self._share_costs(entry)
-        plan, plan_s = self._plan()
+        plan, plan_s = self._plan(batch)
         with record_function(names.region("sync")):
             dist.barrier(group=self.group)
         start = time.perf_counter()
-        work = self._begin(plan, inputs)
+        work = self._begin(plan, batch)
         result, tp = self._run(work, start, args, kwargs)
         sync_s = self._sync_grads(plan)
         with record_function(names.region("setup")):

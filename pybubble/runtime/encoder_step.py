@@ -22,53 +22,75 @@ from .waits import PipelineWaits
 class EncoderStep:
     """This rank's encoder work for one step under ``plan``.
 
-    ``inputs(k)``: the encoder input of LLM microbatch k. On the first stage, :meth:`output` gives
-    the encoder output of LLM microbatch k (a leaf whose gradient goes back to its producer).
-    ``executor``: where the tasks run (the host, or a CUDA side stream).
+    ``inputs(k, c)``: chunk c of the encoder input of LLM microbatch k (the pieces' fixed shape);
+    ``tiles[k]``: the tiles of microbatch k (a chain's output is its chunks' outputs, cut to them).
+    On the first stage, :meth:`output` gives the encoder output of LLM microbatch k (a leaf whose
+    gradient goes back to its producer). ``executor``: where the tasks run (the host, or a CUDA
+    side stream).
     """
 
     def __init__(self, *, plan: RankPlan, pieces: Sequence[Piece], boundary: BoundaryCommunicator,
-                 inputs: Callable[[int], tuple[torch.Tensor, ...]], executor: HostExecutor | CudaExecutor):
+                 inputs: Callable[[int, int], tuple[torch.Tensor, ...]], tiles: Sequence[int],
+                 executor: HostExecutor | CudaExecutor):
         self.plan = plan
         self.boundary = boundary
         self.pieces = pieces
+        self.tiles = list(tiles)
         n = len(pieces)
-        self.runs: dict[int, MicrobatchRun] = {}
-        self.fwd_tasks: dict[int, list[FillTask]] = {}
-        """This rank's tasks per encoder microbatch, piece i at index i (their ``took_s``: the
-        measured durations)."""
-        self.bwd_tasks: dict[int, list[FillTask]] = {}
+        self.runs: dict[tuple[int, int], MicrobatchRun] = {}
+        """Per (encoder microbatch, chunk): its pieces' state."""
+        self.fwd_tasks: dict[tuple[int, int], list[FillTask]] = {}
+        """This rank's tasks per (encoder microbatch, chunk), piece i at index i (their
+        ``took_s``: the measured durations)."""
+        self.bwd_tasks: dict[tuple[int, int], list[FillTask]] = {}
+        self._chunk_grads: dict[int, tuple[torch.Tensor, ...]] = {}
         tasks = []
         for t in plan.tasks:
-            j = t.chain
-            if j not in self.runs:
-                self.runs[j] = MicrobatchRun(pieces, inputs(plan.assignment[j]))
-                self.fwd_tasks[j], self.bwd_tasks[j] = [None] * n, [None] * n
-            run = self.runs[j]
+            key = (t.chain, t.chunk)
+            if key not in self.runs:
+                self.runs[key] = MicrobatchRun(pieces, inputs(plan.assignment[t.chain], t.chunk))
+                self.fwd_tasks[key], self.bwd_tasks[key] = [None] * n, [None] * n
             if t.phase == "fwd":
-                task = self.fwd_tasks[j][t.piece] = FillTask.of(t, self._forward(run, j, t.piece))
+                task = self.fwd_tasks[key][t.piece] = FillTask.of(t, self._forward(*key, t.piece))
             elif t.after_grad:
-                task = self.bwd_tasks[j][t.piece] = FillTask.of(
-                    t, self._backward(run, j, t.piece, True), ready=lambda j=j: boundary.grad_ready(j),
-                    wait_ready=lambda j=j: boundary.grad(j))
+                task = self.bwd_tasks[key][t.piece] = FillTask.of(
+                    t, self._backward(*key, t.piece, True), ready=lambda j=t.chain: boundary.grad_ready(j),
+                    wait_ready=lambda j=t.chain: boundary.grad(j))
             else:
-                task = self.bwd_tasks[j][t.piece] = FillTask.of(t, self._backward(run, j, t.piece, False))
+                task = self.bwd_tasks[key][t.piece] = FillTask.of(t, self._backward(*key, t.piece, False))
             tasks.append(task)
         self.filler = BubbleFiller.of_plan(plan, tasks, executor)
         self.waits = PipelineWaits(self.filler)
         """The pipeline's waits (and the first stage's waits for encoder outputs)."""
 
-    def _forward(self, run: MicrobatchRun, j: int, i: int) -> Callable[[], None]:
+    def _chunks(self, j: int) -> list[int]:
+        return sorted(c for (jj, c) in self.runs if jj == j)
+
+    def _forward(self, j: int, c: int, i: int) -> Callable[[], None]:
+        run = self.runs[j, c]
+
         def task() -> None:
             run.forward_piece(i)
-            if run.forward_done:
-                self.boundary.send_output(j, run.output())
+            chunks = self._chunks(j)
+            if run.forward_done and c == chunks[-1]:
+                out = torch.cat([self.runs[j, cc].output() for cc in chunks])
+                self.boundary.send_output(j, out[:self.tiles[self.plan.assignment[j]]])
         return task
 
-    def _backward(self, run: MicrobatchRun, j: int, i: int, first: bool) -> Callable[[], None]:
+    def _backward(self, j: int, c: int, i: int, first: bool) -> Callable[[], None]:
+        run = self.runs[j, c]
+
         def task() -> None:
-            if first:
-                run.output_grad = self.boundary.grad(j)
+            if first:  # the chain's output gradient, cut into its chunks (zero for the padding tiles)
+                grad = self.boundary.grad(j)
+                chunks = self._chunks(j)
+                size = self.runs[j, chunks[0]].output().shape[0] if chunks else 0
+                pad = size * len(chunks) - grad.shape[0]
+                if pad:
+                    grad = torch.cat([grad, grad.new_zeros((pad, *grad.shape[1:]))])
+                self._chunk_grads[j] = tuple(grad.split(size))
+            if run.output_grad is None:
+                run.output_grad = self._chunk_grads[j][self._chunks(j).index(c)]
             run.backward_piece(i)
         return task
 
@@ -95,6 +117,8 @@ class EncoderStep:
         """The encoder output feeding ``llm_microbatch``: a leaf that requires grad; its gradient is
         routed back to the producer by the boundary communicator."""
         j = self.boundary.encoder_microbatch[llm_microbatch]
+        if self.tiles[llm_microbatch] == 0:  # no images: nothing was computed, no gradient goes back
+            return torch.zeros(self.boundary.output_shapes[j], dtype=self.boundary.dtype, device=self.boundary.device)
         if self.plan.producer[j] == self.plan.rank:
             self.filler.force(llm_microbatch)
         elif (probe := self.boundary.output_probe(llm_microbatch)) is not None and self.filler.executor.timed:
@@ -108,5 +132,6 @@ class EncoderStep:
         j = self.boundary.send_grad(llm_microbatch, grad.detach())
         if self.plan.mode == "megatron" and self.plan.producer[j] == self.plan.rank:
             # Megatron: the encoder is part of stage 0, its backward runs inside stage 0's B.
-            for task in reversed(self.bwd_tasks[j]):
-                self.filler.run_now(task)
+            for c in self._chunks(j):
+                for task in reversed(self.bwd_tasks[j, c]):
+                    self.filler.run_now(task)

@@ -366,3 +366,22 @@ def runtime_group(groups: ParallelGroups, ranks: int) -> dist.ProcessGroup:
                          "carry CPU tensors; pass a gloo group over its ranks (or the whole mesh, or parallel_dims)")
     mine, _ = dist.new_subgroups_by_enumeration([list(p) for p in pipelines], backend="gloo")
     return mine
+
+
+def world_group() -> dist.ProcessGroup | None:
+    """A group of every rank that carries CPU tensors: the default group when it does (None), else
+    a gloo group over the world (every rank creates it, in the same order)."""
+    return None if _cpu_capable(None) else dist.new_group(backend="gloo")
+
+
+def agree_on_data(problem: str | None, group: dist.ProcessGroup | None) -> list[tuple[int, str]]:
+    """Every rank's verdict on its step's data (``problem``: what is wrong with it, None when
+    nothing is), gathered over ``group`` (all ranks take part): the (rank, problem) of each rank
+    that refused, in rank order."""
+    flags = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(flags, torch.tensor([int(problem is not None)]), group=group)
+    if not any(int(f) for f in flags):  # the usual case: one small gather, no pickling
+        return []
+    every: list = [None] * len(flags)
+    dist.all_gather_object(every, problem, group=group)
+    return [(r, p) for r, p in enumerate(every) if p is not None]

@@ -92,11 +92,26 @@ def check_mode(mode: str) -> str:
     return one_of(mode, PLACEMENTS, "mode")
 
 
-def producers(mode: str, microbatches: int, ranks: int, first_stage_rank: int = 0) -> list[int]:
-    """The rank that runs encoder microbatch j: the first stage's rank in megatron mode, round
-    robin otherwise."""
+def producers(mode: str, microbatches: int, ranks: int, first_stage_rank: int = 0,
+              chunks: Sequence[int] | None = None) -> list[int]:
+    """The rank that runs encoder microbatch j: the first stage's rank in megatron mode; otherwise,
+    in microbatch order, the rank with the least encoder work so far (``chunks[j]``: the
+    microbatch's pieces of a fixed shape, default one each: round robin), the first stage's rank
+    for a microbatch without encoder work (nothing to send)."""
     check_mode(mode)
-    return [first_stage_rank if mode == "megatron" else j % ranks for j in range(microbatches)]
+    if mode == "megatron":
+        return [first_stage_rank] * microbatches
+    counts = [1] * microbatches if chunks is None else [int(c) for c in chunks]
+    load, out = [0] * ranks, []
+    for j, c in enumerate(counts):
+        if c == 0:
+            out.append(first_stage_rank)
+            continue
+        least = [r for r in range(ranks) if load[r] == min(load)]
+        r = j % ranks if j % ranks in least else least[0]
+        load[r] += c
+        out.append(r)
+    return out
 
 
 def stage_ranks(table: Table) -> dict[int, int]:
@@ -115,14 +130,16 @@ def first_stage_rank(table: Table) -> int:
 
 
 def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_stage: bool = False,
-                      table: Table | None = None) -> Timeline:
+                      table: Table | None = None, encoder_chunks: Sequence[int] | None = None) -> Timeline:
     """The LLM step of ``table`` (the schedule's action table; default 1F1B, one stage per rank)
     with the measured stage costs (with the whole encoder inside stage 0's ops when asked: its
     backward inside stage 0's W when the table splits it). With tensor parallelism each forward
     and backward op also holds ``tp_count`` gaps of ``tp_gap_s`` (the ops' measured times leave the
     waits out: they are added back, ``tp_count`` x ``tp_wait_s`` in all; what the mean exceeds the
     typical gap by stays in the op, unfillable); a table that splits backwards (I, W) is refused
-    with tensor parallelism (the measured figures do not say how its TP waits fall on I and W)."""
+    with tensor parallelism (the measured figures do not say how its TP waits fall on I and W).
+    ``encoder_chunks``: the encoder's chunks per microbatch (stage 0's ops then hold the mean: the
+    simulator takes one duration per stage)."""
     table = build_table("1f1b", costs.stages, microbatches) if table is None else table
     ranks, owner = len(table), stage_ranks(table)
     if sorted(owner) != list(range(costs.stages)):
@@ -145,9 +162,10 @@ def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_
     if wgrad is None:
         wgrad = bwd / 2
     if encoder_on_first_stage:
-        fwd[place[0]] += sum(costs.piece_fwd_s) * US
-        bwd[place[0]] += sum(costs.piece_bwd_s) * US
-        wgrad[place[0]] += sum(costs.piece_bwd_s) * US
+        per = 1.0 if not encoder_chunks else float(np.mean(encoder_chunks))
+        fwd[place[0]] += per * sum(costs.piece_fwd_s) * US
+        bwd[place[0]] += per * sum(costs.piece_bwd_s) * US
+        wgrad[place[0]] += per * sum(costs.piece_bwd_s) * US
     # torch's first stage runs its whole backward in W (its I has no input to differentiate); the
     # core wants some of it in I
     wgrad = np.minimum(wgrad, bwd * (1 - 1e-6))
@@ -157,18 +175,26 @@ def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_
     return simulate_pipeline(table, fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=costs.p2p_s * US, tp_comm=tp_comm)
 
 
-def piece_tasks(costs: MeasuredCosts, producer: Sequence[int]) -> Tasks:
-    """The encoder's piece tasks (index = id): per encoder microbatch, its pieces' forwards in order,
-    then their backwards in reverse, on the lane (rank) of its producer, each after the one before
-    (arrays: one re-plan per step stays cheap)."""
+def piece_tasks(costs: MeasuredCosts, producer: Sequence[int], chunks: Sequence[int] | None = None) -> Tasks:
+    """The encoder's piece tasks (index = id): per encoder microbatch j, for each of its
+    ``chunks[j]`` chunks (inputs of the pieces' fixed shape; default one) the pieces' forwards in
+    order, then per chunk the pieces' backwards in reverse, on the lane (rank) of its producer, each
+    after the one before (arrays: one re-plan per step stays cheap)."""
     n, m = len(costs.piece_fwd_s), len(producer)
-    per = np.concatenate([np.asarray(costs.piece_fwd_s), np.asarray(costs.piece_bwd_s)[::-1]]) * US
-    count = 2 * n * m
-    first = np.arange(count) % (2 * n) == 0  # a microbatch's first forward waits for nothing
+    counts = np.ones(m, np.int64) if chunks is None else np.asarray(chunks, np.int64)
+    per_fwd, per_bwd = np.asarray(costs.piece_fwd_s) * US, np.asarray(costs.piece_bwd_s)[::-1] * US
+    sizes = 2 * n * counts
+    count = int(sizes.sum())
+    offset = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    pos = np.arange(count) - np.repeat(offset, sizes)  # position inside its microbatch's chain
+    half = np.repeat(n * counts, sizes)
+    bwd = pos >= half
+    duration = np.where(bwd, per_bwd[(pos - half) % n], per_fwd[pos % n]) if count else np.zeros(0)
+    first = pos == 0  # a microbatch's first forward waits for nothing
     after = np.arange(count)[~first] - 1
-    return Tasks(lane=np.repeat(np.asarray(producer, np.int64), 2 * n),
-                 microbatch=np.repeat(np.arange(m, dtype=np.int64), 2 * n), duration=np.tile(per, m),
-                 resource=np.zeros(count, np.int64), phase=np.tile(np.repeat(np.array([0, 1], np.int64), n), m),
+    return Tasks(lane=np.repeat(np.asarray(producer, np.int64), sizes),
+                 microbatch=np.repeat(np.arange(m, dtype=np.int64), sizes), duration=duration.astype(np.float64),
+                 resource=np.zeros(count, np.int64), phase=bwd.astype(np.int64),
                  after_offset=np.concatenate([[0], np.cumsum(~first)]).astype(np.int64), after=after.astype(np.int64))
 
 
@@ -192,24 +218,48 @@ class Placement:
     """Its schedule (None in megatron mode)."""
     first_stage: int = 0
     """The rank that holds the LLM's first stage (where the encoder outputs go)."""
+    chunks: tuple[int, ...] = ()
+    """Encoder microbatch j's chunks (inputs of the pieces' fixed shape); empty: one each."""
+
+    def chunk_counts(self) -> list[int]:
+        """The chunks of each encoder microbatch."""
+        return list(self.chunks) or [1] * len(self.producer)
 
 
-def make_placement(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None) -> Placement:
+def check_chunks(chunks: Sequence[int] | None, microbatches: int) -> tuple[int, ...]:
+    """``chunks`` (one count >= 0 per microbatch) as a tuple; () for None."""
+    if chunks is None:
+        return ()
+    out = tuple(chunks)
+    if len(out) != microbatches:
+        raise ValueError(f"chunks: {len(out)} counts for {microbatches} microbatches")
+    for j, c in enumerate(out):
+        integer(c, f"chunks[{j}]", minimum=0)
+    return out
+
+
+def make_placement(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None,
+                   chunks: Sequence[int] | None = None) -> Placement:
     """Megatron: the encoder inside stage 0. coarse / pybubble: the core's ``coarse`` / ``greedy``
     schedule of the encoder's tasks over all ranks. ``table``: the schedule's action table
-    (default 1F1B, one stage per rank)."""
+    (default 1F1B, one stage per rank). ``chunks``: each microbatch's encoder input in chunks of
+    the pieces' shape (data that varies per microbatch; default one each); when they differ,
+    encoder microbatch j feeds LLM microbatch j (its data is that microbatch's)."""
     table = build_table("1f1b", costs.stages, microbatches) if table is None else table
-    producer = producers(mode, microbatches, len(table), first_stage_rank(table))
+    counts = check_chunks(chunks, microbatches)
+    first = first_stage_rank(table)
+    producer = producers(mode, microbatches, len(table), first, counts or None)
     if mode == "megatron":
-        return Placement(mode=mode, timeline=measured_timeline(costs, microbatches, True, table), producer=producer,
-                         assignment=list(range(microbatches)), start_s=None, problem=None, schedule=None,
-                         first_stage=first_stage_rank(table))
+        return Placement(mode=mode, timeline=measured_timeline(costs, microbatches, True, table, counts or None),
+                         producer=producer, assignment=list(range(microbatches)), start_s=None, problem=None,
+                         schedule=None, first_stage=first, chunks=counts)
     timeline = measured_timeline(costs, microbatches, table=table)
-    problem = Problem.on_timeline(timeline, piece_tasks(costs, producer))
-    sched = schedule_problem(problem, "coarse" if mode == "coarse" else "greedy")
+    problem = Problem.on_timeline(timeline, piece_tasks(costs, producer, counts or None))
+    sched = schedule_problem(problem, "coarse" if mode == "coarse" else "greedy",
+                             fixed_assignment=len(set(counts)) > 1)
     return Placement(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
-                     start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched,
-                     first_stage=first_stage_rank(table))
+                     start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched, first_stage=first,
+                     chunks=counts)
 
 
 def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None) -> float:
@@ -231,35 +281,40 @@ def shift_front_s(plan: Placement) -> float:
     return 0.0 if plan.schedule is None else plan.schedule.shift_front / US
 
 
-def task_index(pieces: int, chain: int, phase: str, step: int) -> int:
+def task_index(pieces: int, chain: int, phase: str, step: int, chunks: Sequence[int] | None = None) -> int:
     """The id in a placement's problem of encoder microbatch ``chain``'s task: its ``step``-th
-    forward (piece ``step``) or its ``step``-th backward (piece ``pieces - 1 - step``), as
-    :func:`piece_tasks` numbers them."""
-    return 2 * pieces * chain + (step if phase == "fwd" else pieces + step)
+    forward (chunk ``step // pieces``, piece ``step % pieces``) or its ``step``-th backward (chunk
+    ``step // pieces``, piece ``pieces - 1 - step % pieces``), as :func:`piece_tasks` numbers them
+    (``chunks``: each microbatch's chunks, default one each)."""
+    before = chain if chunks is None else int(sum(chunks[:chain]))
+    mine = 1 if chunks is None else int(chunks[chain])
+    return 2 * pieces * before + (step if phase == "fwd" else pieces * mine + step)
 
 
 def _rank_tasks(plan: Placement, rank: int, costs: MeasuredCosts, names: Sequence[str]) -> list[PlannedTask]:
     """The encoder tasks ``rank`` runs under ``plan``, in plan order (by planned start)."""
-    n, front = len(names), shift_front_s(plan)
+    n, front, counts = len(names), shift_front_s(plan), plan.chunk_counts()
     tasks = []
     for j, producer in enumerate(plan.producer):
-        if producer != rank:
+        if producer != rank or counts[j] == 0:
             continue
-        k, remote = plan.assignment[j], producer != plan.first_stage  # a remote chain's output travels
+        k, remote, ch = plan.assignment[j], producer != plan.first_stage, counts[j]  # a remote chain's output travels
         needed_at = None
         if plan.start_s is not None and remote:
             needed_at = front + float(plan.timeline.forward_needed[k]) / US - costs.p2p_s
-        for i in range(n):
-            start = 0.0 if plan.start_s is None else float(plan.start_s[task_index(n, j, "fwd", i)])
+        for step in range(n * ch):
+            c, i = divmod(step, n)
+            start = 0.0 if plan.start_s is None else float(plan.start_s[task_index(n, j, "fwd", step, counts)])
             tasks.append(PlannedTask(chain=j, piece=i, phase="fwd", label=names_.task_label(j, "fwd", names[i]),
                                      duration_s=costs.piece_fwd_s[i], planned_start_s=start, needed_by=k,
-                                     needed_at_s=needed_at, host_only=remote and i == n - 1))
-        for step, i in enumerate(range(n - 1, -1, -1)):
+                                     needed_at_s=needed_at, host_only=remote and step == n * ch - 1, chunk=c))
+        for step in range(n * ch):
+            c, i = step // n, n - 1 - step % n
             start = (plan.timeline.step_time / US if plan.start_s is None
-                     else float(plan.start_s[task_index(n, j, "bwd", step)]))
+                     else float(plan.start_s[task_index(n, j, "bwd", step, counts)]))
             tasks.append(PlannedTask(chain=j, piece=i, phase="bwd", label=names_.task_label(j, "bwd", names[i]),
                                      duration_s=costs.piece_bwd_s[i], planned_start_s=start,
-                                     host_only=remote and step == 0, after_grad=step == 0))
+                                     host_only=remote and step == 0, after_grad=step == 0, chunk=c))
     return sorted(tasks, key=lambda t: t.planned_start_s)
 
 
@@ -292,15 +347,18 @@ def rank_plan(plan: Placement, rank: int, costs: MeasuredCosts, piece_names: Seq
     of ``len(piece_names)`` pieces with the durations of ``costs``), as data."""
     if len(piece_names) != len(costs.piece_fwd_s):
         raise ValueError(f"piece_names: {len(piece_names)} names for {len(costs.piece_fwd_s)} pieces")
-    n, front = len(piece_names), shift_front_s(plan)
+    n, front, counts = len(piece_names), shift_front_s(plan), plan.chunk_counts()
     arrival: list[float | None] = [None] * len(plan.producer)
     if plan.start_s is not None:
         for j, p in enumerate(plan.producer):
-            last = task_index(n, j, "fwd", n - 1)
+            if counts[j] == 0:
+                continue
+            last = task_index(n, j, "fwd", n * counts[j] - 1, counts)
             arrival[j] = (front + float(plan.start_s[last]) + costs.piece_fwd_s[-1]
                           + (costs.p2p_s if p != plan.first_stage else 0.0))
     ops, tail = _rank_ops(plan, rank)
     return RankPlan(mode=plan.mode, rank=rank, first_stage=plan.first_stage, producer=tuple(plan.producer),
                     assignment=tuple(plan.assignment), horizon_s=plan.timeline.step_time / US, shift_front_s=front,
                     tail_gap_s=tail, ops=tuple(ops), tasks=tuple(_rank_tasks(plan, rank, costs, piece_names)),
-                    output_arrival_s=tuple(arrival), predicted_step_s=placement_step_s(plan, costs))
+                    output_arrival_s=tuple(arrival), predicted_step_s=placement_step_s(plan, costs),
+                    chunks=plan.chunks)

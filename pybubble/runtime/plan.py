@@ -75,6 +75,9 @@ class PlannedTask:
     after_grad: bool = False
     """Its input is the gradient of the chain's output, sent by the first stage (the first backward
     task)."""
+    chunk: int = 0
+    """The chunk of the chain's input it works on (a chain's input comes in chunks of the pieces'
+    fixed shape; the chunks' forwards run in order, then their backwards)."""
 
     def __post_init__(self) -> None:
         one_of(self.phase, PHASES, "phase")
@@ -106,6 +109,8 @@ class RankPlan:
     """The rank's encoder tasks in plan order (by planned start)."""
     output_arrival_s: tuple[float | None, ...]
     """Per encoder microbatch: when its output is predicted at the first stage (None: not planned)."""
+    chunks: tuple[int, ...] = ()
+    """Per encoder microbatch: the chunks of its input (empty: one each)."""
     predicted_step_s: float
     """The whole step as predicted."""
 
@@ -144,8 +149,9 @@ class RankPlan:
                               force_until_s=-math.inf if o["force_until_s"] is None else o["force_until_s"])
                     for o in doc["ops"])
         tasks = tuple(PlannedTask(**t) for t in doc["tasks"])
-        rest = {f.name: doc[f.name] for f in fields(cls) if f.name not in ("ops", "tasks")}
-        for name in ("producer", "assignment", "output_arrival_s"):
+        rest = {f.name: doc[f.name] for f in fields(cls) if f.name not in ("ops", "tasks", "chunks")}
+        rest["chunks"] = doc.get("chunks", [])
+        for name in ("producer", "assignment", "output_arrival_s", "chunks"):
             rest[name] = tuple(rest[name])
         return cls(**rest, ops=ops, tasks=tasks)
 

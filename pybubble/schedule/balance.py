@@ -155,6 +155,24 @@ def pack_microbatches(tokens: np.ndarray, microbatches: int, sequence_length: in
     return _pack(t, _parts(work, t), m, limit)
 
 
+def fill_rows(work: np.ndarray, microbatches: int, rows: int) -> np.ndarray:
+    """The microbatch of each sample (int64) when every LLM microbatch holds exactly `rows`
+    samples (a batch of fixed rows, each sample one padded sequence), balanced on `work` (e.g. the
+    samples' tiles): heaviest first into the microbatch with the least work that still has a free
+    row (ties: the lower index, so the result is the same on every rank)."""
+    w = real_array(work, "work", minimum=0.0)
+    m = integer(microbatches, "microbatches", minimum=1)
+    r = integer(rows, "rows", minimum=1)
+    if w.ndim != 1 or w.size != m * r:
+        raise ValueError(f"work: shape {w.shape}, expected ({m * r},): {m} microbatches of {r} rows")
+    load, free = np.zeros(m), np.full(m, r)
+    out = np.empty(w.size, np.int64)
+    for i in np.argsort(-w, kind="stable"):
+        k = int(np.argmin(np.where(free > 0, load, np.inf)))
+        out[i], load[k], free[k] = k, load[k] + w[i], free[k] - 1
+    return out
+
+
 def _tokens(values: Any) -> np.ndarray:
     """`values` as one int64 token count >= 0 per sample."""
     t = np.asarray(values)

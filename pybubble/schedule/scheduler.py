@@ -78,13 +78,16 @@ def check_policy(policy: str) -> str:
     return one_of(policy, POLICIES, "policy")
 
 
-def schedule_problem(problem: Problem, policy: str = "greedy") -> Schedule:
+def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignment: bool = False) -> Schedule:
     """Schedules `problem`'s tasks into its bubbles with the C++ core.
 
     policy: ``greedy`` (default; encoder microbatches moved into the step's windows where they
     fit) or ``coarse`` (all forwards before the step, all backwards after it).
+    fixed_assignment: encoder microbatch j feeds LLM microbatch j (data that varies per
+    microbatch: its tasks' durations are those of its own data); by default the LLM microbatches
+    take the encoder's microbatches in the order their forwards finish.
     """
-    return from_core(_core.Scheduler(problem.core).run(check_policy(policy)))
+    return from_core(_core.Scheduler(problem.core).run(check_policy(policy), fixed_assignment=bool(fixed_assignment)))
 
 
 def load_schedule(source: PathOrDict) -> Schedule:

@@ -1,0 +1,88 @@
+"""One step's encoder input as it comes: data that varies per step.
+
+Real multimodal data changes every batch: one LLM microbatch holds text-only samples, another a
+13-tile image, another a video's 30 frames. The encoder's unit is a *tile* (an image tile, a
+video frame, or a whole sample when the images are of one fixed shape): an
+:class:`EncoderBatch` holds, per LLM microbatch, that microbatch's tiles along dim 0 (one tensor,
+or a tuple of tensors for an encoder of several inputs), 0 tiles for a microbatch without images.
+
+The encoder's pieces are traced once, on one chunk of a fixed number of tiles (the runtime's
+``example``): each microbatch's tiles run in :meth:`EncoderBatch.chunk` pieces of that shape, the
+last one padded with zero tiles, so the pieces and their measured costs are reused every step
+(an encoder that mixes tiles, e.g. batch norm in training mode, is refused when it is split).
+The padding tiles' outputs are dropped; their gradients are zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+Inputs = tuple[torch.Tensor, ...]
+
+
+def inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> Inputs:
+    """An encoder input as a tuple of tensors."""
+    return (x,) if isinstance(x, torch.Tensor) else tuple(x)
+
+
+class EncoderBatch:
+    """Per LLM microbatch of a step, its encoder input: a tensor (or tuple of tensors) whose dim 0
+    counts the microbatch's tiles (0: no images)."""
+
+    def __init__(self, microbatches: Sequence[torch.Tensor | Sequence[torch.Tensor]]):
+        self.inputs: list[Inputs] = [inputs_of(x) for x in microbatches]
+        for k, parts in enumerate(self.inputs):
+            if not parts or not all(isinstance(t, torch.Tensor) for t in parts):
+                raise ValueError(f"batch: microbatch {k} is not a tensor or a tuple of tensors")
+            if len({t.shape[0] if t.dim() else -1 for t in parts}) != 1 or parts[0].dim() == 0:
+                raise ValueError(f"batch: microbatch {k}'s tensors {[tuple(t.shape) for t in parts]} do not count "
+                                 "the same tiles along dim 0")
+        self.tiles: list[int] = [int(x[0].shape[0]) for x in self.inputs]
+        """Tiles of each microbatch."""
+
+    @classmethod
+    def split(cls, x: torch.Tensor | Sequence[torch.Tensor], microbatches: int) -> EncoderBatch:
+        """A batch of one fixed shape split into ``microbatches`` along dim 0 (``torch.tensor_split``)."""
+        parts = [torch.tensor_split(t, microbatches) for t in inputs_of(x)]
+        return cls([tuple(p[k] for p in parts) for k in range(microbatches)])
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def to(self, device: torch.device) -> EncoderBatch:
+        return EncoderBatch([tuple(t.to(device) for t in x) for x in self.inputs])
+
+    def problem(self, example: Inputs, microbatches: int) -> str | None:
+        """What is wrong with this batch for an encoder traced on ``example`` (one chunk) and a
+        schedule of ``microbatches``; None when nothing is."""
+        if len(self) != microbatches:
+            return (f"batch: {len(self)} microbatches, the schedule runs {microbatches}"
+                    + (" (an empty step)" if not len(self) else ""))
+        for k, x in enumerate(self.inputs):
+            if len(x) != len(example):
+                return f"batch: microbatch {k} has {len(x)} encoder inputs, the encoder takes {len(example)}"
+            for i, (t, e) in enumerate(zip(x, example)):
+                if t.shape[1:] != e.shape[1:] or t.dtype != e.dtype:
+                    return (f"batch: microbatch {k}'s input {i} has tiles of shape {tuple(t.shape[1:])} "
+                            f"({t.dtype}), the encoder's pieces take {tuple(e.shape[1:])} ({e.dtype})")
+        return None
+
+    def chunk_counts(self, size: int) -> list[int]:
+        """Chunks of ``size`` tiles each microbatch runs in."""
+        return [-(-t // size) for t in self.tiles]
+
+    def chunk(self, k: int, c: int, size: int) -> Inputs:
+        """Chunk ``c`` of microbatch ``k``: its tiles ``c * size ..`` (``size`` of them, zero tiles
+        after the microbatch's last)."""
+        out = []
+        for t in self.inputs[k]:
+            part = t[c * size:(c + 1) * size]
+            if part.shape[0] < size:
+                part = torch.cat([part, part.new_zeros((size - part.shape[0], *part.shape[1:]))])
+            out.append(part)
+        return tuple(out)
+
+
+__all__ = ["EncoderBatch", "inputs_of"]

@@ -285,6 +285,11 @@ class FirstStage(nn.Module):
         return torch.where(mask, x.new_zeros(()).expand_as(x).masked_scatter(mask, image), x)
 
 
+def text_positions(x: torch.Tensor, text_len: int) -> torch.Tensor:
+    """The last ``text_len`` positions of ``x`` (0: all of them, ``x`` itself)."""
+    return x[:, -text_len:] if text_len else x
+
+
 class MiddleStage(nn.Module):
     def __init__(self, cfg: ModelConfig, blocks: list[nn.Module]):
         super().__init__()
@@ -306,7 +311,7 @@ class LastStage(MiddleStage):
         self.text_len = 0 if packed else cfg.text_len
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(self.blocks(x)[:, -self.text_len:]))
+        return self.head(self.norm(text_positions(self.blocks(x), self.text_len)))
 
 
 class OnlyStage(FirstStage):
@@ -321,7 +326,7 @@ class OnlyStage(FirstStage):
 
     def forward(self, tokens: torch.Tensor, microbatch: torch.Tensor, image_len: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        return self.head(self.norm(super().forward(tokens, microbatch, image_len)[:, -self.text_len:]))
+        return self.head(self.norm(text_positions(super().forward(tokens, microbatch, image_len), self.text_len)))
 
 
 def build_stages(cfg: ModelConfig, ranks: int, kind: str = "vit", chunks: int = 1,
@@ -436,7 +441,7 @@ def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica:
     tiles, text = samples.sample_tiles[mine], samples.text[mine]
     given = np.arange(mine.size) // rows
     slot = given
-    if args.balance == "on":
+    if balanced(args):
         microbatch = fill_rows(tiles, m, rows)
         load = np.bincount(microbatch, weights=tiles, minlength=m)
         order = np.arange(m) if bubble is None else order_by_bubbles(load, bubble)
@@ -444,11 +449,19 @@ def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica:
     run = np.lexsort((np.arange(mine.size), slot))  # samples by slot, in the given order within one
     parts = [sample_row(cfg, args.encoder, step, int(mine[i]), int(tiles[i]), int(text[i])) for i in run]
     pixels = [torch.cat([parts[r][0] for r in range(k * rows, (k + 1) * rows)]) for k in range(m)]
+    per_sample = np.split(samples.tiles, np.cumsum(samples.images)[:-1])  # each sample's images' tiles
+    images = [[int(t) for r in run[k * rows:(k + 1) * rows] for t in per_sample[mine[r]]] for k in range(m)]
     per_tile = encoder_tokens(cfg, args.encoder)
-    return StepInput(encoder=EncoderBatch(pixels), tokens=torch.stack([p[1] for p in parts]),
+    return StepInput(encoder=EncoderBatch(pixels, images), tokens=torch.stack([p[1] for p in parts]),
                      image_len=torch.as_tensor(tiles[run] * per_tile), targets=torch.stack([p[2] for p in parts]),
                      text_tokens=int(samples.text.sum()), slot_tiles=[int(x.shape[0]) for x in pixels],
                      given_tiles=np.bincount(given, weights=tiles, minlength=m).astype(int).tolist())
+
+
+def balanced(args: argparse.Namespace) -> bool:
+    """Whether this mode's steps are balanced (``--balance on``, pybubble only: megatron and coarse
+    run the samples as given, each replica its own)."""
+    return args.data != "fixed" and args.balance == "on" and args.mode == "pybubble"
 
 
 def packed_loss(scale: list[float]):
@@ -709,7 +722,8 @@ def build_runtime(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig, 
         example = sample_row(cfg, args.encoder, 0, 0, cfg.chunk_tiles, 0)[0]
     stage = parts.stages[0] if len(parts.stages) == 1 else parts.stages
     runtime = EncoderRuntime(parts.encoder, stage=stage, schedule=parts.schedule, mode=args.mode, mesh=parts.mesh,
-                             microbatches=cfg.microbatches, example=example, device=parts.device)
+                             microbatches=cfg.microbatches, example=example, device=parts.device,
+                             balance_replicas=balanced(args) and args.dp > 1)
     fault.encoder_pieces(runtime)
     if parts.first:
         parts.stage_modules[parts.stage_ids.index(0)].encoder_output = runtime.encoder_output
@@ -810,7 +824,8 @@ def rank_figures(parts: RankParts, runtime: EncoderRuntime, ends: list[float], r
             "waits": [{k: None if w is None else asdict(w) for k, w in r.waits.items()} for r in records],
             "costs": asdict(runtime.costs), "overruns": [r.filler.overruns for r in records],
             "held_max_s": [r.filler.held_max_s for r in records], "tp_waits": tp_waits(records),
-            "host": socket.gethostname()}
+            "host": socket.gethostname(), "encoder_s": [r.encoder_s for r in records], "llm_s": [r.llm_s for r in records],
+            "tiles": [r.tiles for r in records], "imbalance": [r.imbalance for r in records], "data": parts.tiles}
 
 
 def train(rank: int, args: argparse.Namespace) -> dict[str, list[dict]] | None:
@@ -885,7 +900,8 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
     ends = [max(e["ends"][s] for e in every) for s in range(steps)]
     step_times = [ends[0] - min(e["starts"][0] for e in every)] + [ends[s] - ends[s - 1] for s in range(1, steps)]
     settled = list(range(min(2, steps - 1), steps))  # step 0 profiles, step 1 is the first adapted plan
-    predicted = every[0]["predicted"]
+    # the replicas wait for each other: the step is its slowest replica's
+    predicted = [max(e["predicted"][s] for e in every) for s in range(steps)]
     return {
         "format": "pybubble.runtime_report/3", "mode": args.mode, "encoder": args.encoder, "ranks": args.ranks,
         "schedule": args.schedule, "chunks": chunks_of(args),
@@ -902,7 +918,31 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
         # and the longest hold-up (at most one piece)
         "overruns": [sum(e["overruns"][s] for s in settled) for e in every],
         "held_max_s": [max(e["held_max_s"][s] for s in settled) for e in every],
+        "prediction_error": statistics.median(abs(predicted[s] - step_times[s]) / step_times[s] for s in settled),
+        "data": data_report(args, every, settled),
     }
+
+
+def data_report(args: argparse.Namespace, every: list[dict], settled: list[int]) -> dict | None:
+    """Varying data: per rank over the settled steps the encoder's and the LLM's seconds and the
+    idle time by kind (waited, not filled); per step the tiles each replica ran per slot, the slots'
+    most over mean tiles as given and as run (rank 0's replica), the replicas' most over mean tiles
+    before and after the moves."""
+    if args.data == "fixed":
+        return None
+    waits = settled_waits(every, settled)
+    rows = every[0]["data"]
+
+    def spread(tiles: list[int]) -> float:
+        return max(tiles) / statistics.mean(tiles) if sum(tiles) else 1.0
+
+    return {"per_rank": [{"encoder_s": sum(e["encoder_s"][s] for s in settled),
+                          "llm_s": sum(e["llm_s"][s] for s in settled),
+                          "idle_s": {k: None if w[k] is None else w[k]["waited_s"] for k in ("pp", "dp", "tp")}}
+                         for e, w in zip(every, waits)],
+            "tiles": [e["tiles"] for e in every], "slot_imbalance_given": [spread(r["given"]) for r in rows],
+            "slot_imbalance_run": [spread(r["run"]) for r in rows],
+            "replica_imbalance": every[0]["imbalance"]}
 
 
 def chunks_of(args: argparse.Namespace) -> int:

@@ -31,8 +31,12 @@ class EncoderBatch:
     """Per LLM microbatch of a step, its encoder input: a tensor (or tuple of tensors) whose dim 0
     counts the microbatch's tiles (0: no images)."""
 
-    def __init__(self, microbatches: Sequence[torch.Tensor | Sequence[torch.Tensor]]):
+    def __init__(self, microbatches: Sequence[torch.Tensor | Sequence[torch.Tensor]],
+                 images: Sequence[Sequence[int]] | None = None):
         self.inputs: list[Inputs] = [inputs_of(x) for x in microbatches]
+        self.images: list[list[int]] | None = None if images is None else [[int(t) for t in x] for x in images]
+        """Per microbatch, the tiles of each of its images in order (None: not told); the unit the
+        runtime moves between data-parallel replicas."""
         for k, parts in enumerate(self.inputs):
             if not parts or not all(isinstance(t, torch.Tensor) for t in parts):
                 raise ValueError(f"batch: microbatch {k} is not a tensor or a tuple of tensors")
@@ -52,7 +56,7 @@ class EncoderBatch:
         return len(self.inputs)
 
     def to(self, device: torch.device) -> EncoderBatch:
-        return EncoderBatch([tuple(t.to(device) for t in x) for x in self.inputs])
+        return EncoderBatch([tuple(t.to(device) for t in x) for x in self.inputs], self.images)
 
     def problem(self, example: Inputs, microbatches: int) -> str | None:
         """What is wrong with this batch for an encoder traced on ``example`` (one chunk) and a
@@ -60,6 +64,11 @@ class EncoderBatch:
         if len(self) != microbatches:
             return (f"batch: {len(self)} microbatches, the schedule runs {microbatches}"
                     + (" (an empty step)" if not len(self) else ""))
+        if self.images is not None and (len(self.images) != len(self)
+                                        or [sum(x) for x in self.images] != self.tiles
+                                        or any(t < 1 for x in self.images for t in x)):
+            return (f"batch: images {self.images} do not count each microbatch's tiles {self.tiles} "
+                    "(one count >= 1 per image)")
         for k, x in enumerate(self.inputs):
             if len(x) != len(example):
                 return f"batch: microbatch {k} has {len(x)} encoder inputs, the encoder takes {len(example)}"

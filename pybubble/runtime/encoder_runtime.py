@@ -36,10 +36,12 @@ from .executors import executor_for
 from .parallel_groups import ParallelGroups, agree_on_data, resolve_groups, runtime_group, world_group
 from . import torch_seams
 from .pipelining import fill_pipeline_waits, schedule_table
-from .placement import MeasuredCosts, check_mode, make_placement, rank_plan, splits_backward, stage_ranks
+from .placement import (MeasuredCosts, check_mode, first_stage_rank, make_placement, rank_plan, splits_backward,
+                        stage_ranks)
 from .plan import RankPlan
 from .profile import p2p_latency, shared_profile, time_pieces
 from .records import StepRecord, WaitFigures
+from .replicas import MovedWork, ReplicaMoves, move_work, replica_grid
 from .segments import MicrobatchRun, split_into_pieces
 from .tensor_parallel import fill_tp_waits
 from .waits import DataParallelWaits, TensorParallelWaits
@@ -124,7 +126,7 @@ class EncoderRuntime:
                  mesh: Any = None, parallel_dims: Any = None, roles: dict | None = None,
                  pp_group: dist.ProcessGroup | None = None, dp_group: dist.ProcessGroup | None = None,
                  tp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
-                 microbatches: int | None = None, keep: int = 5):
+                 microbatches: int | None = None, keep: int = 5, balance_replicas: bool = False):
         torch_seams.check_torch_seams()
         self.mode, self.encoder, self.schedule = check_mode(mode), encoder, schedule
         self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
@@ -148,6 +150,15 @@ class EncoderRuntime:
         kinds = [observe_data_parallel(st.submod, self.dp_waits, self.dp_group)
                  for st in self.stages if getattr(st, "submod", None) is not None]
         self.data_parallel = next((k for k in kinds if k is not None), None)
+        self.replicas = 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
+        self.grid = None
+        """With ``balance_replicas`` over several replicas: the world rank of each replica's
+        pipeline ranks (the moves' traffic)."""
+        if balance_replicas and self.replicas > 1:
+            self.grid = replica_grid(self.world_group, dist.get_rank(self.dp_group), self.rank, self.replicas,
+                                     self.ranks)
+        self.moves: ReplicaMoves | None = None
+        """The last step's moves of encoder work between the replicas (None: none balanced)."""
         """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
         example = tuple(t.to(self.device) for t in inputs_of(example))
         self.example = example
@@ -227,17 +238,35 @@ class EncoderRuntime:
         """Tiles of one chunk: the encoder's pieces run on this many at a time."""
         return int(self.example[0].shape[0])
 
-    def _begin(self, plan: RankPlan, batch: EncoderBatch) -> EncoderStep:
-        """The step's boundary communicator (its receives posted) and encoder work."""
+    def _move(self, batch: EncoderBatch) -> tuple[EncoderBatch, list[int], MovedWork | None]:
+        """With ``balance_replicas``: the step's encoder work balanced over the replicas
+        (:func:`~pybubble.runtime.replicas.move_work`): the chains' inputs, each chain's rows for
+        this replica's first stage, the moved work; else the batch as it is."""
+        if self.grid is None or self.mode == "megatron":
+            self.moves = None
+            return batch, batch.tiles, None
+        with record_function(names.region("sync")):
+            chains, own, moved = move_work(
+                batch, replica=dist.get_rank(self.dp_group), replicas=self.replicas, pp_rank=self.rank,
+                pp_ranks=self.ranks, grid=self.grid, group=self.world_group, first_stage=first_stage_rank(self.table),
+                chunk_tiles=self.chunk_tiles, device=self.device)
+        self.moves = moved.moves
+        return chains, own, moved
+
+    def _begin(self, plan: RankPlan, batch: EncoderBatch, own: list[int], moved: MovedWork | None) -> EncoderStep:
+        """The step's boundary communicator and moved work (their receives posted) and encoder work."""
         with record_function(names.region("setup")):
-            shapes = [(batch.tiles[k], *self.output_shape[1:]) for k in plan.assignment]
+            shapes = [(own[k], *self.output_shape[1:]) for k in plan.assignment]
             boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=plan.first_stage,
                                             producer=plan.producer, assignment=plan.assignment,
                                             output_shapes=shapes, dtype=self.output_dtype, device=self.device)
             boundary.begin_step()
+            if moved is not None:
+                moved.begin_step(self.output_shape[1:], self.output_dtype)
             size = self.chunk_tiles
-            return EncoderStep(plan=plan, pieces=self.pieces, boundary=boundary, tiles=batch.tiles,
-                               inputs=lambda k, c: batch.chunk(k, c, size), executor=executor_for(self.side))
+            return EncoderStep(plan=plan, pieces=self.pieces, boundary=boundary, tiles=batch.tiles, own_tiles=own,
+                               moved=moved, inputs=lambda k, c: batch.chunk(k, c, size),
+                               executor=executor_for(self.side))
 
     def _run(self, work: EncoderStep, start: float, args: tuple, kwargs: dict) -> tuple[Any, TensorParallelWaits]:
         """The pipeline's schedule with the encoder's tasks in its waits: the front, the schedule,
@@ -263,6 +292,8 @@ class EncoderRuntime:
                 filler.drain()
             tp.finish()
             work.boundary.end_step()
+            if work.moved is not None:
+                work.moved.wait_sends()
             completed = True
         finally:
             self._work = None
@@ -309,7 +340,7 @@ class EncoderRuntime:
         batch = (encoder_input if isinstance(encoder_input, EncoderBatch)
                  else EncoderBatch.split(encoder_input, self.microbatches))
         self._agree(batch)
-        batch = batch.to(self.device)
+        batch, own, moved = self._move(batch.to(self.device))
         if self.history is None:
             self._profile(self.example)
         elif self._last_sample is not None:
@@ -318,7 +349,7 @@ class EncoderRuntime:
         with record_function(names.region("sync")):
             dist.barrier(group=self.group)
         start = time.perf_counter()
-        work = self._begin(plan, batch)
+        work = self._begin(plan, batch, own, moved)
         result, tp = self._run(work, start, args, kwargs)
         sync_s = self._sync_grads(plan)
         with record_function(names.region("setup")):
@@ -330,7 +361,8 @@ class EncoderRuntime:
             waits={"pp": WaitFigures(stats.waited_s, stats.filled_s),
                    "dp": WaitFigures(stats.dp_waited_s, stats.dp_filled_s) if self.data_parallel else None,
                    "tp": WaitFigures(tp.stats.waited_s, tp.stats.filled_s) if tp.stats.waits else None},
-            trace=work.filler.trace))
+            trace=work.filler.trace, tiles=batch.tiles, encoder_s=work.encoder_s(), llm_s=sum(work.filler.progress.op_busy_s),
+            imbalance=None if self.moves is None else (self.moves.imbalance(False), self.moves.imbalance(True))))
         self.steps += 1
         self._returned = time.perf_counter()
         return result

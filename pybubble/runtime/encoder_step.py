@@ -14,6 +14,7 @@ from .executors import CudaExecutor, HostExecutor
 from .filler import BubbleFiller
 from .plan import RankPlan
 from .records import TPWaitStats, tp_op_figures
+from .replicas import MovedWork
 from .segments import MicrobatchRun, Piece
 from .task import FillTask
 from .waits import PipelineWaits
@@ -31,11 +32,16 @@ class EncoderStep:
 
     def __init__(self, *, plan: RankPlan, pieces: Sequence[Piece], boundary: BoundaryCommunicator,
                  inputs: Callable[[int, int], tuple[torch.Tensor, ...]], tiles: Sequence[int],
-                 executor: HostExecutor | CudaExecutor):
+                 executor: HostExecutor | CudaExecutor, own_tiles: Sequence[int] | None = None,
+                 moved: MovedWork | None = None):
         self.plan = plan
         self.boundary = boundary
         self.pieces = pieces
         self.tiles = list(tiles)
+        self.own_tiles = self.tiles if own_tiles is None else list(own_tiles)
+        """Per LLM microbatch: the chain's rows for this replica's own first stage (the rest,
+        ``moved``'s, go to other replicas)."""
+        self.moved = moved
         n = len(pieces)
         self.runs: dict[tuple[int, int], MicrobatchRun] = {}
         """Per (encoder microbatch, chunk): its pieces' state."""
@@ -54,8 +60,8 @@ class EncoderStep:
                 task = self.fwd_tasks[key][t.piece] = FillTask.of(t, self._forward(*key, t.piece))
             elif t.after_grad:
                 task = self.bwd_tasks[key][t.piece] = FillTask.of(
-                    t, self._backward(*key, t.piece, True), ready=lambda j=t.chain: boundary.grad_ready(j),
-                    wait_ready=lambda j=t.chain: boundary.grad(j))
+                    t, self._backward(*key, t.piece, True), ready=lambda j=t.chain: self._grad_ready(j),
+                    wait_ready=lambda j=t.chain: self._own_grad(j))
             else:
                 task = self.bwd_tasks[key][t.piece] = FillTask.of(t, self._backward(*key, t.piece, False))
             tasks.append(task)
@@ -66,6 +72,21 @@ class EncoderStep:
     def _chunks(self, j: int) -> list[int]:
         return sorted(c for (jj, c) in self.runs if jj == j)
 
+    def _own(self, j: int) -> int:
+        return self.own_tiles[self.plan.assignment[j]]
+
+    def _grad_ready(self, j: int) -> bool:
+        k = self.plan.assignment[j]
+        return ((self._own(j) == 0 or self.boundary.grad_ready(j))
+                and (self.moved is None or self.moved.grads_ready(k)))
+
+    def _own_grad(self, j: int) -> torch.Tensor:
+        """The gradient of the chain's rows for this replica's own first stage (waits for it)."""
+        if self._own(j) == 0:
+            return torch.zeros((0, *self.boundary.output_shapes[j][1:]), dtype=self.boundary.dtype,
+                               device=self.boundary.device)
+        return self.boundary.grad(j)
+
     def _forward(self, j: int, c: int, i: int) -> Callable[[], None]:
         run = self.runs[j, c]
 
@@ -73,8 +94,12 @@ class EncoderStep:
             run.forward_piece(i)
             chunks = self._chunks(j)
             if run.forward_done and c == chunks[-1]:
-                out = torch.cat([self.runs[j, cc].output() for cc in chunks])
-                self.boundary.send_output(j, out[:self.tiles[self.plan.assignment[j]]])
+                k = self.plan.assignment[j]
+                out = torch.cat([self.runs[j, cc].output() for cc in chunks])[:self.tiles[k]]
+                if self._own(j):
+                    self.boundary.send_output(j, out[:self._own(j)])
+                if self.moved is not None:
+                    self.moved.send_outputs(k, out[self._own(j):])
         return task
 
     def _backward(self, j: int, c: int, i: int, first: bool) -> Callable[[], None]:
@@ -82,7 +107,9 @@ class EncoderStep:
 
         def task() -> None:
             if first:  # the chain's output gradient, cut into its chunks (zero for the padding tiles)
-                grad = self.boundary.grad(j)
+                grad = self._own_grad(j)
+                if self.moved is not None:
+                    grad = torch.cat([grad, *self.moved.moved_grads(self.plan.assignment[j])])
                 chunks = self._chunks(j)
                 size = self.runs[j, chunks[0]].output().shape[0] if chunks else 0
                 pad = size * len(chunks) - grad.shape[0]
@@ -93,6 +120,13 @@ class EncoderStep:
                 run.output_grad = self._chunk_grads[j][self._chunks(j).index(c)]
             run.backward_piece(i)
         return task
+
+    def encoder_s(self) -> float:
+        """The time of this rank's encoder tasks this step: measured where the executor times them,
+        else their estimates."""
+        tasks = [t for by in (self.fwd_tasks, self.bwd_tasks) for chain in by.values() for t in chain]
+        timed = self.filler.executor.timed
+        return float(sum((t.took_s if timed else t.duration_s) or 0.0 for t in tasks))
 
     def sample(self, stages: int, sync_s: float, plan_s: float, tp: TPWaitStats) -> StepSample:
         """This rank's figures of the step (``stages``: the pipeline's stage count; ``sync_s``: the
@@ -116,12 +150,18 @@ class EncoderStep:
     def output(self, llm_microbatch: int) -> torch.Tensor:
         """The encoder output feeding ``llm_microbatch``: a leaf that requires grad; its gradient is
         routed back to the producer by the boundary communicator."""
+        local = self._local_output(llm_microbatch)
+        return local if self.moved is None else self.moved.assemble(llm_microbatch, local)
+
+    def _local_output(self, llm_microbatch: int) -> torch.Tensor:
+        """The rows of ``llm_microbatch``'s image tokens this replica ran itself."""
         j = self.boundary.encoder_microbatch[llm_microbatch]
-        if self.tiles[llm_microbatch] == 0:  # no images: nothing was computed, no gradient goes back
+        here = self.plan.producer[j] == self.plan.rank
+        if here:
+            self.filler.force(llm_microbatch)  # also when all its rows go to other replicas: they need them now
+        if self.own_tiles[llm_microbatch] == 0:  # none: nothing was computed here, no gradient goes back
             return torch.zeros(self.boundary.output_shapes[j], dtype=self.boundary.dtype, device=self.boundary.device)
-        if self.plan.producer[j] == self.plan.rank:
-            self.filler.force(llm_microbatch)
-        elif (probe := self.boundary.output_probe(llm_microbatch)) is not None and self.filler.executor.timed:
+        if not here and (probe := self.boundary.output_probe(llm_microbatch)) is not None and self.filler.executor.timed:
             # It comes from another rank and is late: run this rank's tasks while it comes.
             self.waits.wait_for([probe], self.plan.output_arrival_s[j])
         leaf = self.boundary.output(llm_microbatch).detach().requires_grad_(True)

@@ -113,6 +113,15 @@ class StepRecord:
     without FSDP2/DDP on a stage, ``tp`` without tensor parallelism)."""
     trace: list[tuple[str, float, float]] | None = None
     """When the runtime traces: (what, start, end) of the step's tasks, ops and waits."""
+    tiles: list[int] | None = None
+    """The tiles this rank's replica ran per LLM slot (its chains', moved-in ones included)."""
+    imbalance: tuple[float, float] | None = None
+    """With encoder work balanced over the replicas: their most over mean tiles before and after
+    the moves."""
+    encoder_s: float = 0.0
+    """The time of this rank's encoder tasks (CPU: measured; CUDA: their estimates)."""
+    llm_s: float = 0.0
+    """The own time of this rank's LLM ops."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain data."""

@@ -1,0 +1,302 @@
+"""Encoder work moved between data-parallel replicas, and its outputs sent back.
+
+Each data-parallel replica owns its samples, and with data that varies per step one replica's
+images can take several times the encoder time of another's: every replica then waits at the
+next data-parallel collective for the one with the most (VeOmni's ``EncoderDataBalance``,
+LoongForge's ViT balance). Before each step every rank learns every replica's images (their tile
+counts, per LLM slot) and all decide the same moves (:func:`pybubble.schedule.balance.balance_replicas`,
+slot by slot then the totals): a moved image's tiles go to the replica with room, which runs them
+as part of its own chain for that slot (after its own tiles, so one chain, one deadline), and sends
+their encoder output to the first stage of the replica that owns the sample; the gradient comes
+back the same way. The owner's first stage puts every image's tokens back in its samples' order.
+
+:class:`ReplicaMoves` is the decision (numpy, the same on every rank); :class:`MovedWork` does
+the step's traffic over a gloo group of every rank (tags of its own, so early receives wait for
+their own message).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..schedule.balance import balance_replicas
+from .batch import EncoderBatch
+from .placement import producers
+from .probe import WorkProbe
+
+TAG_BASE = 1 << 22
+"""The moves' tags start here (pixels, outputs, gradients: three blocks of ``1 << 20``)."""
+
+
+@dataclass(frozen=True)
+class ReplicaMoves:
+    """Which images' encoder work runs on which replica in one step. Images are numbered over all
+    replicas: replica-major, then slot, then their place in the slot (flat ids)."""
+
+    replicas: int
+    slots: int
+    owner: np.ndarray
+    """Each image's replica."""
+    slot: np.ndarray
+    """Each image's LLM slot."""
+    tiles: np.ndarray
+    """Each image's tiles."""
+    runs_on: np.ndarray
+    """The replica that runs each image's encoder work."""
+
+    @classmethod
+    def decide(cls, images: Sequence[Sequence[Sequence[int]]], cost: Callable[[np.ndarray], np.ndarray] | None = None
+               ) -> ReplicaMoves:
+        """``images[r][k]``: the tile counts of replica r's images in slot k. ``cost``: each image's
+        encoder cost from its tiles (default: its tiles)."""
+        owner, slot, tiles = [], [], []
+        for r, per_slot in enumerate(images):
+            for k, counts in enumerate(per_slot):
+                owner += [r] * len(counts)
+                slot += [k] * len(counts)
+                tiles += [int(t) for t in counts]
+        owner_a, slot_a, tiles_a = (np.asarray(x, np.int64) for x in (owner, slot, tiles))
+        runs_on = owner_a.copy()
+        if tiles_a.size:
+            moves = balance_replicas(tiles_a.astype(np.float64) if cost is None else cost(tiles_a), owner_a,
+                                     len(images), slot_a)
+            runs_on[moves[:, 0]] = moves[:, 2]
+        return cls(replicas=len(images), slots=len(images[0]) if images else 0, owner=owner_a, slot=slot_a,
+                   tiles=tiles_a, runs_on=runs_on)
+
+    def _ids(self, mask: np.ndarray) -> np.ndarray:
+        return np.flatnonzero(mask)
+
+    def kept(self, replica: int, slot: int) -> np.ndarray:
+        """Flat ids of ``replica``'s images of ``slot`` it runs itself, in their order."""
+        return self._ids((self.owner == replica) & (self.slot == slot) & (self.runs_on == replica))
+
+    def moved_in(self, replica: int, slot: int) -> np.ndarray:
+        """Flat ids of other replicas' images of ``slot`` that ``replica`` runs (owner by owner)."""
+        return self._ids((self.runs_on == replica) & (self.slot == slot) & (self.owner != replica))
+
+    def sent(self, owner: int, runner: int, slot: int) -> np.ndarray:
+        """Flat ids of ``owner``'s images of ``slot`` run on ``runner`` (``runner != owner``)."""
+        return self._ids((self.owner == owner) & (self.runs_on == runner) & (self.slot == slot))
+
+    def chain_tiles(self, replica: int) -> list[int]:
+        """Per slot: the tiles ``replica`` runs (its kept images', then the moved-in ones')."""
+        mask = self.runs_on == replica
+        return np.bincount(self.slot[mask], weights=self.tiles[mask], minlength=self.slots).astype(int).tolist()
+
+    def kept_tiles(self, replica: int) -> list[int]:
+        """Per slot: the tiles of ``replica``'s own images it runs itself (what its own first
+        stage gets from its own chains)."""
+        mask = (self.runs_on == replica) & (self.owner == replica)
+        return np.bincount(self.slot[mask], weights=self.tiles[mask], minlength=self.slots).astype(int).tolist()
+
+    def load(self, after: bool) -> np.ndarray:
+        """Tiles per replica, before the moves (``after`` False) or after."""
+        return np.bincount(self.runs_on if after else self.owner, weights=self.tiles,
+                           minlength=self.replicas).astype(np.float64)
+
+    def imbalance(self, after: bool) -> float:
+        """The replicas' most over mean tiles (1: even)."""
+        load = self.load(after)
+        return float(load.max() / load.mean()) if load.sum() > 0 else 1.0
+
+    def _offsets(self, replica: int, slot: int) -> dict[int, int]:
+        """Each of ``replica``'s images of ``slot``: its first tile among the slot's tiles."""
+        ids = self._ids((self.owner == replica) & (self.slot == slot))
+        return dict(zip(ids.tolist(), np.concatenate([[0], np.cumsum(self.tiles[ids])[:-1]]).tolist()))
+
+    def tile_rows(self, ids: np.ndarray, replica: int, slot: int) -> list[int]:
+        """The rows (tiles) of images ``ids`` among ``replica``'s tiles of ``slot``, in order."""
+        at = self._offsets(replica, slot)
+        return [at[i] + t for i in ids.tolist() for t in range(int(self.tiles[i]))]
+
+
+def _tag(block: int, slot: int, owner: int, runner: int, replicas: int, part: int = 0) -> int:
+    return TAG_BASE + (block << 20) + ((slot * replicas + owner) * replicas + runner) * 8 + part
+
+
+class MovedWork:
+    """One step's moved encoder work on this rank (replica ``replica``, pipeline rank ``pp_rank``):
+    the tiles exchanged before the step, the outputs sent to their owners' first stage, the
+    gradients back. ``grid[r][q]``: the world rank of replica r's pipeline rank q (ranks of
+    ``group``, a gloo group of every rank in world order)."""
+
+    def __init__(self, moves: ReplicaMoves, *, replica: int, pp_rank: int, grid: Sequence[Sequence[int]],
+                 group: dist.ProcessGroup | None, first_stage: int, device: torch.device):
+        self.moves, self.replica, self.pp_rank = moves, replica, pp_rank
+        self.grid, self.group, self.first_stage, self.device = grid, group, first_stage, torch.device(device)
+        self._sends: list[dist.Work] = []
+        self._outputs: dict[tuple[int, int], tuple[torch.Tensor, WorkProbe]] = {}
+        self._grads: dict[tuple[int, int], tuple[torch.Tensor, WorkProbe]] = {}
+        self.producers: list[list[int]] = []
+        """Per replica, per slot: the pipeline rank that runs its chain (from the shared moves)."""
+
+    # -- before the step: the tiles ------------------------------------------------------------
+    def exchange_tiles(self, inputs: Sequence[Sequence[torch.Tensor]]) -> list[tuple[torch.Tensor, ...]]:
+        """This replica's chains' inputs per slot: its kept images' tiles, then the moved-in ones'
+        (received from the owner's rank of the same pipeline rank). ``inputs[k]``: this replica's
+        own tiles of slot k (one tensor per encoder input)."""
+        m, mv, me = self.moves, self.moves, self.replica
+        recvs: list[tuple[int, int, list[torch.Tensor], list[dist.Work]]] = []
+        for k in range(m.slots):
+            for runner in range(m.replicas):
+                if runner != me and (ids := mv.sent(me, runner, k)).size:
+                    rows = torch.as_tensor(mv.tile_rows(ids, me, k), dtype=torch.long)
+                    for i, t in enumerate(inputs[k]):
+                        self._sends.append(dist.isend(t.index_select(0, rows.to(t.device)).contiguous().cpu(),
+                                                      group=self.group, group_dst=self.grid[runner][self.pp_rank],
+                                                      tag=_tag(0, k, me, runner, m.replicas, i)))
+            for owner in range(m.replicas):
+                if owner != me and (ids := mv.sent(owner, me, k)).size:
+                    count = int(mv.tiles[ids].sum())
+                    bufs = [torch.empty((count, *t.shape[1:]), dtype=t.dtype) for t in inputs[k]]
+                    works = [dist.irecv(b, group=self.group, group_src=self.grid[owner][self.pp_rank],
+                                        tag=_tag(0, k, owner, me, m.replicas, i)) for i, b in enumerate(bufs)]
+                    recvs.append((k, owner, bufs, works))
+        extra: dict[int, list[list[torch.Tensor]]] = {}
+        for k, _owner, bufs, works in recvs:
+            for w in works:
+                w.wait()
+            extra.setdefault(k, []).append([b.to(self.device) for b in bufs])
+        out = []
+        for k in range(m.slots):
+            rows = torch.as_tensor(mv.tile_rows(mv.kept(me, k), me, k), dtype=torch.long)
+            parts = [[t.index_select(0, rows.to(t.device)) for t in inputs[k]], *extra.get(k, [])]
+            out.append(tuple(torch.cat([p[i] for p in parts]) for i in range(len(inputs[k]))))
+        self.wait_sends()
+        return out
+
+    # -- the step: outputs to owners, gradients back -------------------------------------------
+    def begin_step(self, output_shape: Sequence[int], dtype: torch.dtype) -> None:
+        """Posts this step's receives: on this replica's first stage the moved images' outputs,
+        on the ranks that run moved-in images their gradients."""
+        m, me = self.moves, self.replica
+        for k in range(m.slots):
+            for other in range(m.replicas):
+                if other == me:
+                    continue
+                if self.pp_rank == self.first_stage and (ids := m.sent(me, other, k)).size:
+                    buf = torch.empty((int(m.tiles[ids].sum()), *output_shape), dtype=dtype)
+                    src = self.grid[other][self.producers[other][k]]
+                    self._outputs[k, other] = (buf, WorkProbe(dist.irecv(buf, group=self.group, group_src=src,
+                                                                         tag=_tag(1, k, me, other, m.replicas))))
+                if self.producers[me][k] == self.pp_rank and (ids := m.sent(other, me, k)).size:
+                    buf = torch.empty((int(m.tiles[ids].sum()), *output_shape), dtype=dtype)
+                    src = self.grid[other][self.first_stage]
+                    self._grads[k, other] = (buf, WorkProbe(dist.irecv(buf, group=self.group, group_src=src,
+                                                                       tag=_tag(2, k, other, me, m.replicas))))
+
+    def send_outputs(self, slot: int, moved: torch.Tensor) -> None:
+        """On the rank that ran slot ``slot``'s chain: the moved-in images' outputs (the chain's
+        rows after its kept tiles), each owner's part to its first stage."""
+        at = 0
+        for owner in range(self.moves.replicas):
+            if owner == self.replica or not (ids := self.moves.sent(owner, self.replica, slot)).size:
+                continue
+            n = int(self.moves.tiles[ids].sum())
+            self._sends.append(dist.isend(moved[at:at + n].contiguous().cpu(), group=self.group,
+                                          group_dst=self.grid[owner][self.first_stage],
+                                          tag=_tag(1, slot, owner, self.replica, self.moves.replicas)))
+            at += n
+
+    def grads_ready(self, slot: int) -> bool:
+        return all(p.done() for (k, _), (_, p) in self._grads.items() if k == slot)
+
+    def moved_grads(self, slot: int) -> list[torch.Tensor]:
+        """The gradients of slot ``slot``'s moved-in outputs, owner by owner (waits for them)."""
+        out = []
+        for (k, _owner), (buf, probe) in sorted(self._grads.items()):
+            if k == slot:
+                probe.result()
+                out.append(buf.to(self.device))
+        return out
+
+    def pending_outputs(self, slot: int) -> list[WorkProbe]:
+        return [p for (k, _), (_, p) in self._outputs.items() if k == slot and not p.done()]
+
+    def assemble(self, slot: int, local: torch.Tensor) -> torch.Tensor:
+        """On the first stage: slot ``slot``'s image tokens in its samples' order, from ``local``
+        (the kept images' outputs) and the outputs other replicas ran (waits for them); their
+        gradients go back to the ranks that ran them."""
+        m, me = self.moves, self.replica
+        ids = np.flatnonzero((m.owner == me) & (m.slot == slot))
+        if not any(k == slot for k, _ in self._outputs):
+            return local
+        sources: dict[int, torch.Tensor] = {me: local}
+        for (k, runner), (buf, probe) in self._outputs.items():
+            if k == slot:
+                probe.result()
+                leaf = buf.to(self.device).requires_grad_(True)
+                leaf.register_hook(lambda g, runner=runner: self._send_grad(slot, runner, g))
+                sources[runner] = leaf
+        taken = dict.fromkeys(sources, 0)
+        parts = []
+        for i in ids.tolist():
+            src, n = int(m.runs_on[i]), int(m.tiles[i])
+            parts.append(sources[src][taken[src]:taken[src] + n])
+            taken[src] += n
+        return torch.cat(parts)
+
+    def _send_grad(self, slot: int, runner: int, grad: torch.Tensor) -> None:
+        self._sends.append(dist.isend(grad.detach().contiguous().cpu(), group=self.group,
+                                      group_dst=self.grid[runner][self.producers[runner][slot]],
+                                      tag=_tag(2, slot, self.replica, runner, self.moves.replicas)))
+
+    def wait_sends(self) -> None:
+        for w in self._sends:
+            w.wait()
+        self._sends.clear()
+
+
+
+
+def replica_grid(group: dist.ProcessGroup | None, replica: int, pp_rank: int, replicas: int, pp_ranks: int
+                 ) -> list[list[int]]:
+    """``grid[r][q]``: the rank in ``group`` (every rank, world order) of replica r's pipeline rank q,
+    gathered once from every rank's (replica, pipeline rank)."""
+    every = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(every, torch.tensor([replica, pp_rank]), group=group)
+    grid = [[-1] * pp_ranks for _ in range(replicas)]
+    for rank, place in enumerate(every):
+        r, q = (int(x) for x in place)
+        if grid[r][q] != -1:
+            raise ValueError(f"balance_replicas: ranks {grid[r][q]} and {rank} are both replica {r}'s pipeline rank "
+                             f"{q} (tensor parallelism beside the moves is not supported)")
+        grid[r][q] = rank
+    return grid
+
+
+def gather_images(images: Sequence[Sequence[int]], replica: int, replicas: int, group: dist.ProcessGroup | None
+                  ) -> list[list[list[int]]]:
+    """Every replica's images (tile counts per slot), from every rank's (every rank of a replica
+    holds the same)."""
+    every: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, (replica, [list(x) for x in images]), group=group)
+    out: list = [None] * replicas
+    for r, imgs in every:
+        out[r] = imgs if out[r] is None else out[r]
+    return out
+
+
+def move_work(batch: EncoderBatch, *, replica: int, replicas: int, pp_rank: int, pp_ranks: int,
+              grid: Sequence[Sequence[int]], group: dist.ProcessGroup | None, first_stage: int, chunk_tiles: int,
+              device: torch.device) -> tuple[EncoderBatch, list[int], MovedWork]:
+    """One step's moves (every rank decides the same from every replica's images), the moved tiles
+    exchanged: this replica's chains' inputs per slot (its kept tiles, then the moved-in ones), the
+    rows of each slot's chain for its own first stage, and the step's :class:`MovedWork`."""
+    if batch.images is None:
+        raise ValueError("batch: balancing over replicas needs each microbatch's images (EncoderBatch(images=...))")
+    moves = ReplicaMoves.decide(gather_images(batch.images, replica, replicas, group))
+    moved = MovedWork(moves, replica=replica, pp_rank=pp_rank, grid=grid, group=group, first_stage=first_stage,
+                      device=device)
+    moved.producers = [producers("pybubble", moves.slots, pp_ranks, first_stage,
+                                 [-(-t // chunk_tiles) for t in moves.chain_tiles(r)]) for r in range(replicas)]
+    return EncoderBatch(moved.exchange_tiles(batch.inputs)), moves.kept_tiles(replica), moved
+
+
+__all__ = ["MovedWork", "ReplicaMoves", "gather_images", "move_work", "replica_grid"]

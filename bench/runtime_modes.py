@@ -12,6 +12,11 @@ its figures. The prediction is the median of the runtime's per-step predictions.
     python bench/runtime_modes.py [--ranks 2] [--steps 48] [--rounds 6] [--encoder vit|timm|clip]
         [--schedule 1f1b|interleaved_1f1b|zbv|...] [--chunks V] [--out runtime_modes.json]
     python bench/runtime_modes.py --tp 2    # one stage tensor-parallel over the 2 ranks: the TP waits
+    python bench/runtime_modes.py --data mix [--data-file FILE] [--dp 2 --pp 1]
+
+With varying data (``--data mix`` or ``--data-file``) a fourth launch per round runs pybubble
+with ``--balance off`` (``unbalanced``: re-planned every step, the samples as given, each replica
+its own): pybubble over it is balancing's share of the gain, it over coarse filling's.
 """
 
 from __future__ import annotations
@@ -28,14 +33,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import mllm  # noqa: E402  (the example trainer, user code of pybubble.runtime)
 
 
+UNBALANCED = "unbalanced"
+"""pybubble with ``--balance off`` (varying data only)."""
+
+
 def round_ratios(reports: dict[str, list[dict]]) -> list[dict[str, float]]:
-    """Per round: each mode's median settled step and pybubble's speed-ups over megatron and coarse."""
+    """Per round: each variant's median settled step and pybubble's speed-ups over the others."""
     out = []
     for r in range(len(reports["pybubble"])):
-        med = {m: reports[m][r]["median_step_s"] for m in mllm.PLACEMENTS}
-        out.append({**{f"{m}_s": med[m] for m in mllm.PLACEMENTS},
-                    "vs_megatron": med["megatron"] / med["pybubble"], "vs_coarse": med["coarse"] / med["pybubble"]})
+        med = {m: reports[m][r]["median_step_s"] for m in reports}
+        out.append({**{f"{m}_s": med[m] for m in reports},
+                    **{f"vs_{m}": med[m] / med["pybubble"] for m in reports if m != "pybubble"}})
     return out
+
+
+def variants(data: str) -> list[tuple[str, str, str]]:
+    """(name, mode, --balance) of each launch of a round."""
+    out = [(m, m, "on") for m in mllm.PLACEMENTS]
+    return out if data == "fixed" else out + [(UNBALANCED, "pybubble", "off")]
 
 
 def tp_line(tp: dict) -> str:
@@ -60,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--encoder", default="vit", help=f"{', '.join(mllm.ENCODERS)}")
     p.add_argument("--schedule", default="1f1b", help=f"the pipeline schedule: {', '.join(mllm.SCHEDULES)}")
     p.add_argument("--chunks", type=int, default=0, help="stages per rank (default: the schedule's)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas (of the --ranks processes)")
+    p.add_argument("--pp", type=int, default=0, help="pipeline stages (default: ranks / dp / tp)")
+    p.add_argument("--data", default="fixed", help="fixed or mix (the example's --data)")
+    p.add_argument("--data-file", help="replay these samples (JSON lines, the example's --data-file)")
     p.add_argument("--out", help="write every launch's report (JSON) here")
     a = p.parse_args(argv)
     if a.rounds < 1:
@@ -73,52 +92,59 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: {a.steps} steps per mode: {rounds} round(s), not {a.rounds} (3 steps per launch at least)")
     a.rounds = rounds
     per_round = [a.steps // rounds + (r < a.steps % rounds) for r in range(rounds)]
-    reports: dict[str, list[dict]] = {mode: [] for mode in mllm.PLACEMENTS}
+    data = "file" if a.data_file else a.data
+    reports: dict[str, list[dict]] = {name: [] for name, _, _ in variants(data)}
     t0 = time.monotonic()
     for r, steps in enumerate(per_round):
-        for mode in mllm.PLACEMENTS:
+        for name, mode, balance in variants(data):
             args = mllm.parse_args(["--ranks", str(a.ranks), "--steps", str(steps), "--size", a.size,
                                     "--mode", mode, "--encoder", a.encoder, "--schedule", a.schedule,
-                                    "--chunks", str(a.chunks), "--tp", str(a.tp)])
+                                    "--chunks", str(a.chunks), "--tp", str(a.tp), "--dp", str(a.dp),
+                                    "--pp", str(a.pp), "--data", a.data, "--balance", balance]
+                                   + (["--data-file", a.data_file] if a.data_file else []))
             try:
                 mllm.check_args(args)
                 rep = mllm.run(args)
             except (ValueError, RuntimeError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2 if isinstance(e, ValueError) else 1
-            reports[mode].append(rep)
-            print(f"[{time.monotonic() - t0:6.1f} s] round {r + 1}/{a.rounds} {mode:<9} {steps} steps: median "
+            reports[name].append(rep)
+            print(f"[{time.monotonic() - t0:6.1f} s] round {r + 1}/{a.rounds} {name:<10} {steps} steps: median "
                   f"{rep['median_step_s'] * 1e3:.1f} ms, predicted {rep['predicted_step_s'] * 1e3:.1f} ms, "
                   f"overruns {sum(rep['overruns'])}" + (tp_line(rep["tp_waits"]) if a.tp > 1 else ""), flush=True)
         ratios = round_ratios({m: rs[r:r + 1] for m, rs in reports.items()})[0]
         load = os.getloadavg()[0]
-        print(f"round {r + 1}: pybubble {ratios['vs_megatron']:.2f}x megatron, {ratios['vs_coarse']:.2f}x coarse "
-              f"(load {load:.2f})", flush=True)
+        print(f"round {r + 1}: pybubble " + ", ".join(f"{ratios['vs_' + m]:.2f}x {m}" for m in reports if m != "pybubble")
+              + f" (load {load:.2f})", flush=True)
     rounds_out = round_ratios(reports)
     settled = {m: [r["step_times_s"][s] for r in rs for s in r["settled_steps"]] for m, rs in reports.items()}
     median = {m: statistics.median(ts) for m, ts in settled.items()}
     predicted = {m: statistics.median(p for r in rs for p in (r["predicted_steps_s"][s] for s in r["settled_steps"]))
                  for m, rs in reports.items()}
     sums = {m: rs[-1]["param_checksum"] for m, rs in reports.items()}
-    print(f"{a.ranks} ranks (tp {a.tp}), schedule {a.schedule} ({mllm.chunks_of(args)} stage(s) per rank), "
-          f"encoder {a.encoder}, {a.steps} steps per mode in {a.rounds} rounds, size {a.size}")
-    print(f"{'round':<6} {'megatron':>10} {'coarse':>10} {'pybubble':>10} {'vs megatron':>12} {'vs coarse':>10}")
+    others = [m for m in reports if m != "pybubble"]
+    print(f"{a.ranks} ranks (dp {args.dp}, pp {args.pp}, tp {a.tp}), schedule {a.schedule} ({mllm.chunks_of(args)} "
+          f"stage(s) per rank), encoder {a.encoder}, data {data}, {a.steps} steps per mode in {a.rounds} rounds, "
+          f"size {a.size}")
+    print(f"{'round':<6} " + " ".join(f"{m:>10}" for m in reports) + " " + " ".join(f"{'vs ' + m:>14}" for m in others))
     for r, x in enumerate(rounds_out):
-        print(f"{r + 1:<6} {x['megatron_s'] * 1e3:>7.1f} ms {x['coarse_s'] * 1e3:>7.1f} ms {x['pybubble_s'] * 1e3:>7.1f} ms "
-              f"{x['vs_megatron']:>11.2f}x {x['vs_coarse']:>9.2f}x")
+        print(f"{r + 1:<6} " + " ".join(f"{x[m + '_s'] * 1e3:>7.1f} ms" for m in reports) + " "
+              + " ".join(f"{x['vs_' + m]:>13.2f}x" for m in others))
     summary = {}
-    for key in ("vs_megatron", "vs_coarse"):
-        values = [x[key] for x in rounds_out]
-        summary[key] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
-    print(f"pybubble per round: median {summary['vs_megatron']['median']:.2f}x megatron "
-          f"[{summary['vs_megatron']['min']:.2f}-{summary['vs_megatron']['max']:.2f}], "
-          f"median {summary['vs_coarse']['median']:.2f}x coarse "
-          f"[{summary['vs_coarse']['min']:.2f}-{summary['vs_coarse']['max']:.2f}]")
-    print(f"{'mode':<10} {'median step':>12} {'predicted':>10} {'error':>7} {'overruns':>9}")
-    for mode in mllm.PLACEMENTS:
+    for m in others:
+        values = [x["vs_" + m] for x in rounds_out]
+        summary["vs_" + m] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    print("pybubble per round: " + ", ".join(f"median {summary['vs_' + m]['median']:.2f}x {m} "
+                                             f"[{summary['vs_' + m]['min']:.2f}-{summary['vs_' + m]['max']:.2f}]"
+                                             for m in others))
+    print(f"{'mode':<10} {'median step':>12} {'predicted':>10} {'error':>7} {'step error':>11} {'overruns':>9}")
+    for mode in reports:
         err = predicted[mode] / median[mode] - 1.0
+        step_err = statistics.median(r["prediction_error"] for r in reports[mode])
         overruns = sum(sum(r["overruns"]) for r in reports[mode])
-        print(f"{mode:<10} {median[mode] * 1e3:>9.1f} ms {predicted[mode] * 1e3:>7.1f} ms {err:>+7.1%} {overruns:>9}")
+        print(f"{mode:<10} {median[mode] * 1e3:>9.1f} ms {predicted[mode] * 1e3:>7.1f} ms {err:>+7.1%} "
+              f"{step_err:>10.1%} {overruns:>9}")
+    print("(step error: the median over the launches of each launch's median |predicted - measured| / measured per step)")
     same = [rs[-1]["param_checksum"] for rs in reports.values()]
     spread = (max(same) - min(same)) / abs(same[0])
     print(f"parameter checksums of the last launches ({per_round[-1]} steps) agree within {spread:.1e} (relative)")

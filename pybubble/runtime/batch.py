@@ -56,6 +56,7 @@ class EncoderBatch:
         return len(self.inputs)
 
     def to(self, device: torch.device) -> EncoderBatch:
+        """The batch on ``device``."""
         return EncoderBatch([tuple(t.to(device) for t in x) for x in self.inputs], self.images)
 
     def problem(self, example: Inputs, microbatches: int) -> str | None:

@@ -103,6 +103,16 @@ def check_microbatches(microbatches: int | None, table: dict, ranks: int) -> int
     return microbatches
 
 
+def output_of(pieces: Sequence[Any], example: tuple[torch.Tensor, ...]) -> tuple[tuple[int, ...], torch.dtype]:
+    """The shape and dtype of the encoder's output on ``example``, its pieces run in turn."""
+    with torch.no_grad():
+        run = MicrobatchRun(pieces, example)
+        for i in range(len(pieces)):
+            run.forward_piece(i)
+        output = run.output()
+    return tuple(output.shape), output.dtype
+
+
 class EncoderRuntime:
     """Runs ``encoder`` (on every rank of the pipeline) inside the bubbles of ``schedule``: a
     ``torch.distributed.pipelining`` schedule, single-stage (``Schedule1F1B``, ``ScheduleGPipe``
@@ -150,26 +160,17 @@ class EncoderRuntime:
         kinds = [observe_data_parallel(st.submod, self.dp_waits, self.dp_group)
                  for st in self.stages if getattr(st, "submod", None) is not None]
         self.data_parallel = next((k for k in kinds if k is not None), None)
+        """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
         self.replicas = 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
-        self.grid = None
+        self.grid = replica_grid(self.world_group, self.dp_group, self.rank, self.ranks) if balance_replicas else None
         """With ``balance_replicas`` over several replicas: the world rank of each replica's
         pipeline ranks (the moves' traffic)."""
-        if balance_replicas and self.replicas > 1:
-            self.grid = replica_grid(self.world_group, dist.get_rank(self.dp_group), self.rank, self.replicas,
-                                     self.ranks)
         self.moves: ReplicaMoves | None = None
         """The last step's moves of encoder work between the replicas (None: none balanced)."""
-        """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
-        example = tuple(t.to(self.device) for t in inputs_of(example))
-        self.example = example
+        self.example = tuple(t.to(self.device) for t in inputs_of(example))
         """One chunk of encoder input: the pieces' fixed shape (its dim 0: the tiles of a chunk)."""
-        self.pieces = split_into_pieces(encoder, example)
-        with torch.no_grad():
-            out = MicrobatchRun(self.pieces, example)
-            for i in range(len(self.pieces)):
-                out.forward_piece(i)
-            output = out.output()
-        self.output_shape, self.output_dtype = tuple(output.shape), output.dtype
+        self.pieces = split_into_pieces(encoder, self.example)
+        self.output_shape, self.output_dtype = output_of(self.pieces, self.example)
         self.side = side_stream(self.device)
         self.keep = keep
         self.history: CostHistory | None = None
@@ -314,19 +315,6 @@ class EncoderRuntime:
                 sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
         return self._now() - t
 
-    def _agree(self, batch: EncoderBatch) -> None:
-        """Every rank's verdict on its step's data, gathered before the step: a ValueError on every
-        rank when any rank's batch does not fit the encoder or the schedule (none starts a step
-        another refused)."""
-        problem = batch.problem(self.example, self.microbatches)
-        with record_function(names.region("sync")):
-            verdicts = agree_on_data(problem, self.world_group)
-        if problem is not None:
-            raise ValueError(problem)
-        if verdicts:
-            rank, why = verdicts[0]
-            raise ValueError(f"batch: rank {rank} refused its step's data ({why}); no rank runs the step")
-
     def step(self, encoder_input: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], *args: Any,
              **kwargs: Any) -> Any:
         """One training step: ``encoder_input`` is the step's encoder input as it comes, an
@@ -339,7 +327,8 @@ class EncoderRuntime:
         entry = time.perf_counter()
         batch = (encoder_input if isinstance(encoder_input, EncoderBatch)
                  else EncoderBatch.split(encoder_input, self.microbatches))
-        self._agree(batch)
+        with record_function(names.region("sync")):
+            agree_on_data(batch.problem(self.example, self.microbatches), self.world_group)
         batch, own, moved = self._move(batch.to(self.device))
         if self.history is None:
             self._profile(self.example)

@@ -374,14 +374,17 @@ def world_group() -> dist.ProcessGroup | None:
     return None if _cpu_capable(None) else dist.new_group(backend="gloo")
 
 
-def agree_on_data(problem: str | None, group: dist.ProcessGroup | None) -> list[tuple[int, str]]:
+def agree_on_data(problem: str | None, group: dist.ProcessGroup | None) -> None:
     """Every rank's verdict on its step's data (``problem``: what is wrong with it, None when
-    nothing is), gathered over ``group`` (all ranks take part): the (rank, problem) of each rank
-    that refused, in rank order."""
+    nothing is), gathered over ``group`` (all ranks take part) before the step: a ValueError on
+    every rank when any rank refused (none starts a step another refused)."""
     flags = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
     dist.all_gather(flags, torch.tensor([int(problem is not None)]), group=group)
     if not any(int(f) for f in flags):  # the usual case: one small gather, no pickling
-        return []
+        return
     every: list = [None] * len(flags)
     dist.all_gather_object(every, problem, group=group)
-    return [(r, p) for r, p in enumerate(every) if p is not None]
+    if problem is not None:
+        raise ValueError(problem)
+    rank, why = next((r, p) for r, p in enumerate(every) if p is not None)
+    raise ValueError(f"batch: rank {rank} refused its step's data ({why}); no rank runs the step")

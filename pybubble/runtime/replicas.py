@@ -29,7 +29,7 @@ from .batch import EncoderBatch
 from .placement import producers
 from .probe import WorkProbe
 
-TAG_BASE = 1 << 22
+MOVE_TAG_BASE = 1 << 22
 """The moves' tags start here (pixels, outputs, gradients: three blocks of ``1 << 20``)."""
 
 
@@ -39,7 +39,9 @@ class ReplicaMoves:
     replicas: replica-major, then slot, then their place in the slot (flat ids)."""
 
     replicas: int
+    """Data-parallel replicas."""
     slots: int
+    """LLM slots (microbatches) of a step."""
     owner: np.ndarray
     """Each image's replica."""
     slot: np.ndarray
@@ -117,7 +119,7 @@ class ReplicaMoves:
 
 
 def _tag(block: int, slot: int, owner: int, runner: int, replicas: int, part: int = 0) -> int:
-    return TAG_BASE + (block << 20) + ((slot * replicas + owner) * replicas + runner) * 8 + part
+    return MOVE_TAG_BASE + (block << 20) + ((slot * replicas + owner) * replicas + runner) * 8 + part
 
 
 class MovedWork:
@@ -205,6 +207,7 @@ class MovedWork:
             at += n
 
     def grads_ready(self, slot: int) -> bool:
+        """Whether every gradient of slot ``slot``'s moved-in outputs has arrived."""
         return all(p.done() for (k, _), (_, p) in self._grads.items() if k == slot)
 
     def moved_grads(self, slot: int) -> list[torch.Tensor]:
@@ -215,9 +218,6 @@ class MovedWork:
                 probe.result()
                 out.append(buf.to(self.device))
         return out
-
-    def pending_outputs(self, slot: int) -> list[WorkProbe]:
-        return [p for (k, _), (_, p) in self._outputs.items() if k == slot and not p.done()]
 
     def assemble(self, slot: int, local: torch.Tensor) -> torch.Tensor:
         """On the first stage: slot ``slot``'s image tokens in its samples' order, from ``local``
@@ -248,6 +248,7 @@ class MovedWork:
                                       tag=_tag(2, slot, self.replica, runner, self.moves.replicas)))
 
     def wait_sends(self) -> None:
+        """Waits for this rank's sends so far (tiles, outputs, gradients)."""
         for w in self._sends:
             w.wait()
         self._sends.clear()
@@ -255,10 +256,15 @@ class MovedWork:
 
 
 
-def replica_grid(group: dist.ProcessGroup | None, replica: int, pp_rank: int, replicas: int, pp_ranks: int
-                 ) -> list[list[int]]:
+def replica_grid(group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None, pp_rank: int, pp_ranks: int
+                 ) -> list[list[int]] | None:
     """``grid[r][q]``: the rank in ``group`` (every rank, world order) of replica r's pipeline rank q,
-    gathered once from every rank's (replica, pipeline rank)."""
+    gathered once from every rank's (replica, pipeline rank); None with one replica (nothing to
+    balance)."""
+    replicas = 1 if dp_group is None else dist.get_world_size(dp_group)
+    if replicas == 1:
+        return None
+    replica = dist.get_rank(dp_group)
     every = [torch.zeros(2, dtype=torch.int64) for _ in range(dist.get_world_size(group))]
     dist.all_gather(every, torch.tensor([replica, pp_rank]), group=group)
     grid = [[-1] * pp_ranks for _ in range(replicas)]

@@ -54,9 +54,11 @@ V_SHAPED = ("zbv", "dualpipev")
 SPLIT_BACKWARD = ("interleaved_zb", "zbv", "dualpipev")
 """Schedules that split some backwards into I and W."""
 DP_WRAPS = ("fsdp", "ddp")
-FAULTS = ("raise", "kill", "stall", "encoder", "slow")
+FAULTS = ("raise", "kill", "stall", "encoder", "slow", "tile_shape", "empty_step")
 """Injected faults (tests): raise before the step, SIGKILL in the middle of a forward, sleep far
-past the timeout there, raise inside an encoder piece, or run every LLM forward twice as long."""
+past the timeout there, raise inside an encoder piece, run every LLM forward twice as long; with
+varying data, hand the runtime a tile of the wrong shape, or a step without microbatches (on the
+failing rank only: every rank must refuse the step)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -382,14 +384,15 @@ def example_mix(cfg: ModelConfig):
 
 
 def step_samples(args: argparse.Namespace, cfg: ModelConfig, step: int):
-    """The whole step's samples (every rank draws the same, from the seed): the mix's, or the data
-    file's drawn with replacement."""
+    """The whole step's samples (every rank takes the same): the mix's (from the seed), or the data
+    file's in its order, from its start again when they run out (shuffle the file to replay a
+    distribution)."""
     from pybubble.planner.workloads import mix
 
-    n, seed = cfg.microbatches * cfg.microbatch_size, cfg.seed * 100003 + step
+    n = cfg.microbatches * cfg.microbatch_size
     if args.data == "mix":
-        return mix(n, seed=seed, spec=example_mix(cfg))
-    return args.samples.draw(n, np.random.default_rng(seed))
+        return mix(n, seed=cfg.seed * 100003 + step, spec=example_mix(cfg))
+    return args.samples.take((step * n + np.arange(n)) % len(args.samples))
 
 
 def sample_row(cfg: ModelConfig, kind: str, step: int, i: int, tiles: int, text: int
@@ -576,6 +579,19 @@ class Fault:
         if self.on and self.kind == "raise" and step == self.step:
             raise RuntimeError(f"injected fault on rank {self.rank} at step {step} (--fail-rank/--fail-step)")
 
+    def data(self, step: tuple) -> tuple:
+        """The step's inputs, spoilt on the failing rank (``tile_shape``, ``empty_step``)."""
+        if not (self.on and self.now == self.step and self.kind in ("tile_shape", "empty_step")):
+            return step
+        from pybubble.runtime import EncoderBatch
+
+        batch = step[0]
+        if self.kind == "empty_step":
+            return (EncoderBatch([]), *step[1:])
+        first = batch.inputs[0][0]
+        wrong = torch.zeros((1, *first.shape[1:-1], first.shape[-1] + 1), dtype=first.dtype)
+        return (EncoderBatch([(wrong,), *batch.inputs[1:]]), *step[1:])
+
     def _here(self) -> bool:
         return self.on and self.now == self.step
 
@@ -750,7 +766,7 @@ def train_loop(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namespa
     ends = []
     for step in range(args.steps):
         fault.before_step(step)
-        images, inputs, targets = step_inputs(parts, runtime, args, cfg, step)
+        images, inputs, targets = fault.data(step_inputs(parts, runtime, args, cfg, step))
         if profiler is not None and step == args.steps - 1:
             profiler.start()  # the last step only
         # torch 2.13: the first step infers the stages' shapes by running them for real, outside

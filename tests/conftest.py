@@ -202,6 +202,17 @@ def example_trainer():
     return sys.modules["mllm"]
 
 
+@pytest.fixture(scope="session")
+def example_cli():
+    """The function example_cli(*args, timeout): ``python examples/mllm.py ARGS`` as a command, run
+    outside the source tree (so that the installed package, with its extension, is imported);
+    returns the completed process."""
+    def run(*args, timeout=180) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, cwd=tempfile.gettempdir())
+    return run
+
+
 @pytest.fixture
 def example_main(example_trainer, capsys):
     """The function example_main(*args): the example trainer's ``main(args)`` in this process (the

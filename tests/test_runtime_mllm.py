@@ -191,7 +191,7 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout():
     (["--ranks", 4, "--size", "tiny"], "error: pp: 4 exceeds the 2 microbatches of size 'tiny'"),
     (["--dp", 2, "--pp", 3, "--size", "tiny"], "error: pp: 3 exceeds the 2 microbatches of size 'tiny'"),
     (["--dp-wrap", "zero"], "error: dp_wrap: 'zero' is not one of fsdp, ddp"),
-    (["--fault", "crash"], "error: fault: 'crash' is not one of raise, kill, stall, encoder, slow"),
+    (["--fault", "crash"], "error: fault: 'crash' is not one of raise, kill, stall, encoder, slow, tile_shape, empty_step"),
     (["--schedule", "looped"], "error: schedule: 'looped' is not one of 1f1b, gpipe, interleaved_1f1b, "
                                "interleaved_zb, zbv, dualpipev"),
     (["--schedule", "1f1b", "--chunks", 2], "error: chunks: 2 stages per rank, but 1f1b runs one"),

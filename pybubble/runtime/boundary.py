@@ -73,7 +73,8 @@ class BoundaryCommunicator:
         self._sends: list[dist.Work] = []
 
     def _remote(self, j: int) -> bool:
-        return self.producer[j] != self.first_stage_rank
+        """Whether encoder microbatch j's output travels (made on another rank, and not empty)."""
+        return self.producer[j] != self.first_stage_rank and self.output_shapes[j][0] > 0
 
     def begin_step(self) -> None:
         """Posts this step's receives (outputs on the first stage, gradients on producers)."""

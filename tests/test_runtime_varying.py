@@ -1,0 +1,235 @@
+"""Data that varies per step in the runtime: samples of text and 0..N images of 1..T tiles (the
+example's --data mix and --data-file), run in chunks of the pieces' shape, balanced over the
+microbatches and the data-parallel replicas, refused on every rank when it does not fit. Real gloo
+processes (tiny models, 3 steps) beside the unit tests of the parts."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from pybubble.runtime import EncoderBatch  # noqa: E402
+from pybubble.runtime.placement import MeasuredCosts, make_placement, piece_tasks, producers, rank_plan, task_index  # noqa: E402
+from pybubble.runtime.plan import RankPlan  # noqa: E402
+from pybubble.runtime.replicas import ReplicaMoves  # noqa: E402
+from pybubble.schedule.balance import fill_rows  # noqa: E402
+from pybubble.schedule.scheduler import schedule_problem  # noqa: E402
+
+
+PLACEMENTS = ("megatron", "coarse", "pybubble")
+DATA_FILE = Path(__file__).resolve().parent / "data" / "varying_steps.jsonl"
+"""Twelve samples, four per step of the tiny size: a text-only step, a step with a 32-tile sample,
+then a mixed one (the file replays in order)."""
+FILE_PP2 = ("--ranks", 2, "--data-file", DATA_FILE)
+MIX_PP2 = ("--ranks", 2, "--data", "mix")
+MIX_UNBALANCED = ("--ranks", 2, "--data", "mix", "--balance", "off")
+MIX_DP2 = ("--dp", 2, "--pp", 1, "--data", "mix")
+FILE_DP2 = ("--dp", 2, "--pp", 1, "--data-file", DATA_FILE)
+FILE_DP2_PP2 = ("--dp", 2, "--pp", 2, "--data-file", DATA_FILE)
+MIX_DP2_PP2 = ("--dp", 2, "--pp", 2, "--data", "mix")
+RUNS = {FILE_PP2: PLACEMENTS, MIX_PP2: PLACEMENTS, MIX_UNBALANCED: ("pybubble",), MIX_DP2: ("megatron", "pybubble"),
+        FILE_DP2: ("pybubble",), FILE_DP2_PP2: PLACEMENTS, MIX_DP2_PP2: ("pybubble",)}
+EXAMPLE_RUNS = list(RUNS.items())
+
+
+def costs(**kw) -> MeasuredCosts:
+    base = dict(stage_fwd_s=[0.010, 0.010], stage_bwd_s=[0.020, 0.020], p2p_s=1e-4,
+                piece_fwd_s=[0.001, 0.002, 0.001], piece_bwd_s=[0.002, 0.003, 0.002])
+    return MeasuredCosts(**{**base, **kw})
+
+
+# -- the parts ---------------------------------------------------------------------------------
+def test_a_batch_runs_in_padded_chunks_and_names_what_does_not_fit():
+    a, b = torch.randn(5, 3, 2), torch.randn(0, 3, 2)
+    batch = EncoderBatch([a, b], images=[[2, 3], []])
+    assert batch.tiles == [5, 0] and batch.chunk_counts(4) == [2, 0]
+    last = batch.chunk(0, 1, 4)[0]
+    assert torch.equal(last[:1], a[4:]) and torch.equal(last[1:], torch.zeros(3, 3, 2))
+    example = (torch.zeros(4, 3, 2),)
+    assert batch.problem(example, 2) is None
+    assert batch.problem(example, 3) == "batch: 2 microbatches, the schedule runs 3"
+    assert EncoderBatch([]).problem(example, 2) == "batch: 0 microbatches, the schedule runs 2 (an empty step)"
+    assert "tiles of shape (3, 3)" in EncoderBatch([torch.zeros(1, 3, 3), b]).problem(example, 2)
+    assert "do not count each microbatch's tiles" in EncoderBatch([a, b], images=[[2, 2], []]).problem(example, 2)
+    with pytest.raises(ValueError, match="do not count the same tiles"):
+        EncoderBatch([(torch.zeros(2, 1), torch.zeros(3, 1))])
+
+
+def test_piece_tasks_chain_every_chunk_and_task_index_finds_them():
+    c = costs()
+    chunks = [2, 0, 1]
+    t = piece_tasks(c, [0, 1, 1], chunks)
+    n = len(c.piece_fwd_s)
+    assert len(t.duration) == 2 * n * sum(chunks)
+    assert list(t.microbatch) == [0] * 12 + [2] * 6
+    assert list(t.phase[:12]) == [0] * 6 + [1] * 6
+    for j, ch in enumerate(chunks):
+        for step in range(n * ch):
+            f, b = task_index(n, j, "fwd", step, chunks), task_index(n, j, "bwd", step, chunks)
+            assert t.duration[f] == pytest.approx(c.piece_fwd_s[step % n] * 1e6)
+            assert t.duration[b] == pytest.approx(c.piece_bwd_s[n - 1 - step % n] * 1e6)
+            assert t.microbatch[f] == t.microbatch[b] == j
+
+
+def test_producers_balance_chunks_and_keep_round_robin_when_even():
+    assert producers("pybubble", 4, 2) == [0, 1, 0, 1]
+    assert producers("pybubble", 4, 2, chunks=[1, 1, 1, 1]) == [0, 1, 0, 1]
+    assert producers("pybubble", 4, 2, chunks=[5, 1, 1, 0]) == [0, 1, 1, 0]  # no encoder work: the first stage's
+    assert producers("megatron", 3, 2, first_stage_rank=1, chunks=[3, 0, 2]) == [1, 1, 1]
+
+
+@pytest.mark.parametrize("mode", PLACEMENTS)
+def test_a_varying_step_is_planned_valid_with_each_chain_feeding_its_own_microbatch(mode):
+    import pybubble
+
+    c = costs()
+    chunks = [3, 0, 1, 5]
+    plan = make_placement(mode, c, 4, chunks=chunks)
+    assert plan.assignment == [0, 1, 2, 3] and plan.chunks == tuple(chunks)
+    if plan.problem is not None:
+        assert pybubble.validate(plan.problem, plan.schedule) == []
+    names = [f"p{i}" for i in range(3)]
+    tasks = [t for r in range(2) for t in rank_plan(plan, r, c, names).tasks]
+    assert sorted((t.chain, t.chunk, t.piece, t.phase) for t in tasks) == sorted(
+        (j, k, i, ph) for j, ch in enumerate(chunks) for k in range(ch) for i in range(3) for ph in ("fwd", "bwd"))
+    assert RankPlan.from_json(rank_plan(plan, 0, c, names).to_json()) == rank_plan(plan, 0, c, names)
+    fixed = make_placement(mode, c, 4, chunks=[1] * 4)
+    if mode != "megatron":  # more encoder work is a longer or equal step
+        assert plan.schedule.step_time >= fixed.schedule.step_time * 0.999
+    with pytest.raises(ValueError, match=r"chunks: 3 counts for 4 microbatches"):
+        make_placement(mode, c, 4, chunks=[1, 1, 1])
+    with pytest.raises(ValueError, match=r"chunks\[1\]"):
+        make_placement(mode, c, 4, chunks=[1, -1, 1, 1])
+
+
+def test_the_core_keeps_each_chain_on_its_own_microbatch_when_told():
+    c = costs(piece_fwd_s=[0.004, 0.004, 0.004], piece_bwd_s=[0.004, 0.004, 0.004])
+    plan = make_placement("pybubble", c, 4, chunks=[6, 1, 1, 1])
+    problem = plan.problem
+    free = schedule_problem(problem, "greedy")
+    fixed = schedule_problem(problem, "greedy", fixed_assignment=True)
+    assert list(fixed.assignment) == [0, 1, 2, 3]
+    import pybubble
+
+    assert pybubble.validate(problem, fixed) == [] and pybubble.validate(problem, free) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=8), st.integers(1, 4))
+def test_fill_rows_fills_every_microbatch_and_stays_within_one_sample_of_even(per_row, rows):
+    m = len(per_row)
+    rng = np.random.default_rng(sum(per_row) + rows)
+    work = rng.integers(0, 40, m * rows).astype(float)
+    mb = fill_rows(work, m, rows)
+    assert np.bincount(mb, minlength=m).tolist() == [rows] * m
+    load = np.bincount(mb, weights=work, minlength=m)
+    assert load.max() - load.min() <= work.max() + 1e-9
+    assert (fill_rows(work, m, rows) == mb).all()  # the same on every rank
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.lists(st.integers(1, 13), max_size=3), min_size=2, max_size=2), min_size=2, max_size=3))
+def test_replica_moves_never_raise_the_largest_load_and_account_for_every_tile(images):
+    moves = ReplicaMoves.decide(images)
+    assert moves.load(True).sum() == moves.load(False).sum()
+    assert moves.load(True).max() <= moves.load(False).max()
+    for r in range(moves.replicas):
+        assert moves.chain_tiles(r) == [int(moves.tiles[moves.kept(r, k)].sum() + moves.tiles[moves.moved_in(r, k)].sum())
+                                        for k in range(moves.slots)]
+        for k in range(moves.slots):
+            ids = np.flatnonzero((moves.owner == r) & (moves.slot == k))
+            rows = moves.tile_rows(ids, r, k)
+            assert rows == list(range(sum(images[r][k])))  # the slot's tiles, each once, in order
+            out = [i for o in range(moves.replicas) if o != r for i in moves.sent(r, o, k)]
+            assert sorted([*moves.kept(r, k), *out]) == ids.tolist()
+
+
+def test_moves_even_out_an_uneven_step():
+    moves = ReplicaMoves.decide([[[13, 13], [9]], [[1], []]])
+    assert moves.imbalance(False) == pytest.approx(35 / 18)
+    assert moves.imbalance(True) < moves.imbalance(False)
+    assert moves.sent(0, 1, 0).size or moves.sent(0, 1, 1).size
+
+
+# -- the trainer on real ranks ------------------------------------------------------------------
+@pytest.mark.parametrize("args", list(RUNS), ids=lambda a: " ".join(map(str, a)).replace(str(DATA_FILE), "FILE"))
+def test_varying_data_reaches_the_single_process_parameters(example_reports, args):
+    reports = example_reports(*args, modes=RUNS[args])
+    reference = next(iter(reports.values()))["reference_checksum"]
+    for mode, report in reports.items():
+        assert report["param_checksum"] == pytest.approx(reference, rel=1e-6), mode
+        data = report["data"]
+        assert len(data["tiles"]) == report["ranks"] and len(data["tiles"][0]) == 3
+        assert report["prediction_error"] >= 0 and len(report["predicted_steps_s"]) == 3
+        for rank in data["per_rank"]:
+            assert rank["encoder_s"] >= 0 and rank["llm_s"] > 0
+    if "--data-file" in args:  # the file's steps: text only, then one sample of 32 tiles (dp 1: 35 in its slot)
+        tiles = reports[RUNS[args][0]]["data"]["tiles"]
+        assert all(sum(step) == 0 for rank in tiles for step in rank[:1])
+        assert max(t for rank in tiles for t in rank[1]) >= 32
+
+
+@pytest.mark.parametrize("args", [MIX_DP2, FILE_DP2, FILE_DP2_PP2, MIX_DP2_PP2], ids=str)
+def test_pybubble_moves_encoder_work_to_the_replica_with_room(example_reports, args):
+    report = example_reports(*args, modes=RUNS[args])["pybubble"]
+    spread = [x for x in report["data"]["replica_imbalance"] if x is not None]
+    assert len(spread) == 3
+    assert all(after <= before + 1e-9 for before, after in spread)
+    assert any(after < before for before, after in spread)
+    # every replica's ranks ran tiles that sum to the step's (nothing lost, nothing run twice)
+    if "megatron" in RUNS[args]:
+        mega = example_reports(*args, modes=RUNS[args])["megatron"]["data"]["replica_imbalance"]
+        assert mega == [None] * 3  # the baseline: each replica its own samples
+
+
+def test_balance_off_runs_the_samples_as_given(example_reports):
+    data = example_reports(*MIX_UNBALANCED, modes=RUNS[MIX_UNBALANCED])["pybubble"]["data"]
+    assert data["slot_imbalance_run"] == data["slot_imbalance_given"]
+
+
+@pytest.mark.parametrize("fault, rank, message", [
+    ("tile_shape", 1, "tiles of shape (4, 49) (torch.float32), the encoder's pieces take (4, 48)"),
+    ("empty_step", 0, "batch: 0 microbatches, the schedule runs 2 (an empty step)"),
+])
+def test_bad_data_on_one_rank_is_refused_on_every_rank_before_the_step(example_cli, fault, rank, message):
+    t = time.monotonic()
+    r = example_cli("--ranks", 2, "--steps", 3, "--size", "tiny", "--data", "mix", "--mode", "pybubble", "--timeout", 10,
+             "--fail-rank", rank, "--fail-step", 1, "--fault", fault, timeout=120)
+    assert r.returncode == 1
+    assert f"rank {rank}: error: ValueError: {message}" in r.stderr or message in r.stderr
+    other = 1 - rank
+    assert (f"rank {other}: error: ValueError: batch: rank {rank} refused its step's data" in r.stderr)
+    assert time.monotonic() - t < 60
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"tiles": [2]}', '{"tiles": [2, 0]}'], "line 2: tiles[1]"),
+    (['{"tiles": [2]}', 'not json'], "line 2: not JSON"),
+    (['{"tiles": [20, 13]}'], "line 1: tiles: 33 tiles in the sample, more than the limit of 32"),
+    (['{"tiles": [30], "text": 20}'], "line 1: tokens: 20 text + 30 tiles x 2 = 80, more than the limit of 72"),
+    ([], "no samples"),
+])
+def test_a_bad_data_file_exits_2_with_one_line_naming_the_line(example_main, tmp_path, lines, message):
+    path = tmp_path / "samples.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    code, err = example_main("--size", "tiny", "--data-file", path)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and message in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data", "video"], "error: data: 'video' is not one of fixed, mix (or give --data-file)"),
+    (["--data", "mix", "--data-file", "x.jsonl"], "error: data: --data mix beside --data-file: give one"),
+    (["--data", "mix", "--balance", "maybe"], "error: balance: 'maybe' is not one of on, off"),
+    (["--data", "mix", "--encoder", "clip"], "error: encoder: 'clip' with varying data: its class token per tile "
+                                              "does not pool; use vit or timm"),
+])
+def test_bad_data_options_exit_2_with_one_line(example_main, args, message):
+    code, err = example_main(*args)
+    assert code == 2
+    assert err.strip() == message

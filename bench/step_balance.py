@@ -13,7 +13,8 @@ one sequence of t x 256 encoder tokens, forward plus backward), and times the wo
    seconds it runs per LLM slot (ReplicaScheduler: the best encoder plan's problem, encoder
    microbatch j scaled by slot j's seconds over the run's mean microbatch), the replicas split over
    `--threads` threads (replica k on thread k % threads, one core Scheduler each; the core releases
-   the GIL while it schedules), and again on one thread, the two in turns, for the ratio.
+   the GIL while it schedules), and again on one thread, the two in turns, for the ratio; encoder
+   microbatch j feeds LLM microbatch j (its data's).
 
 Prints, over the steps, the median and range of: the balance; balance plus all replicas' re-plans on
 `--threads` threads and on one (one process planning the whole step, as `pybubble dynamic` does);

@@ -146,6 +146,7 @@ def test_replicas_split_over_threads_give_the_same_valid_schedules():
         got, want = two.reschedule(scale), one.reschedule(scale)
         for k, (a, b) in enumerate(zip(got, want)):
             np.testing.assert_array_equal(a.start, b.start)
+            assert a.assignment.tolist() == list(range(6))  # microbatch j's data feeds LLM microbatch j
             assert pybubble.validate(problem.with_durations(two.durations(scale[k])), a) == []
         with pytest.raises(ValueError, match=r"scale: shape \(5, 5\), expected \(replicas, 6\)"):
             two.reschedule(scale[:, :5])

@@ -26,11 +26,15 @@ class OnlineScheduler:
     scheduler's memory is reused by each.
     """
 
-    def __init__(self, problem: Problem, policy: str = "greedy"):
+    def __init__(self, problem: Problem, policy: str = "greedy", *, fixed_assignment: bool = False):
         self.problem = problem
         """The problem whose structure is kept."""
         self.policy = check_policy(policy)
         """The scheduling policy."""
+        self.fixed_assignment = bool(fixed_assignment)
+        """Encoder microbatch j feeds LLM microbatch j (its durations are those of its own data;
+        :func:`~pybubble.schedule.scheduler.schedule_problem`); by default the LLM microbatches take
+        the encoder's in the order their forwards finish."""
         self._core = _core.Scheduler(problem.core)
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -43,7 +47,7 @@ class OnlineScheduler:
         if d.shape != (self.problem.num_tasks,):
             raise ValueError(f"durations: shape {d.shape}, expected ({self.problem.num_tasks},)")
         with self._lock:
-            return from_core(self._core.run(self.policy, d))
+            return from_core(self._core.run(self.policy, d, fixed_assignment=self.fixed_assignment))
 
     def scaled_durations(self, scale: np.ndarray) -> np.ndarray:
         """The problem's task durations with encoder microbatch j's tasks multiplied by ``scale[j]``:
@@ -81,12 +85,15 @@ class ReplicaScheduler:
     The replicas are split over `threads` threads, one :class:`OnlineScheduler` each (replica k on
     thread ``k % threads``; with one thread, the calling thread); the core releases the GIL while it
     schedules, so the threads run at once. The schedules do not depend on the number of threads.
+    Row k's encoder microbatch j carries the data of replica k's LLM microbatch j, so it feeds that
+    microbatch (`fixed_assignment`, by default).
     """
 
-    def __init__(self, problem: Problem, threads: int = 1, policy: str = "greedy"):
+    def __init__(self, problem: Problem, threads: int = 1, policy: str = "greedy", *, fixed_assignment: bool = True):
         self.threads = integer(threads, "threads", minimum=1)
         """Threads the replicas are split over."""
-        self._online = [OnlineScheduler(problem, policy) for _ in range(self.threads)]
+        self._online = [OnlineScheduler(problem, policy, fixed_assignment=fixed_assignment)
+                        for _ in range(self.threads)]
         self._pool = (ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="pybubble-replicas")
                       if self.threads > 1 else None)
         self.took = np.zeros(0)

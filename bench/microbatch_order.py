@@ -23,7 +23,7 @@ from pybubble.llm.step import LLMStep
 from pybubble.planner.dynamic import ranked_candidates
 from pybubble.planner.workloads import MixSpec, encoder_time
 from pybubble.schedule.balance import deadline_gaps, middle_room, order_by_bubbles
-from pybubble.schedule.online import OnlineScheduler
+from pybubble.schedule.online import ReplicaScheduler
 
 
 def main() -> None:
@@ -49,14 +49,13 @@ def main() -> None:
     owner = np.repeat(np.arange(r), n)
     microbatch = (np.arange(r * n) % n) // micro
     steps: dict[str, list[float]] = {k: [] for k in profiles}
-    with OnlineScheduler(best.problem) as online:
+    with ReplicaScheduler(best.problem) as each:
         for d in draws:
             loads = np.bincount(owner[d.image_sample] * m + microbatch[d.image_sample], weights=d.tiles * tile,
                                 minlength=r * m).reshape(r, m)
             for name, room in profiles.items():
                 ordered = loads if room is None else np.take_along_axis(loads, order_by_bubbles(loads, room), axis=1)
-                steps[name].append(float(np.mean([online.reschedule(online.scaled_durations(x / mean)).step_time
-                                                   for x in ordered])))
+                steps[name].append(float(np.mean([x.step_time for x in each.reschedule(ordered / mean)])))
     print(f"{args.config}: {args.steps} steps, {r} replicas, {m} microbatches, LLM alone {best.problem.horizon / 1e3:.1f} ms")
     for name, values in steps.items():
         print(f"{name:22s} mean step {np.mean(values) / 1e3:9.1f} ms")

@@ -1,17 +1,31 @@
-"""Balancing one step of the Optimus 3,072-GPU setting over microbatches and replicas: time per step.
+"""Balancing and re-planning one step of the Optimus 3,072-GPU setting: time per step.
 
 examples/optimus/strong_3072.yaml: dp 48, 16 microbatches of 2 samples per replica (global batch
 1536), sequences of 2 x 2048 tokens packed per microbatch. Every step draws a new batch from the
-mix (pybubble.planner.workloads.mix: text-only, single images of 1..13 tiles, multi-image, video),
+mix (`--data mix`, pybubble.planner.workloads.MixSpec: text-only, single images of 1..13 tiles,
+multi-image, video) or from a data file (`--data-file FILE`, JSON lines, drawn with replacement),
 prices each image with an EncoderCost fitted to the cost model's ViT-22B (one image of t tiles as
-one sequence of t x 256 encoder tokens, forward plus backward), and times
-pybubble.schedule.balance.balance_step (packing, light-first-and-last order, moves between
-replicas) including the pricing. Prints the median and 90th percentile over the steps of the wall
-time and of the thread's CPU time (which other processes on a loaded machine do not inflate), the
-replicas' imbalance before and after, the moves, and the load average; asserts every step's
-invariants.
+one sequence of t x 256 encoder tokens, forward plus backward), and times the work before the step:
 
-Usage: python bench/step_balance.py [--steps 200] [--seed 0] [--tokens-per-tile 64] [--cpus 2]
+1. balance: pybubble.schedule.balance.balance_step (packing, the microbatches ordered by the plan's
+   deadline gaps, moves between replicas), the pricing included;
+2. re-plan: the fill of every replica rescheduled by the core's online scheduler for the encoder
+   seconds it runs per LLM slot (ReplicaScheduler: the best encoder plan's problem, encoder
+   microbatch j scaled by slot j's seconds over the run's mean microbatch), the replicas split over
+   `--threads` threads (replica k on thread k % threads, one core Scheduler each; the core releases
+   the GIL while it schedules), and again on one thread, the two in turns, for the ratio; encoder
+   microbatch j feeds LLM microbatch j (its data's).
+
+Prints, over the steps, the median and range of: the balance; balance plus all replicas' re-plans on
+`--threads` threads and on one (one process planning the whole step, as `pybubble dynamic` does);
+per rank, the balance plus one replica's re-plan, timed alone on one thread, for the median and the
+slowest replica of the step (in training, each replica's ranks re-plan only their own replica, all
+replicas at once on their own hosts: this is a rank's work before the step). Outside
+the timed part, every replica's schedule is checked by the core's validator against its durations,
+the threads' schedules against the single thread's, and each step's invariants of the balance.
+
+Usage: python bench/step_balance.py [--steps 50] [--seed 0] [--data mix | --data-file FILE]
+       [--tokens-per-tile 64] [--threads 2] [--cpus 2]
 """
 
 from __future__ import annotations
@@ -20,72 +34,187 @@ import argparse
 import os
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from pybubble.config.schema import load_config
 from pybubble.costs.roofline import CostModel
-from pybubble.planner.workloads import MixSpec, encoder_time
-from pybubble.schedule.balance import EncoderCost, balance_step
+from pybubble.llm.step import LLMStep
+from pybubble.planner.dynamic import ranked_candidates
+from pybubble.planner.workloads import MixSpec, Samples, encoder_time, read_samples
+from pybubble.problem.problem import Problem
+from pybubble.schedule.balance import EncoderCost, StepBalance, balance_step, deadline_gaps
+from pybubble.schedule.online import ReplicaScheduler, data_parallel_step
+from pybubble.schedule.validator import validate
 
 CONFIG = Path(__file__).resolve().parent.parent / "examples" / "optimus" / "strong_3072.yaml"
 
 
+@dataclass(kw_only=True, slots=True)
+class Setting:
+    """The Optimus setting: replicas, microbatches, the encoder's cost, the plan's problem."""
+
+    replicas: int
+    microbatches: int
+    samples: int
+    sequence: int
+    cost: EncoderCost
+    owner: np.ndarray
+    problem: Problem
+    bubble: np.ndarray
+
+    @classmethod
+    def of(cls, path: Path) -> "Setting":
+        config = load_config(path)
+        r, m = config.llm_plan.dp, config.microbatches
+        n = m * config.training.micro_batch
+        enc = config.encoders[0].model
+        tiles = np.arange(1, 33)
+        seconds = [encoder_time(enc, int(t) * enc.tokens, CostModel("h100"), recompute=config.training.recompute) / 1e6
+                   for t in tiles]
+        problem = ranked_candidates(LLMStep.of(config), 1)[0].problem
+        return cls(replicas=r, microbatches=m, samples=n, sequence=config.training.micro_batch * config.training.seq_len,
+                   cost=EncoderCost.fit(tiles, np.array(seconds)), owner=np.repeat(np.arange(r), n),
+                   problem=problem, bubble=deadline_gaps(problem))
+
+
+@dataclass(kw_only=True, slots=True)
+class Timings:
+    """Per step, milliseconds of each part, and what the steps gave."""
+
+    balance: list[float] = field(default_factory=list)
+    threads: list[float] = field(default_factory=list)
+    single: list[float] = field(default_factory=list)
+    rank: list[float] = field(default_factory=list)
+    rank_slowest: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    before: list[float] = field(default_factory=list)
+    after: list[float] = field(default_factory=list)
+    moves: list[int] = field(default_factory=list)
+    images: list[int] = field(default_factory=list)
+    step: list[float] = field(default_factory=list)
+
+
+def check_balance(b: StepBalance, s: Samples, tokens: np.ndarray, setting: Setting) -> None:
+    """The balance's invariants: every image once, moves only from the owner, the largest replica
+    never heavier, orders are permutations, the sequences not overfilled."""
+    owner, m = setting.owner, setting.microbatches
+    assert b.runs_on.size == s.tiles.size and np.unique(b.moves[:, 0]).size == len(b.moves)
+    assert (b.moves[:, 1] == owner[s.image_sample][b.moves[:, 0]]).all()
+    assert b.encoder_after.max() <= b.encoder_before.max() * (1 + 1e-12)
+    assert (np.sort(b.order, axis=1) == np.arange(m)).all()
+    assert np.bincount(owner * m + b.microbatch, weights=tokens, minlength=setting.replicas * m).max() <= setting.sequence
+
+
+def check_schedules(each: ReplicaScheduler, scale: np.ndarray, got: list, want: list) -> None:
+    """Every replica's schedule valid for its durations (the core's validator), and the same on
+    every number of threads."""
+    for k, (a, b) in enumerate(zip(got, want)):
+        assert np.array_equal(a.start, b.start) and np.array_equal(a.assignment, b.assignment)
+        errors = validate(each.problem.with_durations(each.durations(scale[k])), a)
+        assert errors == [], f"replica {k}: {errors[:3]}"
+
+
+def replan(each: ReplicaScheduler, scale: np.ndarray) -> tuple[list, float]:
+    """Every replica's schedule, and the milliseconds it took."""
+    t0 = time.perf_counter()
+    out = each.reschedule(scale)
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+def one_step(i: int, s: Samples, setting: Setting, unit: float, pools: tuple[ReplicaScheduler, ReplicaScheduler],
+             tokens_per_tile: int, out: Timings) -> None:
+    """Step i: balance, re-plan on both pools (their order alternating), check, keep the times."""
+    tokens = s.tokens(tokens_per_tile)
+    t0, c0 = time.perf_counter(), time.thread_time()
+    b = balance_step(setting.cost(s.tiles), s.image_sample, tokens, setting.owner, replicas=setting.replicas,
+                     microbatches=setting.microbatches, sequence_length=setting.sequence, bubble=setting.bubble)
+    balance, cpu = (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3
+    scale = b.slot_load / unit
+    many, one = pools
+    if i % 2:
+        (got, t_many), (want, t_one) = replan(many, scale), replan(one, scale)
+    else:
+        (want, t_one), (got, t_many) = replan(one, scale), replan(many, scale)
+    check_balance(b, s, tokens, setting)
+    check_schedules(one, scale, got, want)
+    out.balance.append(balance)
+    out.cpu.append(cpu)
+    out.threads.append(balance + t_many)
+    out.single.append(balance + t_one)
+    out.rank.append(balance + float(np.median(one.took)) * 1e3)
+    out.rank_slowest.append(balance + float(one.took.max()) * 1e3)
+    out.before.append(b.imbalance_before)
+    out.after.append(b.imbalance_after)
+    out.moves.append(len(b.moves))
+    out.images.append(s.tiles.size)
+    out.step.append(data_parallel_step([x.step_time for x in got]))
+
+
+def spread(values: list[float]) -> str:
+    """Median and range of per-step milliseconds."""
+    return f"median {statistics.median(values):.2f} ms (range {min(values):.2f} to {max(values):.2f})"
+
+
+def report(t: Timings, setting: Setting, args: argparse.Namespace, load: tuple[float, ...]) -> None:
+    r, m = setting.replicas, setting.microbatches
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
+    print(f"{CONFIG.name}: dp {r}, {m} microbatches, {setting.samples} samples per replica, sequences of "
+          f"{setting.sequence} tokens, {args.tokens_per_tile} tokens per tile; data: {args.data_file or 'mix'}")
+    c = setting.cost
+    print(f"encoder cost per image (ViT-22B, fitted): {c.a * 1e3:.4f} ms x tiles^2 + {c.b * 1e3:.3f} ms x tiles "
+          f"+ {c.c * 1e3:.3f} ms; plan problem: {setting.problem.num_tasks} tasks on {setting.problem.num_lanes} lanes")
+    print(f"{args.steps} steps, {statistics.median(t.images):.0f} images per step (median), on {cpus} CPUs; "
+          f"every replica's schedule valid, the same on {args.threads} threads as on one")
+    print(f"balance (balance_step):                        {spread(t.balance)}; CPU {spread(t.cpu)}")
+    print(f"balance + re-plan {r} replicas on {args.threads} threads:     {spread(t.threads)}")
+    print(f"balance + re-plan {r} replicas on 1 thread:       {spread(t.single)}")
+    ratio = [a / b for a, b in zip(t.single, t.threads)]
+    print(f"ratio 1 thread / {args.threads} threads: median {statistics.median(ratio):.2f}x "
+          f"(range {min(ratio):.2f} to {max(ratio):.2f})")
+    print(f"per rank, balance + its own replica's re-plan:  {spread(t.rank)} (the median replica), "
+          f"{spread(t.rank_slowest)} (the slowest)")
+    print(f"replicas' imbalance (max / mean encoder s): median {statistics.median(t.before):.3f} before, "
+          f"{statistics.median(t.after):.4f} after; moves per step median {statistics.median(t.moves):.0f}; "
+          f"step (slowest replica) median {statistics.median(t.step) / 1e3:,.1f} ms, "
+          f"LLM alone {setting.problem.horizon / 1e3:,.1f} ms")
+    print(f"load average before {load[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+
+
+def draws(args: argparse.Namespace, count: int) -> list[Samples]:
+    """The steps' samples, seeded: from the mix or the data file (with replacement)."""
+    source = MixSpec() if args.data_file is None else read_samples(args.data_file, tokens_per_tile=args.tokens_per_tile)
+    rng = np.random.default_rng(args.seed)
+    return [source.draw(count, rng) for _ in range(args.steps)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
+    data = parser.add_mutually_exclusive_group()
+    data.add_argument("--data", choices=("mix",), default="mix", help="an open VLM's mix (docs/dynamic.md)")
+    data.add_argument("--data-file", metavar="FILE", help="JSON lines, one sample each: {\"tiles\": [...], \"text\": N}")
     parser.add_argument("--tokens-per-tile", type=int, default=64,
                         help="LLM tokens per tile (64: a 32-frame video and its text fit one 4096-token sequence)")
+    parser.add_argument("--threads", type=int, default=2, help="threads the replicas' re-plans are split over")
     parser.add_argument("--cpus", type=int, default=2, help="run on this many CPUs (0: all)")
     args = parser.parse_args()
+    if args.steps < 1:
+        raise ValueError(f"steps: {args.steps}, expected at least 1")
     if args.cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:args.cpus])
-    config = load_config(CONFIG)
-    r, m = config.llm_plan.dp, config.microbatches
-    n = m * config.training.micro_batch
-    sequence = config.training.micro_batch * config.training.seq_len
-    enc = config.encoders[0].model
-    tiles = np.arange(1, 33)
-    seconds = [encoder_time(enc, int(t) * enc.tokens, CostModel("h100"), recompute=config.training.recompute) / 1e6
-               for t in tiles]
-    cost = EncoderCost.fit(tiles, np.array(seconds))
-    owner = np.repeat(np.arange(r), n)
-    rng = np.random.default_rng(args.seed)
-    spec = MixSpec()
-    took, cpu, before, after, moves, images = [], [], [], [], [], []
+    setting = Setting.of(CONFIG)
+    steps = draws(args, setting.replicas * setting.samples)
+    unit = float(np.mean([setting.cost(s.tiles).sum() for s in steps])) / (setting.replicas * setting.microbatches)
     load = os.getloadavg()
-    for _ in range(args.steps):
-        s = spec.draw(r * n, rng)
-        sample, tokens = s.image_sample, s.tokens(args.tokens_per_tile)
-        t0, c0 = time.perf_counter(), time.thread_time()
-        b = balance_step(cost(s.tiles), sample, tokens, owner, replicas=r, microbatches=m, sequence_length=sequence)
-        took.append(time.perf_counter() - t0)
-        cpu.append(time.thread_time() - c0)
-        assert b.runs_on.size == s.tiles.size and np.unique(b.moves[:, 0]).size == len(b.moves)
-        assert (b.moves[:, 1] == owner[sample][b.moves[:, 0]]).all()
-        assert b.encoder_after.max() <= b.encoder_before.max() * (1 + 1e-12)
-        assert (np.sort(b.order, axis=1) == np.arange(m)).all()
-        assert np.bincount(owner * m + b.microbatch, weights=tokens, minlength=r * m).max() <= sequence
-        before.append(b.imbalance_before)
-        after.append(b.imbalance_after)
-        moves.append(len(b.moves))
-        images.append(s.tiles.size)
-    took_ms, cpu_ms = np.array(took) * 1e3, np.array(cpu) * 1e3
-    print(f"{CONFIG.name}: dp {r}, {m} microbatches, {n} samples per replica, sequences of {sequence} tokens, "
-          f"{args.tokens_per_tile} tokens per tile")
-    print(f"encoder cost per image (ViT-22B, fitted): {cost.a * 1e3:.4f} ms x tiles^2 + {cost.b * 1e3:.3f} ms x tiles "
-          f"+ {cost.c * 1e3:.3f} ms")
-    print(f"{args.steps} steps, {statistics.median(images):.0f} images per step (median)")
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
-    print(f"balance_step wall: median {statistics.median(took_ms):.3f} ms, p90 {np.percentile(took_ms, 90):.3f} ms, "
-          f"min {took_ms.min():.3f} ms on {cpus} CPUs")
-    print(f"balance_step CPU:  median {statistics.median(cpu_ms):.3f} ms, p90 {np.percentile(cpu_ms, 90):.3f} ms, "
-          f"min {cpu_ms.min():.3f} ms")
-    print(f"replicas' imbalance (max / mean encoder s): median {statistics.median(before):.3f} before, "
-          f"{statistics.median(after):.4f} after; moves per step median {statistics.median(moves):.0f}")
-    print(f"load average before {load[0]:.2f}, after {os.getloadavg()[0]:.2f}")
+    t = Timings()
+    with ReplicaScheduler(setting.problem, threads=args.threads) as many, ReplicaScheduler(setting.problem) as one:
+        for i, s in enumerate(steps):
+            one_step(i, s, setting, unit, (many, one), args.tokens_per_tile, t)
+    report(t, setting, args, load)
 
 
 if __name__ == "__main__":

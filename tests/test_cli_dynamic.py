@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import yaml
 
@@ -117,3 +118,22 @@ def test_a_data_file_is_replayed_and_a_bad_line_named(tmp_path, config):
     assert r.stderr.strip() == f"error: {data} line 2: tiles[1]: 0 is not a positive integer"
     r = run(config, "--replicas", 2, cwd=tmp_path)
     assert r.returncode == 2 and "replicas: modelled with --data mix or --data-file only" in r.stderr
+
+
+def test_replicas_wait_for_the_slowest_at_the_collective(tmp_path, config):
+    """Replicas with the same work never wait; with uneven work each mode's step is the slowest
+    replica's, and balancing the work over the replicas shortens the step."""
+    out, data = tmp_path / "r.json", tmp_path / "samples.jsonl"
+    steps = {}
+    for name, text in (("same", '{"tiles": [4], "text": 100}\n'), ("uneven", '{"tiles": [32]}\n{"tiles": []}\n')):
+        data.write_text(text)
+        r = run(config, "--data-file", data, "--steps", 3, "--candidates", 1, "--json", out, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(out.read_text())
+        steps[name] = {mode: np.array(v["step_time"]) for mode, v in doc["modes"].items()}
+        steps[name]["wait"] = doc["dp_wait"]
+    assert all(w == 0.0 for w in steps["same"]["wait"].values())
+    uneven = steps["uneven"]
+    assert uneven["wait"]["static"] > 0 and uneven["wait"]["online"] > uneven["wait"]["balanced_dp"]
+    assert uneven["online"].sum() > uneven["balanced_dp"].sum()
+    assert (uneven["balanced_dp"] <= uneven["online"] + 1e-6).all()

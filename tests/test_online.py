@@ -116,3 +116,41 @@ def test_choice_stops_when_the_budget_is_spent(ranked):
         PlanChooser(ranked, budget=-1)
     with pytest.raises(ValueError, match="candidates: empty"):
         PlanChooser([])
+
+
+def test_replicas_wait_for_the_slowest_so_an_imbalanced_step_costs_more():
+    from pybubble.schedule.online import ReplicaScheduler, data_parallel_step
+
+    # an encoder too large for the bubbles: more work on a replica lengthens its step
+    problem = synthetic(stages=3, microbatches=6, encoder_layers=6, encoder_scale=2.0)
+    balanced = np.ones((2, 6))
+    imbalanced = np.array([[1.6] * 6, [0.4] * 6])  # the same encoder work in all
+    with ReplicaScheduler(problem) as each:
+        even = [s.step_time for s in each.reschedule(balanced)]
+        uneven = [s.step_time for s in each.reschedule(imbalanced)]
+        assert each.took.shape == (2,) and (each.took > 0).all()
+    assert data_parallel_step(uneven) == max(uneven) > np.mean(uneven)  # the light replica waits
+    assert data_parallel_step(uneven) > data_parallel_step(even)
+    assert data_parallel_step(even) == even[0] == even[1]
+    for bad, message in (([], "step_times: no replicas"), ([1.0, -2.0], r"step_times\[1\]")):
+        with pytest.raises(ValueError, match=message):
+            data_parallel_step(bad)
+
+
+def test_replicas_split_over_threads_give_the_same_valid_schedules():
+    from pybubble.schedule.online import ReplicaScheduler
+
+    problem = synthetic(stages=3, microbatches=6, encoder_layers=6, encoder_scale=2.0)
+    scale = np.random.default_rng(2).uniform(0.2, 2.0, (5, 6))
+    with ReplicaScheduler(problem) as one, ReplicaScheduler(problem, threads=2) as two:
+        got, want = two.reschedule(scale), one.reschedule(scale)
+        for k, (a, b) in enumerate(zip(got, want)):
+            np.testing.assert_array_equal(a.start, b.start)
+            assert a.assignment.tolist() == list(range(6))  # microbatch j's data feeds LLM microbatch j
+            assert pybubble.validate(problem.with_durations(two.durations(scale[k])), a) == []
+        with pytest.raises(ValueError, match=r"scale: shape \(5, 5\), expected \(replicas, 6\)"):
+            two.reschedule(scale[:, :5])
+        with pytest.raises(ValueError, match="scale"):
+            two.reschedule(-scale)
+    with pytest.raises(ValueError, match="threads: 0"):
+        ReplicaScheduler(problem, threads=0)

@@ -44,7 +44,7 @@ from ..config.schema import Config
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep
 from ..schedule.balance import balance_microbatches, balance_step, deadline_gaps
-from ..schedule.online import OnlineScheduler, replay
+from ..schedule.online import OnlineScheduler, ReplicaScheduler, data_parallel_step, replay
 from ..schedule.scheduler import Schedule
 from ..viz.steps import save_step_chart
 from .search import Candidate, search
@@ -366,28 +366,38 @@ def _run_replicas(meet: _Meeting, config: Config, costs: CostModel, data: MixSpe
     meet.wait = {mode: [] for mode in REPLICA_MODES}
     meet.extra = {"data": "mix" if isinstance(data, MixSpec) else "file", "replicas": replicas}
     owner = np.repeat(np.arange(replicas), n)
-    online = meet.online
     room = deadline_gaps(meet.best.problem)
-    for i, d in enumerate(draws):
-        image_cost = d.tiles * tile
-        tokens = d.tokens(tokens_per_tile)
-        c = np.stack([np.bincount(d.image_sample, weights=image_cost, minlength=len(d)), tokens * per_token], axis=1)
-        per_mode: dict[str, list[float]] = {mode: [] for mode in REPLICA_MODES}
-        picks = []
-        for r in range(replicas):
-            steps_r, pick = meet.modes(c[r * n:(r + 1) * n])
-            picks.append(pick)
-            for mode, t in steps_r.items():
-                per_mode[mode].append(t)
-        t0 = time.perf_counter()
-        sb = balance_step(image_cost, d.image_sample, tokens, owner, replicas=replicas, microbatches=m, bubble=room)
-        meet.dp_took.append(time.perf_counter() - t0)
-        per_mode["balanced_dp"] = [online.reschedule(online.scaled_durations(load / meet.mean)).step_time
-                                   for load in sb.slot_load]
-        meet.keep({mode: max(v) for mode, v in per_mode.items()}, picks[int(np.argmax(per_mode["choice"]))])
-        for mode, values in per_mode.items():
-            meet.wait[mode].append(max(values) - float(np.mean(values)))
-        meet.before.append(sb.imbalance_before)
-        meet.after.append(sb.imbalance_after)
-        if progress is not None:
-            progress(i)
+    with ReplicaScheduler(meet.best.problem) as each:
+        for i, d in enumerate(draws):
+            _step_replicas(meet, each, d, tile=tile, tokens_per_tile=tokens_per_tile, per_token=per_token,
+                           owner=owner, room=room, replicas=replicas)
+            if progress is not None:
+                progress(i)
+
+
+def _step_replicas(meet: _Meeting, each: ReplicaScheduler, d: Samples, *, tile: float, tokens_per_tile: int,
+                   per_token: float, owner: np.ndarray, room: np.ndarray, replicas: int) -> None:
+    """One step of :func:`_run_replicas`: every mode on every replica, each mode's step the slowest
+    replica's (:func:`data_parallel_step`), the replicas' wait and imbalance kept."""
+    m = meet.microbatches
+    n = owner.size // replicas
+    image_cost = d.tiles * tile
+    tokens = d.tokens(tokens_per_tile)
+    c = np.stack([np.bincount(d.image_sample, weights=image_cost, minlength=len(d)), tokens * per_token], axis=1)
+    per_mode: dict[str, list[float]] = {mode: [] for mode in REPLICA_MODES}
+    picks = []
+    for r in range(replicas):
+        steps_r, pick = meet.modes(c[r * n:(r + 1) * n])
+        picks.append(pick)
+        for mode, t in steps_r.items():
+            per_mode[mode].append(t)
+    t0 = time.perf_counter()
+    sb = balance_step(image_cost, d.image_sample, tokens, owner, replicas=replicas, microbatches=m, bubble=room)
+    meet.dp_took.append(time.perf_counter() - t0)
+    per_mode["balanced_dp"] = [s.step_time for s in each.reschedule(sb.slot_load / meet.mean)]
+    steps = {mode: data_parallel_step(v) for mode, v in per_mode.items()}
+    meet.keep(steps, picks[int(np.argmax(per_mode["choice"]))])
+    for mode, values in per_mode.items():
+        meet.wait[mode].append(steps[mode] - float(np.mean(values)))
+    meet.before.append(sb.imbalance_before)
+    meet.after.append(sb.imbalance_after)

@@ -1,14 +1,18 @@
-"""Online rescheduling: the same problem structure every step, new task durations each time."""
+"""Online rescheduling: the same problem structure every step, new task durations each time, for
+one pipeline (:class:`OnlineScheduler`) or for every data-parallel replica of a step
+(:class:`ReplicaScheduler`, :func:`data_parallel_step`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 import threading
+import time
 
 import numpy as np
 
 from .. import _core
-from ..config.checks import real_array
+from ..config.checks import integer, real_array
 from ..problem.problem import Problem
 from .scheduler import Schedule, check_policy, from_core
 
@@ -22,11 +26,15 @@ class OnlineScheduler:
     scheduler's memory is reused by each.
     """
 
-    def __init__(self, problem: Problem, policy: str = "greedy"):
+    def __init__(self, problem: Problem, policy: str = "greedy", *, fixed_assignment: bool = False):
         self.problem = problem
         """The problem whose structure is kept."""
         self.policy = check_policy(policy)
         """The scheduling policy."""
+        self.fixed_assignment = bool(fixed_assignment)
+        """Encoder microbatch j feeds LLM microbatch j (its durations are those of its own data;
+        :func:`~pybubble.schedule.scheduler.schedule_problem`); by default the LLM microbatches take
+        the encoder's in the order their forwards finish."""
         self._core = _core.Scheduler(problem.core)
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -39,7 +47,7 @@ class OnlineScheduler:
         if d.shape != (self.problem.num_tasks,):
             raise ValueError(f"durations: shape {d.shape}, expected ({self.problem.num_tasks},)")
         with self._lock:
-            return from_core(self._core.run(self.policy, d))
+            return from_core(self._core.run(self.policy, d, fixed_assignment=self.fixed_assignment))
 
     def scaled_durations(self, scale: np.ndarray) -> np.ndarray:
         """The problem's task durations with encoder microbatch j's tasks multiplied by ``scale[j]``:
@@ -67,6 +75,83 @@ class OnlineScheduler:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ReplicaScheduler:
+    """Reschedules one problem for each data-parallel replica of a step, each with its own encoder
+    work: replica k's durations are the problem's with encoder microbatch j's tasks scaled by
+    ``scale[k, j]`` (:meth:`OnlineScheduler.scaled_durations`).
+
+    The replicas are split over `threads` threads, one :class:`OnlineScheduler` each (replica k on
+    thread ``k % threads``; with one thread, the calling thread); the core releases the GIL while it
+    schedules, so the threads run at once. The schedules do not depend on the number of threads.
+    Row k's encoder microbatch j carries the data of replica k's LLM microbatch j, so it feeds that
+    microbatch (`fixed_assignment`, by default).
+    """
+
+    def __init__(self, problem: Problem, threads: int = 1, policy: str = "greedy", *, fixed_assignment: bool = True):
+        self.threads = integer(threads, "threads", minimum=1)
+        """Threads the replicas are split over."""
+        self._online = [OnlineScheduler(problem, policy, fixed_assignment=fixed_assignment)
+                        for _ in range(self.threads)]
+        self._pool = (ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="pybubble-replicas")
+                      if self.threads > 1 else None)
+        self.took = np.zeros(0)
+        """Seconds of each replica's reschedule (its durations included) in the last call."""
+
+    @property
+    def problem(self) -> Problem:
+        """The problem whose structure every replica shares."""
+        return self._online[0].problem
+
+    def durations(self, scale: np.ndarray) -> np.ndarray:
+        """One replica's task durations: :meth:`OnlineScheduler.scaled_durations` of one row of
+        `scale`."""
+        return self._online[0].scaled_durations(scale)
+
+    def reschedule(self, scale: np.ndarray) -> list[Schedule]:
+        """One schedule per replica: `scale` is replicas x encoder microbatches (finite, >= 0)."""
+        s = real_array(scale, "scale", minimum=0.0, ndim=2)
+        if s.shape[1] != self.problem.num_microbatches:
+            raise ValueError(f"scale: shape {s.shape}, expected (replicas, {self.problem.num_microbatches})")
+        out: list[Schedule] = [None] * s.shape[0]  # type: ignore[list-item]  # each filled below
+        took = np.zeros(s.shape[0])
+
+        def part(w: int) -> None:
+            online = self._online[w]
+            for k in range(w, s.shape[0], self.threads):
+                t0 = time.perf_counter()
+                out[k] = online.reschedule(online.scaled_durations(s[k]))
+                took[k] = time.perf_counter() - t0
+
+        if self._pool is None:
+            part(0)
+        else:
+            list(self._pool.map(part, range(self.threads)))
+        self.took = took
+        return out
+
+    def close(self) -> None:
+        """Stops the threads."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def __enter__(self) -> "ReplicaScheduler":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def data_parallel_step(step_times: Sequence[float] | np.ndarray) -> float:
+    """The step of data-parallel replicas with these step times (each its encoder and LLM work):
+    they meet at the gradient collective, where every replica waits for the slowest, so the step
+    is the largest."""
+    t = real_array(step_times, "step_times", minimum=0.0)
+    if t.size == 0:
+        raise ValueError("step_times: no replicas")
+    return float(t.max())
 
 
 def replay(problem: Problem, planned: Schedule) -> float:

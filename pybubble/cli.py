@@ -480,7 +480,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if args.what_if:
         return _what_if(args)
     from .config.documents import write_document
-    from .measure.bubbles import IDLE_KINDS, compare, measure, predicted_bubbles, save_plot, to_dict
+    from .measure.bubbles import IDLE_KINDS, PARALLEL_KINDS, compare, measure, predicted_bubbles, save_plot, to_dict
 
     measured = measure(args.trace, args.min_gap_us)
     predicted = predicted_bubbles(args.predict) if args.predict else None
@@ -504,6 +504,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
                       *("-" if row["kinds"][k]["error"] is None else f"{row['kinds'][k]['error']:+.0%}"
                         for k in IDLE_KINDS), "", "", style="dim")
     console.print(t)
+    _print_idle_by_parallelism(args.trace, measured)
     if not all(r.phases_known for r in measured):
         console.print("note: no pipeline op annotations (PP:<stage><F|B><mb>) in some traces: their idle outside "
                       "collectives is all counted as steady")
@@ -514,8 +515,22 @@ def cmd_measure(args: argparse.Namespace) -> int:
         with drawing(args.plot):
             save_plot(measured, args.plot, predicted)
     summary("measure", ranks=len(measured), idle_ms=sum(r.idle for r in measured) / 1e3,
-            span_ms=max(r.span for r in measured) / 1e3)
+            span_ms=max(r.span for r in measured) / 1e3,
+            **{f"{k}_ms": sum(r.idle_by_parallelism[k] for r in measured) / 1e3 for k in PARALLEL_KINDS})
     return 0
+
+
+def _print_idle_by_parallelism(trace: str, measured: list) -> None:
+    """``pybubble measure``'s second table: idle per rank by what the rank waits for."""
+    from .measure.bubbles import PARALLEL_KINDS
+
+    t = table(f"{trace}: idle per rank by what it waits for (ms)")
+    for col in ("rank", "idle", *PARALLEL_KINDS):
+        t.add_column(col, justify="left" if col == "rank" else "right")
+    for r in measured:
+        t.add_row(str(r.rank), f"{r.idle / 1e3:,.2f}",
+                  *(f"{r.idle_by_parallelism[k] / 1e3:,.2f}" for k in PARALLEL_KINDS))
+    console.print(t)
 
 
 def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], about: str, example: str) -> Parser:
@@ -694,8 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "measure", cmd_measure,
                  "Reads torch.profiler Chrome traces of a pipeline run (a file, or a folder of one per rank)\n"
                  "and prints per rank the step's span, busy and idle time, idle by kind (warm-up, steady,\n"
-                 "cool-down, collective) and, with every rank's trace, waiting versus transferring\n"
-                 "(docs/runtime.md).",
+                 "cool-down, collective), idle by what the rank waits for (pp, dp, tp, other) and, with every\n"
+                 "rank's trace, waiting versus transferring (docs/runtime.md).",
                  "pybubble measure traces/ --predict examples/quickstart.yaml --plot idle.png")
     p.add_argument("trace", help="a Chrome trace (JSON) of one rank, or a folder with one per rank")
     p.add_argument("--predict", metavar="FILE",

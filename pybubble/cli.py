@@ -355,22 +355,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _calibrate_on_trace(args: argparse.Namespace) -> int:
-    """``pybubble calibrate --trace DIR --config CONFIG``: the op factors fitted to a measured step."""
+    """``pybubble calibrate --trace DIR [DIR ...] --config CONFIG``: the op factors fitted to measured
+    steps (the medians of their measured quantities)."""
     from .config.documents import read_document, write_document
     from .config.schema import load_config
     from .costs.roofline import CALIBRATION_FORMAT
-    from .measure.fit import fit_step, read_step
+    from .measure.fit import fit_steps, read_steps
 
     if not (args.trace and args.config):
-        raise ValueError("--trace and --config go together: the measured step and the config of its job")
+        raise ValueError("--trace and --config go together: the measured steps and the config of their job")
     config = load_config(args.config)
-    fit = fit_step(config, read_step(args.trace))
+    fit = fit_steps(config, read_steps(args.trace))
     base = {}
     if config.cluster.calibration:
         base = {k: v for k, v in read_document(config.cluster.calibration, CALIBRATION_FORMAT).items()
                 if k not in ("op_factors", "fit", "fitted_on")}
-    write_document(args.output, fit.to_calibration(base, config.cluster.gpu, os.path.basename(os.path.normpath(args.trace))))
-    t = table(f"op factors fitted to {args.trace} ({fit.ranks} ranks) for {args.config}")
+    fitted_on = ", ".join(os.path.basename(os.path.normpath(trace)) for trace in args.trace)
+    write_document(args.output, fit.to_calibration(base, config.cluster.gpu, fitted_on))
+    t = table(f"op factors fitted to {fit.measured} in {', '.join(map(str, args.trace))} ({fit.ranks} ranks) "
+              f"for {args.config}")
     for col in ("op kind", "measured /\npredicted", "measured", "residual\nmedian", "residual\nlargest"):
         t.add_column(col, justify="left" if col == "op kind" else "right")
     for kind, factor in fit.factors.items():
@@ -379,7 +382,7 @@ def _calibrate_on_trace(args: argparse.Namespace) -> int:
                   f"{res[len(res) // 2]:.1%}" if res else "-", f"{res[-1]:.1%}" if res else "-")
     console.print(t)
     console.print(f"wrote {args.output} (name it as cluster.calibration in a config to plan with it)")
-    summary("calibrate", trace=args.trace, kinds=len(fit.factors),
+    summary("calibrate", trace=",".join(map(str, args.trace)), steps=fit.steps, kinds=len(fit.factors),
             **{k: round(v, 4) for k, v in fit.factors.items()},
             worst_residual=max((abs(r) for rs in fit.residuals.values() for r in rs), default=0.0))
     return 0
@@ -670,11 +673,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "calibrate", cmd_calibrate,
                  "Times every compute kernel of a layer at a few shapes with torch (needs torch), fits the\n"
                  "roofline's efficiency and overhead per kernel kind, and writes them for --calibration.\n"
-                 "With --trace and --config: fits the cost model to a measured step instead (torch.profiler\n"
-                 "traces of a torch.distributed.pipelining step): per op kind, measured over predicted time.",
-                 "pybubble calibrate --trace prof/ --config job.yaml -o calib.json")
-    p.add_argument("--trace", metavar="DIR",
-                   help="torch.profiler traces of one step (a folder, one per rank, or one file) to fit to")
+                 "With --trace and --config: fits the cost model to measured steps instead (torch.profiler\n"
+                 "traces of torch.distributed.pipelining steps, each measured quantity at its median over\n"
+                 "them): per op kind, measured over predicted time.",
+                 "pybubble calibrate --trace prof1/ prof2/ prof3/ --config job.yaml -o calib.json")
+    p.add_argument("--trace", metavar="DIR", nargs="+", action="extend",
+                   help="torch.profiler traces of one step each (a folder, one per rank, or one file) to fit to: "
+                        "several steps of the job are fitted at the medians of their measured quantities")
     p.add_argument("--config", metavar="CONFIG", help="the planning config of the traced job (with --trace)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where to time the kernels (cpu: one thread, fp32; cuda: the first GPU, bf16)")

@@ -13,8 +13,8 @@ No torch here: the traces are JSON (plain or gzipped), read as a stream by
   ``plan`` and ``setup``, the optimizer's, FSDP's: any annotation that is not a region such as
   ``pybubble:wait``/``front``/``drain``/``grad_sync``/``sync``, ``ProfilerStep#``, gloo's
   collectives and transfers), less the waits inside them (pybubble's ``pybubble:wait``,
-  ``dp_wait`` and ``tp_wait``, the host's ``_c10d_functional::wait_tensor``), and the tasks run in
-  those waits (``pybubble:task:*``); on CUDA (NCCL) its GPU kernels except NCCL's;
+  ``dp_wait`` and ``tp_wait``, the host's ``_c10d_functional::wait_tensor``) but for the tasks
+  run in those waits (``pybubble:task:*``); on CUDA (NCCL) its GPU kernels except NCCL's;
 - idle time: the window less busy time (gaps under ``min_gap_us`` are host glue), split by
   kind: ``collective`` where a collective runs (gloo's ``gloo:all_reduce``/``barrier``/...
   annotations, the gap after a blocking ``c10d::`` collective op, pybubble's ``pybubble:sync``

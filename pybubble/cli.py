@@ -355,22 +355,25 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _calibrate_on_trace(args: argparse.Namespace) -> int:
-    """``pybubble calibrate --trace DIR --config CONFIG``: the op factors fitted to a measured step."""
+    """``pybubble calibrate --trace DIR [DIR ...] --config CONFIG``: the op factors fitted to measured
+    steps (the medians of their measured quantities)."""
     from .config.documents import read_document, write_document
     from .config.schema import load_config
     from .costs.roofline import CALIBRATION_FORMAT
-    from .measure.fit import fit_step, read_step
+    from .measure.fit import fit_steps, read_steps
 
     if not (args.trace and args.config):
-        raise ValueError("--trace and --config go together: the measured step and the config of its job")
+        raise ValueError("--trace and --config go together: the measured steps and the config of their job")
     config = load_config(args.config)
-    fit = fit_step(config, read_step(args.trace))
+    fit = fit_steps(config, read_steps(args.trace))
     base = {}
     if config.cluster.calibration:
         base = {k: v for k, v in read_document(config.cluster.calibration, CALIBRATION_FORMAT).items()
                 if k not in ("op_factors", "fit", "fitted_on")}
-    write_document(args.output, fit.to_calibration(base, config.cluster.gpu, os.path.basename(os.path.normpath(args.trace))))
-    t = table(f"op factors fitted to {args.trace} ({fit.ranks} ranks) for {args.config}")
+    fitted_on = ", ".join(os.path.basename(os.path.normpath(trace)) for trace in args.trace)
+    write_document(args.output, fit.to_calibration(base, config.cluster.gpu, fitted_on))
+    t = table(f"op factors fitted to {fit.measured} in {', '.join(map(str, args.trace))} ({fit.ranks} ranks) "
+              f"for {args.config}")
     for col in ("op kind", "measured /\npredicted", "measured", "residual\nmedian", "residual\nlargest"):
         t.add_column(col, justify="left" if col == "op kind" else "right")
     for kind, factor in fit.factors.items():
@@ -379,7 +382,7 @@ def _calibrate_on_trace(args: argparse.Namespace) -> int:
                   f"{res[len(res) // 2]:.1%}" if res else "-", f"{res[-1]:.1%}" if res else "-")
     console.print(t)
     console.print(f"wrote {args.output} (name it as cluster.calibration in a config to plan with it)")
-    summary("calibrate", trace=args.trace, kinds=len(fit.factors),
+    summary("calibrate", trace=",".join(map(str, args.trace)), steps=fit.steps, kinds=len(fit.factors),
             **{k: round(v, 4) for k, v in fit.factors.items()},
             worst_residual=max((abs(r) for rs in fit.residuals.values() for r in rs), default=0.0))
     return 0
@@ -480,7 +483,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     if args.what_if:
         return _what_if(args)
     from .config.documents import write_document
-    from .measure.bubbles import IDLE_KINDS, compare, measure, predicted_bubbles, save_plot, to_dict
+    from .measure.bubbles import IDLE_KINDS, PARALLEL_KINDS, compare, measure, predicted_bubbles, save_plot, to_dict
 
     measured = measure(args.trace, args.min_gap_us)
     predicted = predicted_bubbles(args.predict) if args.predict else None
@@ -504,6 +507,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
                       *("-" if row["kinds"][k]["error"] is None else f"{row['kinds'][k]['error']:+.0%}"
                         for k in IDLE_KINDS), "", "", style="dim")
     console.print(t)
+    _print_idle_by_parallelism(args.trace, measured)
     if not all(r.phases_known for r in measured):
         console.print("note: no pipeline op annotations (PP:<stage><F|B><mb>) in some traces: their idle outside "
                       "collectives is all counted as steady")
@@ -514,8 +518,22 @@ def cmd_measure(args: argparse.Namespace) -> int:
         with drawing(args.plot):
             save_plot(measured, args.plot, predicted)
     summary("measure", ranks=len(measured), idle_ms=sum(r.idle for r in measured) / 1e3,
-            span_ms=max(r.span for r in measured) / 1e3)
+            span_ms=max(r.span for r in measured) / 1e3,
+            **{f"{k}_ms": sum(r.idle_by_parallelism[k] for r in measured) / 1e3 for k in PARALLEL_KINDS})
     return 0
+
+
+def _print_idle_by_parallelism(trace: str, measured: list) -> None:
+    """``pybubble measure``'s second table: idle per rank by what the rank waits for."""
+    from .measure.bubbles import PARALLEL_KINDS
+
+    t = table(f"{trace}: idle per rank by what it waits for (ms)")
+    for col in ("rank", "idle", *PARALLEL_KINDS):
+        t.add_column(col, justify="left" if col == "rank" else "right")
+    for r in measured:
+        t.add_row(str(r.rank), f"{r.idle / 1e3:,.2f}",
+                  *(f"{r.idle_by_parallelism[k] / 1e3:,.2f}" for k in PARALLEL_KINDS))
+    console.print(t)
 
 
 def _command(sub: Any, name: str, func: Callable[[argparse.Namespace], int], about: str, example: str) -> Parser:
@@ -655,11 +673,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "calibrate", cmd_calibrate,
                  "Times every compute kernel of a layer at a few shapes with torch (needs torch), fits the\n"
                  "roofline's efficiency and overhead per kernel kind, and writes them for --calibration.\n"
-                 "With --trace and --config: fits the cost model to a measured step instead (torch.profiler\n"
-                 "traces of a torch.distributed.pipelining step): per op kind, measured over predicted time.",
-                 "pybubble calibrate --trace prof/ --config job.yaml -o calib.json")
-    p.add_argument("--trace", metavar="DIR",
-                   help="torch.profiler traces of one step (a folder, one per rank, or one file) to fit to")
+                 "With --trace and --config: fits the cost model to measured steps instead (torch.profiler\n"
+                 "traces of torch.distributed.pipelining steps, each measured quantity at its median over\n"
+                 "them): per op kind, measured over predicted time.",
+                 "pybubble calibrate --trace prof1/ prof2/ prof3/ --config job.yaml -o calib.json")
+    p.add_argument("--trace", metavar="DIR", nargs="+", action="extend",
+                   help="torch.profiler traces of one step each (a folder, one per rank, or one file) to fit to: "
+                        "several steps of the job are fitted at the medians of their measured quantities")
     p.add_argument("--config", metavar="CONFIG", help="the planning config of the traced job (with --trace)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where to time the kernels (cpu: one thread, fp32; cuda: the first GPU, bf16)")
@@ -694,8 +714,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "measure", cmd_measure,
                  "Reads torch.profiler Chrome traces of a pipeline run (a file, or a folder of one per rank)\n"
                  "and prints per rank the step's span, busy and idle time, idle by kind (warm-up, steady,\n"
-                 "cool-down, collective) and, with every rank's trace, waiting versus transferring\n"
-                 "(docs/runtime.md).",
+                 "cool-down, collective), idle by what the rank waits for (pp, dp, tp, other) and, with every\n"
+                 "rank's trace, waiting versus transferring (docs/runtime.md).",
                  "pybubble measure traces/ --predict examples/quickstart.yaml --plot idle.png")
     p.add_argument("trace", help="a Chrome trace (JSON) of one rank, or a folder with one per rank")
     p.add_argument("--predict", metavar="FILE",

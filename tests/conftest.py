@@ -115,12 +115,13 @@ def _run_key(args, modes, device="cpu", profile=False) -> tuple:
 
 def pytest_collection_modifyitems(session, config, items):
     """Gathers the configurations of the example trainer the selected tests train: their modules'
-    ``EXAMPLE_RUNS`` (pairs of arguments and modes, as they call example_reports with) and
-    pp2_reports' run, so that example_reports trains those of one world size in one launch."""
+    ``EXAMPLE_RUNS`` (arguments and modes, and optionally device and profiled, as they call
+    example_reports with) and pp2_reports' run, so that example_reports trains those of one world
+    size in one launch."""
     runs: dict = {}
     for item in items:
-        for args, modes in getattr(getattr(item, "module", None), "EXAMPLE_RUNS", ()):
-            runs.setdefault(_run_key(args, modes), None)
+        for run in getattr(getattr(item, "module", None), "EXAMPLE_RUNS", ()):
+            runs.setdefault(_run_key(*run), None)
         if "pp2_reports" in getattr(item, "fixturenames", ()):
             runs.setdefault(PP2, None)
     config.stash[_EXAMPLE_RUNS] = list(runs)

@@ -4,6 +4,7 @@ fit never saw (other schedules, microbatch counts); bad traces and traces of ano
 error line."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pybubble
 from pybubble.config.schema import load_config
 from pybubble.costs.roofline import OP_KINDS
 from pybubble.llm.step import LLMStep
-from pybubble.measure.fit import fit_step, read_step
+from pybubble.measure.fit import fit_step, fit_steps, read_step, read_steps
 from pybubble.planner.layouts import megatron
 from pybubble.planner.report import plan
 
@@ -275,15 +276,72 @@ def test_the_fit_reads_a_trainers_profiler_traces_that_never_used_pybubble(tmp_p
     assert abs(float(fields["error"])) < 0.02
 
 
-def test_the_fit_reads_the_example_trainers_profile(tmp_path, example_main, pp2_reports):
-    """The runtime's own --profile traces of real gloo ranks (tiny models, megatron mode): every op
-    kind of the example's config is measured and fitted (the figures are this machine's)."""
+def example_config(tmp_path, example_main) -> Path:
+    """The planning config of pp2_reports' job (the example writes it)."""
     cfg = tmp_path / "example.yaml"
     code, err = example_main("--ranks", 2, "--size", "tiny", "--write-config", cfg)
     assert code == 0, err
+    return cfg
+
+
+def test_the_fit_reads_the_example_trainers_profile(tmp_path, example_main, pp2_reports):
+    """The runtime's own --profile traces of real gloo ranks (tiny models, megatron mode): every op
+    kind of the example's config is measured and fitted (the figures are this machine's)."""
+    cfg = example_config(tmp_path, example_main)
     prof = pp2_reports["megatron"]["profile_dir"]  # 2 ranks, tiny, 3 steps
     r = run("calibrate", "--trace", prof, "--config", cfg, "-o", tmp_path / "c.json")
     assert r.returncode == 0, r.stderr
     factors = json.loads((tmp_path / "c.json").read_text())["op_factors"]
     assert set(factors) == {"llm_fwd", "llm_bwd", "p2p", "encoder_fwd", "encoder_bwd"}
     assert all(v > 0 for v in factors.values())
+
+
+def slowed(folder, to: Path, factor: float, ranks=(0, 1)) -> Path:
+    """A copy of the profiler traces of `ranks` in `folder` in `to`, with every pipeline op and encoder
+    piece `factor` times as long (a step disturbed by load)."""
+    to.mkdir()
+    for r in ranks:
+        doc = json.loads((Path(folder) / f"rank{r}.json").read_text())
+        for e in doc["traceEvents"]:
+            if e.get("ph") == "X" and re.match(r"(PP:|pybubble:task:)", str(e.get("name"))):
+                e["dur"] *= factor
+        (to / f"rank{r}.json").write_text(json.dumps(doc))
+    return to
+
+
+def test_several_steps_fit_the_medians_so_that_a_disturbed_step_moves_nothing(tmp_path, example_main, pp2_reports):
+    """Three copies of the example's profiled step, one of them 2x slower: the factors are those of
+    the two undisturbed steps (each quantity's median), not those of the disturbed one (nor of a
+    mean, which would move them by a third)."""
+    config = load_config(example_config(tmp_path, example_main))
+    prof = pp2_reports["megatron"]["profile_dir"]
+    a, b, slow = (slowed(prof, tmp_path / name, f) for name, f in (("a", 1.0), ("b", 1.0), ("slow", 2.0)))
+    three, two, alone = fit_steps(config, read_steps([a, slow, b])), fit_steps(config, read_steps([a, b])), \
+        fit_step(config, read_step(slow))
+    assert three.steps == 3 and set(three.factors) == set(two.factors) == set(alone.factors)
+    for kind, want in two.factors.items():
+        assert three.factors[kind] == pytest.approx(want, rel=1e-9), kind
+    assert max(alone.factors["llm_fwd"], alone.factors["llm_bwd"]) > 1.5 * max(two.factors["llm_fwd"],
+                                                                                two.factors["llm_bwd"])
+    r = run("calibrate", "--trace", a, slow, b, "--config", tmp_path / "example.yaml", "-o", tmp_path / "c.json")
+    assert r.returncode == 0, r.stderr
+    assert " steps=3 " in r.stdout.strip().splitlines()[-1]
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["op_factors"] == pytest.approx(three.factors, rel=1e-12) and "medians of 3 measured steps" in doc["fit"]
+    assert doc["fitted_on"] == "a, slow, b"
+
+
+def test_several_steps_refuse_no_step_an_empty_folder_and_other_ranks(tmp_path, example_main, pp2_reports):
+    cfg = example_config(tmp_path, example_main)
+    prof = pp2_reports["megatron"]["profile_dir"]
+    with pytest.raises(ValueError, match="trace: no measured step given"):
+        read_steps([])
+    with pytest.raises(ValueError, match="steps: no measured step to fit"):
+        fit_steps(load_config(cfg), [])
+    (tmp_path / "empty").mkdir()
+    one_error_line(run("calibrate", "--trace", prof, tmp_path / "empty", "--config", cfg, "-o", tmp_path / "c.json"),
+                   f"{tmp_path / 'empty'}: no *.json or *.json.gz traces in this folder")
+    alone = slowed(prof, tmp_path / "alone", 1.0, ranks=(0,))
+    one_error_line(run("calibrate", "--trace", prof, alone, "--config", cfg, "-o", tmp_path / "c.json"),
+                   f"trace: {alone} holds the traces of 1 rank (0), {prof} of 2 ranks (0, 1): not steps of one job")
+    assert not (tmp_path / "c.json").exists()

@@ -55,8 +55,36 @@ def test_cpu_trace_idle_by_kind(tmp_path):
     assert r.device == "cpu" and r.span == 10100
     assert r.idle_by_kind == {"warmup": 1500, "steady": 1000, "cooldown": 1000, "collective": 800}
     assert r.idle == 4300 and r.busy == 10100 - 4300
+    # The wait's idle is the pipeline's, the all-reduce's data parallel; 500-600 and 700-800 are in
+    # no wait (no annotation, nothing posted).
+    assert r.idle_by_parallelism == {"pp": 1500, "dp": 800, "tp": 0, "other": 2000}
     # Rank 0's receive (100-300) and the peer's send (250-310) both posted 250-300: transferring.
     assert r.transferring == 500 and r.waiting == 3800
+
+
+def test_waits_split_idle_by_parallelism(tmp_path):
+    """The runtime's waits inside ops and hooks that enclose them (autograd's, FSDP's): the waits
+    are idle but for the tasks run in them, each by its kind, a data-parallel wait inside a
+    tensor-parallel one the data-parallel's; the glue around a wait's annotation goes with it."""
+    note = lambda name, ts, dur: x(name, ts, dur, "user_annotation")  # noqa: E731
+    ev = [
+        # the step's barrier: idle 10-100
+        note("pybubble:sync", 0, 100), x("c10d::barrier", 0, 10), x("gloo:barrier", 0, 95, "user_annotation", tid=3),
+        note("PP:0F0", 100, 1000), x("autograd::engine::evaluate_function: X", 100, 1000),
+        # a TP wait (idle 200-400), a DP wait inside another TP wait (idle 500-550 and 600-700 DP,
+        # 700-710 TP), the host blocked in the functional collective's wait_tensor
+        note("pybubble:tp_wait", 200, 200), x("_c10d_functional::wait_tensor", 205, 190),
+        x("gloo:all_reduce", 200, 200, "user_annotation", tid=3),
+        note("pybubble:tp_wait", 500, 210), note("FSDP::all_gather (blocks.0)", 495, 220),
+        note("pybubble:dp_wait", 500, 200), note("pybubble:task:e0f.0", 550, 50), x("aten::addmm", 550, 50),
+        x("gloo:all_gather", 500, 200, "user_annotation", tid=3),
+        # a pipeline wait (idle 1110-1400) whose annotation opens 5 after the op and closes 5 before the next
+        x("aten::mm", 1100, 10), note("pybubble:wait", 1115, 280), note("PP:0B0", 1400, 100), x("aten::mm", 1400, 100),
+    ]
+    [r] = measure(write(tmp_path, [{"traceEvents": ev}]))
+    assert r.idle == 10 * (90 + 200 + 50 + 110 + 290)
+    assert r.idle_by_parallelism == {"pp": 2900, "dp": 1500, "tp": 2100, "other": 900}
+    assert r.idle_by_kind["collective"] == 10 * (90 + 200 + 160)  # FSDP::all_gather names a collective
 
 
 def test_cuda_trace_counts_gpu_kernels_and_nccl(tmp_path):
@@ -119,6 +147,40 @@ def test_cli_prints_writes_json_and_a_plot(tmp_path):
     doc = json.loads((tmp_path / "m.json").read_text())
     assert doc["format"] == "pybubble.measure/1" and len(doc["ranks"]) == 2
     assert (tmp_path / "m.png").stat().st_size > 1000
+
+
+PROFILED = {"dp": (("--dp", 2, "--pp", 2), ("megatron",), "cpu", True), "tp": (("--tp", 2), ("megatron",), "cpu", True)}
+"""The example trainer's profiled runs these tests measure (megatron: the waits are not filled),
+beside pp2_reports' pipeline alone."""
+EXAMPLE_RUNS = list(PROFILED.values())
+
+
+def measured_by_parallelism(prof, tmp_path):
+    """`pybubble measure --json` of the traces in `prof`: its ranks, each one's split summing to its idle."""
+    r = cli(prof, "--json", tmp_path / "m.json")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^rank +idle +pp +dp +tp +other$", r.stdout, re.M) and " tp_ms=" in r.stdout.splitlines()[-1]
+    ranks = json.loads((tmp_path / "m.json").read_text())["ranks"]
+    for rank in ranks:
+        assert set(rank["idle_by_parallelism"]) == {"pp", "dp", "tp", "other"}
+        assert sum(rank["idle_by_parallelism"].values()) == pytest.approx(rank["idle"], rel=1e-9)
+    return [rank["idle_by_parallelism"] for rank in ranks]
+
+
+def test_a_pipeline_alone_waits_for_no_collective_of_dp_or_tp(tmp_path, pp2_reports):
+    split = measured_by_parallelism(pp2_reports["megatron"]["profile_dir"], tmp_path)
+    assert len(split) == 2 and all(s["dp"] == 0 and s["tp"] == 0 for s in split)
+    assert sum(s["pp"] for s in split) > 0
+
+
+@pytest.mark.parametrize("kind", ["dp", "tp"])
+def test_data_and_tensor_parallel_ranks_wait_for_their_collectives(tmp_path, example_reports, kind):
+    """dp 2 x pp 2 (FSDP2) and tp 2 alone: idle in the kind's collectives (a rank that reaches each
+    of them last waits in none), none in the other kind's."""
+    args, modes, device, profile = PROFILED[kind]
+    prof = example_reports(*args, modes=modes, device=device, profile=profile, timeout=300)["megatron"]["profile_dir"]
+    split = measured_by_parallelism(prof, tmp_path)
+    assert sum(s[kind] for s in split) > 0 and all(s["tp" if kind == "dp" else "dp"] == 0 for s in split), split
 
 
 GOOD = json.dumps(cpu_rank(0)).encode()

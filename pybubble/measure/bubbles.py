@@ -8,18 +8,24 @@ No torch here: the traces are JSON (plain or gzipped), read as a stream by
 - its window: the last ``ProfilerStep#`` annotation when there is one, else the span of its
   timeline's events (on the CPU, the main thread's ops and annotations);
 - busy time: the union of its compute events: on the CPU (gloo) the ``cpu_op`` events of its
-  main thread (the thread with the most of them) and its annotations of work (pipeline ops and
-  pybubble's ``pybubble:schedule`` span of the whole schedule, less the waits annotated inside them; pybubble's ``pybubble:task:*``, ``plan`` and ``setup``; any
-  other annotation that is not a region: ``pybubble:wait``/``front``/``drain``/``grad_sync``/``sync``,
-  ``ProfilerStep#``, gloo's collectives and transfers), on CUDA (NCCL) its GPU kernels except
-  NCCL's;
+  main thread (the thread with the most of them), its pipeline ops and pybubble's
+  ``pybubble:schedule`` span of the whole schedule, and its annotations of work (pybubble's
+  ``plan`` and ``setup``, the optimizer's, FSDP's: any annotation that is not a region such as
+  ``pybubble:wait``/``front``/``drain``/``grad_sync``/``sync``, ``ProfilerStep#``, gloo's
+  collectives and transfers), less the waits inside them (pybubble's ``pybubble:wait``,
+  ``dp_wait`` and ``tp_wait``, the host's ``_c10d_functional::wait_tensor``) but for the tasks
+  run in those waits (``pybubble:task:*``); on CUDA (NCCL) its GPU kernels except NCCL's;
 - idle time: the window less busy time (gaps under ``min_gap_us`` are host glue), split by
   kind: ``collective`` where a collective runs (gloo's ``gloo:all_reduce``/``barrier``/...
   annotations, the gap after a blocking ``c10d::`` collective op, pybubble's ``pybubble:sync``
-  and ``pybubble:grad_sync`` regions, NCCL collective kernels), else by the rank's pipeline ops (``PP:<stage><F|B|I|W><mb>`` annotations,
-  as torch.distributed.pipelining's runtime and pybubble's adapter write them, or GPipe's
-  ``Forward i``/``Backward i``): ``warmup`` before its first backward, ``cooldown`` after its last
-  forward, ``steady`` between; without op annotations everything not collective is ``steady``;
+  and ``pybubble:grad_sync`` regions, NCCL collective kernels), else by the rank's pipeline ops
+  (``PP:<stage><F|B|I|W><mb>`` annotations, as torch.distributed.pipelining's runtime and
+  pybubble's adapter write them, or GPipe's ``Forward i``/``Backward i``): ``warmup`` before its
+  first backward, ``cooldown`` after its last forward, ``steady`` between; without op annotations
+  everything not collective is ``steady``;
+- idle time split a second way, by what the rank waits for (:func:`idle_by_parallelism`): ``pp``
+  the pipeline, ``dp`` a data-parallel collective, ``tp`` a tensor-parallel one, ``other`` the
+  runtime's own synchronisation and idle in no wait;
 - with the traces of all ranks (one clock on one machine): idle time while one of this rank's
   receives and a peer's send are both posted, i.e. the data can be moving (``transferring``: an
   upper bound of the transfer), and the rest (``waiting``: the peer has not sent yet). gloo's and
@@ -50,7 +56,9 @@ from .intervals import Spans
 from .trace import Trace, file_rank
 
 IDLE_KINDS = ("warmup", "steady", "cooldown", "collective")
-"""Kinds of measured idle time."""
+"""Kinds of measured idle time, by the pipeline's phase."""
+PARALLEL_KINDS = ("pp", "dp", "tp", "other")
+"""Kinds of measured idle time, by what the rank waits for (:func:`idle_by_parallelism`)."""
 PREDICTED_KINDS = {"pp_warmup": "warmup", "pp_steady": "steady", "pp_cooldown": "cooldown",
                    "dp_allgather": "collective", "dp_reducescatter": "collective", "tp": "collective"}
 """The simulator's bubble kinds (:data:`pybubble.llm.timeline.BUBBLE_KINDS`) as measured kinds."""
@@ -68,7 +76,12 @@ _OP = re.compile(rf"{names.OP.pattern}|^(Forward|Backward) \d+$")
 _REGION = re.compile(rf"{names.REGION.pattern}|^(ProfilerStep#|gloo:|nccl:)")
 _SCHEDULE = names.SCHEDULE_SPAN
 _WAIT = names.PIPELINE_WAIT
+_WAITS = names.WAITS
 _SYNC_REGION = names.SYNC
+_TASK = names.TASK
+_BLOCKING = re.compile(r"^_c10d_functional::wait_tensor$")
+"""Host ops that block until a functional collective (DTensor's tensor parallelism) completes:
+idle, not busy."""
 _SYNC_OP = re.compile(r"^c10d::(allreduce|allgather|barrier|reduce_scatter|broadcast|alltoall)", re.I)
 _STEP = re.compile(r"^ProfilerStep#")
 _NCCL = re.compile(r"^nccl", re.I)
@@ -99,6 +112,8 @@ class RankBubbles:
     """Idle time in the window (the window less busy time)."""
     idle_by_kind: dict[str, float] = field(default_factory=dict)
     """Idle time per kind of :data:`IDLE_KINDS`."""
+    idle_by_parallelism: dict[str, float] = field(default_factory=dict)
+    """Idle time per kind of :data:`PARALLEL_KINDS`."""
     waiting: float | None = None
     """Idle time with no transfer of this rank under way (None: the trace shows no transfers)."""
     transferring: float | None = None
@@ -244,11 +259,13 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
     kernels = cat == _KERNEL
     busy_extra = iv.NONE
     is_op = t.named(_OP)
+    blocking = np.zeros(len(cat), bool)
     if kernels.any():
         device = "cuda"
         busy_mask = kernels & ~t.named(_NCCL)
         timeline = kernels | (cat == _GPU_NOTE)
-        op_mask = (cat == _GPU_NOTE) & is_op
+        notes = cat == _GPU_NOTE
+        op_mask = notes & is_op
     else:
         device = "cpu"
         ops = cat == _CPU_OP
@@ -257,11 +274,15 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
         timeline = t.thread == _main_thread(t.thread[ops])
         notes = timeline & (cat == _NOTE)
         op_mask = notes & is_op
-        work = notes & ~is_op & ~t.named(_REGION)
-        waits = iv.union(t.spans(notes & t.named(_WAIT)))
-        busy_mask = (ops & timeline) | work
-        # Pipeline ops and the schedule's own code between them are busy, less the waits in them.
-        busy_extra = iv.subtract(iv.union(t.spans(op_mask | (notes & t.named(_SCHEDULE)))), waits)
+        work = notes & ~is_op & ~t.named(_REGION)  # tasks, planning, set-up, the optimizer's, FSDP's
+        blocking = ops & timeline & t.named(_BLOCKING)
+        waits = iv.union(iv.joined(t.spans(notes & t.named(_WAITS)), t.spans(blocking)))
+        # The main thread's ops and work, the pipeline ops and the schedule's own code between them
+        # are busy, less the waits inside them (an op or FSDP's hook blocked in a collective's
+        # wait), but for the tasks run in a wait.
+        busy_mask = notes & t.named(_TASK)
+        spans = t.spans((ops & timeline) | work | op_mask | (notes & t.named(_SCHEDULE)))
+        busy_extra = iv.subtract(iv.union(spans), waits)
     steps = np.flatnonzero(t.named(_STEP))
     if len(steps):
         last = steps[np.argmax(t.start[steps])]
@@ -293,8 +314,42 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
         _sends, recvs = transfer_posts(t)
         transferring = iv.length(iv.overlap(gaps, iv.overlap(recvs, peer_sends)))
         waiting = iv.length(gaps) - transferring
+    by_parallelism = idle_by_parallelism(t, gaps, notes, blocking, collective)
     return RankBubbles(rank=rank, device=device, span=hi - lo, busy=iv.length(busy), idle=iv.length(gaps),
-                       idle_by_kind=by_kind, waiting=waiting, transferring=transferring, phases_known=phases_known)
+                       idle_by_kind=by_kind, idle_by_parallelism=by_parallelism, waiting=waiting,
+                       transferring=transferring, phases_known=phases_known)
+
+
+def idle_by_parallelism(trace: RankTrace, gaps: Spans, notes: np.ndarray, blocking: np.ndarray,
+                        collective: Spans) -> dict[str, float]:
+    """Idle time (`gaps`) per kind of :data:`PARALLEL_KINDS`, each part of it to the first of these
+    that covers it: the runtime's waits (`notes`: the rank's annotations), ``dp`` its data-parallel
+    waits, ``tp`` its tensor-parallel waits and the host's waits for a functional collective
+    (`blocking`), ``other`` its own synchronisation (the step's barrier and cost sharing, the
+    encoder's gradient sum), ``pp`` its pipeline waits; then the same over the whole gaps each of
+    them overlaps (the idle around a wait's annotation, until the rank resumes); then ``dp`` any
+    other `collective` and ``pp`` the rank's posted sends and receives; the rest ``other``."""
+    t = trace
+    note = lambda pattern: t.spans(notes & t.named(pattern))  # noqa: E731
+    waits = (("dp", note(names.DP_WAIT_SPAN)), ("tp", iv.joined(note(names.TP_WAIT_SPAN), t.spans(blocking))),
+             ("other", note(_SYNC_REGION)), ("pp", note(_WAIT)))
+    order = (*waits, *((kind, _touching(gaps, spans)) for kind, spans in waits), ("dp", collective),
+             ("pp", iv.joined(*transfer_posts(t))))
+    out = dict.fromkeys(PARALLEL_KINDS, 0.0)
+    rest = gaps
+    for kind, spans in order:
+        spans = iv.union(spans)
+        out[kind] += iv.length(iv.overlap(rest, spans))
+        rest = iv.subtract(rest, spans)
+    out["other"] += iv.length(rest)
+    return out
+
+
+def _touching(gaps: Spans, spans: Spans) -> Spans:
+    """The whole gaps that `spans` overlap (`gaps` sorted and disjoint)."""
+    pieces = iv.overlap(gaps, iv.union(spans))
+    hit = np.unique(np.searchsorted(gaps[0], pieces[0], side="right") - 1)
+    return gaps[0][hit], gaps[1][hit]
 
 
 def _op_kind(name: str) -> int:
@@ -437,6 +492,6 @@ def save_plot(measured: list[RankBubbles], path: str | os.PathLike[str],
     save_figure(fig, path)
 
 
-__all__ = ["EVENT_CATEGORIES", "IDLE_KINDS", "MEASURE_FORMAT", "MIN_GAP_US", "PREDICTED_KINDS", "RankBubbles", "RankTrace",
-           "Spans", "compare",
+__all__ = ["EVENT_CATEGORIES", "IDLE_KINDS", "MEASURE_FORMAT", "MIN_GAP_US", "PARALLEL_KINDS", "PREDICTED_KINDS",
+           "RankBubbles", "RankTrace", "Spans", "compare", "idle_by_parallelism",
            "measure", "predicted_bubbles", "rank_bubbles", "save_plot", "to_dict", "trace_files", "transfer_posts"]

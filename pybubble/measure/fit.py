@@ -1,6 +1,7 @@
-"""The cost model fitted to a measured step: from the traces of one pipeline step (torch.profiler
-Chrome traces, one per rank, or a Chrome trace the simulator wrote), per op kind of
-:data:`pybubble.costs.roofline.OP_KINDS` the ratio of measured to predicted time.
+"""The cost model fitted to measured steps: from the traces of one pipeline step or several
+(torch.profiler Chrome traces, one per rank, or a Chrome trace the simulator wrote), per op kind of
+:data:`pybubble.costs.roofline.OP_KINDS` the ratio of measured to predicted time; with several
+steps, each measured quantity at its median over them (:func:`fit_steps`).
 
 What the trace gives, per rank:
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +197,24 @@ def read_step(source: str | os.PathLike[str]) -> dict[int, MeasuredRank]:
     return ranks
 
 
+def read_steps(sources: Sequence[str | os.PathLike[str]]) -> list[dict[int, MeasuredRank]]:
+    """The measured step of each of `sources` (:func:`read_step`): several steps of one job.
+    ValueError with no source, or naming two whose traces hold other ranks."""
+    if not sources:
+        raise ValueError("trace: no measured step given")
+    steps = [read_step(source) for source in sources]
+    for source, ranks in zip(sources, steps):
+        if sorted(ranks) != sorted(steps[0]):
+            raise ValueError(f"trace: {source} holds the traces of {_listed(ranks)}, {sources[0]} of "
+                             f"{_listed(steps[0])}: not steps of one job")
+    return steps
+
+
+def _listed(ranks: dict[int, MeasuredRank]) -> str:
+    """The ranks in words, e.g. ``2 ranks (0, 1)``."""
+    return f"{len(ranks)} rank{'' if len(ranks) == 1 else 's'} ({', '.join(map(str, sorted(ranks)))})"
+
+
 @dataclass(kw_only=True, slots=True)
 class Fit:
     """The op factors fitted to a measured step, with their residuals."""
@@ -207,6 +227,8 @@ class Fit:
     """Per op kind, each row's relative residual: fitted prediction / measured - 1."""
     ranks: int
     """Ranks in the trace."""
+    steps: int = 1
+    """Measured steps fitted (each quantity at its median over them)."""
 
     def to_calibration(self, base: dict[str, Any], hardware: str, fitted_on: str) -> dict[str, Any]:
         """A ``pybubble.calibration/1`` document: `base` (the config's own calibration, or empty) with
@@ -214,8 +236,13 @@ class Fit:
         worst = max((abs(r) for rs in self.residuals.values() for r in rs), default=0.0)
         return {**base, "format": CALIBRATION_FORMAT, "hardware": hardware, "op_factors": dict(self.factors),
                 "fitted_on": fitted_on,
-                "fit": f"op factors fitted to the measured step of {self.ranks} ranks ({sum(self.rows.values())} "
+                "fit": f"op factors fitted to {self.measured} of {self.ranks} ranks ({sum(self.rows.values())} "
                        f"measured quantities, {len(self.factors)} kinds); largest residual {worst:.1%}"}
+
+    @property
+    def measured(self) -> str:
+        """What was fitted, in words: ``the measured step`` or ``the medians of N measured steps``."""
+        return "the measured step" if self.steps == 1 else f"the medians of {self.steps} measured steps"
 
 
 def _predicted(config: Config) -> tuple[LLMStep, dict[str, float], CostModel]:
@@ -244,46 +271,61 @@ def _encoder_unit(config: Config, costs: CostModel, images: tuple[int, ...]) -> 
     return unit
 
 
+Row = tuple[dict[str, float], float]
+"""A measured quantity: its predicted time per op kind (the factors' coefficients), and its measured time."""
+
+
 def fit_step(config: Config, ranks: dict[int, MeasuredRank]) -> Fit:
     """The op factors of `config`'s cost model that best explain the measured step `ranks` (see the
     module docstring). ValueError when the trace is of another pipeline (rank or stage count) or
     lacks an op kind the config predicts."""
-    plan = config.llm_plan
+    return fit_steps(config, [ranks])
+
+
+def fit_steps(config: Config, steps: Sequence[dict[int, MeasuredRank]]) -> Fit:
+    """The op factors that best explain several measured steps of one job: each measured quantity
+    (an op, the sends, a collective, an encoder piece) at its median over the steps that measured
+    it, so that one disturbed step does not move the factors. ValueError with no step, or for a
+    step as :func:`fit_step`."""
+    if not steps:
+        raise ValueError("steps: no measured step to fit")
     step, unit, costs = _predicted(config)
+    per_step = [_rows(config, ranks, step, unit, costs) for ranks in steps]
+    rows: dict[tuple, Row] = {}
+    for key in dict.fromkeys(k for found in per_step for k in found):
+        seen = [found[key] for found in per_step if key in found]
+        rows[key] = (seen[0][0], float(np.median([value for _, value in seen])))
+    return _solve(config, list(rows.values()), unit, ranks=len(steps[0]), steps=len(steps))
+
+
+def _rows(config: Config, ranks: dict[int, MeasuredRank], step: LLMStep, unit: dict[str, float],
+          costs: CostModel) -> dict[tuple, Row]:
+    """The measured quantities of one step, each under a key that names it in every step of the job
+    (the rank and op, the sends, the rank and collective, the rank and encoder piece)."""
+    plan = config.llm_plan
     stages = plan.pp * (2 if plan.schedule == "zbv" else plan.vpp)
     if len(ranks) not in (plan.pp, plan.pp * plan.dp):
         raise ValueError(f"ranks: the trace has {len(ranks)} ranks, the config's pipeline {plan.pp} "
                          f"(llm_plan.pp; {plan.pp * plan.dp} with data parallelism)")
     layers = step.chunk_layers
-    columns = {k: i for i, k in enumerate(OP_KINDS)}
-    rows: list[np.ndarray] = []
-    measured: list[float] = []
-
-    def add(terms: dict[str, float], value: float) -> None:
-        if value > 0 and any(v > 0 for v in terms.values()):
-            a = np.zeros(len(OP_KINDS))
-            for k, v in terms.items():
-                a[columns[k]] += v
-            rows.append(a)
-            measured.append(value)
-
+    rows: dict[tuple, Row] = {}
     encoder_measured = any(r.encoder for r in ranks.values())
     ends: dict[tuple[int, str, int], tuple[float, float]] = {}
-    for r in ranks.values():
+    for rank, r in ranks.items():
         for stage, kind, mb, start, end, inside in r.ops:
             if stage >= stages:
                 raise ValueError(f"stages: the trace has an op of pipeline stage {stage}, the config's pipeline "
                                  f"{stages} stages")
-            rank = stage % plan.pp if plan.schedule != "zbv" else (stage if stage < plan.pp else 2 * plan.pp - 1 - stage)
+            at = stage % plan.pp if plan.schedule != "zbv" else (stage if stage < plan.pp else 2 * plan.pp - 1 - stage)
             chunk = stage // plan.pp if plan.schedule != "zbv" else int(stage >= plan.pp)
-            n = float(layers[rank, chunk])
+            n = float(layers[at, chunk])
             terms = {"llm_fwd": n * step.layer_fwd} if kind == "F" else \
                 {"llm_bwd": n * step.layer_bwd} if kind == "B" else \
                 {"llm_bwd": n * step.layer_bwd / 2} if kind == "I" else {"llm_wgrad": n * step.layer_bwd / 2}
             if stage == 0 and not encoder_measured:  # Megatron-LM: the encoder inside stage 0's ops
                 phase = "fwd" if kind == "F" else "bwd"  # a split backward: I and W take half each
                 terms[f"encoder_{phase}"] = unit[f"encoder_{phase}"] * (1.0 if kind in "FB" else 0.5)
-            add(terms, end - start - inside)
+            rows["op", rank, stage, kind, mb] = (terms, end - start - inside)
             ends[(stage, kind, mb)] = (start, end)
     gaps = []  # a send: from an op's end to the start of the op that needs its output
     for (stage, kind, mb), (_, end) in ends.items():
@@ -293,16 +335,32 @@ def fit_step(config: Config, ranks: dict[int, MeasuredRank]) -> Fit:
         if nxt in ends and ends[nxt][0] > end:
             gaps.append(ends[nxt][0] - end)
     if gaps:
-        add({"p2p": unit["p2p"]}, min(gaps))
-    for r in ranks.values():
+        rows["p2p",] = ({"p2p": unit["p2p"]}, min(gaps))
+    for rank, r in ranks.items():
         for kind, t in r.collectives.items():
-            add({kind: unit[kind]}, t)
-        for (_, phase, images, _), t in r.encoder.items():
+            rows["collective", rank, kind] = ({kind: unit[kind]}, t)
+        for (mb, phase, images, lane), t in r.encoder.items():
             if images and len(images) != len(config.encoders):
                 raise ValueError(f"trace: an encoder piece of {len(images)} encoders' images, the config has "
                                  f"{len(config.encoders)} encoders")
             piece = _encoder_unit(config, costs, images) if images else unit
-            add({f"encoder_{phase}": piece[f"encoder_{phase}"]}, t)
+            rows["encoder", rank, mb, phase, images, lane] = ({f"encoder_{phase}": piece[f"encoder_{phase}"]}, t)
+    return rows
+
+
+def _solve(config: Config, found: list[Row], unit: dict[str, float], ranks: int, steps: int) -> Fit:
+    """The factors minimising the squared error over the measured quantities `found` (those with a
+    positive time and prediction), with their residuals."""
+    plan = config.llm_plan
+    columns = {k: i for i, k in enumerate(OP_KINDS)}
+    rows, measured = [], []
+    for terms, value in found:
+        if value > 0 and any(v > 0 for v in terms.values()):
+            a = np.zeros(len(OP_KINDS))
+            for k, v in terms.items():
+                a[columns[k]] += v
+            rows.append(a)
+            measured.append(value)
     if not rows:
         raise ValueError("trace: no op the config predicts was measured")
     a, y = np.array(rows), np.array(measured)
@@ -328,7 +386,7 @@ def fit_step(config: Config, ranks: dict[int, MeasuredRank]) -> Fit:
         dominant = seen[int(np.argmax(a[i, cols] * x))]
         residuals[dominant].append(float(fitted[i] / y[i] - 1.0))
     return Fit(factors=factors, rows={k: len(v) for k, v in residuals.items()}, residuals=dict(residuals),
-               ranks=len(ranks))
+               ranks=ranks, steps=steps)
 
 
-__all__ = ["Fit", "MeasuredRank", "fit_step", "read_step"]
+__all__ = ["Fit", "MeasuredRank", "Row", "fit_step", "fit_steps", "read_step", "read_steps"]

@@ -6,8 +6,9 @@ names, written and read in this one place (the runtime formats them, ``pybubble 
   actions (:func:`op_name`, :data:`OP`);
 - ``pybubble:task:e<j><f|b>.<piece>``: an encoder task of encoder microbatch j, forward or
   backward (:func:`task_name`, :data:`TASK`);
-- ``pybubble:wait``, ``pybubble:tp_wait``: the LLM blocked in a wait of the pipeline (or of a
-  data-parallel collective), or of a tensor-parallel collective (:data:`WAIT`, :data:`TP_WAIT`);
+- ``pybubble:wait``, ``pybubble:dp_wait``, ``pybubble:tp_wait``: the LLM blocked in a wait of the
+  pipeline, of a data-parallel collective, or of a tensor-parallel collective (:data:`WAIT`,
+  :data:`DP_WAIT`, :data:`TP_WAIT`);
 - ``pybubble:<region>``: the runtime's own regions of a step (:data:`REGIONS`).
 """
 
@@ -17,8 +18,9 @@ import re
 
 PREFIX = "pybubble:"
 WAIT = "pybubble:wait"
-"""A pipeline wait (p2p), a wait inside an op for an encoder output from another rank, and a
-data-parallel collective's wait (FSDP2's all-gather and reduce-scatter, DDP's all-reduce)."""
+"""A pipeline wait (p2p), or a wait inside an op for an encoder output from another rank."""
+DP_WAIT = "pybubble:dp_wait"
+"""A data-parallel collective's wait (FSDP2's all-gather and reduce-scatter, DDP's all-reduce)."""
 TP_WAIT = "pybubble:tp_wait"
 """A tensor-parallel collective's wait."""
 REGIONS = ("plan", "sync", "setup", "front", "schedule", "drain", "grad_sync")
@@ -58,12 +60,18 @@ TASK = re.compile(r"^pybubble:task:e(\d+)([fb])\.")
 """An encoder task's annotation: groups encoder microbatch, ``f`` or ``b``."""
 PIPELINE_WAIT = re.compile(r"^pybubble:wait$")
 """The pipeline's waits."""
+DP_WAIT_SPAN = re.compile(r"^pybubble:dp_wait$")
+"""The data-parallel collectives' waits."""
+TP_WAIT_SPAN = re.compile(r"^pybubble:tp_wait$")
+"""The tensor-parallel collectives' waits."""
+WAITS = re.compile(r"^pybubble:(wait|dp_wait|tp_wait)$")
+"""Every wait of the LLM: the pipeline's, the data-parallel and the tensor-parallel collectives'."""
 SCHEDULE_SPAN = re.compile(r"^pybubble:schedule$")
 """The span of the pipeline's schedule."""
 SYNC = re.compile(r"^pybubble:(grad_sync|sync)$")
 """The runtime's own synchronisation (the step's barrier and cost sharing, the gradient sum)."""
-INSIDE_OPS = re.compile(r"^pybubble:(task:|wait$)")
-"""What runs inside an op's span but is not the op's own time: tasks, and waits for an encoder
-output from another rank."""
-REGION = re.compile(r"^pybubble:(wait|front|drain|grad_sync|sync|schedule)")
+INSIDE_OPS = re.compile(r"^pybubble:(task:|wait$|dp_wait$)")
+"""What runs inside an op's span but is not the op's own time: tasks, waits for an encoder output
+from another rank, and data-parallel collectives' waits (a tensor-parallel wait is part of the op)."""
+REGION = re.compile(r"^pybubble:(wait|dp_wait|tp_wait|front|drain|grad_sync|sync|schedule)")
 """The runtime's regions that are not work of their own (the work inside them is)."""

@@ -174,7 +174,7 @@ class DataParallelWaits:
         filled, completed = NOTHING, None
         t = time.perf_counter()
         try:
-            with f.progress.waiting("dp wait") as t:
+            with f.progress.waiting("dp wait", names.DP_WAIT) as t:
                 if not f.executor.timed:
                     for w in works:
                         w.wait()

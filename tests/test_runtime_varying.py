@@ -28,7 +28,7 @@ then a mixed one (the file replays in order)."""
 FILE_PP2 = ("--ranks", 2, "--data-file", DATA_FILE)
 MIX_PP2 = ("--ranks", 2, "--data", "mix")
 MIX_UNBALANCED = ("--ranks", 2, "--data", "mix", "--balance", "off")
-MIX_DP2 = ("--dp", 2, "--pp", 1, "--data", "mix")
+MIX_DP2 = ("--dp", 2, "--pp", 1, "--data", "mix", "--microbatches", 4)  # pp 1: torch infers the shapes with a backward
 FILE_DP2 = ("--dp", 2, "--pp", 1, "--data-file", DATA_FILE)
 FILE_DP2_PP2 = ("--dp", 2, "--pp", 2, "--data-file", DATA_FILE)
 MIX_DP2_PP2 = ("--dp", 2, "--pp", 2, "--data", "mix")

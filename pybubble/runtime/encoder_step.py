@@ -150,11 +150,16 @@ class EncoderStep:
     def output(self, llm_microbatch: int) -> torch.Tensor:
         """The encoder output feeding ``llm_microbatch``: a leaf that requires grad; its gradient is
         routed back to the producer by the boundary communicator."""
-        local = self._local_output(llm_microbatch)
-        return local if self.moved is None else self.moved.assemble(llm_microbatch, local)
+        # Outside the step's ops torch runs the stage once to infer its shapes (its backward too when
+        # the stage is the last one as well): there the output gives its values, and no gradient
+        # goes back from it (the step's own forward of the microbatch asks again).
+        track = self.filler.progress.in_op
+        local = self._local_output(llm_microbatch, track)
+        return local if self.moved is None else self.moved.assemble(llm_microbatch, local, track)
 
-    def _local_output(self, llm_microbatch: int) -> torch.Tensor:
-        """The rows of ``llm_microbatch``'s image tokens this replica ran itself."""
+    def _local_output(self, llm_microbatch: int, track: bool = True) -> torch.Tensor:
+        """The rows of ``llm_microbatch``'s image tokens this replica ran itself (``track``: their
+        gradient goes back to their producer)."""
         j = self.boundary.encoder_microbatch[llm_microbatch]
         here = self.plan.producer[j] == self.plan.rank
         if here:
@@ -164,8 +169,9 @@ class EncoderStep:
         if not here and (probe := self.boundary.output_probe(llm_microbatch)) is not None and self.filler.executor.timed:
             # It comes from another rank and is late: run this rank's tasks while it comes.
             self.waits.wait_for([probe], self.plan.output_arrival_s[j])
-        leaf = self.boundary.output(llm_microbatch).detach().requires_grad_(True)
-        leaf.register_hook(lambda g: self._on_grad(llm_microbatch, g))
+        leaf = self.boundary.output(llm_microbatch).detach()
+        if track:
+            leaf.requires_grad_(True).register_hook(lambda g: self._on_grad(llm_microbatch, g))
         return leaf
 
     def _on_grad(self, llm_microbatch: int, grad: torch.Tensor) -> None:

@@ -219,10 +219,10 @@ class MovedWork:
                 out.append(buf.to(self.device))
         return out
 
-    def assemble(self, slot: int, local: torch.Tensor) -> torch.Tensor:
+    def assemble(self, slot: int, local: torch.Tensor, track: bool = True) -> torch.Tensor:
         """On the first stage: slot ``slot``'s image tokens in its samples' order, from ``local``
-        (the kept images' outputs) and the outputs other replicas ran (waits for them); their
-        gradients go back to the ranks that ran them."""
+        (the kept images' outputs) and the outputs other replicas ran (waits for them); with
+        ``track`` their gradients go back to the ranks that ran them."""
         m, me = self.moves, self.replica
         ids = np.flatnonzero((m.owner == me) & (m.slot == slot))
         if not any(k == slot for k, _ in self._outputs):
@@ -231,8 +231,9 @@ class MovedWork:
         for (k, runner), (buf, probe) in self._outputs.items():
             if k == slot:
                 probe.result()
-                leaf = buf.to(self.device).requires_grad_(True)
-                leaf.register_hook(lambda g, runner=runner: self._send_grad(slot, runner, g))
+                leaf = buf.to(self.device)
+                if track:
+                    leaf.requires_grad_(True).register_hook(lambda g, runner=runner: self._send_grad(slot, runner, g))
                 sources[runner] = leaf
         taken = dict.fromkeys(sources, 0)
         parts = []

@@ -997,7 +997,9 @@ def config(args: argparse.Namespace) -> ModelConfig:
     """The size's config, with ``--microbatches`` when given."""
     cfg = (SIZES if args.data == "fixed" else VARYING_SIZES)[args.size]
     if args.microbatches:
-        cfg = ModelConfig(**{**asdict(cfg), "microbatches": args.microbatches})
+        cfg = dataclasses.replace(cfg, microbatches=args.microbatches)
+    if args.chunk_tiles:
+        cfg = dataclasses.replace(cfg, chunk_tiles=args.chunk_tiles)
     return cfg
 
 
@@ -1083,6 +1085,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "every step; mix: text and 0..N images of 1..13 tiles, videos, from a seeded open-VLM mix)")
     p.add_argument("--data-file", metavar="FILE",
                    help='replay your samples: JSON lines, one sample each, {"tiles": [t1, t2, ...], "text": N}')
+    p.add_argument("--chunk-tiles", type=int, default=0,
+                   help="varying data: tiles the encoder's pieces run on at a time (default: the size's)")
     p.add_argument("--balance", default="on",
                    help="varying data: on (samples balanced over the microbatches, heaviest in the most room) or off")
     p.add_argument("--dump-plan", metavar="DIR", help="write each rank's plan of the last step (JSON) into DIR")
@@ -1209,6 +1213,8 @@ def check_data(args: argparse.Namespace) -> None:
         raise ValueError(f"data: {args.given_data!r} is not one of {', '.join(DATA[:2])} (or give --data-file)")
     if args.data_file and args.given_data != "fixed":
         raise ValueError(f"data: --data {args.given_data} beside --data-file: give one")
+    if args.chunk_tiles < 0 or (args.chunk_tiles and args.data == "fixed"):
+        raise ValueError(f"chunk_tiles: {args.chunk_tiles} is not >= 1 with varying data (--data mix or --data-file)")
     if args.balance not in ("on", "off"):
         raise ValueError(f"balance: {args.balance!r} is not one of on, off")
     if args.data != "fixed" and args.encoder == "clip":

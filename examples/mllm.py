@@ -428,27 +428,30 @@ class StepInput:
     """Tiles of each slot, as run."""
     given_tiles: list[int]
     """Tiles of each slot in the given order (without balancing)."""
+    layout: str = "given"
+    """The layout chosen (pybubble.schedule.balance.row_layouts' name)."""
 
 
-def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica: int, bubble) -> StepInput:
+def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica: int, runtime) -> StepInput:
     """Replica ``replica``'s samples of step ``step`` (its contiguous share), ``microbatch_size /
-    dp`` rows per LLM microbatch: in the given order (``--balance off``), or balanced on their tiles
-    over the microbatches (pybubble.schedule.balance.fill_rows) with the heaviest microbatch in the
-    slot with the most room (``bubble``: the room per slot, from the last plan; None: as filled)."""
+    dp`` rows per LLM microbatch: in the given order (``--balance off``), or in the layout over the
+    slots (pybubble.schedule.balance.row_layouts: as given, balanced on their tiles, each ordered
+    light first and last or heaviest in the most room of the last plan) whose step ``runtime``
+    predicts shortest."""
     from pybubble.runtime import EncoderBatch
-    from pybubble.schedule.balance import fill_rows, order_by_bubbles
+    from pybubble.schedule.balance import deadline_gaps, row_layouts
 
     samples = step_samples(args, cfg, step)
     m, rows = cfg.microbatches, cfg.microbatch_size // args.dp
     mine = np.arange(replica * m * rows, (replica + 1) * m * rows)
     tiles, text = samples.sample_tiles[mine], samples.text[mine]
     given = np.arange(mine.size) // rows
-    slot = given
-    if balanced(args):
-        microbatch = fill_rows(tiles, m, rows)
-        load = np.bincount(microbatch, weights=tiles, minlength=m)
-        order = np.arange(m) if bubble is None else order_by_bubbles(load, bubble)
-        slot = np.argsort(order)[microbatch]  # the slot each microbatch runs in
+    slot, layout = given, "given"
+    if balanced(args) and runtime.costs is not None:
+        problem = runtime.placement.problem if runtime.placement is not None else None
+        layouts = row_layouts(tiles, m, rows, None if problem is None else deadline_gaps(problem))
+        layout = min(layouts, key=lambda n: runtime.predict(np.bincount(layouts[n], weights=tiles, minlength=m)))
+        slot = layouts[layout]
     run = np.lexsort((np.arange(mine.size), slot))  # samples by slot, in the given order within one
     parts = [sample_row(cfg, args.encoder, step, int(mine[i]), int(tiles[i]), int(text[i])) for i in run]
     pixels = [torch.cat([parts[r][0] for r in range(k * rows, (k + 1) * rows)]) for k in range(m)]
@@ -458,7 +461,7 @@ def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica:
     return StepInput(encoder=EncoderBatch(pixels, images), tokens=torch.stack([p[1] for p in parts]),
                      image_len=torch.as_tensor(tiles[run] * per_tile), targets=torch.stack([p[2] for p in parts]),
                      text_tokens=int(samples.text.sum()), slot_tiles=[int(x.shape[0]) for x in pixels],
-                     given_tiles=np.bincount(given, weights=tiles, minlength=m).astype(int).tolist())
+                     given_tiles=np.bincount(given, weights=tiles, minlength=m).astype(int).tolist(), layout=layout)
 
 
 def balanced(args: argparse.Namespace) -> bool:
@@ -793,19 +796,16 @@ def train_loop(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namespa
 def step_inputs(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namespace, cfg: ModelConfig,
                 step: int) -> tuple:
     """This replica's share of step ``step``: the encoder's input, the first stage's inputs (on
-    its rank) and the targets. Varying data: the samples balanced over the slots against the room
-    of the last step's plan (pybubble.schedule.balance.deadline_gaps), the loss's factor set."""
+    its rank) and the targets. Varying data: the samples laid out over the slots as the runtime
+    predicts best (:func:`replica_step`), the loss's factor set."""
     device = parts.device
     if args.data == "fixed":
         images, tokens, targets = (replica_slice(x, cfg, args.dp, parts.dp_rank)
                                    for x in make_batch(cfg, step, args.encoder))
         return images, (tokens.to(device), torch.arange(cfg.microbatches)) if parts.first else (), targets.to(device)
-    from pybubble.schedule.balance import deadline_gaps
-
-    problem = runtime.placement.problem if runtime.placement is not None else None
-    data = replica_step(args, cfg, step, parts.dp_rank, None if problem is None else deadline_gaps(problem))
+    data = replica_step(args, cfg, step, parts.dp_rank, runtime)
     parts.loss_scale[0] = args.dp / max(data.text_tokens, 1)
-    parts.tiles.append({"run": data.slot_tiles, "given": data.given_tiles})
+    parts.tiles.append({"run": data.slot_tiles, "given": data.given_tiles, "layout": data.layout})
     inputs = (data.tokens.to(device), torch.arange(cfg.microbatches), data.image_len.to(device)) if parts.first else ()
     return data.encoder, inputs, data.targets.to(device)
 
@@ -957,7 +957,7 @@ def data_report(args: argparse.Namespace, every: list[dict], settled: list[int])
                           "idle_s": {k: None if w[k] is None else w[k]["waited_s"] for k in ("pp", "dp", "tp")}}
                          for e, w in zip(every, waits)],
             "tiles": [e["tiles"] for e in every], "slot_imbalance_given": [spread(r["given"]) for r in rows],
-            "slot_imbalance_run": [spread(r["run"]) for r in rows],
+            "slot_imbalance_run": [spread(r["run"]) for r in rows], "layout": [r["layout"] for r in rows],
             "replica_imbalance": every[0]["imbalance"]}
 
 

@@ -17,7 +17,7 @@ from pybubble.runtime import EncoderBatch  # noqa: E402
 from pybubble.runtime.placement import MeasuredCosts, make_placement, piece_tasks, producers, rank_plan, task_index  # noqa: E402
 from pybubble.runtime.plan import RankPlan  # noqa: E402
 from pybubble.runtime.replicas import ReplicaMoves  # noqa: E402
-from pybubble.schedule.balance import fill_rows  # noqa: E402
+from pybubble.schedule.balance import fill_rows, middle_room, row_layouts  # noqa: E402
 from pybubble.schedule.scheduler import schedule_problem  # noqa: E402
 
 
@@ -25,6 +25,8 @@ PLACEMENTS = ("megatron", "coarse", "pybubble")
 DATA_FILE = Path(__file__).resolve().parent / "data" / "varying_steps.jsonl"
 """Twelve samples, four per step of the tiny size: a text-only step, a step with a 32-tile sample,
 then a mixed one (the file replays in order)."""
+SKEWED = Path(__file__).resolve().parent / "data" / "skewed_replicas.jsonl"
+"""Four samples a step: the first replica's two with 8 tiles each, the second's with 0 and 1."""
 FILE_PP2 = ("--ranks", 2, "--data-file", DATA_FILE)
 MIX_PP2 = ("--ranks", 2, "--data", "mix")
 MIX_UNBALANCED = ("--ranks", 2, "--data", "mix", "--balance", "off")
@@ -32,8 +34,9 @@ MIX_DP2 = ("--dp", 2, "--pp", 1, "--data", "mix", "--microbatches", 4)  # pp 1: 
 FILE_DP2 = ("--dp", 2, "--pp", 1, "--data-file", DATA_FILE)
 FILE_DP2_PP2 = ("--dp", 2, "--pp", 2, "--data-file", DATA_FILE)
 MIX_DP2_PP2 = ("--dp", 2, "--pp", 2, "--data", "mix")
+SKEW_DP2 = ("--dp", 2, "--pp", 1, "--data-file", SKEWED)
 RUNS = {FILE_PP2: PLACEMENTS, MIX_PP2: PLACEMENTS, MIX_UNBALANCED: ("pybubble",), MIX_DP2: ("megatron", "pybubble"),
-        FILE_DP2: ("pybubble",), FILE_DP2_PP2: PLACEMENTS, MIX_DP2_PP2: ("pybubble",)}
+        FILE_DP2: ("pybubble",), FILE_DP2_PP2: PLACEMENTS, MIX_DP2_PP2: ("pybubble",), SKEW_DP2: ("megatron", "pybubble")}
 EXAMPLE_RUNS = list(RUNS.items())
 
 
@@ -132,6 +135,22 @@ def test_fill_rows_fills_every_microbatch_and_stays_within_one_sample_of_even(pe
     assert (fill_rows(work, m, rows) == mb).all()  # the same on every rank
 
 
+def test_row_layouts_fill_every_slot_and_order_as_named():
+    work = np.array([9.0, 0.0, 13.0, 1.0, 5.0, 7.0, 0.0, 30.0])
+    layouts = row_layouts(work, 4, 2, room=np.array([0.0, 3.0, 2.0, 1.0]))
+    assert sorted(layouts) == ["balanced_ends", "balanced_room", "given", "given_ends", "given_room"]
+    assert layouts["given"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    for slot in layouts.values():
+        assert np.bincount(slot, minlength=4).tolist() == [2, 2, 2, 2]
+    load = {n: np.bincount(s, weights=work, minlength=4) for n, s in layouts.items()}
+    assert load["given_room"].argmax() == 1 and load["given_room"].argmin() == 0  # heaviest where the most room
+    ends = middle_room(4)
+    assert load["given_ends"][ends == ends.min()].sum() == np.sort(load["given"])[:2].sum()  # lightest first and last
+    assert load["balanced_ends"].max() - load["balanced_ends"].min() <= work.max()
+    assert sorted(layouts) == sorted(row_layouts(work, 4, 2, room=np.zeros(4)))
+    assert "given_room" not in row_layouts(work, 4, 2)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.lists(st.integers(1, 13), max_size=3), min_size=2, max_size=2), min_size=2, max_size=3))
 def test_replica_moves_never_raise_the_largest_load_and_account_for_every_tile(images):
@@ -157,7 +176,11 @@ def test_moves_even_out_an_uneven_step():
 
 
 # -- the trainer on real ranks ------------------------------------------------------------------
-@pytest.mark.parametrize("args", list(RUNS), ids=lambda a: " ".join(map(str, a)).replace(str(DATA_FILE), "FILE"))
+def run_id(args) -> str:
+    return " ".join(map(str, args)).replace(str(DATA_FILE), "FILE").replace(str(SKEWED), "SKEWED")
+
+
+@pytest.mark.parametrize("args", list(RUNS), ids=run_id)
 def test_varying_data_reaches_the_single_process_parameters(example_reports, args):
     reports = example_reports(*args, modes=RUNS[args])
     reference = next(iter(reports.values()))["reference_checksum"]
@@ -168,28 +191,39 @@ def test_varying_data_reaches_the_single_process_parameters(example_reports, arg
         assert report["prediction_error"] >= 0 and len(report["predicted_steps_s"]) == 3
         for rank in data["per_rank"]:
             assert rank["encoder_s"] >= 0 and rank["llm_s"] > 0
-    if "--data-file" in args:  # the file's steps: text only, then one sample of 32 tiles (dp 1: 35 in its slot)
+    if DATA_FILE in args:  # the file's steps: text only, then one sample of 32 tiles (dp 1: 35 in its slot)
         tiles = reports[RUNS[args][0]]["data"]["tiles"]
         assert all(sum(step) == 0 for rank in tiles for step in rank[:1])
         assert max(t for rank in tiles for t in rank[1]) >= 32
 
 
-@pytest.mark.parametrize("args", [MIX_DP2, FILE_DP2, FILE_DP2_PP2, MIX_DP2_PP2], ids=str)
+@pytest.mark.parametrize("args", [MIX_DP2, FILE_DP2, FILE_DP2_PP2, MIX_DP2_PP2, SKEW_DP2], ids=run_id)
 def test_pybubble_moves_encoder_work_to_the_replica_with_room(example_reports, args):
-    report = example_reports(*args, modes=RUNS[args])["pybubble"]
-    spread = [x for x in report["data"]["replica_imbalance"] if x is not None]
-    assert len(spread) == 3
-    assert all(after <= before + 1e-9 for before, after in spread)
-    assert any(after < before for before, after in spread)
-    # every replica's ranks ran tiles that sum to the step's (nothing lost, nothing run twice)
-    if "megatron" in RUNS[args]:
-        mega = example_reports(*args, modes=RUNS[args])["megatron"]["data"]["replica_imbalance"]
-        assert mega == [None] * 3  # the baseline: each replica its own samples
+    reports = example_reports(*args, modes=RUNS[args])
+    data = reports["pybubble"]["data"]
+    spread = data["replica_imbalance"]
+    assert len(spread) == 3 and all(x is not None for x in spread)
+    assert all(after <= before + 1e-9 for before, after in spread)  # no move raises the largest load
+    if args == SKEW_DP2:  # 16 tiles against 1: some move, every step
+        assert all(before == pytest.approx(16 / 8.5) and after < before for before, after in spread)
+        ran = [sum(sum(rank[s]) for rank in data["tiles"]) for s in range(3)]  # pp 1: one rank per replica
+        assert ran == [17, 17, 17]  # every tile of the step ran once, on one replica or the other
+    if "megatron" in reports:
+        assert reports["megatron"]["data"]["replica_imbalance"] == [None] * 3  # the baseline: each replica its own
 
 
 def test_balance_off_runs_the_samples_as_given(example_reports):
     data = example_reports(*MIX_UNBALANCED, modes=RUNS[MIX_UNBALANCED])["pybubble"]["data"]
     assert data["slot_imbalance_run"] == data["slot_imbalance_given"]
+    assert data["layout"] == ["given"] * 3
+
+
+def test_balance_on_takes_the_layout_the_runtime_predicts_best(example_reports):
+    data = example_reports(*MIX_PP2, modes=RUNS[MIX_PP2])
+    assert data["pybubble"]["data"]["layout"][0] == "given"  # step 0: no costs measured yet
+    assert set(data["pybubble"]["data"]["layout"]) <= {"given", "given_ends", "given_room", "balanced_ends",
+                                                        "balanced_room"}
+    assert data["megatron"]["data"]["layout"] == ["given"] * 3  # the baselines run the samples as given
 
 
 @pytest.mark.parametrize("fault, rank, message", [

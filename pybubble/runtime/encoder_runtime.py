@@ -36,8 +36,8 @@ from .executors import executor_for
 from .parallel_groups import ParallelGroups, agree_on_data, resolve_groups, runtime_group, world_group
 from . import torch_seams
 from .pipelining import fill_pipeline_waits, schedule_table
-from .placement import (MeasuredCosts, check_mode, first_stage_rank, make_placement, rank_plan, splits_backward,
-                        stage_ranks)
+from .placement import (MeasuredCosts, check_mode, first_stage_rank, make_placement, predict_step_s, rank_plan,
+                        splits_backward, stage_ranks)
 from .plan import RankPlan
 from .profile import p2p_latency, shared_profile, time_pieces
 from .records import StepRecord, WaitFigures
@@ -111,6 +111,22 @@ def output_of(pieces: Sequence[Any], example: tuple[torch.Tensor, ...]) -> tuple
             run.forward_piece(i)
         output = run.output()
     return tuple(output.shape), output.dtype
+
+
+def balanced_batch(runtime: "EncoderRuntime", batch: EncoderBatch) -> tuple[EncoderBatch, list[int], MovedWork | None]:
+    """With ``balance_replicas`` (not in megatron mode): the step's encoder work balanced over the
+    replicas (:func:`~pybubble.runtime.replicas.move_work`): the chains' inputs, each chain's rows
+    for this replica's first stage, the moved work; else the batch as it is."""
+    if runtime.grid is None or runtime.mode == "megatron":
+        runtime.moves = None
+        return batch, batch.tiles, None
+    with record_function(names.region("sync")):
+        chains, own, moved = move_work(
+            batch, replica=dist.get_rank(runtime.dp_group), replicas=runtime.replicas, pp_rank=runtime.rank,
+            pp_ranks=runtime.ranks, grid=runtime.grid, group=runtime.world_group,
+            first_stage=first_stage_rank(runtime.table), chunk_tiles=runtime.chunk_tiles, device=runtime.device)
+    runtime.moves = moved.moves
+    return chains, own, moved
 
 
 class EncoderRuntime:
@@ -227,32 +243,28 @@ class EncoderRuntime:
         """This step's placement for ``batch``'s chunks and this rank's plan (the profiling step
         runs the coarse way, megatron in that mode), and the time planning took."""
         t = time.perf_counter()
-        mode = self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
         with record_function(names.region("plan")):
             chunks = batch.chunk_counts(self.chunk_tiles)
-            self.placement = make_placement(mode, self.costs, self.microbatches, self.table, chunks)
+            self.placement = make_placement(self._step_mode, self.costs, self.microbatches, self.table, chunks)
             self.plan = rank_plan(self.placement, self.rank, self.costs, [p.name for p in self.pieces])
         return self.plan, time.perf_counter() - t
+
+    def predict(self, tiles: Sequence[int]) -> float | None:
+        """The step (s) this runtime predicts for microbatches of ``tiles`` tiles each, in its mode
+        with its last costs (None before the first step measured them): to compare layouts of a
+        step's samples before choosing one (this replica's own work; moves not counted)."""
+        return None if self.costs is None else predict_step_s(
+            self._step_mode, self.costs, self.microbatches, self.table, [-(-int(t) // self.chunk_tiles) for t in tiles])
+
+    @property
+    def _step_mode(self) -> str:
+        """The next step's mode: the profiling step runs the coarse way (megatron in that mode)."""
+        return self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
 
     @property
     def chunk_tiles(self) -> int:
         """Tiles of one chunk: the encoder's pieces run on this many at a time."""
         return int(self.example[0].shape[0])
-
-    def _move(self, batch: EncoderBatch) -> tuple[EncoderBatch, list[int], MovedWork | None]:
-        """With ``balance_replicas``: the step's encoder work balanced over the replicas
-        (:func:`~pybubble.runtime.replicas.move_work`): the chains' inputs, each chain's rows for
-        this replica's first stage, the moved work; else the batch as it is."""
-        if self.grid is None or self.mode == "megatron":
-            self.moves = None
-            return batch, batch.tiles, None
-        with record_function(names.region("sync")):
-            chains, own, moved = move_work(
-                batch, replica=dist.get_rank(self.dp_group), replicas=self.replicas, pp_rank=self.rank,
-                pp_ranks=self.ranks, grid=self.grid, group=self.world_group, first_stage=first_stage_rank(self.table),
-                chunk_tiles=self.chunk_tiles, device=self.device)
-        self.moves = moved.moves
-        return chains, own, moved
 
     def _begin(self, plan: RankPlan, batch: EncoderBatch, own: list[int], moved: MovedWork | None) -> EncoderStep:
         """The step's boundary communicator and moved work (their receives posted) and encoder work."""
@@ -329,7 +341,7 @@ class EncoderRuntime:
                  else EncoderBatch.split(encoder_input, self.microbatches))
         with record_function(names.region("sync")):
             agree_on_data(batch.problem(self.example, self.microbatches), self.world_group)
-        batch, own, moved = self._move(batch.to(self.device))
+        batch, own, moved = balanced_batch(self, batch.to(self.device))
         if self.history is None:
             self._profile(self.example)
         elif self._last_sample is not None:

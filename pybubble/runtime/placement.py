@@ -262,11 +262,13 @@ def make_placement(mode: str, costs: MeasuredCosts, microbatches: int, table: Ta
                      chunks=counts)
 
 
-def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None) -> float:
+def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None,
+                   chunks: Sequence[int] | None = None) -> float:
     """Predicted step time (s) of ``mode``: the simulated LLM step of ``table`` (default 1F1B)
-    with the encoder where the mode puts it, plus what follows the pipeline (gradient sync of a
-    spread encoder, optimizer)."""
-    return placement_step_s(make_placement(check_mode(mode), costs, microbatches, table), costs)
+    with the encoder where the mode puts it (``chunks``: each microbatch's, see
+    :func:`make_placement`), plus what follows the pipeline (gradient sync of a spread encoder,
+    optimizer)."""
+    return placement_step_s(make_placement(check_mode(mode), costs, microbatches, table, chunks), costs)
 
 
 def placement_step_s(plan: Placement, costs: MeasuredCosts) -> float:

@@ -173,6 +173,26 @@ def fill_rows(work: np.ndarray, microbatches: int, rows: int) -> np.ndarray:
     return out
 
 
+def row_layouts(work: np.ndarray, microbatches: int, rows: int, room: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Candidate LLM slots of each sample (int64 arrays by name) when every microbatch holds
+    exactly `rows` samples: ``given`` (sample i in slot ``i // rows``), then the given and the
+    balanced (:func:`fill_rows` on `work`) microbatches each ordered by :func:`order_by_bubbles`
+    against :func:`middle_room` (light first and last: ``given_ends``, ``balanced_ends``) and, with
+    `room` (one per slot, e.g. :func:`deadline_gaps` of the last plan), against it (``given_room``,
+    ``balanced_room``). Which is best depends on the step's bubbles: compare their predictions
+    (e.g. ``EncoderRuntime.predict``)."""
+    w = real_array(work, "work", minimum=0.0)
+    m, r = integer(microbatches, "microbatches", minimum=1), integer(rows, "rows", minimum=1)
+    given = np.arange(w.size, dtype=np.int64) // r
+    out = {"given": given}
+    rooms = {"ends": middle_room(m), **({} if room is None else {"room": real_array(room, "room")})}
+    for name, microbatch in (("given", given), ("balanced", fill_rows(w, m, r))):
+        load = np.bincount(microbatch, weights=w, minlength=m)
+        for kind, profile in rooms.items():
+            out[f"{name}_{kind}"] = np.argsort(order_by_bubbles(load, profile))[microbatch]
+    return out
+
+
 def _tokens(values: Any) -> np.ndarray:
     """`values` as one int64 token count >= 0 per sample."""
     t = np.asarray(values)

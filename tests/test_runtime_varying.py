@@ -168,6 +168,17 @@ def test_replica_moves_never_raise_the_largest_load_and_account_for_every_tile(i
             assert sorted([*moves.kept(r, k), *out]) == ids.tolist()
 
 
+def test_moves_that_save_no_chunk_are_dropped():
+    # 8 + 1 tiles against 2 in one slot, chunks of 8: moving the 1-tile image leaves 1 chunk each
+    # (2 and 1 before: kept); 9 + 2 against 3: moving the 2 leaves 9 (still 2 chunks) against 5 (dropped)
+    kept = ReplicaMoves.decide([[[8, 1]], [[2]]], chunk_tiles=8)
+    assert kept.chunks(False, 8).tolist() == [2, 1] and kept.chunks(True, 8).tolist() == [1, 1]
+    assert (kept.runs_on != kept.owner).any()
+    dropped = ReplicaMoves.decide([[[9, 2]], [[3]]], chunk_tiles=8)
+    assert (dropped.runs_on == dropped.owner).all() and dropped.imbalance(True) == dropped.imbalance(False)
+    assert (ReplicaMoves.decide([[[9, 2]], [[3]]]).runs_on != dropped.owner).any()  # by tiles alone it moves
+
+
 def test_moves_even_out_an_uneven_step():
     moves = ReplicaMoves.decide([[[13, 13], [9]], [[1], []]])
     assert moves.imbalance(False) == pytest.approx(35 / 18)

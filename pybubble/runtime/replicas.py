@@ -52,10 +52,12 @@ class ReplicaMoves:
     """The replica that runs each image's encoder work."""
 
     @classmethod
-    def decide(cls, images: Sequence[Sequence[Sequence[int]]], cost: Callable[[np.ndarray], np.ndarray] | None = None
-               ) -> ReplicaMoves:
+    def decide(cls, images: Sequence[Sequence[Sequence[int]]], cost: Callable[[np.ndarray], np.ndarray] | None = None,
+               chunk_tiles: int | None = None) -> ReplicaMoves:
         """``images[r][k]``: the tile counts of replica r's images in slot k. ``cost``: each image's
-        encoder cost from its tiles (default: its tiles)."""
+        encoder cost from its tiles (default: its tiles). ``chunk_tiles``: the work runs in chunks
+        of this many tiles per slot's chain; moves that do not lower the most chunks a replica runs
+        are dropped (they would cost their traffic and save nothing)."""
         owner, slot, tiles = [], [], []
         for r, per_slot in enumerate(images):
             for k, counts in enumerate(per_slot):
@@ -68,8 +70,20 @@ class ReplicaMoves:
             moves = balance_replicas(tiles_a.astype(np.float64) if cost is None else cost(tiles_a), owner_a,
                                      len(images), slot_a)
             runs_on[moves[:, 0]] = moves[:, 2]
-        return cls(replicas=len(images), slots=len(images[0]) if images else 0, owner=owner_a, slot=slot_a,
-                   tiles=tiles_a, runs_on=runs_on)
+        out = cls(replicas=len(images), slots=len(images[0]) if images else 0, owner=owner_a, slot=slot_a,
+                  tiles=tiles_a, runs_on=runs_on)
+        if chunk_tiles is not None and out.chunks(True, chunk_tiles).max() >= out.chunks(False, chunk_tiles).max():
+            out = cls(replicas=out.replicas, slots=out.slots, owner=owner_a, slot=slot_a, tiles=tiles_a,
+                      runs_on=owner_a.copy())
+        return out
+
+    def chunks(self, after: bool, chunk_tiles: int) -> np.ndarray:
+        """Chunks of ``chunk_tiles`` each replica runs (every slot's chain padded to whole chunks),
+        before the moves (``after`` False) or after."""
+        where = self.runs_on if after else self.owner
+        per = np.bincount(where * self.slots + self.slot, weights=self.tiles,
+                          minlength=self.replicas * self.slots).reshape(self.replicas, self.slots)
+        return np.ceil(per / chunk_tiles).sum(axis=1)
 
     def _ids(self, mask: np.ndarray) -> np.ndarray:
         return np.flatnonzero(mask)
@@ -298,7 +312,7 @@ def move_work(batch: EncoderBatch, *, replica: int, replicas: int, pp_rank: int,
     rows of each slot's chain for its own first stage, and the step's :class:`MovedWork`."""
     if batch.images is None:
         raise ValueError("batch: balancing over replicas needs each microbatch's images (EncoderBatch(images=...))")
-    moves = ReplicaMoves.decide(gather_images(batch.images, replica, replicas, group))
+    moves = ReplicaMoves.decide(gather_images(batch.images, replica, replicas, group), chunk_tiles=chunk_tiles)
     moved = MovedWork(moves, replica=replica, pp_rank=pp_rank, grid=grid, group=group, first_stage=first_stage,
                       device=device)
     moved.producers = [producers("pybubble", moves.slots, pp_ranks, first_stage,

@@ -37,12 +37,6 @@ EXAMPLE_RUNS = [(FOUR_RANKS, PLACEMENTS), *((args, ("megatron", "pybubble")) for
 world size in one launch)."""
 
 
-def mllm(*args, timeout=180):
-    # Run outside the source tree so that the installed package (with its extension) is imported.
-    return subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=Path(tempfile.gettempdir()))
-
-
 def checksums(reports: dict[str, dict], device="cpu") -> tuple[dict[str, float], float]:
     """Each mode's parameter checksum after 3 steps (example_reports' launch), and the single-process
     reference's."""
@@ -169,9 +163,9 @@ def test_three_modes_reach_the_same_parameters_on_cuda(example_reports):
         assert s == pytest.approx(reference, rel=1e-5), mode
 
 
-def test_a_failing_rank_ends_every_rank_within_the_timeout():
+def test_a_failing_rank_ends_every_rank_within_the_timeout(example_cli):
     t = time.monotonic()
-    r = mllm("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", "pybubble", "--fail-rank", 1, "--fail-step", 1,
+    r = example_cli("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", "pybubble", "--fail-rank", 1, "--fail-step", 1,
              "--timeout", 10)
     assert r.returncode == 1
     assert "rank 1: error: RuntimeError: injected fault on rank 1 at step 1" in r.stderr
@@ -212,9 +206,9 @@ def test_bad_arguments_exit_2_with_one_line(example_main, args, message):
     assert err.strip() == message
 
 
-def test_the_command_exits_2_with_one_line_on_a_bad_argument():
+def test_the_command_exits_2_with_one_line_on_a_bad_argument(example_cli):
     # The command line itself (the cases above call its main in this process).
-    r = mllm("--mode", "megatron,fast")
+    r = example_cli("--mode", "megatron,fast")
     assert r.returncode == 2
     assert r.stderr.strip() == "error: mode: 'fast' is not one of megatron, coarse, pybubble"
 
@@ -227,10 +221,10 @@ def test_cuda_without_a_gpu_exits_2_with_one_line(example_main):
                            "(torch.cuda.is_available() is False)")
 
 
-def test_dump_plan_writes_each_ranks_plan_that_loads_back_equal(tmp_path):
+def test_dump_plan_writes_each_ranks_plan_that_loads_back_equal(example_cli, tmp_path):
     from pybubble.runtime.plan import RankPlan
 
-    r = mllm("--ranks", 2, "--steps", 2, "--size", "tiny", "--mode", "pybubble", "--dump-plan", tmp_path / "plans")
+    r = example_cli("--ranks", 2, "--steps", 2, "--size", "tiny", "--mode", "pybubble", "--dump-plan", tmp_path / "plans")
     assert r.returncode == 0, r.stderr
     plans = [RankPlan.read(tmp_path / "plans" / f"rank{k}.plan.json") for k in (0, 1)]
     for k, plan in enumerate(plans):

@@ -22,6 +22,11 @@ import torch
 Inputs = tuple[torch.Tensor, ...]
 
 
+def chunk_counts(tiles: Sequence[int], size: int) -> list[int]:
+    """Chunks of ``size`` tiles that each of ``tiles`` runs in (the last one padded)."""
+    return [-(-int(t) // size) for t in tiles]
+
+
 def inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> Inputs:
     """An encoder input as a tuple of tensors."""
     return (x,) if isinstance(x, torch.Tensor) else tuple(x)
@@ -81,7 +86,7 @@ class EncoderBatch:
 
     def chunk_counts(self, size: int) -> list[int]:
         """Chunks of ``size`` tiles each microbatch runs in."""
-        return [-(-t // size) for t in self.tiles]
+        return chunk_counts(self.tiles, size)
 
     def chunk(self, k: int, c: int, size: int) -> Inputs:
         """Chunk ``c`` of microbatch ``k``: its tiles ``c * size ..`` (``size`` of them, zero tiles
@@ -95,4 +100,4 @@ class EncoderBatch:
         return tuple(out)
 
 
-__all__ = ["EncoderBatch", "inputs_of"]
+__all__ = ["EncoderBatch", "chunk_counts", "inputs_of"]

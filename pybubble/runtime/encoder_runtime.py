@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from ..measure import names
-from .batch import EncoderBatch, inputs_of
+from .batch import EncoderBatch, chunk_counts, inputs_of
 from .boundary import BoundaryCommunicator
 from .costs import CostHistory, share_samples
 from .cuda import side_stream
@@ -254,7 +254,7 @@ class EncoderRuntime:
         with its last costs (None before the first step measured them): to compare layouts of a
         step's samples before choosing one (this replica's own work; moves not counted)."""
         return None if self.costs is None else predict_step_s(
-            self._step_mode, self.costs, self.microbatches, self.table, [-(-int(t) // self.chunk_tiles) for t in tiles])
+            self._step_mode, self.costs, self.microbatches, self.table, chunk_counts(tiles, self.chunk_tiles))
 
     @property
     def _step_mode(self) -> str:

@@ -65,12 +65,13 @@ class EncoderStep:
             else:
                 task = self.bwd_tasks[key][t.piece] = FillTask.of(t, self._backward(*key, t.piece, False))
             tasks.append(task)
+        self._chunks: dict[int, list[int]] = {}
+        """Per encoder microbatch this rank runs, its chunks in order."""
+        for j, c in sorted(self.runs):
+            self._chunks.setdefault(j, []).append(c)
         self.filler = BubbleFiller.of_plan(plan, tasks, executor)
         self.waits = PipelineWaits(self.filler)
         """The pipeline's waits (and the first stage's waits for encoder outputs)."""
-
-    def _chunks(self, j: int) -> list[int]:
-        return sorted(c for (jj, c) in self.runs if jj == j)
 
     def _own(self, j: int) -> int:
         return self.own_tiles[self.plan.assignment[j]]
@@ -92,7 +93,7 @@ class EncoderStep:
 
         def task() -> None:
             run.forward_piece(i)
-            chunks = self._chunks(j)
+            chunks = self._chunks[j]
             if run.forward_done and c == chunks[-1]:
                 k = self.plan.assignment[j]
                 out = torch.cat([self.runs[j, cc].output() for cc in chunks])[:self.tiles[k]]
@@ -110,14 +111,14 @@ class EncoderStep:
                 grad = self._own_grad(j)
                 if self.moved is not None:
                     grad = torch.cat([grad, *self.moved.moved_grads(self.plan.assignment[j])])
-                chunks = self._chunks(j)
-                size = self.runs[j, chunks[0]].output().shape[0] if chunks else 0
+                chunks = self._chunks[j]
+                size = self.runs[j, chunks[0]].output().shape[0]
                 pad = size * len(chunks) - grad.shape[0]
                 if pad:
                     grad = torch.cat([grad, grad.new_zeros((pad, *grad.shape[1:]))])
                 self._chunk_grads[j] = tuple(grad.split(size))
             if run.output_grad is None:
-                run.output_grad = self._chunk_grads[j][self._chunks(j).index(c)]
+                run.output_grad = self._chunk_grads[j][self._chunks[j].index(c)]
             run.backward_piece(i)
         return task
 
@@ -178,6 +179,6 @@ class EncoderStep:
         j = self.boundary.send_grad(llm_microbatch, grad.detach())
         if self.plan.mode == "megatron" and self.plan.producer[j] == self.plan.rank:
             # Megatron: the encoder is part of stage 0, its backward runs inside stage 0's B.
-            for c in self._chunks(j):
+            for c in self._chunks[j]:
                 for task in reversed(self.bwd_tasks[j, c]):
                     self.filler.run_now(task)

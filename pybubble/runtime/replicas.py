@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..schedule.balance import balance_replicas
-from .batch import EncoderBatch
+from .batch import EncoderBatch, chunk_counts
 from .placement import producers
 from .probe import WorkProbe
 
@@ -77,44 +77,43 @@ class ReplicaMoves:
                       runs_on=owner_a.copy())
         return out
 
+    def _slot_tiles(self, after: bool, kept: bool = False) -> np.ndarray:
+        """replicas x slots: the tiles each replica runs per slot, before the moves (``after``
+        False) or after (``kept``: of its own images only)."""
+        where = self.runs_on if after else self.owner
+        w = self.tiles if not kept else np.where(self.runs_on == self.owner, self.tiles, 0)
+        return np.bincount(where * self.slots + self.slot, weights=w,
+                           minlength=self.replicas * self.slots).reshape(self.replicas, self.slots)
+
     def chunks(self, after: bool, chunk_tiles: int) -> np.ndarray:
         """Chunks of ``chunk_tiles`` each replica runs (every slot's chain padded to whole chunks),
         before the moves (``after`` False) or after."""
-        where = self.runs_on if after else self.owner
-        per = np.bincount(where * self.slots + self.slot, weights=self.tiles,
-                          minlength=self.replicas * self.slots).reshape(self.replicas, self.slots)
-        return np.ceil(per / chunk_tiles).sum(axis=1)
-
-    def _ids(self, mask: np.ndarray) -> np.ndarray:
-        return np.flatnonzero(mask)
+        return np.ceil(self._slot_tiles(after) / chunk_tiles).sum(axis=1)
 
     def kept(self, replica: int, slot: int) -> np.ndarray:
         """Flat ids of ``replica``'s images of ``slot`` it runs itself, in their order."""
-        return self._ids((self.owner == replica) & (self.slot == slot) & (self.runs_on == replica))
+        return np.flatnonzero((self.owner == replica) & (self.slot == slot) & (self.runs_on == replica))
 
     def moved_in(self, replica: int, slot: int) -> np.ndarray:
         """Flat ids of other replicas' images of ``slot`` that ``replica`` runs (owner by owner)."""
-        return self._ids((self.runs_on == replica) & (self.slot == slot) & (self.owner != replica))
+        return np.flatnonzero((self.runs_on == replica) & (self.slot == slot) & (self.owner != replica))
 
     def sent(self, owner: int, runner: int, slot: int) -> np.ndarray:
         """Flat ids of ``owner``'s images of ``slot`` run on ``runner`` (``runner != owner``)."""
-        return self._ids((self.owner == owner) & (self.runs_on == runner) & (self.slot == slot))
+        return np.flatnonzero((self.owner == owner) & (self.runs_on == runner) & (self.slot == slot))
 
     def chain_tiles(self, replica: int) -> list[int]:
         """Per slot: the tiles ``replica`` runs (its kept images', then the moved-in ones')."""
-        mask = self.runs_on == replica
-        return np.bincount(self.slot[mask], weights=self.tiles[mask], minlength=self.slots).astype(int).tolist()
+        return self._slot_tiles(True)[replica].astype(int).tolist()
 
     def kept_tiles(self, replica: int) -> list[int]:
         """Per slot: the tiles of ``replica``'s own images it runs itself (what its own first
         stage gets from its own chains)."""
-        mask = (self.runs_on == replica) & (self.owner == replica)
-        return np.bincount(self.slot[mask], weights=self.tiles[mask], minlength=self.slots).astype(int).tolist()
+        return self._slot_tiles(True, kept=True)[replica].astype(int).tolist()
 
     def load(self, after: bool) -> np.ndarray:
         """Tiles per replica, before the moves (``after`` False) or after."""
-        return np.bincount(self.runs_on if after else self.owner, weights=self.tiles,
-                           minlength=self.replicas).astype(np.float64)
+        return self._slot_tiles(after).sum(axis=1)
 
     def imbalance(self, after: bool) -> float:
         """The replicas' most over mean tiles (1: even)."""
@@ -123,7 +122,7 @@ class ReplicaMoves:
 
     def _offsets(self, replica: int, slot: int) -> dict[int, int]:
         """Each of ``replica``'s images of ``slot``: its first tile among the slot's tiles."""
-        ids = self._ids((self.owner == replica) & (self.slot == slot))
+        ids = np.flatnonzero((self.owner == replica) & (self.slot == slot))
         return dict(zip(ids.tolist(), np.concatenate([[0], np.cumsum(self.tiles[ids])[:-1]]).tolist()))
 
     def tile_rows(self, ids: np.ndarray, replica: int, slot: int) -> list[int]:
@@ -157,22 +156,22 @@ class MovedWork:
         """This replica's chains' inputs per slot: its kept images' tiles, then the moved-in ones'
         (received from the owner's rank of the same pipeline rank). ``inputs[k]``: this replica's
         own tiles of slot k (one tensor per encoder input)."""
-        m, mv, me = self.moves, self.moves, self.replica
+        mv, me = self.moves, self.replica
         recvs: list[tuple[int, int, list[torch.Tensor], list[dist.Work]]] = []
-        for k in range(m.slots):
-            for runner in range(m.replicas):
+        for k in range(mv.slots):
+            for runner in range(mv.replicas):
                 if runner != me and (ids := mv.sent(me, runner, k)).size:
                     rows = torch.as_tensor(mv.tile_rows(ids, me, k), dtype=torch.long)
                     for i, t in enumerate(inputs[k]):
                         self._sends.append(dist.isend(t.index_select(0, rows.to(t.device)).contiguous().cpu(),
                                                       group=self.group, group_dst=self.grid[runner][self.pp_rank],
-                                                      tag=_tag(0, k, me, runner, m.replicas, i)))
-            for owner in range(m.replicas):
+                                                      tag=_tag(0, k, me, runner, mv.replicas, i)))
+            for owner in range(mv.replicas):
                 if owner != me and (ids := mv.sent(owner, me, k)).size:
                     count = int(mv.tiles[ids].sum())
                     bufs = [torch.empty((count, *t.shape[1:]), dtype=t.dtype) for t in inputs[k]]
                     works = [dist.irecv(b, group=self.group, group_src=self.grid[owner][self.pp_rank],
-                                        tag=_tag(0, k, owner, me, m.replicas, i)) for i, b in enumerate(bufs)]
+                                        tag=_tag(0, k, owner, me, mv.replicas, i)) for i, b in enumerate(bufs)]
                     recvs.append((k, owner, bufs, works))
         extra: dict[int, list[list[torch.Tensor]]] = {}
         for k, _owner, bufs, works in recvs:
@@ -180,7 +179,7 @@ class MovedWork:
                 w.wait()
             extra.setdefault(k, []).append([b.to(self.device) for b in bufs])
         out = []
-        for k in range(m.slots):
+        for k in range(mv.slots):
             rows = torch.as_tensor(mv.tile_rows(mv.kept(me, k), me, k), dtype=torch.long)
             parts = [[t.index_select(0, rows.to(t.device)) for t in inputs[k]], *extra.get(k, [])]
             out.append(tuple(torch.cat([p[i] for p in parts]) for i in range(len(inputs[k]))))
@@ -316,7 +315,7 @@ def move_work(batch: EncoderBatch, *, replica: int, replicas: int, pp_rank: int,
     moved = MovedWork(moves, replica=replica, pp_rank=pp_rank, grid=grid, group=group, first_stage=first_stage,
                       device=device)
     moved.producers = [producers("pybubble", moves.slots, pp_ranks, first_stage,
-                                 [-(-t // chunk_tiles) for t in moves.chain_tiles(r)]) for r in range(replicas)]
+                                 chunk_counts(moves.chain_tiles(r), chunk_tiles)) for r in range(replicas)]
     return EncoderBatch(moved.exchange_tiles(batch.inputs)), moves.kept_tiles(replica), moved
 
 

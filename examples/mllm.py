@@ -841,7 +841,8 @@ def rank_figures(parts: RankParts, runtime: EncoderRuntime, ends: list[float], r
             "costs": asdict(runtime.costs), "overruns": [r.filler.overruns for r in records],
             "held_max_s": [r.filler.held_max_s for r in records], "tp_waits": tp_waits(records),
             "host": socket.gethostname(), "encoder_s": [r.encoder_s for r in records], "llm_s": [r.llm_s for r in records],
-            "tiles": [r.tiles for r in records], "imbalance": [r.imbalance for r in records], "data": parts.tiles}
+            "tiles": [r.tiles for r in records], "imbalance": [r.imbalance for r in records], "data": parts.tiles,
+            "dp_collectives_s": [r.dp_collectives_s for r in records], "dp_replicas_s": [r.dp_replicas_s for r in records]}
 
 
 def train(rank: int, args: argparse.Namespace) -> dict[str, list[dict]] | None:
@@ -935,6 +936,10 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
         "overruns": [sum(e["overruns"][s] for s in settled) for e in every],
         "held_max_s": [max(e["held_max_s"][s] for s in settled) for e in every],
         "prediction_error": statistics.median(abs(predicted[s] - step_times[s]) / step_times[s] for s in settled),
+        # per rank, over the settled steps: what the prediction counts for the data-parallel replicas
+        # (0 with one): the collectives' own time where they meet, the waits for the other replicas
+        "predicted_dp_s": [{"collectives_s": sum(e["dp_collectives_s"][s] for s in settled),
+                            "replicas_s": sum(e["dp_replicas_s"][s] for s in settled)} for e in every],
         "data": data_report(args, every, settled),
     }
 

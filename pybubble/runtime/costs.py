@@ -18,8 +18,10 @@ from .placement import MeasuredCosts
 FIELDS = ("lead", "sync", "outside", "plan", "tp_count", "tp_gap", "tp_wait")
 """One rank's figures of one step, seconds (NaN: not seen): the schedule's own time before its
 first op, the encoder's gradient sync (the shortest over the ranks is taken: the others include
-waiting for the last rank), the trainer's time between two steps (optimizer, data), the runtime's
-planning, the TP collectives waited on per LLM op, their median and their mean gap (NaN without
+waiting for the last rank; NaN where the rank has none), the trainer's time between two steps
+(optimizer, data), the runtime's time before the step's work (agreeing on the data, moving work
+between replicas, sharing these figures, planning, the start's barrier, the step's set-up; NaN in
+the profiling step, whose first collectives wait for every process to start), the TP collectives waited on per LLM op, their median and their mean gap (NaN without
 tensor parallelism); then, per pipeline stage (NaN for the stages of other ranks), the median own
 time of its forwards, of its full backwards (B, or I + W), of its weight-gradient backwards W;
 then each piece's forward and backward duration (mean over the microbatches the rank ran)."""
@@ -60,7 +62,7 @@ class StepSample:
     outside: float
     """The trainer's time between the last step and this one (optimizer, data)."""
     plan: float
-    """The runtime's planning."""
+    """The runtime's time before the step's work (its planning and the rest, see :data:`FIELDS`)."""
     stage_fwd: Sequence[float]
     """Per pipeline stage: the median own time of its forwards (NaN: another rank's stage)."""
     stage_bwd: Sequence[float]
@@ -166,6 +168,52 @@ class CostHistory:
             optimizer_s=median(worst, c.optimizer_s), grad_sync_s=median(sync, c.grad_sync_s),
             tp_count=int(round(median(h[:, :, at["tp_count"]], c.tp_count))),
             tp_gap_s=median(h[:, :, at["tp_gap"]], c.tp_gap_s), tp_wait_s=median(h[:, :, at["tp_wait"]], c.tp_wait_s))
+
+
+class CollectiveHistory:
+    """The data-parallel collectives' own time where the replicas of each pipeline rank meet (per
+    op of the rank, then after its last op: what
+    :meth:`~pybubble.runtime.waits.DataParallelWaits.collectives_s` gives), over the last ``keep``
+    steps. A collective completes on every replica at once: the last replica to reach it waited for
+    the collective only, the others for that replica too; per step the shortest wait over the
+    replicas is taken, and the median over the steps kept."""
+
+    def __init__(self, keep: int = 5):
+        if keep < 1:
+            raise ValueError(f"keep: {keep} is not >= 1")
+        self.keep = keep
+        self._steps: dict[int, deque[np.ndarray]] = {}
+        self._last: dict[int, np.ndarray] = {}
+
+    def add(self, position: int, waits: np.ndarray) -> None:
+        """The last step's waits of the replicas of pipeline rank ``position``: one row per
+        replica, one column per op and one after the last (NaN: no collective there)."""
+        waits = np.asarray(waits, dtype=np.float64)
+        if waits.ndim != 2 or waits.shape[0] < 1:
+            raise ValueError(f"waits: shape {waits.shape} is not one row per replica")
+        with warnings.catch_warnings():  # all-NaN columns: no collective there
+            warnings.simplefilter("ignore", RuntimeWarning)
+            shortest = np.nanmin(waits, axis=0)
+        kept = self._steps.setdefault(position, deque(maxlen=self.keep))
+        if kept and len(kept[-1]) != len(shortest):
+            raise ValueError(f"waits: {len(shortest)} columns for pipeline rank {position}, the last step had "
+                             f"{len(kept[-1])}")
+        kept.append(shortest)
+        self._last[position] = shortest
+
+    def meets_s(self, position: int, ops: int) -> list[float]:
+        """Where the replicas of pipeline rank ``position`` (``ops`` ops) meet, as the last step
+        saw: per op, then after the last, the collectives' own time there (the median over the
+        steps kept), NaN where the last step had none (everywhere before a step was added)."""
+        last = self._last.get(position)
+        if last is None:
+            return [float("nan")] * (ops + 1)
+        if len(last) != ops + 1:
+            raise ValueError(f"ops: {ops} for pipeline rank {position}, its collectives were seen at {len(last)} places")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            median = np.nanmedian(np.stack(self._steps[position]), axis=0)
+        return [float(m) if np.isfinite(v) else float("nan") for v, m in zip(last, median)]
 
 
 def share_samples(sample: np.ndarray, outside_s: float, group: dist.ProcessGroup, ranks: int) -> np.ndarray:

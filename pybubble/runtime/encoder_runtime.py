@@ -13,6 +13,7 @@ from.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -28,7 +29,7 @@ from torch.profiler import record_function
 from ..measure import names
 from .batch import EncoderBatch, chunk_counts, inputs_of
 from .boundary import BoundaryCommunicator
-from .costs import CostHistory, share_samples
+from .costs import CollectiveHistory, CostHistory, share_samples
 from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
@@ -36,8 +37,8 @@ from .executors import executor_for
 from .parallel_groups import ParallelGroups, agree_on_data, resolve_groups, runtime_group, world_group
 from . import torch_seams
 from .pipelining import fill_pipeline_waits, schedule_table
-from .placement import (MeasuredCosts, check_mode, first_stage_rank, make_placement, predict_step_s, rank_plan,
-                        splits_backward, stage_ranks)
+from .placement import (MeasuredCosts, check_mode, first_stage_rank, lockstep_s, make_placement, predict_step_s,
+                        rank_plan, splits_backward, stage_ranks, step_marks_s)
 from .plan import RankPlan
 from .profile import p2p_latency, shared_profile, time_pieces
 from .records import StepRecord, WaitFigures
@@ -191,6 +192,8 @@ class EncoderRuntime:
         self.keep = keep
         self.history: CostHistory | None = None
         """The measured costs of the last steps (None before the first step's profile)."""
+        self.collectives = CollectiveHistory(keep)
+        """With several replicas: the data-parallel collectives' own time where they meet."""
         self.costs: MeasuredCosts | None = None
         self.steps = 0
         self.records: list[StepRecord] = []
@@ -217,16 +220,25 @@ class EncoderRuntime:
         fwd, bwd = time_pieces(self.pieces, example, self._now)
         self.encoder.zero_grad(set_to_none=True)
         p2p = p2p_latency(self.group, self.rank, self.ranks, self.output_shape, self.output_dtype)
-        self.history = CostHistory(shared_profile(self.group, self.num_stages, p2p, fwd, bwd), keep=self.keep,
-                                   ranks=self.ranks)
+        group, ranks = self._cost_group
+        self.history = CostHistory(shared_profile(group, self.num_stages, p2p, fwd, bwd), keep=self.keep, ranks=ranks)
         self.costs = self.history.initial
+
+    @property
+    def _cost_group(self) -> tuple[dist.ProcessGroup | None, int]:
+        """Where the measured figures are shared, and its ranks: the pipeline's (the runtime's own
+        group), or every rank's with several replicas: they plan from the same costs, and the
+        collectives between them count as long as the last replica to reach them saw them."""
+        if self.replicas == 1:
+            return self.group, self.ranks
+        return self.world_group, dist.get_world_size(self.world_group)
 
     def _share_costs(self, entry: float) -> None:
         """All ranks' figures of the last step (with the trainer's time since then) into the
         history; on CUDA the CPU's clock does not time the GPU's work, so the costs stay those of
         the profiling step."""
         with record_function(names.region("sync")):
-            every = share_samples(self._last_sample, entry - self._returned, self.group, self.ranks)
+            every = share_samples(self._last_sample, entry - self._returned, *self._cost_group)
         if self.device.type == "cpu" or self.steps == 1:
             with record_function(names.region("plan")):
                 self.history.add(every)
@@ -316,16 +328,54 @@ class EncoderRuntime:
                     filler.settle()
         return result, tp
 
-    def _sync_grads(self, plan: RankPlan) -> float:
+    def _sync_grads(self, plan: RankPlan) -> float | None:
         """The encoder's gradients summed over the pp ranks that ran its microbatches and averaged
-        over the replicas; returns the time it took."""
+        over the replicas; returns the time it took (None: this rank has none to sync)."""
         t = self._now()
         spread = plan.mode != "megatron" and self.ranks > 1  # the encoder's microbatches ran on several pp ranks
         holds = plan.mode != "megatron" or self.rank == plan.first_stage  # megatron: on the first stage's rank only
-        if spread or (holds and self.dp_group is not None):
-            with record_function(names.region("grad_sync")):
-                sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
+        if not (spread or (holds and self.dp_group is not None)):
+            return None
+        with record_function(names.region("grad_sync")):
+            sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
         return self._now() - t
+
+    def _start_together(self, plan: RankPlan) -> tuple[RankPlan, float, float]:
+        """The step's start, every rank of the pipeline at once; ``plan`` with the step predicted as
+        the replicas run it, the data-parallel collectives' own time in it (this rank's) and the
+        time it has this rank wait for other replicas. One replica: the pipeline's barrier, the
+        plan's own prediction. Several: every rank's
+        :func:`~pybubble.runtime.placement.step_marks_s` and its waits on data-parallel collectives
+        in the last step, gathered over every rank (the barrier too); the replicas of each pipeline
+        rank wait for each other where those collectives are and at the encoder's gradient sync,
+        the collectives' own time measured (:class:`~pybubble.runtime.costs.CollectiveHistory`,
+        :func:`~pybubble.runtime.placement.lockstep_s`); the step is the longest pipeline rank's,
+        then the gradient sync and the time outside the step (every rank predicts the same)."""
+        if self.replicas == 1:
+            dist.barrier(group=self.group)
+            return plan, 0.0, 0.0
+        width = max(sum(a is not None for a in row) for row in self.table.values())
+        marks = step_marks_s(self.placement, self.rank, self.costs)
+        n = len(marks) - 2
+        row = np.full(2 + 2 * width + 3, np.nan)
+        row[0], row[1] = self.rank, n
+        row[2:4 + n] = marks
+        row[4 + width:5 + width + n] = self.dp_waits.collectives_s(n)
+        every = [torch.zeros(len(row), dtype=torch.float64) for _ in range(dist.get_world_size(self.world_group))]
+        dist.all_gather(every, torch.from_numpy(row), group=self.world_group)
+        rows = torch.stack(every).numpy()
+        compute, meet = 0.0, 0.0
+        for position in np.unique(rows[:, 0]):
+            replicas = rows[rows[:, 0] == position]
+            ops = int(replicas[0, 1])
+            if self.steps > 0:  # the waits of a step that ran
+                self.collectives.add(int(position), replicas[:, 4 + width:5 + width + ops])
+            meets = self.collectives.meets_s(int(position), ops)
+            compute = max(compute, lockstep_s(replicas[:, 2:4 + ops], meets))
+            if position == self.rank:
+                meet = float(np.nansum(meets))
+        predicted = compute + self.costs.grad_sync_s + self.costs.optimizer_s
+        return dataclasses.replace(plan, predicted_step_s=predicted), meet, max(0.0, compute - marks[-1] - meet)
 
     def step(self, encoder_input: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], *args: Any,
              **kwargs: Any) -> Any:
@@ -348,21 +398,26 @@ class EncoderRuntime:
             self._share_costs(entry)
         plan, plan_s = self._plan(batch)
         with record_function(names.region("sync")):
-            dist.barrier(group=self.group)
+            plan, meet_s, wait_s = self._start_together(plan)
+            self.plan = plan
         start = time.perf_counter()
         work = self._begin(plan, batch, own, moved)
+        # the runtime's time before the step's work (the profiling step's waits for every process to
+        # start and its profile are no step's)
+        before_s = time.perf_counter() - entry if self.steps > 0 else float("nan")
         result, tp = self._run(work, start, args, kwargs)
         sync_s = self._sync_grads(plan)
         with record_function(names.region("setup")):
-            sync = sync_s if self.mode != "megatron" else float("nan")
-            self._last_sample = work.sample(self.num_stages, sync, plan_s, tp.stats).vector()
+            sync = float("nan") if sync_s is None else sync_s
+            self._last_sample = work.sample(self.num_stages, sync, before_s, tp.stats).vector()
         stats = work.filler.stats
         self.records.append(StepRecord(
-            predicted_s=plan.predicted_step_s, start=start, plan_s=plan_s, sync_s=sync_s, filler=stats, tp=tp.stats,
+            predicted_s=plan.predicted_step_s, start=start, plan_s=plan_s, sync_s=sync_s or 0.0, filler=stats,
+            tp=tp.stats,
             waits={"pp": WaitFigures(stats.waited_s, stats.filled_s),
                    "dp": WaitFigures(stats.dp_waited_s, stats.dp_filled_s) if self.data_parallel else None,
                    "tp": WaitFigures(tp.stats.waited_s, tp.stats.filled_s) if tp.stats.waits else None},
-            trace=work.filler.trace, tiles=batch.tiles, encoder_s=work.encoder_s(), llm_s=sum(work.filler.progress.op_busy_s),
+            dp_collectives_s=meet_s, dp_replicas_s=wait_s, trace=work.filler.trace, tiles=batch.tiles, encoder_s=work.encoder_s(), llm_s=sum(work.filler.progress.op_busy_s),
             imbalance=None if self.moves is None else (self.moves.imbalance(False), self.moves.imbalance(True))))
         self.steps += 1
         self._returned = time.perf_counter()

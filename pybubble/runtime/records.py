@@ -111,6 +111,13 @@ class StepRecord:
     waits: dict[str, WaitFigures | None]
     """Per kind of wait (``pp``, ``dp``, ``tp``); None where the kind is not observed (``dp``
     without FSDP2/DDP on a stage, ``tp`` without tensor parallelism)."""
+    dp_collectives_s: float = 0.0
+    """With data-parallel replicas: the data-parallel collectives' own time the prediction counts
+    for this rank, where its replicas meet (measured in the last steps)."""
+    dp_replicas_s: float = 0.0
+    """With data-parallel replicas: the time the prediction has this rank wait for other replicas
+    (at those collectives and at the encoder's gradient sync: the longest replica of each stretch
+    between them) beyond its own plan."""
     trace: list[tuple[str, float, float]] | None = None
     """When the runtime traces: (what, start, end) of the step's tasks, ops and waits."""
     tiles: list[int] | None = None

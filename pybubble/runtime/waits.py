@@ -10,6 +10,7 @@ in the room they give it and in where the tasks go.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -143,16 +144,29 @@ class DataParallelWaits:
         self.filler: BubbleFiller | None = None
         self._seen: list[float] = []
         self._last: list[float] = []
+        self._at: list[int] = []
+        self._last_at: list[int] = []
 
     def begin_step(self, filler: BubbleFiller) -> None:
         """The step of ``filler`` begins."""
-        self.filler, self._seen = filler, []
+        self.filler, self._seen, self._at = filler, [], []
 
     def end_step(self, completed: bool) -> None:
         """The step ended; its collectives' times are the next step's rooms when it ``completed``."""
         if completed:
-            self._last = self._seen
+            self._last, self._last_at = self._seen, self._at
         self.filler = None
+
+    def collectives_s(self, ops: int) -> list[float]:
+        """Per op of the rank (``ops`` of them), then after its last: the seconds the last completed
+        step waited on data-parallel collectives there (inside the op or before it; from each
+        wait's call to its works' completion, 0 on CUDA), where the replicas meet; NaN where it
+        waited on none (everywhere before a step completed)."""
+        out = [math.nan] * (ops + 1)
+        for k, seconds in zip(self._last_at, self._last):
+            k = min(k, ops)
+            out[k] = seconds if math.isnan(out[k]) else out[k] + seconds
+        return out
 
     def __call__(self, works: Sequence[dist.Work]) -> None:
         if self.filler is None:
@@ -160,6 +174,7 @@ class DataParallelWaits:
                 w.wait()
             return
         i = len(self._seen)
+        self._at.append(self.filler.progress.op_index)
         self._seen.append(self.wait(works, self._last[i] if i < len(self._last) else 0.0))
 
     def wait(self, works: Sequence[dist.Work], room_s: float) -> float:

@@ -383,7 +383,7 @@ def test_cost_history_takes_medians_and_keeps_what_was_not_measured():
         rank1 = StepSample(stage_fwd=[nan, f + 1], stage_bwd=[nan, nan], stage_wgrad=[nan, nan], lead=0.02,
                            sync=0.3, outside=nan, plan=0.001, piece_fwd=[3 * f / 10, nan], piece_bwd=[nan, nan])
         history.add(np.stack([rank0.vector(), rank1.vector()]))
-        assert history.layout["piece_fwd"] == slice(13, 15) and rank0.vector()[history.layout["sync"]] == 0.1
+        assert history.layout["piece_fwd"] == slice(14, 16) and rank0.vector()[history.layout["sync"]] == 0.1
     c = history.costs()
     assert c.stage_fwd_s == [3.0, 4.0] and c.stage_bwd_s == [6.0, 2.0]  # rank 1 saw no backward: kept
     assert c.stage_wgrad_s == [1.5, 1.0]  # stage 1's W not seen: half its backward
@@ -391,8 +391,8 @@ def test_cost_history_takes_medians_and_keeps_what_was_not_measured():
     assert c.p2p_s == 0.5 and c.grad_sync_s == pytest.approx(0.1)  # as the last rank to reach it saw it
     assert c.optimizer_s == pytest.approx(0.211)  # the worst rank's set-up + time between steps + planning
     assert c.tp_count == 0 and c.tp_gap_s == 0.0  # no tensor parallelism seen: kept
-    with pytest.raises(ValueError, match=r"samples: shape \(1, 17\), expected \(2, 17\)"):
-        history.add(np.zeros((1, 17)))
+    with pytest.raises(ValueError, match=r"samples: shape \(1, 18\), expected \(2, 18\)"):
+        history.add(np.zeros((1, 18)))
 
 
 def test_stage_figures_split_the_ops_by_stage_and_kind():

@@ -15,16 +15,19 @@ import torch.distributed as dist
 
 from .placement import MeasuredCosts
 
-FIELDS = ("lead", "sync", "outside", "plan", "tp_count", "tp_gap", "tp_wait")
+FIELDS = ("lead", "sync", "outside", "plan", "tp_count", "tp_gap", "tp_wait", "agree")
 """One rank's figures of one step, seconds (NaN: not seen): the schedule's own time before its
 first op, the encoder's gradient sync (the shortest over the ranks is taken: the others include
 waiting for the last rank; NaN where the rank has none), the trainer's time between two steps
-(optimizer, data), the runtime's time before the step's work (agreeing on the data, moving work
-between replicas, sharing these figures, planning, the start's barrier, the step's set-up; NaN in
-the profiling step, whose first collectives wait for every process to start), the TP collectives waited on per LLM op, their median and their mean gap (NaN without
-tensor parallelism); then, per pipeline stage (NaN for the stages of other ranks), the median own
-time of its forwards, of its full backwards (B, or I + W), of its weight-gradient backwards W;
-then each piece's forward and backward duration (mean over the microbatches the rank ran)."""
+(optimizer, data), the runtime's own work before the step's (its planning, the step's set-up), the
+TP collectives waited on per LLM op, their median and their mean gap (NaN without tensor
+parallelism), the runtime's collectives before the step's work (agreeing on the data, moving work
+between replicas, sharing these figures, the start's barrier; the shortest over the ranks is
+taken, as for the gradient sync; this and the own work before the step are NaN in the profiling
+step, whose first collectives wait for every process to start); then, per pipeline stage (NaN
+for the stages of other ranks), the median own time of its forwards, of its full backwards (B, or
+I + W), of its weight-gradient backwards W; then each piece's forward and backward duration (mean
+over the microbatches the rank ran)."""
 
 
 def stage_figures(ops: Sequence[tuple[str, int]], stages: Sequence[int], busy: Sequence[float],
@@ -62,7 +65,7 @@ class StepSample:
     outside: float
     """The trainer's time between the last step and this one (optimizer, data)."""
     plan: float
-    """The runtime's time before the step's work (its planning and the rest, see :data:`FIELDS`)."""
+    """The runtime's own work before the step's (its planning, the step's set-up)."""
     stage_fwd: Sequence[float]
     """Per pipeline stage: the median own time of its forwards (NaN: another rank's stage)."""
     stage_bwd: Sequence[float]
@@ -79,6 +82,9 @@ class StepSample:
     """Their median gap."""
     tp_wait: float = float("nan")
     """Their mean gap."""
+    agree: float = float("nan")
+    """The runtime's collectives before the step's work (agreeing on the data, the moves between
+    replicas, sharing these figures, the start's barrier)."""
 
     def vector(self) -> np.ndarray:
         """The figures as one flat float64 vector, laid out as :class:`SampleLayout` says (what the
@@ -157,6 +163,7 @@ class CostHistory:
             # rank, which the plan's step already counts.
             sync_col = h[:, :, at["sync"]]
             sync = np.nanmin(sync_col, axis=1) if np.isfinite(sync_col).any() else np.full(len(h), np.nan)
+            agree = np.nanmin(h[:, :, at["agree"]], axis=1)  # likewise the collectives before the step's work
         bwd = [median(stage[:, S + s], c.stage_bwd_s[s]) for s in range(S)]
         initial_w = c.stage_wgrad_s or [b / 2 for b in c.stage_bwd_s]
         wgrad = [min(median(stage[:, 2 * S + s], initial_w[s]), bwd[s]) for s in range(S)]
@@ -165,7 +172,7 @@ class CostHistory:
             stage_wgrad_s=wgrad, p2p_s=c.p2p_s,
             piece_fwd_s=[median(piece[:, i], c.piece_fwd_s[i]) for i in range(n)],
             piece_bwd_s=[median(piece[:, n + i], c.piece_bwd_s[i]) for i in range(n)],
-            optimizer_s=median(worst, c.optimizer_s), grad_sync_s=median(sync, c.grad_sync_s),
+            optimizer_s=median(worst + np.nan_to_num(agree), c.optimizer_s), grad_sync_s=median(sync, c.grad_sync_s),
             tp_count=int(round(median(h[:, :, at["tp_count"]], c.tp_count))),
             tp_gap_s=median(h[:, :, at["tp_gap"]], c.tp_gap_s), tp_wait_s=median(h[:, :, at["tp_wait"]], c.tp_wait_s))
 

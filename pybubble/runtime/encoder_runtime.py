@@ -389,27 +389,35 @@ class EncoderRuntime:
         entry = time.perf_counter()
         batch = (encoder_input if isinstance(encoder_input, EncoderBatch)
                  else EncoderBatch.split(encoder_input, self.microbatches))
+        problem = batch.problem(self.example, self.microbatches)
+        t = time.perf_counter()
         with record_function(names.region("sync")):
-            agree_on_data(batch.problem(self.example, self.microbatches), self.world_group)
-        batch, own, moved = balanced_batch(self, batch.to(self.device))
+            agree_on_data(problem, self.world_group)
+        met = time.perf_counter() - t  # the runtime's collectives before the step's work
+        batch = batch.to(self.device)
+        t = time.perf_counter()
+        batch, own, moved = balanced_batch(self, batch)
         if self.history is None:
             self._profile(self.example)
         elif self._last_sample is not None:
             self._share_costs(entry)
+        met += time.perf_counter() - t
         plan, plan_s = self._plan(batch)
+        t = time.perf_counter()
         with record_function(names.region("sync")):
             plan, meet_s, wait_s = self._start_together(plan)
-            self.plan = plan
         start = time.perf_counter()
+        met += start - t
+        self.plan = plan
         work = self._begin(plan, batch, own, moved)
-        # the runtime's time before the step's work (the profiling step's waits for every process to
-        # start and its profile are no step's)
-        before_s = time.perf_counter() - entry if self.steps > 0 else float("nan")
+        # the runtime's own work and its collectives before the step's work (the profiling step's
+        # first collectives wait for every process to start, its profile is no step's)
+        own_s, met_s = ((time.perf_counter() - entry - met, met) if self.steps > 0 else (float("nan"), float("nan")))
         result, tp = self._run(work, start, args, kwargs)
         sync_s = self._sync_grads(plan)
         with record_function(names.region("setup")):
             sync = float("nan") if sync_s is None else sync_s
-            self._last_sample = work.sample(self.num_stages, sync, before_s, tp.stats).vector()
+            self._last_sample = work.sample(self.num_stages, sync, own_s, met_s, tp.stats).vector()
         stats = work.filler.stats
         self.records.append(StepRecord(
             predicted_s=plan.predicted_step_s, start=start, plan_s=plan_s, sync_s=sync_s or 0.0, filler=stats,

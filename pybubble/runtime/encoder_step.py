@@ -129,11 +129,11 @@ class EncoderStep:
         timed = self.filler.executor.timed
         return float(sum((t.took_s if timed else t.duration_s) or 0.0 for t in tasks))
 
-    def sample(self, stages: int, sync_s: float, before_s: float, tp: TPWaitStats) -> StepSample:
+    def sample(self, stages: int, sync_s: float, before_s: float, agree_s: float, tp: TPWaitStats) -> StepSample:
         """This rank's figures of the step (``stages``: the pipeline's stage count; ``sync_s``: the
-        encoder's gradient sum; ``before_s``: the runtime's time before the step's work; ``tp``: the
-        TP waits): on CUDA a task's launch is not its duration, the pieces' figures are NaN (the
-        profile's stay)."""
+        encoder's gradient sum; ``before_s``: the runtime's own work before the step's; ``agree_s``:
+        its collectives before it; ``tp``: the TP waits): on CUDA a task's launch is not its
+        duration, the pieces' figures are NaN (the profile's stay)."""
         p, n = self.filler.progress, len(self.pieces)
         timed = self.filler.executor.timed
 
@@ -146,7 +146,7 @@ class EncoderStep:
         count, gap, wait = tp_op_figures(tp)
         return StepSample(lead=p.lead_busy_s, sync=sync_s, outside=float("nan"), plan=before_s, stage_fwd=fwd,
                           stage_bwd=bwd, stage_wgrad=wgrad, piece_fwd=mean(self.fwd_tasks),
-                          piece_bwd=mean(self.bwd_tasks), tp_count=count, tp_gap=gap, tp_wait=wait)
+                          piece_bwd=mean(self.bwd_tasks), tp_count=count, tp_gap=gap, tp_wait=wait, agree=agree_s)
 
     # -- called by the LLM's first stage -------------------------------------------------------
     def output(self, llm_microbatch: int) -> torch.Tensor:

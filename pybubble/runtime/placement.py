@@ -320,7 +320,7 @@ def lockstep_s(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[
     if len(meets_s) != n + 1:
         raise ValueError(f"meets_s: {len(meets_s)} values for {n} ops (need {n + 1})")
     for r, k in np.argwhere(~np.isfinite(marks))[:1]:
-        finite(marks[r, k], f"marks[{r}][{k}]")
+        finite(float(marks[r, k]), f"marks[{r}][{k}]")
     own = {k: finite(v, f"meets_s[{k}]", minimum=0.0) for k, v in enumerate(meets_s)
            if not (isinstance(v, (float, np.floating)) and math.isnan(v))}
     total, before = 0.0, np.zeros(len(marks))

@@ -28,6 +28,7 @@ import socket
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -660,6 +661,10 @@ def data_parallel(stage_module: nn.Module, args: argparse.Namespace, mesh) -> nn
         for block in stage_module.blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
         fully_shard(stage_module, mesh=dp_mesh)
+        # The head's logits of a 3-D input are a view (F.linear reshapes); FSDP2 warns on every
+        # forward that an in-place op on it would skip its pre-backward hook. Nothing here writes
+        # into the logits in place, so the warning says nothing about this trainer.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
         return stage_module
     if args.dp > 1:
         return nn.parallel.DistributedDataParallel(stage_module, process_group=dp_mesh.get_group())

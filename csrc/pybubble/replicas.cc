@@ -42,6 +42,8 @@ ReplicaScheduler::ReplicaScheduler(const Problem& problem, int32_t threads, Poli
   for (int32_t t = 0; t < p.num_tasks(); ++t) {
     double& top = longest_[static_cast<size_t>(p.microbatch(t))];
     top = std::max(top, p.duration(t));
+    if (t == 0 || p.microbatch(t) != p.microbatch(t - 1)) spans_.push_back({t, t, p.microbatch(t)});
+    ++spans_.back().end;
   }
   for (int32_t i = 0; i < threads; ++i) {
     schedulers_.push_back(std::make_unique<Scheduler>(p));
@@ -60,9 +62,13 @@ void ReplicaScheduler::run_part(int32_t part, const double* scale, ReplicaSchedu
   for (int64_t k = part; k < out.replicas; k += threads_) {
     const auto t0 = std::chrono::steady_clock::now();
     const double* row = scale + k * m;
-    for (int32_t t = 0; t < n; ++t) d[static_cast<size_t>(t)] = base[t] * row[p.microbatch(t)];
-    const Schedule& s = sched.run(policy_, &d, fixed_);
-    std::copy(s.start.begin(), s.start.end(), out.start.begin() + k * n);
+    for (const Span& span : spans_) {
+      const double f = row[span.microbatch];
+      for (int32_t t = span.begin; t < span.end; ++t) d[static_cast<size_t>(t)] = base[t] * f;
+    }
+    // The durations are checked through `scale` (run); the starts go straight into the row.
+    sched.place(policy_, d.data(), fixed_, out.start.data() + k * n);
+    const Schedule& s = sched.out_;
     std::copy(s.assignment.begin(), s.assignment.end(), out.assignment.begin() + k * m);
     out.step_time[static_cast<size_t>(k)] = s.step_time;
     out.shift_front[static_cast<size_t>(k)] = s.shift_front;

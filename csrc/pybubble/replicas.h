@@ -65,6 +65,10 @@ class ReplicaScheduler {
   std::unique_ptr<Problem> folded_;  // one copy's problem, when copies_ > 1
   const Problem* target_;            // what the schedulers run: folded_ or problem_
   std::vector<double> longest_;      // per microbatch, its longest task
+  struct Span {
+    int32_t begin, end, microbatch;
+  };
+  std::vector<Span> spans_;          // runs of consecutive tasks of one microbatch
   std::vector<std::unique_ptr<Scheduler>> schedulers_;  // one per thread
   std::vector<std::vector<double>> durations_;          // one buffer per thread
 };

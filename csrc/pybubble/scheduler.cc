@@ -28,6 +28,15 @@ Scheduler::Scheduler(const Problem& problem) : p_(problem) {
   for (size_t t = 0; t < n; ++t) {
     key_[t] = 2 * p_.lane(static_cast<int32_t>(t)) + p_.resource(static_cast<int32_t>(t));
   }
+  // Dependencies that never bind inside the step: every predecessor (forward) or successor
+  // (backward) of t on t's own lane and resource, so placed earlier in the same try on t's cursor.
+  local_pred_.resize(n);
+  local_succ_.resize(n);
+  for (size_t t = 0; t < n; ++t) {
+    const int32_t id = static_cast<int32_t>(t);
+    local_pred_[t] = std::all_of(p_.pred_begin(id), p_.pred_end(id), [&](int32_t q) { return key_[static_cast<size_t>(q)] == key_[t]; });
+    local_succ_[t] = std::all_of(p_.succ_begin(id), p_.succ_end(id), [&](int32_t q) { return key_[static_cast<size_t>(q)] == key_[t]; });
+  }
   end_.resize(n);
   cursor_.resize(static_cast<size_t>(keys_));
   saved_.resize(static_cast<size_t>(keys_));
@@ -67,35 +76,44 @@ bool Scheduler::roll_back(int32_t j, int ph) {
 bool Scheduler::place_forward_in_step(int32_t j, int64_t first) {
   const double deadline = p_.fields().forward_needed[static_cast<size_t>(j)];
   checkpoint();
-  const int32_t* b = p_.tasks_begin(j, kFwd);
-  for (const int32_t* it = b + first; it != p_.tasks_end(j, kFwd); ++it) {
-    const int32_t t = *it;
-    const int32_t k = key_[static_cast<size_t>(t)];
-    const int32_t l = k >> 1;
+  double* const start = start_;
+  double* const end = end_.data();
+  uint8_t* const inside = inside_.data();
+  const int32_t* it = p_.tasks_begin(j, kFwd) + first;
+  const int32_t* const stop = p_.tasks_end(j, kFwd);
+  while (it != stop) {
+    // A run of consecutive tasks on one lane and resource, its cursor kept in registers.
+    const int32_t k = key_[static_cast<size_t>(*it)];
     const WindowSet& ws = p_.windows(k & 1);
-    Cursor& c = cursor_[static_cast<size_t>(k)];
-    double ready = c.time;
-    for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
-      if (inside_[static_cast<size_t>(*q)]) ready = std::max(ready, end_[static_cast<size_t>(*q)]);
-    }
-    const double d = dur_[t];
-    const int64_t last = ws.offset[static_cast<size_t>(l) + 1];
-    int64_t w = c.window;
-    double s = 0.0;
-    for (; w < last; ++w) {
-      s = std::max(ready, ws.start[static_cast<size_t>(w)]);
-      if (s + d > deadline) {
-        w = last;
-        break;
+    const double* const wstart = ws.start.data();
+    const double* const wend = ws.end.data();
+    const int64_t last = ws.offset[static_cast<size_t>(k >> 1) + 1];
+    double time = cursor_[static_cast<size_t>(k)].time;
+    int64_t w = cursor_[static_cast<size_t>(k)].window;
+    do {
+      const int32_t t = *it;
+      double ready = time;
+      // A predecessor on this lane and resource placed in this try ends by `time`: only the
+      // others can delay t.
+      if (!local_pred_[static_cast<size_t>(t)]) {
+        for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+          if (inside[*q]) ready = std::max(ready, end[*q]);
+        }
       }
-      if (s + d <= ws.end[static_cast<size_t>(w)]) break;
-    }
-    if (w == last) return roll_back(j, kFwd);
-    out_.start[static_cast<size_t>(t)] = s;
-    end_[static_cast<size_t>(t)] = s + d;
-    inside_[static_cast<size_t>(t)] = 1;
-    c.time = s + d;
-    c.window = w;
+      const double d = dur_[t];
+      double s = 0.0;
+      for (;; ++w) {
+        if (w == last) return roll_back(j, kFwd);
+        s = std::max(ready, wstart[w]);
+        if (s + d > deadline) return roll_back(j, kFwd);
+        if (s + d <= wend[w]) break;
+      }
+      start[t] = s;
+      end[t] = s + d;
+      inside[t] = 1;
+      time = s + d;
+    } while (++it != stop && key_[static_cast<size_t>(*it)] == k);
+    cursor_[static_cast<size_t>(k)] = {time, w};
   }
   return true;
 }
@@ -148,10 +166,10 @@ void Scheduler::place_forward_front(int32_t j) {
     Cursor& c = cursor_[static_cast<size_t>(key_[static_cast<size_t>(t)])];
     double latest = c.time;
     for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
-      latest = std::min(latest, out_.start[static_cast<size_t>(*q)]);
+      latest = std::min(latest, start_[*q]);
     }
     const double s = latest - dur_[t];
-    out_.start[static_cast<size_t>(t)] = s;
+    start_[t] = s;
     end_[static_cast<size_t>(t)] = s + dur_[t];
     c.time = s;
     first_start_ = std::min(first_start_, s);
@@ -227,7 +245,7 @@ void Scheduler::build_backward_windows() {
       const double we = ws.end[static_cast<size_t>(w)];
       for (; b < be; ++b) {
         const int32_t t = busy_[static_cast<size_t>(b)];
-        const double s = out_.start[static_cast<size_t>(t)];
+        const double s = start_[t];
         if (s >= we) break;
         if (s > cur) {
           bw_start_[static_cast<size_t>(out)] = cur;
@@ -252,35 +270,45 @@ void Scheduler::build_backward_windows() {
 bool Scheduler::place_backward_in_step(int32_t j, int64_t last) {
   const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
   checkpoint();
-  const int32_t* b = p_.tasks_begin(j, kBwd);
+  double* const start = start_;
+  double* const end = end_.data();
+  uint8_t* const inside = inside_.data();
+  const double* const bstart = bw_start_.data();
+  const double* const bend = bw_end_.data();
+  const int32_t* const b = p_.tasks_begin(j, kBwd);
+  const int32_t* it = b + last;
   double reach = -kInf;  // the furthest end of this try: rounding may carry it past a window's end
-  for (const int32_t* it = b + last; it != b;) {
-    const int32_t t = *--it;
-    const int32_t k = key_[static_cast<size_t>(t)];
-    Cursor& c = cursor_[static_cast<size_t>(k)];
-    double latest = c.time;
-    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
-      if (inside_[static_cast<size_t>(*q)]) latest = std::min(latest, out_.start[static_cast<size_t>(*q)]);
-    }
-    const double d = dur_[t];
+  while (it != b) {
+    // A run of consecutive tasks on one lane and resource, its cursor kept in registers.
+    const int32_t k = key_[static_cast<size_t>(it[-1])];
     const int64_t first = bw_off_[static_cast<size_t>(k)];
-    int64_t w = c.window;
-    double s = 0.0;
-    for (; w >= first; --w) {
-      s = std::min(latest, bw_end_[static_cast<size_t>(w)]) - d;
-      if (s < ready) {
-        w = first - 1;
-        break;
+    double time = cursor_[static_cast<size_t>(k)].time;
+    int64_t w = cursor_[static_cast<size_t>(k)].window;
+    do {
+      const int32_t t = *--it;
+      double latest = time;
+      // A successor on this lane and resource placed in this try starts at or after `time`: only
+      // the others can hold t earlier.
+      if (!local_succ_[static_cast<size_t>(t)]) {
+        for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+          if (inside[*q]) latest = std::min(latest, start[*q]);
+        }
       }
-      if (s >= bw_start_[static_cast<size_t>(w)]) break;
-    }
-    if (w < first) return roll_back(j, kBwd);
-    out_.start[static_cast<size_t>(t)] = s;
-    end_[static_cast<size_t>(t)] = s + d;
-    inside_[static_cast<size_t>(t)] = 1;
-    c.time = s;
-    c.window = w;
-    reach = std::max(reach, s + d);
+      const double d = dur_[t];
+      double s = 0.0;
+      for (;; --w) {
+        if (w < first) return roll_back(j, kBwd);
+        s = std::min(latest, bend[w]) - d;
+        if (s < ready) return roll_back(j, kBwd);
+        if (s >= bstart[w]) break;
+      }
+      start[t] = s;
+      end[t] = s + d;
+      inside[t] = 1;
+      time = s;
+      reach = std::max(reach, s + d);
+    } while (it != b && key_[static_cast<size_t>(it[-1])] == k);
+    cursor_[static_cast<size_t>(k)] = {time, w};
   }
   last_end_ = std::max(last_end_, reach);
   return true;
@@ -332,7 +360,7 @@ void Scheduler::place_backward_back(int32_t j) {
     for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
       s = std::max(s, end_[static_cast<size_t>(*q)]);
     }
-    out_.start[static_cast<size_t>(t)] = s;
+    start_[t] = s;
     end_[static_cast<size_t>(t)] = s + dur_[t];
     c.time = s + dur_[t];
     last_end_ = std::max(last_end_, s + dur_[t]);
@@ -349,7 +377,7 @@ void Scheduler::finish() {
 }
 
 const Schedule& Scheduler::run(Policy policy, const std::vector<double>* durations, bool fixed_assignment) {
-  const int32_t n = p_.num_tasks(), m = p_.num_microbatches();
+  const int32_t n = p_.num_tasks();
   if (durations != nullptr) {
     if (durations->size() != static_cast<size_t>(n)) {
       throw std::invalid_argument("durations: " + format_number(durations->size()) + " values for " +
@@ -358,10 +386,16 @@ const Schedule& Scheduler::run(Policy policy, const std::vector<double>* duratio
     for (int32_t t = 0; t < n; ++t) {
       check_duration((*durations)[static_cast<size_t>(t)], [t] { return "durations[" + format_number(t) + "]"; });
     }
-    dur_ = durations->data();
-  } else {
-    dur_ = p_.fields().duration.data();
   }
+  place(policy, durations != nullptr ? durations->data() : p_.fields().duration.data(), fixed_assignment,
+        out_.start.data());
+  return out_;
+}
+
+void Scheduler::place(Policy policy, const double* durations, bool fixed_assignment, double* start) {
+  const int32_t m = p_.num_microbatches();
+  dur_ = durations;
+  start_ = start;
   const bool greedy = policy == Policy::kGreedy;
   first_start_ = 0.0;
   last_end_ = p_.horizon();
@@ -423,7 +457,6 @@ const Schedule& Scheduler::run(Policy policy, const std::vector<double>* duratio
   for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].time = p_.horizon();
   for (int32_t j = 0; j < m; ++j) place_backward_back(j);
   finish();
-  return out_;
 }
 
 double first_fit_floor(const Problem& p, std::vector<double>& start) {

@@ -52,8 +52,21 @@ Scheduler::Scheduler(const Problem& problem) : p_(problem) {
   const size_t windows = p_.windows(kCompute).start.size() + p_.windows(kComm).start.size();
   bw_start_.resize(windows + n);
   bw_end_.resize(windows + n);
-  busy_off_.resize(static_cast<size_t>(keys_) + 1);
-  busy_.resize(n);
+  // Forward tasks per key in (microbatch, id) order, as CSR.
+  fwd_key_off_.assign(static_cast<size_t>(keys_) + 1, 0);
+  for (int32_t j = 0; j < static_cast<int32_t>(m); ++j) {
+    for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+      ++fwd_key_off_[static_cast<size_t>(key_[static_cast<size_t>(*it)]) + 1];
+    }
+  }
+  for (int32_t k = 0; k < keys_; ++k) fwd_key_off_[static_cast<size_t>(k) + 1] += fwd_key_off_[static_cast<size_t>(k)];
+  fwd_key_.resize(static_cast<size_t>(fwd_key_off_.back()));
+  std::vector<int64_t> at(fwd_key_off_.begin(), fwd_key_off_.end() - 1);
+  for (int32_t j = 0; j < static_cast<int32_t>(m); ++j) {
+    for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+      fwd_key_[static_cast<size_t>(at[static_cast<size_t>(key_[static_cast<size_t>(*it)])]++)] = *it;
+    }
+  }
   out_.start.resize(n);
   out_.assignment.resize(m);
 }
@@ -210,55 +223,51 @@ void Scheduler::choose_assignment(bool fixed) {
 // Backward windows per (lane, resource): the problem's windows minus the intervals taken by
 // forward tasks placed inside the step (which lie inside windows, in increasing time per key).
 void Scheduler::build_backward_windows() {
-  const int32_t m = p_.num_microbatches();
-  std::fill(busy_off_.begin(), busy_off_.end(), 0);
-  auto in_step = [&](int32_t j) {
-    return std::make_pair(p_.tasks_begin(j, kFwd) + fwd_first_[static_cast<size_t>(j)], p_.tasks_end(j, kFwd));
-  };
-  for (int32_t j = 0; j < m; ++j) {
-    const auto [b, e] = in_step(j);
-    for (const int32_t* it = b; it != e; ++it) {
-      if (dur_[*it] > 0.0) ++busy_off_[static_cast<size_t>(key_[static_cast<size_t>(*it)] + 1)];
-    }
-  }
-  for (int32_t k = 0; k < keys_; ++k) busy_off_[static_cast<size_t>(k) + 1] += busy_off_[static_cast<size_t>(k)];
-  // Fill in placement order (increasing microbatch, increasing id) = increasing time per key.
-  for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].window = busy_off_[static_cast<size_t>(k)];
-  for (int32_t j = 0; j < m; ++j) {
-    const auto [b, e] = in_step(j);
-    for (const int32_t* it = b; it != e; ++it) {
-      if (dur_[*it] > 0.0) {
-        const size_t k = static_cast<size_t>(key_[static_cast<size_t>(*it)]);
-        busy_[static_cast<size_t>(cursor_[k].window++)] = *it;
-      }
-    }
-  }
+  // Per key, the forward tasks placed inside the step that take time, in placement order
+  // (increasing microbatch, increasing id: increasing time); the windows up to the next one copied
+  // whole (the problem's windows are not empty), the window holding it cut around it.
+  double* const bs = bw_start_.data();
+  double* const be_ = bw_end_.data();
   int64_t out = 0;
+  const auto emit = [&](double a, double z) {
+    bs[out] = a;
+    be_[out] = z;
+    ++out;
+  };
+  const auto copy = [&](const WindowSet& ws, int64_t from, int64_t to) {
+    std::copy(ws.start.begin() + from, ws.start.begin() + to, bs + out);
+    std::copy(ws.end.begin() + from, ws.end.begin() + to, be_ + out);
+    out += to - from;
+  };
   for (int32_t k = 0; k < keys_; ++k) {
     bw_off_[static_cast<size_t>(k)] = out;
     const WindowSet& ws = p_.windows(k % 2);
+    const double* const S = ws.start.data();
+    const double* const E = ws.end.data();
     const int32_t l = k / 2;
-    int64_t b = busy_off_[static_cast<size_t>(k)];
-    const int64_t be = busy_off_[static_cast<size_t>(k) + 1];
-    for (int64_t w = ws.offset[static_cast<size_t>(l)]; w < ws.offset[static_cast<size_t>(l) + 1]; ++w) {
-      double cur = ws.start[static_cast<size_t>(w)];
-      const double we = ws.end[static_cast<size_t>(w)];
-      for (; b < be; ++b) {
-        const int32_t t = busy_[static_cast<size_t>(b)];
-        const double s = start_[t];
-        if (s >= we) break;
-        if (s > cur) {
-          bw_start_[static_cast<size_t>(out)] = cur;
-          bw_end_[static_cast<size_t>(out)] = s;
-          ++out;
-        }
-        cur = std::max(cur, end_[static_cast<size_t>(t)]);
+    int64_t w = ws.offset[static_cast<size_t>(l)];
+    const int64_t wl = ws.offset[static_cast<size_t>(l) + 1];
+    if (w == wl) continue;
+    double cur = S[w];
+    for (int64_t b = fwd_key_off_[static_cast<size_t>(k)]; b < fwd_key_off_[static_cast<size_t>(k) + 1]; ++b) {
+      const int32_t t = fwd_key_[static_cast<size_t>(b)];
+      if (!inside_[static_cast<size_t>(t)] || !(dur_[t] > 0.0)) continue;  // not in the step, or takes no time
+      const double s = start_[t];
+      if (s >= E[w]) {
+        // Window w ends before t: its rest, then the whole windows before the one t starts in.
+        if (cur < E[w]) emit(cur, E[w]);
+        const int64_t next = std::upper_bound(E + w + 1, E + wl, s) - E;
+        copy(ws, w + 1, next);
+        w = next;
+        if (w == wl) break;
+        cur = S[w];
       }
-      if (cur < we) {
-        bw_start_[static_cast<size_t>(out)] = cur;
-        bw_end_[static_cast<size_t>(out)] = we;
-        ++out;
-      }
+      if (s > cur) emit(cur, s);
+      cur = std::max(cur, end_[static_cast<size_t>(t)]);
+    }
+    if (w < wl) {
+      if (cur < E[w]) emit(cur, E[w]);
+      copy(ws, w + 1, wl);
     }
   }
   bw_off_[static_cast<size_t>(keys_)] = out;

@@ -89,8 +89,8 @@ class Scheduler {
   // CSR over keys (2 l + r).
   std::vector<int64_t> bw_off_;
   std::vector<double> bw_start_, bw_end_;
-  std::vector<int64_t> busy_off_;
-  std::vector<int32_t> busy_;
+  std::vector<int64_t> fwd_key_off_;  // forward tasks per key, (microbatch, id) order: CSR
+  std::vector<int32_t> fwd_key_;
   Schedule out_;
 };
 

@@ -103,24 +103,30 @@ bool Scheduler::place_forward_in_step(int32_t j, int64_t first) {
     const int64_t last = ws.offset[static_cast<size_t>(k >> 1) + 1];
     double time = cursor_[static_cast<size_t>(k)].time;
     int64_t w = cursor_[static_cast<size_t>(k)].window;
+    bool placed = false;  // a task of the run placed: then time >= wstart[w]
     do {
       const int32_t t = *it;
-      double ready = time;
-      // A predecessor on this lane and resource placed in this try ends by `time`: only the
-      // others can delay t.
-      if (!local_pred_[static_cast<size_t>(t)]) {
-        for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
-          if (inside[*q]) ready = std::max(ready, end[*q]);
+      const double d = dur_[t];
+      double s = time;
+      // Right after the run's previous task in its window: what the search below gives when
+      // nothing else holds t back (time >= wstart[w], so max(time, wstart[w]) is time).
+      if (!(placed && local_pred_[static_cast<size_t>(t)] && !(s + d > deadline) && s + d <= wend[w])) {
+        double ready = time;
+        // A predecessor on this lane and resource placed in this try ends by `time`: only the
+        // others can delay t.
+        if (!local_pred_[static_cast<size_t>(t)]) {
+          for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+            if (inside[*q]) ready = std::max(ready, end[*q]);
+          }
+        }
+        for (;; ++w) {
+          if (w == last) return roll_back(j, kFwd);
+          s = std::max(ready, wstart[w]);
+          if (s + d > deadline) return roll_back(j, kFwd);
+          if (s + d <= wend[w]) break;
         }
       }
-      const double d = dur_[t];
-      double s = 0.0;
-      for (;; ++w) {
-        if (w == last) return roll_back(j, kFwd);
-        s = std::max(ready, wstart[w]);
-        if (s + d > deadline) return roll_back(j, kFwd);
-        if (s + d <= wend[w]) break;
-      }
+      placed = true;
       start[t] = s;
       end[t] = s + d;
       inside[t] = 1;
@@ -293,24 +299,30 @@ bool Scheduler::place_backward_in_step(int32_t j, int64_t last) {
     const int64_t first = bw_off_[static_cast<size_t>(k)];
     double time = cursor_[static_cast<size_t>(k)].time;
     int64_t w = cursor_[static_cast<size_t>(k)].window;
+    bool placed = false;  // a task of the run placed: then time <= bend[w]
     do {
       const int32_t t = *--it;
-      double latest = time;
-      // A successor on this lane and resource placed in this try starts at or after `time`: only
-      // the others can hold t earlier.
-      if (!local_succ_[static_cast<size_t>(t)]) {
-        for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
-          if (inside[*q]) latest = std::min(latest, start[*q]);
+      const double d = dur_[t];
+      double s = time - d;
+      // Right before the run's previous task in its window: what the search below gives when
+      // nothing else holds t earlier (time <= bend[w], so min(time, bend[w]) is time).
+      if (!(placed && local_succ_[static_cast<size_t>(t)] && !(s < ready) && s >= bstart[w])) {
+        double latest = time;
+        // A successor on this lane and resource placed in this try starts at or after `time`:
+        // only the others can hold t earlier.
+        if (!local_succ_[static_cast<size_t>(t)]) {
+          for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+            if (inside[*q]) latest = std::min(latest, start[*q]);
+          }
+        }
+        for (;; --w) {
+          if (w < first) return roll_back(j, kBwd);
+          s = std::min(latest, bend[w]) - d;
+          if (s < ready) return roll_back(j, kBwd);
+          if (s >= bstart[w]) break;
         }
       }
-      const double d = dur_[t];
-      double s = 0.0;
-      for (;; --w) {
-        if (w < first) return roll_back(j, kBwd);
-        s = std::min(latest, bend[w]) - d;
-        if (s < ready) return roll_back(j, kBwd);
-        if (s >= bstart[w]) break;
-      }
+      placed = true;
       start[t] = s;
       end[t] = s + d;
       inside[t] = 1;

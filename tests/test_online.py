@@ -276,3 +276,21 @@ def test_the_planners_problems_in_one_call(ranked):
             for k in range(len(scale)):
                 np.testing.assert_array_equal(plans.schedule(k).start, online.reschedule(each.durations(scale[k])).start)
     assert 1 in copies and max(copies) > 1
+
+
+def test_rows_of_a_kept_result_are_never_overwritten_and_released_ones_are_reused():
+    from pybubble.schedule.online import ReplicaScheduler
+
+    problem = synthetic(stages=2, microbatches=3, encoder_layers=2, tp_lanes=2, encoder_scale=3.0)
+    s1, s2 = np.full((3, 3), 0.5), np.full((3, 3), 2.0)
+    with ReplicaScheduler(problem) as each:
+        a = each.run(s1)
+        kept = a.start.copy()
+        address = a.start.ctypes.data
+        b = each.run(s2)
+        assert b.start.ctypes.data != address and not np.array_equal(b.start, kept)
+        np.testing.assert_array_equal(a.start, kept)  # the second run wrote elsewhere
+        del a
+        c = each.run(s1)
+        assert c.start.ctypes.data == address  # the released rows, written again
+        np.testing.assert_array_equal(c.start, kept)

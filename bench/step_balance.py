@@ -13,8 +13,9 @@ one sequence of t x 256 encoder tokens, forward plus backward), and times the wo
    best encoder plan's problem, encoder microbatch j scaled by slot j's seconds over the run's mean
    microbatch; encoder microbatch j feeds LLM microbatch j, its data's) in one call to the core:
    ReplicaScheduler.run splits the replicas over `--threads` threads inside the core (replica k on
-   thread k % threads, the GIL released) and, the problem's lanes being twins (the 8 lanes of an
-   encoder TP group: the same windows and kernels), schedules one copy of them; it returns every
+   thread k % threads, the GIL released) and, the problem's lanes being twins (the 8 encoder
+   pipelines on each LLM stage share every microbatch evenly: the same windows and kernels),
+   schedules one copy of them; it returns every
    replica's schedule as compact rows (ReplicaSchedules: replica k's task t starts at
    start[k, t // copies]). Timed on `--threads` threads and on one, and the path before it, the
    baseline of the ratio: one OnlineScheduler per thread, each replica's durations from numpy and

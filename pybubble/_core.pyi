@@ -85,7 +85,7 @@ def synthetic_problem(
     *,
     stages: int = 4,
     lanes_per_stage: int = 2,
-    tp_lanes: int = 1,
+    twin_lanes: int = 1,
     microbatches: int = 8,
     encoder_layers: int = 8,
     kernels_per_layer: int = 16,

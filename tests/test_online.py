@@ -167,7 +167,7 @@ replica_problems = st.one_of(
     st.builds(random_problem, st.integers(0, 2**32 - 1), lanes=st.integers(1, 3), microbatches=st.integers(1, 4),
               max_windows=st.integers(0, 4), max_fwd=st.integers(1, 4), max_bwd=st.integers(0, 4),
               horizon=st.sampled_from([10, 100, 1000]), max_duration=st.integers(0, 30)),
-    st.builds(synthetic, stages=st.integers(1, 4), lanes_per_stage=st.integers(1, 2), tp_lanes=st.integers(1, 4),
+    st.builds(synthetic, stages=st.integers(1, 4), lanes_per_stage=st.integers(1, 2), twin_lanes=st.integers(1, 4),
               microbatches=st.integers(1, 6), encoder_layers=st.just(4), kernels_per_layer=st.integers(1, 6),
               tp_gaps_per_op=st.integers(0, 3), encoder_scale=st.floats(0.0, 8.0), seed=st.integers(0, 1000)))
 
@@ -202,10 +202,11 @@ def test_twin_lanes_are_scheduled_as_one_copy():
     from pybubble import _core
     from pybubble.schedule.online import ReplicaScheduler
 
-    twins = synthetic(stages=2, tp_lanes=4, microbatches=4, encoder_layers=4, encoder_scale=3.0)
+    twins = synthetic(stages=2, twin_lanes=4, microbatches=4, encoder_layers=4, encoder_scale=3.0)
     plain = synthetic(stages=2, microbatches=4, encoder_layers=4, encoder_scale=3.0)
     assert twins.num_lanes == 4 * plain.num_lanes and twins.num_tasks == 4 * plain.num_tasks
-    assert twins.lane_names[:5] == ["pp0.enc0.tp0", "pp0.enc0.tp1", "pp0.enc0.tp2", "pp0.enc0.tp3", "pp0.enc1.tp0"]
+    assert twins.lane_names[:5] == ["pp0.enc0.twin0", "pp0.enc0.twin1", "pp0.enc0.twin2", "pp0.enc0.twin3",
+                                "pp0.enc1.twin0"]
     assert _core.twin_copies(twins.core) == 4 and _core.twin_copies(plain.core) == 1
     scale = np.array([[0.5, 1.0, 2.0, 0.0], [3.0, 1.0, 1.0, 1.0]])
     with ReplicaScheduler(twins, threads=2) as a, ReplicaScheduler(plain) as b:
@@ -222,15 +223,15 @@ def test_twin_lanes_are_scheduled_as_one_copy():
     with ReplicaScheduler(changed) as c, pybubble.OnlineScheduler(changed, fixed_assignment=True) as online:
         assert c.copies == 1
         np.testing.assert_array_equal(c.run(scale).schedule(0).start, online.reschedule(c.durations(scale[0])).start)
-    with pytest.raises(ValueError, match="tp_lanes: 0 is < 1"):
-        synthetic(tp_lanes=0)
+    with pytest.raises(ValueError, match="twin_lanes: 0 is < 1"):
+        synthetic(twin_lanes=0)
 
 
 def test_one_call_refuses_bad_input_naming_the_field():
     from pybubble import _core
     from pybubble.schedule.online import ReplicaScheduler
 
-    problem = synthetic(stages=2, microbatches=3, encoder_layers=2, tp_lanes=2)
+    problem = synthetic(stages=2, microbatches=3, encoder_layers=2, twin_lanes=2)
     with ReplicaScheduler(problem) as each:
         scale = np.ones((2, 3))
         for bad, message in ((np.ones((2, 4)), r"scale: shape \(2, 4\), expected \(replicas, 3\)"),
@@ -261,9 +262,9 @@ def test_one_call_refuses_bad_input_naming_the_field():
 
 
 def test_the_planners_problems_in_one_call(ranked):
-    """The planner's encoder problems: lanes of one stage that run the same encoder kernels are
-    twins (here the LLM's TP pair with an encoder of TP 1); each replica's schedule is the online
-    scheduler's all the same."""
+    """The planner's encoder problems: the encoder pipelines of one LLM stage that share every
+    microbatch evenly are twin lanes (here two per stage, the LLM's TP 2 over an encoder of TP 1);
+    each replica's schedule is the online scheduler's all the same."""
     from pybubble.schedule.online import ReplicaScheduler
 
     copies = set()
@@ -281,7 +282,7 @@ def test_the_planners_problems_in_one_call(ranked):
 def test_rows_of_a_kept_result_are_never_overwritten_and_released_ones_are_reused():
     from pybubble.schedule.online import ReplicaScheduler
 
-    problem = synthetic(stages=2, microbatches=3, encoder_layers=2, tp_lanes=2, encoder_scale=3.0)
+    problem = synthetic(stages=2, microbatches=3, encoder_layers=2, twin_lanes=2, encoder_scale=3.0)
     s1, s2 = np.full((3, 3), 0.5), np.full((3, 3), 2.0)
     with ReplicaScheduler(problem) as each:
         a = each.run(s1)

@@ -33,7 +33,7 @@ TEST(ReplicaScheduler, EachReplicaIsTheSchedulerOnItsOwnDurations) {
   for (uint64_t seed = 0; seed < 8; ++seed) {
     SyntheticSpec spec;
     spec.stages = 1 + static_cast<int32_t>(seed % 4);
-    spec.tp_lanes = 1 + static_cast<int32_t>(seed % 3) * 2;  // 1, 3, 5 twin lanes
+    spec.twin_lanes = 1 + static_cast<int32_t>(seed % 3) * 2;  // 1, 3, 5 twin lanes
     spec.encoder_layers = 4;
     spec.microbatches = 1 + static_cast<int32_t>(seed % 5);
     spec.encoder_scale = 0.5 + 0.5 * static_cast<double>(seed % 4);
@@ -46,7 +46,7 @@ TEST(ReplicaScheduler, EachReplicaIsTheSchedulerOnItsOwnDurations) {
       for (const bool fixed : {true, false}) {
         for (const int32_t threads : {1, 2, 3}) {
           ReplicaScheduler all(p, threads, policy, fixed);
-          EXPECT_EQ(all.copies(), spec.tp_lanes);
+          EXPECT_EQ(all.copies(), spec.twin_lanes);
           ReplicaSchedules out;
           all.run(scale.data(), replicas, out);
           ASSERT_EQ(out.replicas, replicas);
@@ -78,7 +78,7 @@ TEST(ReplicaScheduler, EachReplicaIsTheSchedulerOnItsOwnDurations) {
 
 TEST(ReplicaScheduler, ReusesItsMemoryAndTakesNoReplicas) {
   SyntheticSpec spec;
-  spec.tp_lanes = 2;
+  spec.twin_lanes = 2;
   const Problem p(synthetic_problem(spec));
   ReplicaScheduler all(p, 2, Policy::kGreedy, true);
   ReplicaSchedules a, b;

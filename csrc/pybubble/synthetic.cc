@@ -77,7 +77,7 @@ void check_number(double value, double lo, bool inclusive, const char* field) {
 ProblemInput synthetic_problem(const SyntheticSpec& sp) {
   check_at_least(sp.stages, 1, "stages");
   check_at_least(sp.lanes_per_stage, 1, "lanes_per_stage");
-  check_at_least(sp.tp_lanes, 1, "tp_lanes");
+  check_at_least(sp.twin_lanes, 1, "twin_lanes");
   check_at_least(sp.microbatches, 1, "microbatches");
   if (sp.encoder_layers < sp.stages) {
     throw std::invalid_argument("encoder_layers: " + format_number(sp.encoder_layers) + " is fewer than the stages (" +
@@ -190,8 +190,8 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
       }
     }
   }
-  // Each encoder lane a TP group of twin lanes running the same kernels, each after its own.
-  return sp.tp_lanes > 1 ? with_copies(in, sp.tp_lanes) : in;
+  // Each encoder lane made twin lanes running the same kernels, each after its own lane's.
+  return sp.twin_lanes > 1 ? with_copies(in, sp.twin_lanes) : in;
 }
 
 }  // namespace pybubble

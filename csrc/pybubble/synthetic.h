@@ -12,7 +12,7 @@ namespace pybubble {
 struct SyntheticSpec {
   int32_t stages = 4;             ///< LLM pipeline stages; the encoder pipeline uses the same count
   int32_t lanes_per_stage = 2;    ///< encoder lanes (e.g. encoder TP groups) on each stage's GPUs
-  int32_t tp_lanes = 1;           ///< twin lanes per encoder lane: a TP group's GPUs, the same kernels (twins.h)
+  int32_t twin_lanes = 1;         ///< copies of every encoder lane: the same windows and kernels (twins.h)
   int32_t microbatches = 8;       ///< LLM microbatches = encoder microbatches
   int32_t encoder_layers = 8;     ///< encoder layers in all, split evenly over the stages
   int32_t kernels_per_layer = 16; ///< kernels per layer and phase (cycling a ViT layer's kernels)

@@ -1,7 +1,8 @@
-// Twin lanes: a problem whose lanes come in groups that are exact copies of each other (the lanes
-// of one encoder tensor-parallel group: the same free windows, the same kernels, each kernel
-// depending only on its own copy's). The scheduler places every copy alike, so one copy's problem,
-// scheduled once, gives the schedule of all of them.
+// Twin lanes: a problem whose lanes come in groups that are exact copies of each other: the same
+// free windows, the same kernels, each kernel depending only on its own copy's (encoder pipelines
+// that share every microbatch evenly with their stages on the same LLM ranks: the Optimus plan's 8
+// per LLM stage). The scheduler places every copy alike, so one copy's problem, scheduled once,
+// gives the schedule of all of them.
 #pragma once
 
 #include <cstdint>

@@ -78,8 +78,9 @@ class OnlineScheduler:
 class ReplicaSchedules:
     """Every replica's schedule of one :meth:`ReplicaScheduler.run`, in compact rows: replica k's
     task t starts at ``start[k, t // copies]``. With ``copies`` > 1 the problem is made of twin
-    lanes (a tensor-parallel group's lanes: the same windows, the same kernels, each after its own
-    lane's), which the scheduler places alike; one row holds one copy's starts."""
+    lanes (the same windows, the same kernels, each after its own lane's: encoder pipelines that
+    share every microbatch evenly on the same LLM ranks), which the scheduler places alike; one row
+    holds one copy's starts."""
 
     copies: int
     """Twin copies of the problem: tasks ``copies * g`` to ``copies * g + copies - 1`` share row entry

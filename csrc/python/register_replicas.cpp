@@ -73,7 +73,7 @@ void register_replicas(py::module_& m) {
           [](Replicas& self, py::handle scale) {
             int64_t rows = 0;
             const std::vector<double> s =
-                read_rows(scale, "scale", self.core->microbatches(), {pybubble::kMaxReplicaTasks, "replica_tasks"}, rows);
+                read_rows(scale, "scale", self.core->microbatches(), {pybubble::kMaxReplicas, "replicas"}, rows);
             const std::shared_ptr<std::vector<double>> buffer = self.free_rows();
             ReplicaSchedules out;
             out.start.swap(*buffer);

@@ -100,6 +100,10 @@ def synthetic_problem(
 def balance_microbatches(costs: npt.ArrayLike, num_microbatches: int) -> np.ndarray: ...
 def balance_lower_bound(costs: npt.ArrayLike, num_microbatches: int) -> float: ...
 def max_microbatch_cost(costs: npt.ArrayLike, assignment: npt.ArrayLike, num_microbatches: int) -> float: ...
+def balance_replicas(
+    image_cost: npt.ArrayLike, image_owner: npt.ArrayLike, replicas: int, image_slot: npt.ArrayLike | None = None
+) -> np.ndarray:
+    """Moves of encoder work between replicas: one (image, from, to) row each, int64."""
 
 def simulate_pipeline(
     *,

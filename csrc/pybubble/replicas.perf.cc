@@ -8,21 +8,10 @@
 namespace pybubble {
 namespace {
 
-// The ViT-22B-sized problem of scheduler.perf.cc (8 stages x 2 lanes, 32 microbatches, 48 layers),
-// each encoder lane made `twins` twin lanes.
+// The ViT-22B-sized problem (synthetic.h), each encoder lane made `twins` twin lanes.
 SyntheticSpec spec_for(int32_t twins) {
-  SyntheticSpec s;
-  s.stages = 8;
-  s.lanes_per_stage = 2;
+  SyntheticSpec s = vit22b_sized();
   s.twin_lanes = twins;
-  s.microbatches = 32;
-  s.encoder_layers = 48;
-  s.kernels_per_layer = 16;
-  s.llm_fwd = 12000.0;
-  s.llm_bwd = 24000.0;
-  s.tp_gaps_per_op = 12;
-  s.tp_gap = 300.0;
-  s.encoder_scale = 4.0;
   return s;
 }
 

@@ -194,4 +194,19 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
   return sp.twin_lanes > 1 ? with_copies(in, sp.twin_lanes) : in;
 }
 
+SyntheticSpec vit22b_sized(int32_t microbatches, int32_t layers) {
+  SyntheticSpec s;
+  s.stages = 8;
+  s.lanes_per_stage = 2;
+  s.microbatches = microbatches;
+  s.encoder_layers = layers;
+  s.kernels_per_layer = 16;
+  s.llm_fwd = 12000.0;
+  s.llm_bwd = 24000.0;
+  s.tp_gaps_per_op = 12;
+  s.tp_gap = 300.0;
+  s.encoder_scale = 4.0;
+  return s;
+}
+
 }  // namespace pybubble

@@ -25,6 +25,11 @@ struct SyntheticSpec {
   uint64_t seed = 0;              ///< random seed for the jitter
 };
 
+/// The benchmarks' ViT-22B-sized shape: 8 stages x 2 lanes, LLM ops of 12 and 24 ms with 12 TP
+/// gaps of 300 us each, encoder kernels x 4; with 32 microbatches and 48 layers about 50k tasks
+/// and 25k windows.
+SyntheticSpec vit22b_sized(int32_t microbatches = 32, int32_t layers = 48);
+
 /// Builds the problem of `spec`; throws std::invalid_argument for a bad spec.
 ProblemInput synthetic_problem(const SyntheticSpec& spec);
 

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from bisect import bisect_right
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,54 +306,8 @@ def balance_replicas(image_cost: np.ndarray, image_owner: np.ndarray, replicas: 
     cost = real_array(image_cost, "image_cost", minimum=0.0)
     r = integer(replicas, "replicas", minimum=1)
     owner = _indices(image_owner, "image_owner", r, cost.shape)
-    moves: list[tuple[int, int, int]] = []
-    eligible = np.flatnonzero(cost > 0)
-    total = np.bincount(owner, weights=cost, minlength=r).tolist()
-    fits: Callable[[int, int, float], bool] = lambda image, taker, c: True  # noqa: E731
-    update: Callable[[int, int, int, float], None] = lambda image, giver, taker, c: None  # noqa: E731
-    if image_slot is not None:
-        slot = _indices(image_slot, "image_slot", INT64[1], cost.shape)
-        ids = eligible[np.lexsort((cost[eligible], owner[eligible], slot[eligible]))]
-        group_owner = owner[ids]
-        cuts = [0, *(np.flatnonzero(np.diff(slot[ids])) + 1).tolist(), ids.size]
-        keys = slot[ids] * r + group_owner
-        cap = max(total, default=0.0)
-
-        def within_total(image: int, taker: int, c: float) -> bool:
-            return total[taker] + c <= cap
-
-        def move_total(image: int, giver: int, taker: int, c: float) -> None:
-            total[giver] -= c
-            total[taker] += c
-
-        id_list, cost_list = ids.tolist(), cost[ids].tolist()
-        for lo, hi in zip(cuts[:-1], cuts[1:]):
-            if lo == hi:
-                continue
-            bounds = (lo + np.searchsorted(keys[lo:hi], keys[lo] - group_owner[lo] + np.arange(r + 1))).tolist()
-            load = np.bincount(group_owner[lo:hi], weights=cost[ids[lo:hi]], minlength=r).tolist()
-            _even_out(id_list, cost_list, bounds, load, moves, within_total, move_total)
-        moved = np.zeros(cost.size, bool)
-        moved[[m[0] for m in moves]] = True
-        eligible = eligible[~moved[eligible]]
-        runs_on = owner.copy()
-        runs_on[[m[0] for m in moves]] = [m[2] for m in moves]
-        width = int(slot.max(initial=-1)) + 1
-        by_slot = np.bincount(runs_on * width + slot, weights=cost, minlength=r * width).reshape(r, width)
-        slot_cap, slot_load, slot_of = by_slot.max(axis=0).tolist(), by_slot.tolist(), slot.tolist()
-
-        def within_slot(image: int, taker: int, c: float) -> bool:
-            return slot_load[taker][slot_of[image]] + c <= slot_cap[slot_of[image]]
-
-        def move_slot(image: int, giver: int, taker: int, c: float) -> None:
-            slot_load[giver][slot_of[image]] -= c
-            slot_load[taker][slot_of[image]] += c
-
-        fits, update = within_slot, move_slot
-    ids = eligible[np.lexsort((cost[eligible], owner[eligible]))]
-    bounds = np.searchsorted(owner[ids], np.arange(r + 1)).tolist()
-    _even_out(ids.tolist(), cost[ids].tolist(), bounds, total, moves, fits, update)
-    return np.array(moves, np.int64).reshape(-1, 3)
+    slot = None if image_slot is None else _indices(image_slot, "image_slot", INT64[1], cost.shape)
+    return _core.balance_replicas(cost, owner, r, slot)
 
 
 def balance_replica_chunks(tiles: np.ndarray, chunk: int) -> np.ndarray:
@@ -417,48 +369,6 @@ def balance_replica_chunks(tiles: np.ndarray, chunk: int) -> np.ndarray:
         chunks[giver] = np.ceil(load[giver] / c).sum()
         gave[giver, k] = True
     return np.array(moves, np.int64).reshape(-1, 4)
-
-
-def _even_out(ids: list[int], costs: list[float], bounds: list[int], load: list[float],
-              moves: list[tuple[int, int, int]], fits: Callable[[int, int, float], bool],
-              update: Callable[[int, int, int, float], None]) -> None:
-    """One greedy pass of :func:`balance_replicas`: the images ``ids[bounds[k]:bounds[k + 1]]`` of
-    owner k (by cost, with ``costs`` alongside) even out `load` (per replica); ``fits(image, taker,
-    cost)`` says whether a taker may take an image, ``update`` is told of each move. A taker that
-    may take none of a giver's images that would help sits out until the next giver."""
-    mean = sum(load) / len(load)
-    takers = [(x, k) for k, x in enumerate(load) if x < mean]
-    heapq.heapify(takers)
-    for giver in sorted(range(len(load)), key=lambda k: -load[k]):
-        if load[giver] <= mean or not takers:
-            break
-        lo, hi = bounds[giver], bounds[giver + 1]
-        mine, images = costs[lo:hi], ids[lo:hi]
-        have, waiting = load[giver], []
-        while have > mean and takers and mine:
-            room, taker = takers[0]
-            k = bisect_right(mine, min(have - mean, mean - room)) - 1
-            if k < 0:
-                if room + mine[0] >= have:
-                    break
-                k = 0
-            while k >= 0 and not fits(images[k], taker, mine[k]):
-                k -= 1
-            if k < 0:
-                waiting.append(heapq.heappop(takers))
-                continue
-            c, image = mine.pop(k), images.pop(k)
-            moves.append((image, giver, taker))
-            update(image, giver, taker, c)
-            have, room = have - c, room + c
-            load[taker] = room
-            if room < mean:
-                heapq.heapreplace(takers, (room, taker))
-            else:
-                heapq.heappop(takers)
-        load[giver] = have
-        for entry in waiting:
-            heapq.heappush(takers, entry)
 
 
 def _indices(values: Any, where: str, bound: int, shape: tuple[int, ...]) -> np.ndarray:

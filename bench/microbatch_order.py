@@ -55,7 +55,7 @@ def main() -> None:
                                 minlength=r * m).reshape(r, m)
             for name, room in profiles.items():
                 ordered = loads if room is None else np.take_along_axis(loads, order_by_bubbles(loads, room), axis=1)
-                steps[name].append(float(np.mean([x.step_time for x in each.reschedule(ordered / mean)])))
+                steps[name].append(float(np.mean(each.run(ordered / mean).step_time)))
     print(f"{args.config}: {args.steps} steps, {r} replicas, {m} microbatches, LLM alone {best.problem.horizon / 1e3:.1f} ms")
     for name, values in steps.items():
         print(f"{name:22s} mean step {np.mean(values) / 1e3:9.1f} ms")

@@ -2,6 +2,11 @@
 mode's median step and the speed-ups of pybubble over megatron and coarse, then the median of the
 per-round speed-ups with their range and each mode's prediction error.
 
+Each launch runs the same steps (with varying data, the same samples), so a round compares the
+modes on the same work two ways: by the median step, and by the settled steps' total (the
+throughput: with varying data the heavy steps, where balancing saves the most, count by their time;
+the median step is that of a middling batch).
+
 The modes take turns (``--rounds`` launches per mode, megatron, coarse, pybubble, megatron, ...)
 so that a change in the machine's load hits all three of a round alike: a round's ratios compare
 launches that ran back to back, and their median over the rounds is what a noisy machine moves
@@ -37,13 +42,23 @@ UNBALANCED = "unbalanced"
 """pybubble with ``--balance off`` (varying data only)."""
 
 
+def settled_total_s(report: dict) -> float:
+    """A launch's settled steps' seconds summed: every launch of a round runs the same steps' samples,
+    so with varying data this is the time each took for the same work (its throughput)."""
+    return sum(report["step_times_s"][s] for s in report["settled_steps"])
+
+
 def round_ratios(reports: dict[str, list[dict]]) -> list[dict[str, float]]:
-    """Per round: each variant's median settled step and pybubble's speed-ups over the others."""
+    """Per round: each variant's median settled step and pybubble's speed-ups over the others, by
+    the median step (``vs_*``) and by the settled steps' total (``total_vs_*``: with varying data
+    the steps differ, and the heavy ones, where balancing saves the most, weigh in by their time)."""
     out = []
     for r in range(len(reports["pybubble"])):
         med = {m: reports[m][r]["median_step_s"] for m in reports}
-        out.append({**{f"{m}_s": med[m] for m in reports},
-                    **{f"vs_{m}": med[m] / med["pybubble"] for m in reports if m != "pybubble"}})
+        total = {m: settled_total_s(reports[m][r]) for m in reports}
+        out.append({**{f"{m}_s": med[m] for m in reports}, **{f"{m}_total_s": total[m] for m in reports},
+                    **{f"vs_{m}": med[m] / med["pybubble"] for m in reports if m != "pybubble"},
+                    **{f"total_vs_{m}": total[m] / total["pybubble"] for m in reports if m != "pybubble"}})
     return out
 
 
@@ -115,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios = round_ratios({m: rs[r:r + 1] for m, rs in reports.items()})[0]
         load = os.getloadavg()[0]
         print(f"round {r + 1}: pybubble " + ", ".join(f"{ratios['vs_' + m]:.2f}x {m}" for m in reports if m != "pybubble")
+              + "; by the total: " + ", ".join(f"{ratios['total_vs_' + m]:.2f}x" for m in reports if m != "pybubble")
               + f" (load {load:.2f})", flush=True)
     rounds_out = round_ratios(reports)
     settled = {m: [r["step_times_s"][s] for r in rs for s in r["settled_steps"]] for m, rs in reports.items()}
@@ -130,13 +146,19 @@ def main(argv: list[str] | None = None) -> int:
     for r, x in enumerate(rounds_out):
         print(f"{r + 1:<6} " + " ".join(f"{x[m + '_s'] * 1e3:>7.1f} ms" for m in reports) + " "
               + " ".join(f"{x['vs_' + m]:>13.2f}x" for m in others))
+    print(f"{'total':<6} " + " ".join(f"{m:>10}" for m in reports) + " " + " ".join(f"{'vs ' + m:>14}" for m in others))
+    for r, x in enumerate(rounds_out):
+        print(f"{r + 1:<6} " + " ".join(f"{x[m + '_total_s']:>8.2f} s" for m in reports) + " "
+              + " ".join(f"{x['total_vs_' + m]:>13.2f}x" for m in others))
     summary = {}
-    for m in others:
-        values = [x["vs_" + m] for x in rounds_out]
-        summary["vs_" + m] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
-    print("pybubble per round: " + ", ".join(f"median {summary['vs_' + m]['median']:.2f}x {m} "
-                                             f"[{summary['vs_' + m]['min']:.2f}-{summary['vs_' + m]['max']:.2f}]"
-                                             for m in others))
+    for key in ("vs_", "total_vs_"):
+        for m in others:
+            values = [x[key + m] for x in rounds_out]
+            summary[key + m] = {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    for key, what in (("vs_", "by the median step"), ("total_vs_", "by the settled steps' total")):
+        print(f"pybubble per round, {what}: " + ", ".join(
+            f"median {summary[key + m]['median']:.2f}x {m} [{summary[key + m]['min']:.2f}-{summary[key + m]['max']:.2f}]"
+            for m in others))
     print(f"{'mode':<10} {'median step':>12} {'predicted':>10} {'error':>7} {'step error':>11} {'overruns':>9}")
     for mode in reports:
         err = predicted[mode] / median[mode] - 1.0

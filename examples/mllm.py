@@ -28,6 +28,7 @@ import socket
 import statistics
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -435,9 +436,9 @@ class StepInput:
 def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica: int, runtime) -> StepInput:
     """Replica ``replica``'s samples of step ``step`` (its contiguous share), ``microbatch_size /
     dp`` rows per LLM microbatch: in the given order (``--balance off``), or in the layout over the
-    slots (pybubble.schedule.balance.row_layouts: as given, balanced on their tiles, each ordered
-    light first and last or heaviest in the most room of the last plan) whose step ``runtime``
-    predicts shortest."""
+    slots (pybubble.schedule.balance.row_layouts: as given, balanced on their tiles, packed into the
+    fewest chunks of ``chunk_tiles``, each ordered light first and last or heaviest in the most room
+    of the last plan) whose step ``runtime`` predicts shortest."""
     from pybubble.runtime import EncoderBatch
     from pybubble.schedule.balance import deadline_gaps, row_layouts
 
@@ -449,7 +450,7 @@ def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica:
     slot, layout = given, "given"
     if balanced(args) and runtime.costs is not None:
         problem = runtime.placement.problem if runtime.placement is not None else None
-        layouts = row_layouts(tiles, m, rows, None if problem is None else deadline_gaps(problem))
+        layouts = row_layouts(tiles, m, rows, None if problem is None else deadline_gaps(problem), cfg.chunk_tiles)
         layout = min(layouts, key=lambda n: runtime.predict(np.bincount(layouts[n], weights=tiles, minlength=m)))
         slot = layouts[layout]
     run = np.lexsort((np.arange(mine.size), slot))  # samples by slot, in the given order within one
@@ -660,6 +661,10 @@ def data_parallel(stage_module: nn.Module, args: argparse.Namespace, mesh) -> nn
         for block in stage_module.blocks:
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard)
         fully_shard(stage_module, mesh=dp_mesh)
+        # The head's logits of a 3-D input are a view (F.linear reshapes); FSDP2 warns on every
+        # forward that an in-place op on it would skip its pre-backward hook. Nothing here writes
+        # into the logits in place, so the warning says nothing about this trainer.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor")
         return stage_module
     if args.dp > 1:
         return nn.parallel.DistributedDataParallel(stage_module, process_group=dp_mesh.get_group())

@@ -57,6 +57,21 @@ class Scheduler:
         self, policy: str = "greedy", durations: npt.ArrayLike | None = None, *, fixed_assignment: bool = False
     ) -> tuple[np.ndarray, np.ndarray, float, float, float]: ...
 
+class ReplicaScheduler:
+    def __init__(
+        self, problem: Problem, threads: int = 1, policy: str = "greedy", *, fixed_assignment: bool = True
+    ) -> None: ...
+    @property
+    def copies(self) -> int: ...
+    @property
+    def threads(self) -> int: ...
+    def run(
+        self, scale: npt.ArrayLike
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(start: replicas x tasks / copies, assignment: replicas x microbatches, step_time,
+        shift_front, shift_back, seconds)"""
+
+def twin_copies(problem: Problem) -> int: ...
 def first_fit_floor(problem: Problem) -> np.ndarray: ...
 def validate(
     problem: Problem,
@@ -70,6 +85,7 @@ def synthetic_problem(
     *,
     stages: int = 4,
     lanes_per_stage: int = 2,
+    twin_lanes: int = 1,
     microbatches: int = 8,
     encoder_layers: int = 8,
     kernels_per_layer: int = 16,
@@ -84,6 +100,10 @@ def synthetic_problem(
 def balance_microbatches(costs: npt.ArrayLike, num_microbatches: int) -> np.ndarray: ...
 def balance_lower_bound(costs: npt.ArrayLike, num_microbatches: int) -> float: ...
 def max_microbatch_cost(costs: npt.ArrayLike, assignment: npt.ArrayLike, num_microbatches: int) -> float: ...
+def balance_replicas(
+    image_cost: npt.ArrayLike, image_owner: npt.ArrayLike, replicas: int, image_slot: npt.ArrayLike | None = None
+) -> np.ndarray:
+    """Moves of encoder work between replicas: one (image, from, to) row each, int64."""
 
 def simulate_pipeline(
     *,

@@ -154,3 +154,144 @@ def test_replicas_split_over_threads_give_the_same_valid_schedules():
             two.reschedule(-scale)
     with pytest.raises(ValueError, match="threads: 0"):
         ReplicaScheduler(problem, threads=0)
+
+
+# ---- every replica in one call ------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from pybubble.problem.generated import random_problem  # noqa: E402
+
+replica_problems = st.one_of(
+    st.builds(random_problem, st.integers(0, 2**32 - 1), lanes=st.integers(1, 3), microbatches=st.integers(1, 4),
+              max_windows=st.integers(0, 4), max_fwd=st.integers(1, 4), max_bwd=st.integers(0, 4),
+              horizon=st.sampled_from([10, 100, 1000]), max_duration=st.integers(0, 30)),
+    st.builds(synthetic, stages=st.integers(1, 4), lanes_per_stage=st.integers(1, 2), twin_lanes=st.integers(1, 4),
+              microbatches=st.integers(1, 6), encoder_layers=st.just(4), kernels_per_layer=st.integers(1, 6),
+              tp_gaps_per_op=st.integers(0, 3), encoder_scale=st.floats(0.0, 8.0), seed=st.integers(0, 1000)))
+
+
+@given(replica_problems, st.integers(0, 2**32 - 1), st.integers(1, 3), st.sampled_from(["greedy", "coarse"]),
+       st.booleans())
+@settings(max_examples=80)
+def test_every_replica_in_one_call_is_the_online_schedule_of_its_durations(problem, seed, threads, policy, fixed):
+    """ReplicaScheduler.run (one core call, the replicas over threads, twin lanes scheduled as one
+    copy) gives each replica exactly OnlineScheduler's schedule of its scaled durations."""
+    from pybubble.schedule.online import ReplicaScheduler
+
+    rng = np.random.default_rng(seed)
+    scale = rng.uniform(0.0, 3.0, (4, problem.num_microbatches)) * (rng.random((4, problem.num_microbatches)) < 0.9)
+    with ReplicaScheduler(problem, threads=threads, policy=policy, fixed_assignment=fixed) as each, \
+            pybubble.OnlineScheduler(problem, policy, fixed_assignment=fixed) as online:
+        plans = each.run(scale)
+        assert len(plans) == 4 and plans.start.shape == (4, problem.num_tasks // plans.copies)
+        np.testing.assert_array_equal(plans.took, each.took)
+        for k in range(4):
+            want = online.reschedule(each.durations(scale[k]))
+            got = plans.schedule(k)
+            np.testing.assert_array_equal(got.start, want.start)
+            np.testing.assert_array_equal(got.assignment, want.assignment)
+            assert (got.step_time, got.shift_front, got.shift_back) == \
+                (want.step_time, want.shift_front, want.shift_back)
+            assert plans.step_time[k] == want.step_time
+            assert pybubble.validate(problem.with_durations(each.durations(scale[k])), got) == []
+
+
+def test_twin_lanes_are_scheduled_as_one_copy():
+    from pybubble import _core
+    from pybubble.schedule.online import ReplicaScheduler
+
+    twins = synthetic(stages=2, twin_lanes=4, microbatches=4, encoder_layers=4, encoder_scale=3.0)
+    plain = synthetic(stages=2, microbatches=4, encoder_layers=4, encoder_scale=3.0)
+    assert twins.num_lanes == 4 * plain.num_lanes and twins.num_tasks == 4 * plain.num_tasks
+    assert twins.lane_names[:5] == ["pp0.enc0.twin0", "pp0.enc0.twin1", "pp0.enc0.twin2", "pp0.enc0.twin3",
+                                "pp0.enc1.twin0"]
+    assert _core.twin_copies(twins.core) == 4 and _core.twin_copies(plain.core) == 1
+    scale = np.array([[0.5, 1.0, 2.0, 0.0], [3.0, 1.0, 1.0, 1.0]])
+    with ReplicaScheduler(twins, threads=2) as a, ReplicaScheduler(plain) as b:
+        assert (a.copies, b.copies) == (4, 1)
+        x, y = a.run(scale), b.run(scale)
+        # the plain problem's tasks are the twins' copy 0: the same rows
+        np.testing.assert_array_equal(x.start, y.start)
+        np.testing.assert_array_equal(x.schedule(1).start, np.repeat(y.start[1], 4))
+        assert x.step_time.tolist() == y.step_time.tolist()
+    # one copy of one task changed: no twins, the same schedules as each replica's alone
+    a = twins.arrays()
+    a.tasks.duration[1] *= 1.5
+    changed = pybubble.Problem.from_arrays(a)
+    with ReplicaScheduler(changed) as c, pybubble.OnlineScheduler(changed, fixed_assignment=True) as online:
+        assert c.copies == 1
+        np.testing.assert_array_equal(c.run(scale).schedule(0).start, online.reschedule(c.durations(scale[0])).start)
+    with pytest.raises(ValueError, match="twin_lanes: 0 is < 1"):
+        synthetic(twin_lanes=0)
+
+
+def test_one_call_refuses_bad_input_naming_the_field():
+    from pybubble import _core
+    from pybubble.schedule.online import ReplicaScheduler
+
+    problem = synthetic(stages=2, microbatches=3, encoder_layers=2, twin_lanes=2)
+    with ReplicaScheduler(problem) as each:
+        scale = np.ones((2, 3))
+        for bad, message in ((np.ones((2, 4)), r"scale: shape \(2, 4\), expected \(replicas, 3\)"),
+                             (np.ones(3), r"scale: shape \(3,\) is not 2-dimensional"),
+                             (np.array([[1.0, np.nan, 1.0]]), r"scale\[0, 1\]: nan is not a finite number >= 0"),
+                             (np.array([[1.0, 1.0, -2.0]]), r"scale\[0, 2\]: -2.0 is not a finite number >= 0"),
+                             ([["a", 1, 1]], "scale: .* is not an array of numbers")):
+            with pytest.raises(ValueError, match=message):
+                each.run(bad)
+        plans = each.run(scale)
+        with pytest.raises(ValueError, match="replica: 2"):
+            plans.schedule(2)
+        assert len(each.run(np.zeros((0, 3)))) == 0
+    core = _core.ReplicaScheduler(problem.core, 2)
+    for bad, message in ((np.ones((2, 4)), "scale: expected an N x 3 array, got 4 columns"),
+                         (np.array([[1.0, 1e300, 1.0]]), r"scale\[0, 1\]: 1e\+300 makes a task of encoder microbatch 1 "
+                                                        r"last .* above the largest time"),
+                         (np.array([[1.0, -1.0, 1.0]]), r"scale\[0, 1\]: -1 is not a finite number >= 0"),
+                         (np.array([[True, False, True]]), "scale: dtype bool")):
+        with pytest.raises(ValueError, match=message):
+            core.run(bad)
+    for kwargs, message in (({"threads": 0}, "threads: 0"), ({"policy": "fast"}, "policy: 'fast'"),
+                            ({"threads": 1.5}, "threads: 1.5 is not an integer")):
+        with pytest.raises(ValueError, match=message):
+            _core.ReplicaScheduler(problem.core, **kwargs)
+    with pytest.raises(ValueError, match="problem: .* is not a _core.Problem"):
+        _core.ReplicaScheduler(problem)
+
+
+def test_the_planners_problems_in_one_call(ranked):
+    """The planner's encoder problems: the encoder pipelines of one LLM stage that share every
+    microbatch evenly are twin lanes (here two per stage, the LLM's TP 2 over an encoder of TP 1);
+    each replica's schedule is the online scheduler's all the same."""
+    from pybubble.schedule.online import ReplicaScheduler
+
+    copies = set()
+    scale = np.random.default_rng(4).uniform(0.3, 2.5, (3, ranked[0].problem.num_microbatches))
+    for c in ranked:
+        with ReplicaScheduler(c.problem, threads=2) as each, \
+                pybubble.OnlineScheduler(c.problem, fixed_assignment=True) as online:
+            copies.add(each.copies)
+            plans = each.run(scale)
+            for k in range(len(scale)):
+                np.testing.assert_array_equal(plans.schedule(k).start, online.reschedule(each.durations(scale[k])).start)
+    assert 1 in copies and max(copies) > 1
+
+
+def test_rows_of_a_kept_result_are_never_overwritten_and_released_ones_are_reused():
+    from pybubble.schedule.online import ReplicaScheduler
+
+    problem = synthetic(stages=2, microbatches=3, encoder_layers=2, twin_lanes=2, encoder_scale=3.0)
+    s1, s2 = np.full((3, 3), 0.5), np.full((3, 3), 2.0)
+    with ReplicaScheduler(problem) as each:
+        a = each.run(s1)
+        kept = a.start.copy()
+        address = a.start.ctypes.data
+        b = each.run(s2)
+        assert b.start.ctypes.data != address and not np.array_equal(b.start, kept)
+        np.testing.assert_array_equal(a.start, kept)  # the second run wrote elsewhere
+        del a
+        c = each.run(s1)
+        assert c.start.ctypes.data == address  # the released rows, written again
+        np.testing.assert_array_equal(c.start, kept)

@@ -16,7 +16,8 @@ random_problems = st.builds(
     horizon=st.sampled_from([10, 100, 1000]), max_duration=st.integers(0, 30))
 
 generated_problems = st.builds(
-    synthetic, stages=st.integers(1, 4), lanes_per_stage=st.integers(1, 2), microbatches=st.integers(1, 6),
+    synthetic, stages=st.integers(1, 4), lanes_per_stage=st.integers(1, 2), twin_lanes=st.integers(1, 3),
+    microbatches=st.integers(1, 6),
     encoder_layers=st.just(4), kernels_per_layer=st.integers(1, 6), tp_gaps_per_op=st.integers(0, 3),
     encoder_scale=st.floats(0.0, 8.0), jitter=st.floats(0.0, 0.5), seed=st.integers(0, 1000))
 

@@ -184,6 +184,22 @@ def test_bad_input_names_the_field(kwargs, message):
         balance_step(args.pop("image_cost"), args.pop("image_sample"), args.pop("tokens"), args.pop("owner"), **args)
 
 
+def test_the_cores_moves_refuse_bad_input_naming_the_field():
+    from pybubble import _core
+
+    cost, owner = np.array([1.0, 2.0, 3.0]), np.array([0, 1, 1])
+    assert _core.balance_replicas(cost, owner, 2).shape[1] == 3
+    for args, message in (((cost, owner[:2], 2), "image_owner: 2 entries for 3 images"),
+                          ((cost, owner, 2, np.array([0, 1])), "image_slot: 2 entries for 3 images"),
+                          ((cost, np.array([0, 1, 5]), 2), r"image_owner\[2\]: 5 is not in \[0, 2\)"),
+                          ((cost, owner, 2, np.array([0, -1, 0])), r"image_slot\[1\]: -1 is negative"),
+                          ((np.array([1.0, np.inf, 1.0]), owner, 2), r"image_cost\[1\]: inf is not a finite number"),
+                          ((cost, owner, 2_000_000), r"replicas: 2000000, more than the limit"),
+                          ((cost, owner.astype(float), 2), "image_owner: dtype float64 is not an integer type")):
+        with pytest.raises(ValueError, match=message):
+            _core.balance_replicas(*args)
+
+
 def test_a_bubble_profile_orders_the_microbatches():
     problem = synthetic(stages=4, microbatches=8, encoder_layers=4, encoder_scale=1.0)
     gaps = deadline_gaps(problem)

@@ -19,7 +19,9 @@ namespace pybubble {
   X(kMaxTpGaps, "tp_gaps", 20'000'000, "TP collectives of a simulated step: ops x tp_count (about 55 B each)") \
   X(kMaxStages, "stages", 1'000'000, "pipeline ranks of a table or a generated step")                      \
   X(kMaxChunks, "chunks", 10'000, "model chunks per pipeline rank")                                       \
-  X(kMaxSamples, "samples", 1'000'000, "samples to balance into microbatches")
+  X(kMaxSamples, "samples", 1'000'000, "samples to balance into microbatches")                            \
+  X(kMaxReplicas, "replicas", 1'000'000, "data-parallel replicas balanced or rescheduled at once")           \
+  X(kMaxReplicaTasks, "replica_tasks", 100'000'000, "replicas x tasks of one rescheduling of many replicas (8 B each)")
 
 #define PYBUBBLE_DECLARE_LIMIT(constant, name, value, what) constexpr int64_t constant = value;
 PYBUBBLE_COUNT_LIMITS(PYBUBBLE_DECLARE_LIMIT)

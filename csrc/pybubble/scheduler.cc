@@ -28,6 +28,15 @@ Scheduler::Scheduler(const Problem& problem) : p_(problem) {
   for (size_t t = 0; t < n; ++t) {
     key_[t] = 2 * p_.lane(static_cast<int32_t>(t)) + p_.resource(static_cast<int32_t>(t));
   }
+  // Dependencies that never bind inside the step: every predecessor (forward) or successor
+  // (backward) of t on t's own lane and resource, so placed earlier in the same try on t's cursor.
+  local_pred_.resize(n);
+  local_succ_.resize(n);
+  for (size_t t = 0; t < n; ++t) {
+    const int32_t id = static_cast<int32_t>(t);
+    local_pred_[t] = std::all_of(p_.pred_begin(id), p_.pred_end(id), [&](int32_t q) { return key_[static_cast<size_t>(q)] == key_[t]; });
+    local_succ_[t] = std::all_of(p_.succ_begin(id), p_.succ_end(id), [&](int32_t q) { return key_[static_cast<size_t>(q)] == key_[t]; });
+  }
   end_.resize(n);
   cursor_.resize(static_cast<size_t>(keys_));
   saved_.resize(static_cast<size_t>(keys_));
@@ -43,8 +52,21 @@ Scheduler::Scheduler(const Problem& problem) : p_(problem) {
   const size_t windows = p_.windows(kCompute).start.size() + p_.windows(kComm).start.size();
   bw_start_.resize(windows + n);
   bw_end_.resize(windows + n);
-  busy_off_.resize(static_cast<size_t>(keys_) + 1);
-  busy_.resize(n);
+  // Forward tasks per key in (microbatch, id) order, as CSR.
+  fwd_key_off_.assign(static_cast<size_t>(keys_) + 1, 0);
+  for (int32_t j = 0; j < static_cast<int32_t>(m); ++j) {
+    for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+      ++fwd_key_off_[static_cast<size_t>(key_[static_cast<size_t>(*it)]) + 1];
+    }
+  }
+  for (int32_t k = 0; k < keys_; ++k) fwd_key_off_[static_cast<size_t>(k) + 1] += fwd_key_off_[static_cast<size_t>(k)];
+  fwd_key_.resize(static_cast<size_t>(fwd_key_off_.back()));
+  std::vector<int64_t> at(fwd_key_off_.begin(), fwd_key_off_.end() - 1);
+  for (int32_t j = 0; j < static_cast<int32_t>(m); ++j) {
+    for (const int32_t* it = p_.tasks_begin(j, kFwd); it != p_.tasks_end(j, kFwd); ++it) {
+      fwd_key_[static_cast<size_t>(at[static_cast<size_t>(key_[static_cast<size_t>(*it)])]++)] = *it;
+    }
+  }
   out_.start.resize(n);
   out_.assignment.resize(m);
 }
@@ -67,35 +89,50 @@ bool Scheduler::roll_back(int32_t j, int ph) {
 bool Scheduler::place_forward_in_step(int32_t j, int64_t first) {
   const double deadline = p_.fields().forward_needed[static_cast<size_t>(j)];
   checkpoint();
-  const int32_t* b = p_.tasks_begin(j, kFwd);
-  for (const int32_t* it = b + first; it != p_.tasks_end(j, kFwd); ++it) {
-    const int32_t t = *it;
-    const int32_t k = key_[static_cast<size_t>(t)];
-    const int32_t l = k >> 1;
+  double* const start = start_;
+  double* const end = end_.data();
+  uint8_t* const inside = inside_.data();
+  const int32_t* it = p_.tasks_begin(j, kFwd) + first;
+  const int32_t* const stop = p_.tasks_end(j, kFwd);
+  while (it != stop) {
+    // A run of consecutive tasks on one lane and resource, its cursor kept in registers.
+    const int32_t k = key_[static_cast<size_t>(*it)];
     const WindowSet& ws = p_.windows(k & 1);
-    Cursor& c = cursor_[static_cast<size_t>(k)];
-    double ready = c.time;
-    for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
-      if (inside_[static_cast<size_t>(*q)]) ready = std::max(ready, end_[static_cast<size_t>(*q)]);
-    }
-    const double d = dur_[t];
-    const int64_t last = ws.offset[static_cast<size_t>(l) + 1];
-    int64_t w = c.window;
-    double s = 0.0;
-    for (; w < last; ++w) {
-      s = std::max(ready, ws.start[static_cast<size_t>(w)]);
-      if (s + d > deadline) {
-        w = last;
-        break;
+    const double* const wstart = ws.start.data();
+    const double* const wend = ws.end.data();
+    const int64_t last = ws.offset[static_cast<size_t>(k >> 1) + 1];
+    double time = cursor_[static_cast<size_t>(k)].time;
+    int64_t w = cursor_[static_cast<size_t>(k)].window;
+    bool placed = false;  // a task of the run placed: then time >= wstart[w]
+    do {
+      const int32_t t = *it;
+      const double d = dur_[t];
+      double s = time;
+      // Right after the run's previous task in its window: what the search below gives when
+      // nothing else holds t back (time >= wstart[w], so max(time, wstart[w]) is time).
+      if (!(placed && local_pred_[static_cast<size_t>(t)] && !(s + d > deadline) && s + d <= wend[w])) {
+        double ready = time;
+        // A predecessor on this lane and resource placed in this try ends by `time`: only the
+        // others can delay t.
+        if (!local_pred_[static_cast<size_t>(t)]) {
+          for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+            if (inside[*q]) ready = std::max(ready, end[*q]);
+          }
+        }
+        for (;; ++w) {
+          if (w == last) return roll_back(j, kFwd);
+          s = std::max(ready, wstart[w]);
+          if (s + d > deadline) return roll_back(j, kFwd);
+          if (s + d <= wend[w]) break;
+        }
       }
-      if (s + d <= ws.end[static_cast<size_t>(w)]) break;
-    }
-    if (w == last) return roll_back(j, kFwd);
-    out_.start[static_cast<size_t>(t)] = s;
-    end_[static_cast<size_t>(t)] = s + d;
-    inside_[static_cast<size_t>(t)] = 1;
-    c.time = s + d;
-    c.window = w;
+      placed = true;
+      start[t] = s;
+      end[t] = s + d;
+      inside[t] = 1;
+      time = s + d;
+    } while (++it != stop && key_[static_cast<size_t>(*it)] == k);
+    cursor_[static_cast<size_t>(k)] = {time, w};
   }
   return true;
 }
@@ -148,10 +185,10 @@ void Scheduler::place_forward_front(int32_t j) {
     Cursor& c = cursor_[static_cast<size_t>(key_[static_cast<size_t>(t)])];
     double latest = c.time;
     for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
-      latest = std::min(latest, out_.start[static_cast<size_t>(*q)]);
+      latest = std::min(latest, start_[*q]);
     }
     const double s = latest - dur_[t];
-    out_.start[static_cast<size_t>(t)] = s;
+    start_[t] = s;
     end_[static_cast<size_t>(t)] = s + dur_[t];
     c.time = s;
     first_start_ = std::min(first_start_, s);
@@ -192,55 +229,51 @@ void Scheduler::choose_assignment(bool fixed) {
 // Backward windows per (lane, resource): the problem's windows minus the intervals taken by
 // forward tasks placed inside the step (which lie inside windows, in increasing time per key).
 void Scheduler::build_backward_windows() {
-  const int32_t m = p_.num_microbatches();
-  std::fill(busy_off_.begin(), busy_off_.end(), 0);
-  auto in_step = [&](int32_t j) {
-    return std::make_pair(p_.tasks_begin(j, kFwd) + fwd_first_[static_cast<size_t>(j)], p_.tasks_end(j, kFwd));
-  };
-  for (int32_t j = 0; j < m; ++j) {
-    const auto [b, e] = in_step(j);
-    for (const int32_t* it = b; it != e; ++it) {
-      if (dur_[*it] > 0.0) ++busy_off_[static_cast<size_t>(key_[static_cast<size_t>(*it)] + 1)];
-    }
-  }
-  for (int32_t k = 0; k < keys_; ++k) busy_off_[static_cast<size_t>(k) + 1] += busy_off_[static_cast<size_t>(k)];
-  // Fill in placement order (increasing microbatch, increasing id) = increasing time per key.
-  for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].window = busy_off_[static_cast<size_t>(k)];
-  for (int32_t j = 0; j < m; ++j) {
-    const auto [b, e] = in_step(j);
-    for (const int32_t* it = b; it != e; ++it) {
-      if (dur_[*it] > 0.0) {
-        const size_t k = static_cast<size_t>(key_[static_cast<size_t>(*it)]);
-        busy_[static_cast<size_t>(cursor_[k].window++)] = *it;
-      }
-    }
-  }
+  // Per key, the forward tasks placed inside the step that take time, in placement order
+  // (increasing microbatch, increasing id: increasing time); the windows up to the next one copied
+  // whole (the problem's windows are not empty), the window holding it cut around it.
+  double* const bs = bw_start_.data();
+  double* const be_ = bw_end_.data();
   int64_t out = 0;
+  const auto emit = [&](double a, double z) {
+    bs[out] = a;
+    be_[out] = z;
+    ++out;
+  };
+  const auto copy = [&](const WindowSet& ws, int64_t from, int64_t to) {
+    std::copy(ws.start.begin() + from, ws.start.begin() + to, bs + out);
+    std::copy(ws.end.begin() + from, ws.end.begin() + to, be_ + out);
+    out += to - from;
+  };
   for (int32_t k = 0; k < keys_; ++k) {
     bw_off_[static_cast<size_t>(k)] = out;
     const WindowSet& ws = p_.windows(k % 2);
+    const double* const S = ws.start.data();
+    const double* const E = ws.end.data();
     const int32_t l = k / 2;
-    int64_t b = busy_off_[static_cast<size_t>(k)];
-    const int64_t be = busy_off_[static_cast<size_t>(k) + 1];
-    for (int64_t w = ws.offset[static_cast<size_t>(l)]; w < ws.offset[static_cast<size_t>(l) + 1]; ++w) {
-      double cur = ws.start[static_cast<size_t>(w)];
-      const double we = ws.end[static_cast<size_t>(w)];
-      for (; b < be; ++b) {
-        const int32_t t = busy_[static_cast<size_t>(b)];
-        const double s = out_.start[static_cast<size_t>(t)];
-        if (s >= we) break;
-        if (s > cur) {
-          bw_start_[static_cast<size_t>(out)] = cur;
-          bw_end_[static_cast<size_t>(out)] = s;
-          ++out;
-        }
-        cur = std::max(cur, end_[static_cast<size_t>(t)]);
+    int64_t w = ws.offset[static_cast<size_t>(l)];
+    const int64_t wl = ws.offset[static_cast<size_t>(l) + 1];
+    if (w == wl) continue;
+    double cur = S[w];
+    for (int64_t b = fwd_key_off_[static_cast<size_t>(k)]; b < fwd_key_off_[static_cast<size_t>(k) + 1]; ++b) {
+      const int32_t t = fwd_key_[static_cast<size_t>(b)];
+      if (!inside_[static_cast<size_t>(t)] || !(dur_[t] > 0.0)) continue;  // not in the step, or takes no time
+      const double s = start_[t];
+      if (s >= E[w]) {
+        // Window w ends before t: its rest, then the whole windows before the one t starts in.
+        if (cur < E[w]) emit(cur, E[w]);
+        const int64_t next = std::upper_bound(E + w + 1, E + wl, s) - E;
+        copy(ws, w + 1, next);
+        w = next;
+        if (w == wl) break;
+        cur = S[w];
       }
-      if (cur < we) {
-        bw_start_[static_cast<size_t>(out)] = cur;
-        bw_end_[static_cast<size_t>(out)] = we;
-        ++out;
-      }
+      if (s > cur) emit(cur, s);
+      cur = std::max(cur, end_[static_cast<size_t>(t)]);
+    }
+    if (w < wl) {
+      if (cur < E[w]) emit(cur, E[w]);
+      copy(ws, w + 1, wl);
     }
   }
   bw_off_[static_cast<size_t>(keys_)] = out;
@@ -252,35 +285,51 @@ void Scheduler::build_backward_windows() {
 bool Scheduler::place_backward_in_step(int32_t j, int64_t last) {
   const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
   checkpoint();
-  const int32_t* b = p_.tasks_begin(j, kBwd);
+  double* const start = start_;
+  double* const end = end_.data();
+  uint8_t* const inside = inside_.data();
+  const double* const bstart = bw_start_.data();
+  const double* const bend = bw_end_.data();
+  const int32_t* const b = p_.tasks_begin(j, kBwd);
+  const int32_t* it = b + last;
   double reach = -kInf;  // the furthest end of this try: rounding may carry it past a window's end
-  for (const int32_t* it = b + last; it != b;) {
-    const int32_t t = *--it;
-    const int32_t k = key_[static_cast<size_t>(t)];
-    Cursor& c = cursor_[static_cast<size_t>(k)];
-    double latest = c.time;
-    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
-      if (inside_[static_cast<size_t>(*q)]) latest = std::min(latest, out_.start[static_cast<size_t>(*q)]);
-    }
-    const double d = dur_[t];
+  while (it != b) {
+    // A run of consecutive tasks on one lane and resource, its cursor kept in registers.
+    const int32_t k = key_[static_cast<size_t>(it[-1])];
     const int64_t first = bw_off_[static_cast<size_t>(k)];
-    int64_t w = c.window;
-    double s = 0.0;
-    for (; w >= first; --w) {
-      s = std::min(latest, bw_end_[static_cast<size_t>(w)]) - d;
-      if (s < ready) {
-        w = first - 1;
-        break;
+    double time = cursor_[static_cast<size_t>(k)].time;
+    int64_t w = cursor_[static_cast<size_t>(k)].window;
+    bool placed = false;  // a task of the run placed: then time <= bend[w]
+    do {
+      const int32_t t = *--it;
+      const double d = dur_[t];
+      double s = time - d;
+      // Right before the run's previous task in its window: what the search below gives when
+      // nothing else holds t earlier (time <= bend[w], so min(time, bend[w]) is time).
+      if (!(placed && local_succ_[static_cast<size_t>(t)] && !(s < ready) && s >= bstart[w])) {
+        double latest = time;
+        // A successor on this lane and resource placed in this try starts at or after `time`:
+        // only the others can hold t earlier.
+        if (!local_succ_[static_cast<size_t>(t)]) {
+          for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+            if (inside[*q]) latest = std::min(latest, start[*q]);
+          }
+        }
+        for (;; --w) {
+          if (w < first) return roll_back(j, kBwd);
+          s = std::min(latest, bend[w]) - d;
+          if (s < ready) return roll_back(j, kBwd);
+          if (s >= bstart[w]) break;
+        }
       }
-      if (s >= bw_start_[static_cast<size_t>(w)]) break;
-    }
-    if (w < first) return roll_back(j, kBwd);
-    out_.start[static_cast<size_t>(t)] = s;
-    end_[static_cast<size_t>(t)] = s + d;
-    inside_[static_cast<size_t>(t)] = 1;
-    c.time = s;
-    c.window = w;
-    reach = std::max(reach, s + d);
+      placed = true;
+      start[t] = s;
+      end[t] = s + d;
+      inside[t] = 1;
+      time = s;
+      reach = std::max(reach, s + d);
+    } while (it != b && key_[static_cast<size_t>(it[-1])] == k);
+    cursor_[static_cast<size_t>(k)] = {time, w};
   }
   last_end_ = std::max(last_end_, reach);
   return true;
@@ -332,7 +381,7 @@ void Scheduler::place_backward_back(int32_t j) {
     for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
       s = std::max(s, end_[static_cast<size_t>(*q)]);
     }
-    out_.start[static_cast<size_t>(t)] = s;
+    start_[t] = s;
     end_[static_cast<size_t>(t)] = s + dur_[t];
     c.time = s + dur_[t];
     last_end_ = std::max(last_end_, s + dur_[t]);
@@ -349,7 +398,7 @@ void Scheduler::finish() {
 }
 
 const Schedule& Scheduler::run(Policy policy, const std::vector<double>* durations, bool fixed_assignment) {
-  const int32_t n = p_.num_tasks(), m = p_.num_microbatches();
+  const int32_t n = p_.num_tasks();
   if (durations != nullptr) {
     if (durations->size() != static_cast<size_t>(n)) {
       throw std::invalid_argument("durations: " + format_number(durations->size()) + " values for " +
@@ -358,10 +407,16 @@ const Schedule& Scheduler::run(Policy policy, const std::vector<double>* duratio
     for (int32_t t = 0; t < n; ++t) {
       check_duration((*durations)[static_cast<size_t>(t)], [t] { return "durations[" + format_number(t) + "]"; });
     }
-    dur_ = durations->data();
-  } else {
-    dur_ = p_.fields().duration.data();
   }
+  place(policy, durations != nullptr ? durations->data() : p_.fields().duration.data(), fixed_assignment,
+        out_.start.data());
+  return out_;
+}
+
+void Scheduler::place(Policy policy, const double* durations, bool fixed_assignment, double* start) {
+  const int32_t m = p_.num_microbatches();
+  dur_ = durations;
+  start_ = start;
   const bool greedy = policy == Policy::kGreedy;
   first_start_ = 0.0;
   last_end_ = p_.horizon();
@@ -423,7 +478,6 @@ const Schedule& Scheduler::run(Policy policy, const std::vector<double>* duratio
   for (int32_t k = 0; k < keys_; ++k) cursor_[static_cast<size_t>(k)].time = p_.horizon();
   for (int32_t j = 0; j < m; ++j) place_backward_back(j);
   finish();
-  return out_;
 }
 
 double first_fit_floor(const Problem& p, std::vector<double>& start) {

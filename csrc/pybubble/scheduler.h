@@ -47,6 +47,12 @@ class Scheduler {
   const Schedule& run(Policy policy, const std::vector<double>* durations = nullptr, bool fixed_assignment = false);
 
  private:
+  friend class ReplicaScheduler;
+  /// run() on `durations` already checked (num_tasks values, each finite, >= 0 and <= kMaxTime),
+  /// the starts written to `start` (num_tasks values) instead of the result's `start`, which it
+  /// leaves as it was; the rest of the result as run() gives it.
+  void place(Policy policy, const double* durations, bool fixed_assignment, double* start);
+
   struct Cursor {
     double time;
     int64_t window;
@@ -65,8 +71,10 @@ class Scheduler {
 
   const Problem& p_;
   const double* dur_ = nullptr;
+  double* start_ = nullptr;  // where the starts go: the result's or a caller's (place)
   int32_t keys_ = 0;  // 2 * num_lanes: one cursor per (lane, resource)
   std::vector<int32_t> key_;  // per task: 2 lane + resource
+  std::vector<uint8_t> local_pred_, local_succ_;  // per task: its predecessors / successors all on its key
   double first_start_ = 0.0, last_end_ = 0.0;  // min(0, starts) and max(horizon, ends) so far
   std::vector<double> end_;
   std::vector<Cursor> cursor_, saved_;
@@ -81,8 +89,8 @@ class Scheduler {
   // CSR over keys (2 l + r).
   std::vector<int64_t> bw_off_;
   std::vector<double> bw_start_, bw_end_;
-  std::vector<int64_t> busy_off_;
-  std::vector<int32_t> busy_;
+  std::vector<int64_t> fwd_key_off_;  // forward tasks per key, (microbatch, id) order: CSR
+  std::vector<int32_t> fwd_key_;
   Schedule out_;
 };
 

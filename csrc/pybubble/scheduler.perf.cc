@@ -8,22 +8,9 @@
 namespace pybubble {
 namespace {
 
-// 8 stages x 2 lanes, 12 TP gaps per LLM op; `microbatches` and `layers` set the size. With 32
-// microbatches and 48 layers this is the ViT-22B-sized problem (~50k tasks, ~25k windows).
-SyntheticSpec spec_for(int32_t microbatches, int32_t layers) {
-  SyntheticSpec s;
-  s.stages = 8;
-  s.lanes_per_stage = 2;
-  s.microbatches = microbatches;
-  s.encoder_layers = layers;
-  s.kernels_per_layer = 16;
-  s.llm_fwd = 12000.0;
-  s.llm_bwd = 24000.0;
-  s.tp_gaps_per_op = 12;
-  s.tp_gap = 300.0;
-  s.encoder_scale = 4.0;
-  return s;
-}
+// The ViT-22B-sized shape (synthetic.h); `microbatches` and `layers` set the size: with 32
+// microbatches and 48 layers the ViT-22B-sized problem (~50k tasks, ~25k windows).
+SyntheticSpec spec_for(int32_t microbatches, int32_t layers) { return vit22b_sized(microbatches, layers); }
 
 void BM_Schedule(benchmark::State& state) {
   const Policy policy = state.range(2) ? Policy::kGreedy : Policy::kCoarse;

@@ -1,4 +1,5 @@
 #include "pybubble/synthetic.h"
+#include "pybubble/twins.h"
 
 #include "pybubble/cancel.h"
 #include "pybubble/message.h"
@@ -76,6 +77,7 @@ void check_number(double value, double lo, bool inclusive, const char* field) {
 ProblemInput synthetic_problem(const SyntheticSpec& sp) {
   check_at_least(sp.stages, 1, "stages");
   check_at_least(sp.lanes_per_stage, 1, "lanes_per_stage");
+  check_at_least(sp.twin_lanes, 1, "twin_lanes");
   check_at_least(sp.microbatches, 1, "microbatches");
   if (sp.encoder_layers < sp.stages) {
     throw std::invalid_argument("encoder_layers: " + format_number(sp.encoder_layers) + " is fewer than the stages (" +
@@ -188,7 +190,23 @@ ProblemInput synthetic_problem(const SyntheticSpec& sp) {
       }
     }
   }
-  return in;
+  // Each encoder lane made twin lanes running the same kernels, each after its own lane's.
+  return sp.twin_lanes > 1 ? with_copies(in, sp.twin_lanes) : in;
+}
+
+SyntheticSpec vit22b_sized(int32_t microbatches, int32_t layers) {
+  SyntheticSpec s;
+  s.stages = 8;
+  s.lanes_per_stage = 2;
+  s.microbatches = microbatches;
+  s.encoder_layers = layers;
+  s.kernels_per_layer = 16;
+  s.llm_fwd = 12000.0;
+  s.llm_bwd = 24000.0;
+  s.tp_gaps_per_op = 12;
+  s.tp_gap = 300.0;
+  s.encoder_scale = 4.0;
+  return s;
 }
 
 }  // namespace pybubble

@@ -12,6 +12,7 @@ namespace pybubble {
 struct SyntheticSpec {
   int32_t stages = 4;             ///< LLM pipeline stages; the encoder pipeline uses the same count
   int32_t lanes_per_stage = 2;    ///< encoder lanes (e.g. encoder TP groups) on each stage's GPUs
+  int32_t twin_lanes = 1;         ///< copies of every encoder lane: the same windows and kernels (twins.h)
   int32_t microbatches = 8;       ///< LLM microbatches = encoder microbatches
   int32_t encoder_layers = 8;     ///< encoder layers in all, split evenly over the stages
   int32_t kernels_per_layer = 16; ///< kernels per layer and phase (cycling a ViT layer's kernels)
@@ -23,6 +24,11 @@ struct SyntheticSpec {
   double jitter = 0.2;            ///< kernel durations vary by up to this fraction
   uint64_t seed = 0;              ///< random seed for the jitter
 };
+
+/// The benchmarks' ViT-22B-sized shape: 8 stages x 2 lanes, LLM ops of 12 and 24 ms with 12 TP
+/// gaps of 300 us each, encoder kernels x 4; with 32 microbatches and 48 layers about 50k tasks
+/// and 25k windows.
+SyntheticSpec vit22b_sized(int32_t microbatches = 32, int32_t layers = 48);
 
 /// Builds the problem of `spec`; throws std::invalid_argument for a bad spec.
 ProblemInput synthetic_problem(const SyntheticSpec& spec);

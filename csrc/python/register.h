@@ -10,3 +10,4 @@ void register_synthetic(pybind11::module_& m);
 void register_pipeline(pybind11::module_& m);
 void register_balance(pybind11::module_& m);
 void register_limits(pybind11::module_& m);
+void register_replicas(pybind11::module_& m);

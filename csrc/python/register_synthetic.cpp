@@ -12,6 +12,7 @@ namespace {
 #define PYBUBBLE_SYNTHETIC_FIELDS(X)     \
   X(stages, read_int<int32_t>)           \
   X(lanes_per_stage, read_int<int32_t>)  \
+  X(twin_lanes, read_int<int32_t>)       \
   X(microbatches, read_int<int32_t>)     \
   X(encoder_layers, read_int<int32_t>)   \
   X(kernels_per_layer, read_int<int32_t>) \
@@ -44,6 +45,6 @@ void register_synthetic(py::module_& m) {
         return without_gil([&] { return std::make_unique<pybubble::Problem>(pybubble::synthetic_problem(s)); });
       },
       "A generated 1F1B problem with TP gaps and a ViT-like encoder (keyword arguments: stages, "
-      "lanes_per_stage, microbatches, encoder_layers, kernels_per_layer, llm_fwd, llm_bwd, tp_gaps_per_op, "
+      "lanes_per_stage, twin_lanes, microbatches, encoder_layers, kernels_per_layer, llm_fwd, llm_bwd, tp_gaps_per_op, "
       "tp_gap, encoder_scale, jitter, seed; those left out keep their defaults; see pybubble.problems).");
 }

@@ -394,7 +394,7 @@ def _step_replicas(meet: _Meeting, each: ReplicaScheduler, d: Samples, *, tile: 
     t0 = time.perf_counter()
     sb = balance_step(image_cost, d.image_sample, tokens, owner, replicas=replicas, microbatches=m, bubble=room)
     meet.dp_took.append(time.perf_counter() - t0)
-    per_mode["balanced_dp"] = [s.step_time for s in each.reschedule(sb.slot_load / meet.mean)]
+    per_mode["balanced_dp"] = each.run(sb.slot_load / meet.mean).step_time.tolist()
     steps = {mode: data_parallel_step(v) for mode, v in per_mode.items()}
     meet.keep(steps, picks[int(np.argmax(per_mode["choice"]))])
     for mode, values in per_mode.items():

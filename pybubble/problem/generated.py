@@ -9,7 +9,7 @@ from .. import _core
 from .problem import PROBLEM_FORMAT, Problem, load_problem
 
 
-def synthetic(*, stages: int = 4, lanes_per_stage: int = 2, microbatches: int = 8,
+def synthetic(*, stages: int = 4, lanes_per_stage: int = 2, twin_lanes: int = 1, microbatches: int = 8,
               encoder_layers: int = 8, kernels_per_layer: int = 16, llm_fwd: float = 4000.0,
               llm_bwd: float = 8000.0, tp_gaps_per_op: int = 4, tp_gap: float = 150.0,
               encoder_scale: float = 1.0, jitter: float = 0.2, seed: int = 0) -> Problem:
@@ -17,17 +17,21 @@ def synthetic(*, stages: int = 4, lanes_per_stage: int = 2, microbatches: int = 
 
     stages: LLM pipeline stages (the encoder pipeline has as many); lanes_per_stage: encoder lanes
     on each stage's GPUs (microbatch j runs on lane j mod lanes_per_stage of each stage);
+    twin_lanes: each encoder lane made this many twin lanes, the same windows and kernels, each
+    kernel after its own lane's (task t becomes tasks t * twin_lanes + i), as encoder pipelines that
+    share every microbatch evenly on the same LLM ranks (the Optimus plan's 8 per LLM stage);
     encoder_layers: split evenly over the stages; kernels_per_layer: kernels per layer and phase;
     llm_fwd / llm_bwd: one LLM op; tp_gaps_per_op, tp_gap: TP collectives inside each op, during
     which compute idles and the link is busy; encoder_scale: multiplies every encoder kernel;
     jitter: kernel durations vary by up to this fraction, drawn from `seed`.
     """
     core = _core.synthetic_problem(
-        stages=stages, lanes_per_stage=lanes_per_stage, microbatches=microbatches,
+        stages=stages, lanes_per_stage=lanes_per_stage, twin_lanes=twin_lanes, microbatches=microbatches,
         encoder_layers=encoder_layers, kernels_per_layer=kernels_per_layer, llm_fwd=llm_fwd,
         llm_bwd=llm_bwd, tp_gaps_per_op=tp_gaps_per_op, tp_gap=tp_gap,
         encoder_scale=encoder_scale, jitter=jitter, seed=seed)
-    names = [f"pp{s}.enc{k}" for s in range(stages) for k in range(lanes_per_stage)]
+    names = [f"pp{s}.enc{k}" + (f".twin{i}" if twin_lanes > 1 else "")
+             for s in range(stages) for k in range(lanes_per_stage) for i in range(twin_lanes)]
     return Problem(core, names)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..schedule.balance import balance_replicas
+from ..schedule.balance import balance_replica_chunks, balance_replicas
 from .batch import EncoderBatch, chunk_counts
 from .placement import producers
 from .probe import WorkProbe
@@ -54,10 +54,15 @@ class ReplicaMoves:
     @classmethod
     def decide(cls, images: Sequence[Sequence[Sequence[int]]], cost: Callable[[np.ndarray], np.ndarray] | None = None,
                chunk_tiles: int | None = None) -> ReplicaMoves:
-        """``images[r][k]``: the tile counts of replica r's images in slot k. ``cost``: each image's
-        encoder cost from its tiles (default: its tiles). ``chunk_tiles``: the work runs in chunks
-        of this many tiles per slot's chain; moves that do not lower the most chunks a replica runs
-        are dropped (they would cost their traffic and save nothing)."""
+        """``images[r][k]``: the tile counts of replica r's images in slot k. Without
+        ``chunk_tiles``: whole images move (:func:`~pybubble.schedule.balance.balance_replicas` on
+        ``cost``, each image's encoder cost from its tiles, default its tiles). With
+        ``chunk_tiles`` (the encoder's tiles are independent and each slot's chain runs them in
+        chunks of this many): tiles move, a slot's last chunk at a time
+        (:func:`~pybubble.schedule.balance.balance_replica_chunks`: the most chunks a replica runs
+        is what the step waits for), each move taking the last tiles the giver still holds in
+        that slot; an image whose tiles go to two replicas is split into two parts, and the parts
+        are what :attr:`owner`, :attr:`slot`, :attr:`tiles` and :attr:`runs_on` list."""
         owner, slot, tiles = [], [], []
         for r, per_slot in enumerate(images):
             for k, counts in enumerate(per_slot):
@@ -65,17 +70,48 @@ class ReplicaMoves:
                 slot += [k] * len(counts)
                 tiles += [int(t) for t in counts]
         owner_a, slot_a, tiles_a = (np.asarray(x, np.int64) for x in (owner, slot, tiles))
+        replicas, slots = len(images), len(images[0]) if images else 0
+        if chunk_tiles is not None:
+            per_slot = np.bincount(owner_a * slots + slot_a, weights=tiles_a, minlength=replicas * slots)
+            return cls._split(owner_a, slot_a, tiles_a, replicas, slots,
+                              balance_replica_chunks(per_slot.reshape(replicas, slots), chunk_tiles))
         runs_on = owner_a.copy()
         if tiles_a.size:
             moves = balance_replicas(tiles_a.astype(np.float64) if cost is None else cost(tiles_a), owner_a,
-                                     len(images), slot_a)
+                                     replicas, slot_a)
             runs_on[moves[:, 0]] = moves[:, 2]
-        out = cls(replicas=len(images), slots=len(images[0]) if images else 0, owner=owner_a, slot=slot_a,
-                  tiles=tiles_a, runs_on=runs_on)
-        if chunk_tiles is not None and out.chunks(True, chunk_tiles).max() >= out.chunks(False, chunk_tiles).max():
-            out = cls(replicas=out.replicas, slots=out.slots, owner=owner_a, slot=slot_a, tiles=tiles_a,
-                      runs_on=owner_a.copy())
-        return out
+        return cls(replicas=replicas, slots=slots, owner=owner_a, slot=slot_a, tiles=tiles_a, runs_on=runs_on)
+
+    @classmethod
+    def _split(cls, owner: np.ndarray, slot: np.ndarray, tiles: np.ndarray, replicas: int, slots: int,
+               moves: np.ndarray) -> ReplicaMoves:
+        """The images cut where tile moves ``(slot, from, to, tiles)`` begin: each (replica, slot)'s
+        first move takes its last tiles, the next the ones before them, and so on."""
+        parts: list[tuple[int, int, int, int]] = []  # (owner, slot, tiles, runs_on)
+        sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for k, giver, taker, n in moves.tolist():
+            sends.setdefault((giver, k), []).append((taker, n))
+        at = 0
+        for r in range(replicas):
+            for k in range(slots):
+                n_images = int(((owner == r) & (slot == k)).sum())
+                counts = tiles[at:at + n_images].tolist()
+                at += n_images
+                # the slot's tiles as runs (runner, length): kept first, then the moves, the first one last
+                out = [(taker, n) for taker, n in reversed(sends.get((r, k), []))]
+                runs = [(r, sum(counts) - sum(n for _, n in out)), *out]
+                i, left = 0, runs[0][1]
+                for count in counts:
+                    if count == 0:
+                        parts.append((r, k, 0, r))
+                    while count:
+                        while left == 0:
+                            i, left = i + 1, runs[i + 1][1]
+                        take = min(count, left)
+                        parts.append((r, k, take, runs[i][0]))
+                        count, left = count - take, left - take
+        a = np.asarray(parts, np.int64).reshape(-1, 4)
+        return cls(replicas=replicas, slots=slots, owner=a[:, 0], slot=a[:, 1], tiles=a[:, 2], runs_on=a[:, 3])
 
     def _slot_tiles(self, after: bool, kept: bool = False) -> np.ndarray:
         """replicas x slots: the tiles each replica runs per slot, before the moves (``after``

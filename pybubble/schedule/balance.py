@@ -8,7 +8,7 @@ torch):
   (:func:`order_by_bubbles`; light ones first and last: :func:`middle_room`);
 - over data-parallel replicas: move images' encoder work from the replicas with the most to the
   ones with room, each output going back to the replica that owns its sample
-  (:func:`balance_replicas`);
+  (:func:`balance_replicas`; tile by tile, by the chunks each replica runs: :func:`balance_replica_chunks`);
 - both for one step, as one JSON-ready result (:func:`balance_step`, :class:`StepBalance`).
 
 The encoder's cost per image is :class:`EncoderCost` (``a*tiles^2 + b*tiles + c``) or any costs the
@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from bisect import bisect_right
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,20 +171,65 @@ def fill_rows(work: np.ndarray, microbatches: int, rows: int) -> np.ndarray:
     return out
 
 
-def row_layouts(work: np.ndarray, microbatches: int, rows: int, room: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def pack_rows(tiles: np.ndarray, microbatches: int, rows: int, chunk: int) -> np.ndarray:
+    """The microbatch of each sample (int64) when every LLM microbatch holds exactly `rows`
+    samples and each microbatch's encoder work runs in chunks of `chunk` tiles (the last one
+    padded): the fewest chunks over all microbatches, then the most even loads. From
+    :func:`fill_rows` on `tiles` and from the given order (sample i in ``i // rows``), the better
+    of two descents: the swap of two samples of different microbatches that lowers
+    (chunks, sum of squared loads) the most is made until none does (ties: the lowest pair, so the
+    result is the same on every rank). Every chunk saved is a chunk of padding the encoder does not
+    run: microbatches whose tiles are just over a multiple of `chunk` give their extra tiles to
+    ones just under."""
+    t = real_array(tiles, "tiles", minimum=0.0)
+    c = integer(chunk, "chunk", minimum=1)
+    starts = [fill_rows(t, microbatches, rows), np.arange(t.size, dtype=np.int64) // int(rows)]
+    return min((_swap_down(t, start, int(microbatches), c) for start in starts), key=lambda x: x[0])[1]
+
+
+def _swap_down(t: np.ndarray, out: np.ndarray, m: int, c: int) -> tuple[tuple[float, float], np.ndarray]:
+    """:func:`pack_rows`' descent from the assignment `out`: ((chunks, sum of squared loads), the
+    assignment it ends at)."""
+    out = out.copy()
+    load = np.bincount(out, weights=t, minlength=m)
+    while t.size > 1:
+        # every pair (i, j): i leaves its microbatch a = out[i] for b = out[j], j the other way
+        d = t[None, :] - t[:, None]  # what i's microbatch gains: t[j] - t[i]
+        a, b = out[:, None], out[None, :]
+        la, lb = load[a], load[b]
+        chunks = (np.ceil((la + d) / c) + np.ceil((lb - d) / c)) - (np.ceil(la / c) + np.ceil(lb / c))
+        squares = (la + d) ** 2 + (lb - d) ** 2 - la ** 2 - lb ** 2
+        better = (a != b) & ((chunks < 0) | ((chunks == 0) & (squares < -1e-9)))
+        if not better.any():
+            break
+        key = np.where(better, chunks * (1.0 + np.abs(squares).max()) + squares, np.inf)
+        i, j = divmod(int(np.argmin(key)), t.size)
+        load[out[i]] += t[j] - t[i]
+        load[out[j]] += t[i] - t[j]
+        out[i], out[j] = out[j], out[i]
+    return (float(np.ceil(load / c).sum()), float((load ** 2).sum())), out
+
+
+def row_layouts(work: np.ndarray, microbatches: int, rows: int, room: np.ndarray | None = None,
+                chunk: int | None = None) -> dict[str, np.ndarray]:
     """Candidate LLM slots of each sample (int64 arrays by name) when every microbatch holds
     exactly `rows` samples: ``given`` (sample i in slot ``i // rows``), then the given and the
     balanced (:func:`fill_rows` on `work`) microbatches each ordered by :func:`order_by_bubbles`
     against :func:`middle_room` (light first and last: ``given_ends``, ``balanced_ends``) and, with
     `room` (one per slot, e.g. :func:`deadline_gaps` of the last plan), against it (``given_room``,
-    ``balanced_room``). Which is best depends on the step's bubbles: compare their predictions
-    (e.g. ``EncoderRuntime.predict``)."""
+    ``balanced_room``); with `chunk` (the encoder's work runs in chunks of this many of `work`'s
+    units, e.g. tiles), the packed microbatches (:func:`pack_rows`) ordered the same two ways
+    (``packed_ends``, ``packed_room``). Which is best depends on the step's bubbles: compare their
+    predictions (e.g. ``EncoderRuntime.predict``)."""
     w = real_array(work, "work", minimum=0.0)
     m, r = integer(microbatches, "microbatches", minimum=1), integer(rows, "rows", minimum=1)
     given = np.arange(w.size, dtype=np.int64) // r
     out = {"given": given}
     rooms = {"ends": middle_room(m), **({} if room is None else {"room": real_array(room, "room")})}
-    for name, microbatch in (("given", given), ("balanced", fill_rows(w, m, r))):
+    bases = [("given", given), ("balanced", fill_rows(w, m, r))]
+    if chunk is not None:
+        bases.append(("packed", pack_rows(w, m, r, chunk)))
+    for name, microbatch in bases:
         load = np.bincount(microbatch, weights=w, minlength=m)
         for kind, profile in rooms.items():
             out[f"{name}_{kind}"] = np.argsort(order_by_bubbles(load, profile))[microbatch]
@@ -263,96 +306,69 @@ def balance_replicas(image_cost: np.ndarray, image_owner: np.ndarray, replicas: 
     cost = real_array(image_cost, "image_cost", minimum=0.0)
     r = integer(replicas, "replicas", minimum=1)
     owner = _indices(image_owner, "image_owner", r, cost.shape)
-    moves: list[tuple[int, int, int]] = []
-    eligible = np.flatnonzero(cost > 0)
-    total = np.bincount(owner, weights=cost, minlength=r).tolist()
-    fits: Callable[[int, int, float], bool] = lambda image, taker, c: True  # noqa: E731
-    update: Callable[[int, int, int, float], None] = lambda image, giver, taker, c: None  # noqa: E731
-    if image_slot is not None:
-        slot = _indices(image_slot, "image_slot", INT64[1], cost.shape)
-        ids = eligible[np.lexsort((cost[eligible], owner[eligible], slot[eligible]))]
-        group_owner = owner[ids]
-        cuts = [0, *(np.flatnonzero(np.diff(slot[ids])) + 1).tolist(), ids.size]
-        keys = slot[ids] * r + group_owner
-        cap = max(total, default=0.0)
+    slot = None if image_slot is None else _indices(image_slot, "image_slot", INT64[1], cost.shape)
+    return _core.balance_replicas(cost, owner, r, slot)
 
-        def within_total(image: int, taker: int, c: float) -> bool:
-            return total[taker] + c <= cap
 
-        def move_total(image: int, giver: int, taker: int, c: float) -> None:
-            total[giver] -= c
-            total[taker] += c
+def balance_replica_chunks(tiles: np.ndarray, chunk: int) -> np.ndarray:
+    """Moves of encoder tiles between data-parallel replicas when the encoder's tiles are
+    independent (each tile its own sequence) and each replica runs each LLM slot's tiles in chunks
+    of `chunk` (the last one padded, so a chunk costs the same however full): `tiles` is replicas
+    x slots, each replica's own tiles per slot; returns int64 rows ``(slot, from, to, tiles)`` in
+    the order decided, a moved tile staying in its slot (its output is due at that slot's forward).
 
-        id_list, cost_list = ids.tolist(), cost[ids].tolist()
-        for lo, hi in zip(cuts[:-1], cuts[1:]):
-            if lo == hi:
+    Greedy on the chunks each replica runs: the replica with the most (the lowest index of a tie)
+    gives away the tiles of one slot's last chunk (dropping that chunk) when the takers stay below
+    what it had: to one replica, or spread over several whose last chunk of that slot has room
+    enough (padding the encoder runs anyway). Of the candidate moves, the one that adds the fewest
+    chunks to the takers, then leaves the most-loaded taker lowest, then the lowest slot and taker.
+    It stops when the replica with the most has no such move. So the most chunks a replica runs
+    never rises, tiles move only away from their owner and never into a slot their taker gave
+    from, and a step whose padding already hides the imbalance moves nothing."""
+    own = real_array(tiles, "tiles", minimum=0.0, ndim=2)
+    if not np.array_equal(own, np.round(own)):
+        raise ValueError("tiles: expected whole tile counts")
+    c = integer(chunk, "chunk", minimum=1)
+    r, width = own.shape
+    load, kept = own.copy(), own.copy()
+    chunks = np.ceil(load / c).sum(axis=1)
+    gave, took = np.zeros(own.shape, bool), np.zeros(own.shape, bool)
+    moves: list[tuple[int, int, int, int]] = []
+    while r > 1:
+        giver = int(np.argmax(chunks))
+        best: tuple | None = None
+        for k in range(width):
+            n = load[giver, k] - c * (np.ceil(load[giver, k] / c) - 1)  # the tiles of its last chunk
+            if load[giver, k] == 0 or took[giver, k] or n > kept[giver, k]:
                 continue
-            bounds = (lo + np.searchsorted(keys[lo:hi], keys[lo] - group_owner[lo] + np.arange(r + 1))).tolist()
-            load = np.bincount(group_owner[lo:hi], weights=cost[ids[lo:hi]], minlength=r).tolist()
-            _even_out(id_list, cost_list, bounds, load, moves, within_total, move_total)
-        moved = np.zeros(cost.size, bool)
-        moved[[m[0] for m in moves]] = True
-        eligible = eligible[~moved[eligible]]
-        runs_on = owner.copy()
-        runs_on[[m[0] for m in moves]] = [m[2] for m in moves]
-        width = int(slot.max(initial=-1)) + 1
-        by_slot = np.bincount(runs_on * width + slot, weights=cost, minlength=r * width).reshape(r, width)
-        slot_cap, slot_load, slot_of = by_slot.max(axis=0).tolist(), by_slot.tolist(), slot.tolist()
-
-        def within_slot(image: int, taker: int, c: float) -> bool:
-            return slot_load[taker][slot_of[image]] + c <= slot_cap[slot_of[image]]
-
-        def move_slot(image: int, giver: int, taker: int, c: float) -> None:
-            slot_load[giver][slot_of[image]] -= c
-            slot_load[taker][slot_of[image]] += c
-
-        fits, update = within_slot, move_slot
-    ids = eligible[np.lexsort((cost[eligible], owner[eligible]))]
-    bounds = np.searchsorted(owner[ids], np.arange(r + 1)).tolist()
-    _even_out(ids.tolist(), cost[ids].tolist(), bounds, total, moves, fits, update)
-    return np.array(moves, np.int64).reshape(-1, 3)
-
-
-def _even_out(ids: list[int], costs: list[float], bounds: list[int], load: list[float],
-              moves: list[tuple[int, int, int]], fits: Callable[[int, int, float], bool],
-              update: Callable[[int, int, int, float], None]) -> None:
-    """One greedy pass of :func:`balance_replicas`: the images ``ids[bounds[k]:bounds[k + 1]]`` of
-    owner k (by cost, with ``costs`` alongside) even out `load` (per replica); ``fits(image, taker,
-    cost)`` says whether a taker may take an image, ``update`` is told of each move. A taker that
-    may take none of a giver's images that would help sits out until the next giver."""
-    mean = sum(load) / len(load)
-    takers = [(x, k) for k, x in enumerate(load) if x < mean]
-    heapq.heapify(takers)
-    for giver in sorted(range(len(load)), key=lambda k: -load[k]):
-        if load[giver] <= mean or not takers:
+            takers = [b for b in range(r) if b != giver and not gave[b, k]]
+            room = {b: (-load[b, k]) % c for b in takers}
+            added = {b: np.ceil((load[b, k] + n) / c) - np.ceil(load[b, k] / c) for b in takers}
+            options = [(added[b], chunks[b] + added[b], k, b, ((b, n),)) for b in takers
+                       if chunks[b] + added[b] < chunks[giver]]
+            spread, left = [], n
+            for b in sorted(takers, key=lambda b: (-room[b], b)):  # padding of several takers
+                if left and room[b] and chunks[b] < chunks[giver]:
+                    spread.append((b, min(left, room[b])))
+                    left -= spread[-1][1]
+            if not left and len(spread) > 1:
+                options.append((0.0, max(chunks[b] for b, _ in spread), k, spread[0][0], tuple(spread)))
+            for o in options:
+                if best is None or o[:4] < best[:4]:
+                    best = o
+        if best is None:
             break
-        lo, hi = bounds[giver], bounds[giver + 1]
-        mine, images = costs[lo:hi], ids[lo:hi]
-        have, waiting = load[giver], []
-        while have > mean and takers and mine:
-            room, taker = takers[0]
-            k = bisect_right(mine, min(have - mean, mean - room)) - 1
-            if k < 0:
-                if room + mine[0] >= have:
-                    break
-                k = 0
-            while k >= 0 and not fits(images[k], taker, mine[k]):
-                k -= 1
-            if k < 0:
-                waiting.append(heapq.heappop(takers))
-                continue
-            c, image = mine.pop(k), images.pop(k)
-            moves.append((image, giver, taker))
-            update(image, giver, taker, c)
-            have, room = have - c, room + c
-            load[taker] = room
-            if room < mean:
-                heapq.heapreplace(takers, (room, taker))
-            else:
-                heapq.heappop(takers)
-        load[giver] = have
-        for entry in waiting:
-            heapq.heappush(takers, entry)
+        k = best[2]
+        for b, n in best[4]:
+            load[giver, k] -= n
+            kept[giver, k] -= n
+            load[b, k] += n
+            chunks[b] = np.ceil(load[b] / c).sum()
+            took[b, k] = True
+            moves.append((k, giver, b, int(n)))
+        chunks[giver] = np.ceil(load[giver] / c).sum()
+        gave[giver, k] = True
+    return np.array(moves, np.int64).reshape(-1, 4)
 
 
 def _indices(values: Any, where: str, bound: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,13 +1,13 @@
 """Online rescheduling: the same problem structure every step, new task durations each time, for
-one pipeline (:class:`OnlineScheduler`) or for every data-parallel replica of a step
-(:class:`ReplicaScheduler`, :func:`data_parallel_step`)."""
+one pipeline (:class:`OnlineScheduler`) or for every data-parallel replica of a step in one call
+to the core (:class:`ReplicaScheduler`, :class:`ReplicaSchedules`, :func:`data_parallel_step`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 import threading
-import time
 
 import numpy as np
 
@@ -52,10 +52,7 @@ class OnlineScheduler:
     def scaled_durations(self, scale: np.ndarray) -> np.ndarray:
         """The problem's task durations with encoder microbatch j's tasks multiplied by ``scale[j]``:
         the tasks of a batch whose microbatch j costs ``scale[j]`` times the one the problem holds."""
-        s = real_array(scale, "scale", minimum=0.0)
-        if s.shape != (self.problem.num_microbatches,):
-            raise ValueError(f"scale: shape {s.shape}, expected ({self.problem.num_microbatches},)")
-        return self._duration * s[self._microbatch]
+        return _scaled_durations(self._duration, self._microbatch, scale, self.problem.num_microbatches)
 
     def submit(self, durations: np.ndarray) -> Future[Schedule]:
         """Schedules in the background; the Future holds the Schedule (or the ValueError)."""
@@ -77,71 +74,122 @@ class OnlineScheduler:
         self.close()
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class ReplicaSchedules:
+    """Every replica's schedule of one :meth:`ReplicaScheduler.run`, in compact rows: replica k's
+    task t starts at ``start[k, t // copies]``. With ``copies`` > 1 the problem is made of twin
+    lanes (the same windows, the same kernels, each after its own lane's: encoder pipelines that
+    share every microbatch evenly on the same LLM ranks), which the scheduler places alike; one row
+    holds one copy's starts."""
+
+    copies: int
+    """Twin copies of the problem: tasks ``copies * g`` to ``copies * g + copies - 1`` share row entry
+    g (1: no twins, one entry per task)."""
+    start: np.ndarray
+    """replicas x (tasks / copies), float64: the starts (us)."""
+    assignment: np.ndarray
+    """replicas x microbatches, int64: ``assignment[k, j]`` the LLM microbatch replica k's encoder
+    microbatch j feeds."""
+    step_time: np.ndarray
+    """Per replica (us), as :attr:`Schedule.step_time`."""
+    shift_front: np.ndarray
+    """Per replica (us)."""
+    shift_back: np.ndarray
+    """Per replica (us)."""
+    took: np.ndarray
+    """Per replica, the seconds of its reschedule in the core (its durations included)."""
+
+    def __len__(self) -> int:
+        return int(self.start.shape[0])
+
+    def schedule(self, replica: int) -> Schedule:
+        """Replica `replica`'s :class:`Schedule`, one start per task (the row expanded)."""
+        k = integer(replica, "replica", minimum=0, maximum=len(self) - 1)
+        return Schedule(step_time=float(self.step_time[k]), shift_front=float(self.shift_front[k]),
+                        shift_back=float(self.shift_back[k]), start=np.repeat(self.start[k], self.copies),
+                        assignment=self.assignment[k].copy())
+
+    def schedules(self) -> list[Schedule]:
+        """Every replica's :class:`Schedule`."""
+        return [self.schedule(k) for k in range(len(self))]
+
+
 class ReplicaScheduler:
     """Reschedules one problem for each data-parallel replica of a step, each with its own encoder
     work: replica k's durations are the problem's with encoder microbatch j's tasks scaled by
     ``scale[k, j]`` (:meth:`OnlineScheduler.scaled_durations`).
 
-    The replicas are split over `threads` threads, one :class:`OnlineScheduler` each (replica k on
-    thread ``k % threads``; with one thread, the calling thread); the core releases the GIL while it
-    schedules, so the threads run at once. The schedules do not depend on the number of threads.
-    Row k's encoder microbatch j carries the data of replica k's LLM microbatch j, so it feeds that
-    microbatch (`fixed_assignment`, by default).
+    One call to the core schedules every replica: the replicas are split over `threads` threads in
+    the core (replica k on thread ``k % threads``, the calling thread being thread 0) with the GIL
+    released, and a problem made of twin lanes is scheduled as one copy (:class:`ReplicaSchedules`).
+    Each replica's schedule is exactly the one :class:`OnlineScheduler` gives for its durations, on
+    any number of threads. Row k's encoder microbatch j carries the data of replica k's LLM
+    microbatch j, so it feeds that microbatch (`fixed_assignment`, by default). Calls are
+    serialised: the core's memory is reused by each.
     """
 
     def __init__(self, problem: Problem, threads: int = 1, policy: str = "greedy", *, fixed_assignment: bool = True):
         self.threads = integer(threads, "threads", minimum=1)
         """Threads the replicas are split over."""
-        self._online = [OnlineScheduler(problem, policy, fixed_assignment=fixed_assignment)
-                        for _ in range(self.threads)]
-        self._pool = (ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="pybubble-replicas")
-                      if self.threads > 1 else None)
+        self.policy = check_policy(policy)
+        """The scheduling policy."""
+        self.fixed_assignment = bool(fixed_assignment)
+        """Encoder microbatch j feeds LLM microbatch j."""
+        self._problem = problem
+        self._core = _core.ReplicaScheduler(problem.core, self.threads, self.policy,
+                                            fixed_assignment=self.fixed_assignment)
+        self._lock = threading.Lock()
+        t = problem.arrays().tasks
+        self._duration, self._microbatch = t.duration, t.microbatch
         self.took = np.zeros(0)
         """Seconds of each replica's reschedule (its durations included) in the last call."""
 
     @property
     def problem(self) -> Problem:
         """The problem whose structure every replica shares."""
-        return self._online[0].problem
+        return self._problem
+
+    @property
+    def copies(self) -> int:
+        """Twin copies the problem is scheduled as one of (1: none; :class:`ReplicaSchedules`)."""
+        return int(self._core.copies)
 
     def durations(self, scale: np.ndarray) -> np.ndarray:
         """One replica's task durations: :meth:`OnlineScheduler.scaled_durations` of one row of
         `scale`."""
-        return self._online[0].scaled_durations(scale)
+        return _scaled_durations(self._duration, self._microbatch, scale, self._problem.num_microbatches)
+
+    def run(self, scale: np.ndarray) -> ReplicaSchedules:
+        """Every replica's schedule: `scale` is replicas x encoder microbatches (finite, >= 0)."""
+        s = real_array(scale, "scale", minimum=0.0, ndim=2)
+        if s.shape[1] != self._problem.num_microbatches:
+            raise ValueError(f"scale: shape {s.shape}, expected (replicas, {self._problem.num_microbatches})")
+        with self._lock:
+            start, assignment, step_time, shift_front, shift_back, took = self._core.run(s)
+        self.took = took
+        return ReplicaSchedules(copies=self.copies, start=start, assignment=assignment, step_time=step_time,
+                                shift_front=shift_front, shift_back=shift_back, took=took)
 
     def reschedule(self, scale: np.ndarray) -> list[Schedule]:
-        """One schedule per replica: `scale` is replicas x encoder microbatches (finite, >= 0)."""
-        s = real_array(scale, "scale", minimum=0.0, ndim=2)
-        if s.shape[1] != self.problem.num_microbatches:
-            raise ValueError(f"scale: shape {s.shape}, expected (replicas, {self.problem.num_microbatches})")
-        out: list[Schedule] = [None] * s.shape[0]  # type: ignore[list-item]  # each filled below
-        took = np.zeros(s.shape[0])
-
-        def part(w: int) -> None:
-            online = self._online[w]
-            for k in range(w, s.shape[0], self.threads):
-                t0 = time.perf_counter()
-                out[k] = online.reschedule(online.scaled_durations(s[k]))
-                took[k] = time.perf_counter() - t0
-
-        if self._pool is None:
-            part(0)
-        else:
-            list(self._pool.map(part, range(self.threads)))
-        self.took = took
-        return out
+        """One :class:`Schedule` per replica (:meth:`run`, every row expanded)."""
+        return self.run(scale).schedules()
 
     def close(self) -> None:
-        """Stops the threads."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Nothing to stop: the core's threads end with each call (kept for ``with`` blocks)."""
 
     def __enter__(self) -> "ReplicaScheduler":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _scaled_durations(duration: np.ndarray, microbatch: np.ndarray, scale: np.ndarray, microbatches: int) -> np.ndarray:
+    """`duration` with each task's scaled by its microbatch's entry of `scale` (finite, >= 0)."""
+    s = real_array(scale, "scale", minimum=0.0)
+    if s.shape != (microbatches,):
+        raise ValueError(f"scale: shape {s.shape}, expected ({microbatches},)")
+    return duration * s[microbatch]
 
 
 def data_parallel_step(step_times: Sequence[float] | np.ndarray) -> float:

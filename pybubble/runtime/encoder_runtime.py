@@ -354,13 +354,15 @@ class EncoderRuntime:
         if self.replicas == 1:
             dist.barrier(group=self.group)
             return plan, 0.0, 0.0
-        width = max(sum(a is not None for a in row) for row in self.table.values())
+        # A rank's row: its pipeline rank, its ops n, then its n + 2 marks and its n + 1 places' waits,
+        # each from a fixed column (room for the most ops a rank of the table runs).
+        most = max(sum(a is not None for a in row) for row in self.table.values())
         marks = step_marks_s(self.placement, self.rank, self.costs)
-        n = len(marks) - 2
-        row = np.full(2 + 2 * width + 3, np.nan)
+        n, waits_at = len(marks) - 2, 2 + most + 2
+        row = np.full(waits_at + most + 1, np.nan)
         row[0], row[1] = self.rank, n
         row[2:4 + n] = marks
-        row[4 + width:5 + width + n] = self.dp_waits.collectives_s(n)
+        row[waits_at:waits_at + n + 1] = self.dp_waits.collectives_s(n)
         every = [torch.zeros(len(row), dtype=torch.float64) for _ in range(dist.get_world_size(self.world_group))]
         dist.all_gather(every, torch.from_numpy(row), group=self.world_group)
         rows = torch.stack(every).numpy()
@@ -369,7 +371,7 @@ class EncoderRuntime:
             replicas = rows[rows[:, 0] == position]
             ops = int(replicas[0, 1])
             if self.steps > 0:  # the waits of a step that ran
-                self.collectives.add(int(position), replicas[:, 4 + width:5 + width + ops])
+                self.collectives.add(int(position), replicas[:, waits_at:waits_at + ops + 1])
             meets = self.collectives.meets_s(int(position), ops)
             compute = max(compute, lockstep_s(replicas[:, 2:4 + ops], meets))
             if position == self.rank:
@@ -425,7 +427,8 @@ class EncoderRuntime:
             waits={"pp": WaitFigures(stats.waited_s, stats.filled_s),
                    "dp": WaitFigures(stats.dp_waited_s, stats.dp_filled_s) if self.data_parallel else None,
                    "tp": WaitFigures(tp.stats.waited_s, tp.stats.filled_s) if tp.stats.waits else None},
-            dp_collectives_s=meet_s, dp_replicas_s=wait_s, trace=work.filler.trace, tiles=batch.tiles, encoder_s=work.encoder_s(), llm_s=sum(work.filler.progress.op_busy_s),
+            dp_collectives_s=meet_s, dp_replicas_s=wait_s, trace=work.filler.trace, tiles=batch.tiles,
+            encoder_s=work.encoder_s(), llm_s=sum(work.filler.progress.op_busy_s),
             imbalance=None if self.moves is None else (self.moves.imbalance(False), self.moves.imbalance(True))))
         self.steps += 1
         self._returned = time.perf_counter()

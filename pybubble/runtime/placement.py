@@ -45,9 +45,11 @@ class MeasuredCosts:
     piece_bwd_s: list[float]
     """Backward of each encoder piece."""
     optimizer_s: float = 0.0
-    """What each step does outside the pipeline and the encoder, per rank (max): the optimizer
-    step, the trainer's own work between steps, the runtime's time before the step's work (its
-    planning, the data's agreement, the moves between replicas, the barrier)."""
+    """What each step does outside the pipeline and the encoder: per rank (the largest) the
+    optimizer step, the trainer's own work between steps and the runtime's own work before the
+    step (its planning, the step's set-up); and the runtime's collectives before the step (the
+    data's agreement, the moves between replicas, the costs' sharing, the barrier) as the last
+    rank to reach them saw them."""
     grad_sync_s: float = 0.0
     """All-reduce of the encoder's gradients (modes that spread the encoder over ranks; with
     data-parallel replicas every mode, over them: :func:`lockstep_s`'s prediction adds it)."""

@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 from pybubble.llm.tables import build_table  # noqa: E402
 from pybubble.runtime.costs import CollectiveHistory  # noqa: E402
 from pybubble.runtime.filler import BubbleFiller  # noqa: E402
-from pybubble.runtime.placement import MeasuredCosts, lockstep_s, make_placement, step_marks_s  # noqa: E402
+from pybubble.runtime.placement import (MeasuredCosts, lockstep_s, lockstep_waits_s, make_placement,  # noqa: E402
+                                        step_marks_s)
 from pybubble.runtime.waits import DataParallelWaits  # noqa: E402
 
 nan = float("nan")
@@ -48,6 +49,9 @@ def test_replicas_wait_for_the_slowest_stretch_between_collectives():
     assert lockstep_s(marks, [0.1, 0.2, 0.3]) == pytest.approx(6.6)
     # the encoder's work after the last op (the drain) differs: the end waits for the longer one
     assert lockstep_s([[0.0, 3.0, 4.0, 5.0], [0.0, 1.0, 4.0, 4.5]], [nan, 0.0, 0.0]) == 7.0
+    waits = lockstep_waits_s(marks, [0.1, 0.2, nan])  # who waits how long for the other, where
+    assert np.isnan(waits[:, 2]).all() and waits[:, 0].tolist() == [0.0, 0.0]
+    assert waits[:, 1].tolist() == [0.0, 2.0]  # replica 1 at op 1 for replica 0's long first op
 
 
 @pytest.mark.parametrize("marks, meets, message", [
@@ -94,16 +98,25 @@ def test_filling_modes_mark_the_ops_after_the_front_and_end_with_the_schedule(mo
 
 
 # -- the collectives' own time ------------------------------------------------------------------
-def test_collective_history_takes_the_shortest_replica_and_the_median_step():
+def test_collective_history_takes_what_the_replicas_waited_beyond_the_plan():
     h = CollectiveHistory(keep=3)
     assert all(math.isnan(v) for v in h.meets_s(0, 2))  # nothing seen yet
-    for short in (0.001, 0.003, 0.002, 0.010):  # the first falls out of the last 3
-        # replica 1 waited for replica 0 at op 0 (the other's lateness), then both for the collective
-        h.add(0, [[short, nan, 0.004], [0.050, nan, 0.005]])
+    h.add(0, [[0.001, nan, 0.004], [0.050, nan, 0.005]])  # a step whose plan predicted nothing
+    assert h.meets_s(0, 2)[0] == 0.0 and math.isnan(h.meets_s(0, 2)[1])  # the places count, no time yet
+    for late in (0.001, 0.003, 0.002, 0.010):  # the first falls out of the last 3
+        # The plan had replica 1 wait 40 ms for replica 0 at op 0; it waited 50: 10 ms beyond,
+        # replica 0 `late` beyond its none. After the last op neither was to wait.
+        h.expect(0, [[0.0, nan, 0.0], [0.040, nan, 0.0]])
+        h.add(0, [[late, nan, 0.004], [0.050, nan, 0.006]])
     got = h.meets_s(0, 2)
-    assert got[0] == pytest.approx(0.003) and math.isnan(got[1]) and got[2] == pytest.approx(0.004)
+    assert got[0] == pytest.approx((0.010 + 0.003) / 2) and math.isnan(got[1])  # the mean, median over steps
+    assert got[2] == pytest.approx(0.005)
+    h.expect(1, [[nan, 0.0, nan, nan]])
     h.add(1, [[nan, 0.002, nan, nan]])  # another pipeline rank keeps its own
-    assert h.meets_s(1, 3)[1] == 0.002 and h.meets_s(0, 2)[0] == pytest.approx(0.003)
+    assert h.meets_s(1, 3)[1] == 0.002 and h.meets_s(0, 2)[0] == pytest.approx(0.0065)
+    h.expect(0, [[0.020, nan, 0.0], [0.0, nan, 0.0]])
+    h.add(0, [[0.001, nan, 0.004], [0.001, nan, 0.004]])  # waited less than planned: counts as nothing
+    assert h.meets_s(0, 2)[0] == pytest.approx(0.006)  # median of 6, 10 and 0 ms (the last 3)
     h.add(0, [[nan, nan, 0.004], [nan, nan, 0.004]])  # the last step had no collective at op 0
     assert math.isnan(h.meets_s(0, 2)[0])
     with pytest.raises(ValueError, match="waits: 2 columns for pipeline rank 0, the last step had 3"):

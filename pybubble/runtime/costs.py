@@ -178,49 +178,67 @@ class CostHistory:
 
 
 class CollectiveHistory:
-    """The data-parallel collectives' own time where the replicas of each pipeline rank meet (per
-    op of the rank, then after its last op: what
+    """The data-parallel collectives' time where the replicas of each pipeline rank meet (per op of
+    the rank, then after its last op: what
     :meth:`~pybubble.runtime.waits.DataParallelWaits.collectives_s` gives), over the last ``keep``
-    steps. A collective completes on every replica at once: the last replica to reach it waited for
-    the collective only, the others for that replica too; per step the shortest wait over the
-    replicas is taken, and the median over the steps kept."""
+    steps, beyond the waits for each other that the plan predicted
+    (:func:`~pybubble.runtime.placement.lockstep_waits_s`, told by :meth:`expect` before the step):
+    a collective completes on every replica at once, so what a replica waited beyond its predicted
+    wait is the collective's own time and the other replicas' lateness the plan did not foresee
+    (their ops and tasks run longer or shorter than their medians). Per step the mean over the
+    replicas is taken (the replicas' expected wait for the last of them), the median over the
+    steps kept."""
 
     def __init__(self, keep: int = 5):
         if keep < 1:
             raise ValueError(f"keep: {keep} is not >= 1")
         self.keep = keep
         self._steps: dict[int, deque[np.ndarray]] = {}
-        self._last: dict[int, np.ndarray] = {}
+        self._places: dict[int, np.ndarray] = {}
+        self._expected: dict[int, np.ndarray] = {}
+
+    def expect(self, position: int, waits: np.ndarray) -> None:
+        """The waits the plan of the step about to run predicts for the replicas of pipeline rank
+        ``position`` (one row per replica, one column per place; NaN where they do not meet)."""
+        self._expected[position] = np.asarray(waits, dtype=np.float64)
 
     def add(self, position: int, waits: np.ndarray) -> None:
         """The last step's waits of the replicas of pipeline rank ``position``: one row per
-        replica, one column per op and one after the last (NaN: no collective there)."""
+        replica, one column per op and one after the last (NaN: no collective there). Where the
+        step's plan predicted no wait there (:meth:`expect` not told, or no meeting planned), the
+        places count and the time does not."""
         waits = np.asarray(waits, dtype=np.float64)
         if waits.ndim != 2 or waits.shape[0] < 1:
             raise ValueError(f"waits: shape {waits.shape} is not one row per replica")
-        with warnings.catch_warnings():  # all-NaN columns: no collective there
+        places = self._places.get(position)
+        if places is not None and len(places) != waits.shape[1]:
+            raise ValueError(f"waits: {waits.shape[1]} columns for pipeline rank {position}, the last step had "
+                             f"{len(places)}")
+        self._places[position] = np.isfinite(waits).any(axis=0)
+        expected = self._expected.pop(position, None)
+        if expected is None or expected.shape != waits.shape:
+            return
+        with warnings.catch_warnings():  # all-NaN columns: nothing to take there
             warnings.simplefilter("ignore", RuntimeWarning)
-            shortest = np.nanmin(waits, axis=0)
-        kept = self._steps.setdefault(position, deque(maxlen=self.keep))
-        if kept and len(kept[-1]) != len(shortest):
-            raise ValueError(f"waits: {len(shortest)} columns for pipeline rank {position}, the last step had "
-                             f"{len(kept[-1])}")
-        kept.append(shortest)
-        self._last[position] = shortest
+            beyond = np.maximum(np.nanmean(waits - expected, axis=0), 0.0)
+        self._steps.setdefault(position, deque(maxlen=self.keep)).append(beyond)
 
     def meets_s(self, position: int, ops: int) -> list[float]:
         """Where the replicas of pipeline rank ``position`` (``ops`` ops) meet, as the last step
-        saw: per op, then after the last, the collectives' own time there (the median over the
-        steps kept), NaN where the last step had none (everywhere before a step was added)."""
-        last = self._last.get(position)
-        if last is None:
+        saw: per op, then after the last, the collectives' time there beyond the predicted waits
+        (the median over the steps kept; 0 where none was measured yet), NaN where the last step
+        had no collective (everywhere before a step was added)."""
+        places = self._places.get(position)
+        if places is None:
             return [float("nan")] * (ops + 1)
-        if len(last) != ops + 1:
-            raise ValueError(f"ops: {ops} for pipeline rank {position}, its collectives were seen at {len(last)} places")
+        if len(places) != ops + 1:
+            raise ValueError(f"ops: {ops} for pipeline rank {position}, its collectives were seen at {len(places)} "
+                             "places")
+        kept = self._steps.get(position)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            median = np.nanmedian(np.stack(self._steps[position]), axis=0)
-        return [float(m) if np.isfinite(v) else float("nan") for v, m in zip(last, median)]
+            median = np.nanmedian(np.stack(kept), axis=0) if kept else np.zeros(len(places))
+        return [(float(m) if np.isfinite(m) else 0.0) if seen else float("nan") for seen, m in zip(places, median)]
 
 
 def share_samples(sample: np.ndarray, outside_s: float, group: dist.ProcessGroup, ranks: int) -> np.ndarray:

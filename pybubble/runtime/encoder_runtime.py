@@ -37,8 +37,8 @@ from .executors import executor_for
 from .parallel_groups import ParallelGroups, agree_on_data, resolve_groups, runtime_group, world_group
 from . import torch_seams
 from .pipelining import fill_pipeline_waits, schedule_table
-from .placement import (MeasuredCosts, check_mode, first_stage_rank, lockstep_s, make_placement, predict_step_s,
-                        rank_plan, splits_backward, stage_ranks, step_marks_s)
+from .placement import (MeasuredCosts, check_mode, first_stage_rank, lockstep_s, lockstep_waits_s, make_placement,
+                        predict_step_s, rank_plan, splits_backward, stage_ranks, step_marks_s)
 from .plan import RankPlan
 from .profile import p2p_latency, shared_profile, time_pieces
 from .records import StepRecord, WaitFigures
@@ -374,6 +374,7 @@ class EncoderRuntime:
                 self.collectives.add(int(position), replicas[:, waits_at:waits_at + ops + 1])
             meets = self.collectives.meets_s(int(position), ops)
             compute = max(compute, lockstep_s(replicas[:, 2:4 + ops], meets))
+            self.collectives.expect(int(position), lockstep_waits_s(replicas[:, 2:4 + ops], meets))
             if position == self.rank:
                 meet = float(np.nansum(meets))
         predicted = compute + self.costs.grad_sync_s + self.costs.optimizer_s

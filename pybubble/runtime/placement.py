@@ -307,14 +307,8 @@ def step_marks_s(plan: Placement, rank: int, costs: MeasuredCosts) -> np.ndarray
     return np.concatenate([front + starts, [front + end, max(compute, front + end)]])
 
 
-def lockstep_s(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[float]) -> float:
-    """The step's compute (s) of data-parallel replicas that wait for each other at their
-    collectives: ``marks`` one row per replica, the :func:`step_marks_s` of the same rank in each
-    (n ops, the last op's end, the compute's end); ``meets_s`` n + 1 values: where the replicas'
-    collectives meet, at op k's start (k = n: after the last op), the collectives' own time there
-    (NaN: none). The replicas also meet at the compute's end (the encoder's gradient sync over
-    them). Each stretch up to a meeting takes as long as its slowest replica, then every replica
-    waits for the collectives' own time. With one replica and no meeting: its compute's end."""
+def _lockstep(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[float]) -> tuple[float, np.ndarray]:
+    """:func:`lockstep_s`'s compute and :func:`lockstep_waits_s`'s waits."""
     marks = np.asarray(marks, dtype=np.float64)
     if marks.ndim != 2 or marks.shape[0] < 1 or marks.shape[1] < 2:
         raise ValueError(f"marks: shape {marks.shape} is not one row per replica of n ops + 2 marks")
@@ -326,10 +320,33 @@ def lockstep_s(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[
     own = {k: finite(v, f"meets_s[{k}]", minimum=0.0) for k, v in enumerate(meets_s)
            if not (isinstance(v, (float, np.floating)) and math.isnan(v))}
     total, before = 0.0, np.zeros(len(marks))
+    waits = np.full((len(marks), n + 1), np.nan)
     for k in [*own, n + 1]:
-        total += float(np.max(marks[:, k] - before)) + own.get(k, 0.0)
+        stretch = marks[:, k] - before
+        total += float(stretch.max()) + own.get(k, 0.0)
+        if k <= n:
+            waits[:, k] = stretch.max() - stretch
         before = marks[:, k]
-    return total
+    return total, waits
+
+
+def lockstep_s(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[float]) -> float:
+    """The step's compute (s) of data-parallel replicas that wait for each other at their
+    collectives: ``marks`` one row per replica, the :func:`step_marks_s` of the same rank in each
+    (n ops, the last op's end, the compute's end); ``meets_s`` n + 1 values: where the replicas'
+    collectives meet, at op k's start (k = n: after the last op), the collectives' time there
+    beyond the replicas' waits for each other (NaN: none). The replicas also meet at the compute's
+    end (the encoder's gradient sync over them). Each stretch up to a meeting takes as long as its
+    slowest replica, then the collectives' time. With one replica and no meeting: its compute's
+    end."""
+    return _lockstep(marks, meets_s)[0]
+
+
+def lockstep_waits_s(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[float]) -> np.ndarray:
+    """How long each replica is predicted to wait for the slowest at each place where they meet
+    (:func:`lockstep_s`'s arguments): one row per replica, one column per op and one after the
+    last; NaN where they do not meet (the collectives' own time not included)."""
+    return _lockstep(marks, meets_s)[1]
 
 
 def shift_front_s(plan: Placement) -> float:

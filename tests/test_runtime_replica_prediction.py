@@ -127,6 +127,18 @@ def test_collective_history_takes_what_the_replicas_waited_beyond_the_plan():
         CollectiveHistory(keep=0)
 
 
+def test_one_disturbed_step_does_not_move_the_collectives_time():
+    h = CollectiveHistory(keep=5)
+    h.expect(0, [[0.0, 0.0], [0.0, 0.0]])
+    h.add(0, [[0.004, 0.002], [0.006, 0.002]])  # 5 ms at op 0: the collective, a little lateness
+    h.expect(0, [[0.0, 0.0], [0.030, 0.0]])
+    h.add(0, [[0.004, 0.002], [0.250, 0.002]])  # replica 0 ran its op 220 ms late (the machine's load)
+    assert h.meets_s(0, 1)[0] == pytest.approx(0.005)  # of two steps the smaller
+    h.expect(0, [[0.0, 0.0], [0.0, 0.0]])
+    h.add(0, [[0.005, 0.002], [0.007, 0.002]])
+    assert h.meets_s(0, 1)[0] == pytest.approx(0.006)  # the median of three
+
+
 def test_the_collectives_before_the_step_count_as_the_last_rank_to_reach_them_saw_them():
     from pybubble.runtime.costs import CostHistory, StepSample
 

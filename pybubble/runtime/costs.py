@@ -186,8 +186,9 @@ class CollectiveHistory:
     a collective completes on every replica at once, so what a replica waited beyond its predicted
     wait is the collective's own time and the other replicas' lateness the plan did not foresee
     (their ops and tasks run longer or shorter than their medians). Per step the mean over the
-    replicas is taken (the replicas' expected wait for the last of them), the median over the
-    steps kept."""
+    replicas is taken (the replicas' expected wait for the last of them), then the lower median
+    over the steps kept (of two steps the smaller: one disturbed step, a replica much later than
+    its plan, does not move it)."""
 
     def __init__(self, keep: int = 5):
         if keep < 1:
@@ -216,7 +217,7 @@ class CollectiveHistory:
                              f"{len(places)}")
         self._places[position] = np.isfinite(waits).any(axis=0)
         expected = self._expected.pop(position, None)
-        if expected is None or expected.shape != waits.shape:
+        if expected is None or expected.shape != waits.shape or not np.isfinite(waits - expected).any():
             return
         with warnings.catch_warnings():  # all-NaN columns: nothing to take there
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -226,8 +227,8 @@ class CollectiveHistory:
     def meets_s(self, position: int, ops: int) -> list[float]:
         """Where the replicas of pipeline rank ``position`` (``ops`` ops) meet, as the last step
         saw: per op, then after the last, the collectives' time there beyond the predicted waits
-        (the median over the steps kept; 0 where none was measured yet), NaN where the last step
-        had no collective (everywhere before a step was added)."""
+        (the lower median over the steps kept; 0 where none was measured yet), NaN where the last
+        step had no collective (everywhere before a step was added)."""
         places = self._places.get(position)
         if places is None:
             return [float("nan")] * (ops + 1)
@@ -237,7 +238,7 @@ class CollectiveHistory:
         kept = self._steps.get(position)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            median = np.nanmedian(np.stack(kept), axis=0) if kept else np.zeros(len(places))
+            median = np.nanpercentile(np.stack(kept), 50, axis=0, method="lower") if kept else np.zeros(len(places))
         return [(float(m) if np.isfinite(m) else 0.0) if seen else float("nan") for seen, m in zip(places, median)]
 
 

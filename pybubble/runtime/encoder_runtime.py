@@ -13,7 +13,6 @@ from.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import time
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from torch.profiler import record_function
 from ..measure import names
 from .batch import EncoderBatch, chunk_counts, inputs_of
 from .boundary import BoundaryCommunicator
-from .costs import CollectiveHistory, CostHistory, share_samples
+from .costs import CostHistory, share_samples
 from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
@@ -37,8 +36,9 @@ from .executors import executor_for
 from .parallel_groups import ParallelGroups, agree_on_data, resolve_groups, runtime_group, world_group
 from . import torch_seams
 from .pipelining import fill_pipeline_waits, schedule_table
-from .placement import (MeasuredCosts, check_mode, first_stage_rank, lockstep_s, lockstep_waits_s, make_placement,
-                        predict_step_s, rank_plan, splits_backward, stage_ranks, step_marks_s)
+from .lockstep import ReplicaLockstep
+from .placement import (MeasuredCosts, check_mode, first_stage_rank, make_placement, predict_step_s, rank_plan,
+                        splits_backward, stage_ranks)
 from .plan import RankPlan
 from .profile import p2p_latency, shared_profile, time_pieces
 from .records import StepRecord, WaitFigures
@@ -130,6 +130,34 @@ def balanced_batch(runtime: "EncoderRuntime", batch: EncoderBatch) -> tuple[Enco
     return chains, own, moved
 
 
+def start_step(runtime: "EncoderRuntime", plan: RankPlan) -> tuple[RankPlan, float, float]:
+    """The step's start on every rank at once: with several replicas
+    :meth:`~pybubble.runtime.lockstep.ReplicaLockstep.start` (the plan predicted as they run it, the
+    collectives' time and the waits for other replicas it counts), else the pipeline's barrier."""
+    if runtime.lockstep is not None:
+        return runtime.lockstep.start(plan, runtime.placement, runtime.costs, runtime.rank,
+                                      runtime.dp_waits.collectives_s, runtime.steps > 0)
+    dist.barrier(group=runtime.group)
+    return plan, 0.0, 0.0
+
+
+def begin_work(runtime: "EncoderRuntime", plan: RankPlan, batch: EncoderBatch, own: list[int],
+               moved: MovedWork | None) -> EncoderStep:
+    """The step's boundary communicator and moved work (their receives posted) and encoder work."""
+    with record_function(names.region("setup")):
+        shapes = [(own[k], *runtime.output_shape[1:]) for k in plan.assignment]
+        boundary = BoundaryCommunicator(group=runtime.group, rank=runtime.rank, first_stage_rank=plan.first_stage,
+                                        producer=plan.producer, assignment=plan.assignment,
+                                        output_shapes=shapes, dtype=runtime.output_dtype, device=runtime.device)
+        boundary.begin_step()
+        if moved is not None:
+            moved.begin_step(runtime.output_shape[1:], runtime.output_dtype)
+        size = runtime.chunk_tiles
+        return EncoderStep(plan=plan, pieces=runtime.pieces, boundary=boundary, tiles=batch.tiles, own_tiles=own,
+                           moved=moved, inputs=lambda k, c: batch.chunk(k, c, size),
+                           executor=executor_for(runtime.side))
+
+
 class EncoderRuntime:
     """Runs ``encoder`` (on every rank of the pipeline) inside the bubbles of ``schedule``: a
     ``torch.distributed.pipelining`` schedule, single-stage (``Schedule1F1B``, ``ScheduleGPipe``
@@ -192,8 +220,8 @@ class EncoderRuntime:
         self.keep = keep
         self.history: CostHistory | None = None
         """The measured costs of the last steps (None before the first step's profile)."""
-        self.collectives = CollectiveHistory(keep)
-        """With several replicas: the data-parallel collectives' own time where they meet."""
+        self.lockstep = ReplicaLockstep(self.table, self.world_group, keep) if self.replicas > 1 else None
+        """With several replicas: the step predicted as they run it, waiting for each other."""
         self.costs: MeasuredCosts | None = None
         self.steps = 0
         self.records: list[StepRecord] = []
@@ -226,12 +254,10 @@ class EncoderRuntime:
 
     @property
     def _cost_group(self) -> tuple[dist.ProcessGroup | None, int]:
-        """Where the measured figures are shared, and its ranks: the pipeline's (the runtime's own
-        group), or every rank's with several replicas: they plan from the same costs, and the
-        collectives between them count as long as the last replica to reach them saw them."""
-        if self.replicas == 1:
-            return self.group, self.ranks
-        return self.world_group, dist.get_world_size(self.world_group)
+        """Where the measured figures are shared, and its ranks: the pipeline's, or every rank's with
+        several replicas (they plan from the same costs; a collective counts as the last to reach it saw it)."""
+        every = (self.world_group, dist.get_world_size(self.world_group))
+        return (self.group, self.ranks) if self.lockstep is None else every
 
     def _share_costs(self, entry: float) -> None:
         """All ranks' figures of the last step (with the trainer's time since then) into the
@@ -277,21 +303,6 @@ class EncoderRuntime:
     def chunk_tiles(self) -> int:
         """Tiles of one chunk: the encoder's pieces run on this many at a time."""
         return int(self.example[0].shape[0])
-
-    def _begin(self, plan: RankPlan, batch: EncoderBatch, own: list[int], moved: MovedWork | None) -> EncoderStep:
-        """The step's boundary communicator and moved work (their receives posted) and encoder work."""
-        with record_function(names.region("setup")):
-            shapes = [(own[k], *self.output_shape[1:]) for k in plan.assignment]
-            boundary = BoundaryCommunicator(group=self.group, rank=self.rank, first_stage_rank=plan.first_stage,
-                                            producer=plan.producer, assignment=plan.assignment,
-                                            output_shapes=shapes, dtype=self.output_dtype, device=self.device)
-            boundary.begin_step()
-            if moved is not None:
-                moved.begin_step(self.output_shape[1:], self.output_dtype)
-            size = self.chunk_tiles
-            return EncoderStep(plan=plan, pieces=self.pieces, boundary=boundary, tiles=batch.tiles, own_tiles=own,
-                               moved=moved, inputs=lambda k, c: batch.chunk(k, c, size),
-                               executor=executor_for(self.side))
 
     def _run(self, work: EncoderStep, start: float, args: tuple, kwargs: dict) -> tuple[Any, TensorParallelWaits]:
         """The pipeline's schedule with the encoder's tasks in its waits: the front, the schedule,
@@ -340,46 +351,6 @@ class EncoderRuntime:
             sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
         return self._now() - t
 
-    def _start_together(self, plan: RankPlan) -> tuple[RankPlan, float, float]:
-        """The step's start, every rank of the pipeline at once; ``plan`` with the step predicted as
-        the replicas run it, the data-parallel collectives' own time in it (this rank's) and the
-        time it has this rank wait for other replicas. One replica: the pipeline's barrier, the
-        plan's own prediction. Several: every rank's
-        :func:`~pybubble.runtime.placement.step_marks_s` and its waits on data-parallel collectives
-        in the last step, gathered over every rank (the barrier too); the replicas of each pipeline
-        rank wait for each other where those collectives are and at the encoder's gradient sync,
-        the collectives' own time measured (:class:`~pybubble.runtime.costs.CollectiveHistory`,
-        :func:`~pybubble.runtime.placement.lockstep_s`); the step is the longest pipeline rank's,
-        then the gradient sync and the time outside the step (every rank predicts the same)."""
-        if self.replicas == 1:
-            dist.barrier(group=self.group)
-            return plan, 0.0, 0.0
-        # A rank's row: its pipeline rank, its ops n, then its n + 2 marks and its n + 1 places' waits,
-        # each from a fixed column (room for the most ops a rank of the table runs).
-        most = max(sum(a is not None for a in row) for row in self.table.values())
-        marks = step_marks_s(self.placement, self.rank, self.costs)
-        n, waits_at = len(marks) - 2, 2 + most + 2
-        row = np.full(waits_at + most + 1, np.nan)
-        row[0], row[1] = self.rank, n
-        row[2:4 + n] = marks
-        row[waits_at:waits_at + n + 1] = self.dp_waits.collectives_s(n)
-        every = [torch.zeros(len(row), dtype=torch.float64) for _ in range(dist.get_world_size(self.world_group))]
-        dist.all_gather(every, torch.from_numpy(row), group=self.world_group)
-        rows = torch.stack(every).numpy()
-        compute, meet = 0.0, 0.0
-        for position in np.unique(rows[:, 0]):
-            replicas = rows[rows[:, 0] == position]
-            ops = int(replicas[0, 1])
-            if self.steps > 0:  # the waits of a step that ran
-                self.collectives.add(int(position), replicas[:, waits_at:waits_at + ops + 1])
-            meets = self.collectives.meets_s(int(position), ops)
-            compute = max(compute, lockstep_s(replicas[:, 2:4 + ops], meets))
-            self.collectives.expect(int(position), lockstep_waits_s(replicas[:, 2:4 + ops], meets))
-            if position == self.rank:
-                meet = float(np.nansum(meets))
-        predicted = compute + self.costs.grad_sync_s + self.costs.optimizer_s
-        return dataclasses.replace(plan, predicted_step_s=predicted), meet, max(0.0, compute - marks[-1] - meet)
-
     def step(self, encoder_input: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], *args: Any,
              **kwargs: Any) -> Any:
         """One training step: ``encoder_input`` is the step's encoder input as it comes, an
@@ -408,11 +379,11 @@ class EncoderRuntime:
         plan, plan_s = self._plan(batch)
         t = time.perf_counter()
         with record_function(names.region("sync")):
-            plan, meet_s, wait_s = self._start_together(plan)
+            plan, meet_s, wait_s = start_step(self, plan)
         start = time.perf_counter()
         met += start - t
         self.plan = plan
-        work = self._begin(plan, batch, own, moved)
+        work = begin_work(self, plan, batch, own, moved)
         # the runtime's own work and its collectives before the step's work (the profiling step's
         # first collectives wait for every process to start, its profile is no step's)
         own_s, met_s = ((time.perf_counter() - entry - met, met) if self.steps > 0 else (float("nan"), float("nan")))

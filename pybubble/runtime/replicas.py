@@ -71,29 +71,32 @@ class ReplicaMoves:
                 tiles += [int(t) for t in counts]
         owner_a, slot_a, tiles_a = (np.asarray(x, np.int64) for x in (owner, slot, tiles))
         replicas, slots = len(images), len(images[0]) if images else 0
-        unmoved = cls(replicas=replicas, slots=slots, owner=owner_a, slot=slot_a, tiles=tiles_a, runs_on=owner_a.copy())
         if chunk_tiles is not None:
-            return unmoved._split(balance_replica_chunks(unmoved._slot_tiles(False), chunk_tiles))
+            per_slot = np.bincount(owner_a * slots + slot_a, weights=tiles_a, minlength=replicas * slots)
+            return cls._split(owner_a, slot_a, tiles_a, replicas, slots,
+                              balance_replica_chunks(per_slot.reshape(replicas, slots), chunk_tiles))
+        runs_on = owner_a.copy()
         if tiles_a.size:
             moves = balance_replicas(tiles_a.astype(np.float64) if cost is None else cost(tiles_a), owner_a,
                                      replicas, slot_a)
-            unmoved.runs_on[moves[:, 0]] = moves[:, 2]
-        return unmoved
+            runs_on[moves[:, 0]] = moves[:, 2]
+        return cls(replicas=replicas, slots=slots, owner=owner_a, slot=slot_a, tiles=tiles_a, runs_on=runs_on)
 
-    def _split(self, moves: np.ndarray) -> ReplicaMoves:
-        """These images (none moved yet) cut where tile moves ``(slot, from, to, tiles)`` begin:
-        each (replica, slot)'s first move takes its last tiles, the next the ones before them, and
-        so on."""
+    @classmethod
+    def _split(cls, owner: np.ndarray, slot: np.ndarray, tiles: np.ndarray, replicas: int, slots: int,
+               moves: np.ndarray) -> ReplicaMoves:
+        """The images cut where tile moves ``(slot, from, to, tiles)`` begin: each (replica, slot)'s
+        first move takes its last tiles, the next the ones before them, and so on."""
         parts: list[tuple[int, int, int, int]] = []  # (owner, slot, tiles, runs_on)
         sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for k, giver, taker, n in moves.tolist():
             sends.setdefault((giver, k), []).append((taker, n))
-        images = np.bincount(self.owner * self.slots + self.slot, minlength=self.replicas * self.slots).tolist()
         at = 0
-        for r in range(self.replicas):
-            for k in range(self.slots):
-                counts = self.tiles[at:at + images[r * self.slots + k]].tolist()
-                at += len(counts)
+        for r in range(replicas):
+            for k in range(slots):
+                n_images = int(((owner == r) & (slot == k)).sum())
+                counts = tiles[at:at + n_images].tolist()
+                at += n_images
                 # the slot's tiles as runs (runner, length): kept first, then the moves, the first one last
                 out = [(taker, n) for taker, n in reversed(sends.get((r, k), []))]
                 runs = [(r, sum(counts) - sum(n for _, n in out)), *out]
@@ -108,8 +111,7 @@ class ReplicaMoves:
                         parts.append((r, k, take, runs[i][0]))
                         count, left = count - take, left - take
         a = np.asarray(parts, np.int64).reshape(-1, 4)
-        return ReplicaMoves(replicas=self.replicas, slots=self.slots, owner=a[:, 0], slot=a[:, 1], tiles=a[:, 2],
-                            runs_on=a[:, 3])
+        return cls(replicas=replicas, slots=slots, owner=a[:, 0], slot=a[:, 1], tiles=a[:, 2], runs_on=a[:, 3])
 
     def _slot_tiles(self, after: bool, kept: bool = False) -> np.ndarray:
         """replicas x slots: the tiles each replica runs per slot, before the moves (``after``

@@ -334,40 +334,40 @@ def balance_replica_chunks(tiles: np.ndarray, chunk: int) -> np.ndarray:
     chunks = np.ceil(load / c).sum(axis=1)
     gave, took = np.zeros(own.shape, bool), np.zeros(own.shape, bool)
     moves: list[tuple[int, int, int, int]] = []
-    while r > 1:
-        giver = int(np.argmax(chunks))
-        best: tuple | None = None
-        for k in range(width):
-            n = load[giver, k] - c * (np.ceil(load[giver, k] / c) - 1)  # the tiles of its last chunk
+    for k in range(width if r > 1 else 0):
+        while True:
+            mine = np.ceil(load[:, k] / c)
+            giver = int(np.lexsort((np.arange(r), -chunks, -mine))[0])  # the most in the slot, then in all
+            n = load[giver, k] - c * (mine[giver] - 1)  # the tiles of its last chunk in the slot
             if load[giver, k] == 0 or took[giver, k] or n > kept[giver, k]:
-                continue
+                break
             takers = [b for b in range(r) if b != giver and not gave[b, k]]
             room = {b: (-load[b, k]) % c for b in takers}
-            added = {b: np.ceil((load[b, k] + n) / c) - np.ceil(load[b, k] / c) for b in takers}
-            options = [(added[b], chunks[b] + added[b], k, b, ((b, n),)) for b in takers
-                       if chunks[b] + added[b] < chunks[giver]]
+            options = []
+            for b in takers:
+                after = np.ceil((load[b, k] + n) / c)
+                if after < mine[giver]:
+                    options.append((after - mine[b], after, chunks[b], b, ((b, n),)))
             spread, left = [], n
             for b in sorted(takers, key=lambda b: (-room[b], b)):  # padding of several takers
-                if left and room[b] and chunks[b] < chunks[giver]:
+                if left and room[b]:
                     spread.append((b, min(left, room[b])))
                     left -= spread[-1][1]
             if not left and len(spread) > 1:
-                options.append((0.0, max(chunks[b] for b, _ in spread), k, spread[0][0], tuple(spread)))
-            for o in options:
-                if best is None or o[:4] < best[:4]:
-                    best = o
-        if best is None:
-            break
-        k = best[2]
-        for b, n in best[4]:
-            load[giver, k] -= n
-            kept[giver, k] -= n
-            load[b, k] += n
-            chunks[b] = np.ceil(load[b] / c).sum()
-            took[b, k] = True
-            moves.append((k, giver, b, int(n)))
-        chunks[giver] = np.ceil(load[giver] / c).sum()
-        gave[giver, k] = True
+                options.append((0.0, max(mine[b] for b, _ in spread), max(chunks[b] for b, _ in spread),
+                                spread[0][0], tuple(spread)))
+            if not options:
+                break
+            best = min(options, key=lambda o: o[:4])
+            for b, m in best[4]:
+                load[giver, k] -= m
+                kept[giver, k] -= m
+                load[b, k] += m
+                chunks[b] = np.ceil(load[b] / c).sum()
+                took[b, k] = True
+                moves.append((k, giver, b, int(m)))
+            chunks[giver] = np.ceil(load[giver] / c).sum()
+            gave[giver, k] = True
     return np.array(moves, np.int64).reshape(-1, 4)
 
 

@@ -317,14 +317,17 @@ def balance_replica_chunks(tiles: np.ndarray, chunk: int) -> np.ndarray:
     x slots, each replica's own tiles per slot; returns int64 rows ``(slot, from, to, tiles)`` in
     the order decided, a moved tile staying in its slot (its output is due at that slot's forward).
 
-    Greedy on the chunks each replica runs: the replica with the most (the lowest index of a tie)
-    gives away the tiles of one slot's last chunk (dropping that chunk) when the takers stay below
-    what it had: to one replica, or spread over several whose last chunk of that slot has room
-    enough (padding the encoder runs anyway). Of the candidate moves, the one that adds the fewest
-    chunks to the takers, then leaves the most-loaded taker lowest, then the lowest slot and taker.
-    It stops when the replica with the most has no such move. So the most chunks a replica runs
-    never rises, tiles move only away from their owner and never into a slot their taker gave
-    from, and a step whose padding already hides the imbalance moves nothing."""
+    Greedy slot by slot on the chunks each replica runs there (the replicas meet at every
+    data-parallel collective, so each slot's stretch of the step waits for the replica with the most
+    chunks in it, not for the one with the most in all): the replica with the most chunks in the slot
+    (then the most in all, then the lowest index) gives away the tiles of its last chunk there when
+    the takers stay below what it had in the slot: to one replica, or spread over several whose last
+    chunk in that slot has room enough (padding the encoder runs anyway). Of the candidate moves,
+    the one that adds the fewest chunks, then leaves the taker's slot lowest, then the taker with the
+    fewest chunks in all, then the lowest taker. A slot is done when its busiest replica has no such
+    move. So in no slot does the most chunks a replica runs rise (nor the chunks run in all), tiles
+    move only away from their owner and never into a slot their taker gave from, and a step whose
+    padding already hides the imbalance moves nothing."""
     own = real_array(tiles, "tiles", minimum=0.0, ndim=2)
     if not np.array_equal(own, np.round(own)):
         raise ValueError("tiles: expected whole tile counts")

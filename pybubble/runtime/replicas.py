@@ -71,49 +71,16 @@ class ReplicaMoves:
                 tiles += [int(t) for t in counts]
         owner_a, slot_a, tiles_a = (np.asarray(x, np.int64) for x in (owner, slot, tiles))
         replicas, slots = len(images), len(images[0]) if images else 0
+        unmoved = cls(replicas=replicas, slots=slots, owner=owner_a, slot=slot_a, tiles=tiles_a, runs_on=owner_a.copy())
         if chunk_tiles is not None:
-            per_slot = np.bincount(owner_a * slots + slot_a, weights=tiles_a, minlength=replicas * slots)
-            return cls._split(owner_a, slot_a, tiles_a, replicas, slots,
-                              balance_replica_chunks(per_slot.reshape(replicas, slots), chunk_tiles))
-        runs_on = owner_a.copy()
+            return _cut(unmoved, balance_replica_chunks(unmoved.slot_tiles(False), chunk_tiles))
         if tiles_a.size:
             moves = balance_replicas(tiles_a.astype(np.float64) if cost is None else cost(tiles_a), owner_a,
                                      replicas, slot_a)
-            runs_on[moves[:, 0]] = moves[:, 2]
-        return cls(replicas=replicas, slots=slots, owner=owner_a, slot=slot_a, tiles=tiles_a, runs_on=runs_on)
+            unmoved.runs_on[moves[:, 0]] = moves[:, 2]
+        return unmoved
 
-    @classmethod
-    def _split(cls, owner: np.ndarray, slot: np.ndarray, tiles: np.ndarray, replicas: int, slots: int,
-               moves: np.ndarray) -> ReplicaMoves:
-        """The images cut where tile moves ``(slot, from, to, tiles)`` begin: each (replica, slot)'s
-        first move takes its last tiles, the next the ones before them, and so on."""
-        parts: list[tuple[int, int, int, int]] = []  # (owner, slot, tiles, runs_on)
-        sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for k, giver, taker, n in moves.tolist():
-            sends.setdefault((giver, k), []).append((taker, n))
-        at = 0
-        for r in range(replicas):
-            for k in range(slots):
-                n_images = int(((owner == r) & (slot == k)).sum())
-                counts = tiles[at:at + n_images].tolist()
-                at += n_images
-                # the slot's tiles as runs (runner, length): kept first, then the moves, the first one last
-                out = [(taker, n) for taker, n in reversed(sends.get((r, k), []))]
-                runs = [(r, sum(counts) - sum(n for _, n in out)), *out]
-                i, left = 0, runs[0][1]
-                for count in counts:
-                    if count == 0:
-                        parts.append((r, k, 0, r))
-                    while count:
-                        while left == 0:
-                            i, left = i + 1, runs[i + 1][1]
-                        take = min(count, left)
-                        parts.append((r, k, take, runs[i][0]))
-                        count, left = count - take, left - take
-        a = np.asarray(parts, np.int64).reshape(-1, 4)
-        return cls(replicas=replicas, slots=slots, owner=a[:, 0], slot=a[:, 1], tiles=a[:, 2], runs_on=a[:, 3])
-
-    def _slot_tiles(self, after: bool, kept: bool = False) -> np.ndarray:
+    def slot_tiles(self, after: bool, kept: bool = False) -> np.ndarray:
         """replicas x slots: the tiles each replica runs per slot, before the moves (``after``
         False) or after (``kept``: of its own images only)."""
         where = self.runs_on if after else self.owner
@@ -124,7 +91,7 @@ class ReplicaMoves:
     def slot_chunks(self, after: bool, chunk_tiles: int) -> np.ndarray:
         """replicas x slots: the chunks of ``chunk_tiles`` each replica runs per slot (every slot's
         chain padded to whole chunks), before the moves (``after`` False) or after."""
-        return np.ceil(self._slot_tiles(after) / chunk_tiles)
+        return np.ceil(self.slot_tiles(after) / chunk_tiles)
 
     def chunks(self, after: bool, chunk_tiles: int) -> np.ndarray:
         """Chunks of ``chunk_tiles`` each replica runs in the step, before the moves or after."""
@@ -149,16 +116,16 @@ class ReplicaMoves:
 
     def chain_tiles(self, replica: int) -> list[int]:
         """Per slot: the tiles ``replica`` runs (its kept images', then the moved-in ones')."""
-        return self._slot_tiles(True)[replica].astype(int).tolist()
+        return self.slot_tiles(True)[replica].astype(int).tolist()
 
     def kept_tiles(self, replica: int) -> list[int]:
         """Per slot: the tiles of ``replica``'s own images it runs itself (what its own first
         stage gets from its own chains)."""
-        return self._slot_tiles(True, kept=True)[replica].astype(int).tolist()
+        return self.slot_tiles(True, kept=True)[replica].astype(int).tolist()
 
     def load(self, after: bool) -> np.ndarray:
         """Tiles per replica, before the moves (``after`` False) or after."""
-        return self._slot_tiles(after).sum(axis=1)
+        return self.slot_tiles(after).sum(axis=1)
 
     def imbalance(self, after: bool) -> float:
         """The replicas' most over mean tiles (1: even)."""
@@ -174,6 +141,38 @@ class ReplicaMoves:
         """The rows (tiles) of images ``ids`` among ``replica``'s tiles of ``slot``, in order."""
         at = self._offsets(replica, slot)
         return [at[i] + t for i in ids.tolist() for t in range(int(self.tiles[i]))]
+
+
+def _cut(unmoved: ReplicaMoves, moves: np.ndarray) -> ReplicaMoves:
+    """``unmoved``'s images (none moved yet) cut where tile moves ``(slot, from, to, tiles)`` begin:
+    each (replica, slot)'s first move takes its last tiles, the next the ones before them, and so
+    on."""
+    parts: list[tuple[int, int, int, int]] = []  # (owner, slot, tiles, runs_on)
+    sends: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for k, giver, taker, n in moves.tolist():
+        sends.setdefault((giver, k), []).append((taker, n))
+    n_images = np.bincount(unmoved.owner * unmoved.slots + unmoved.slot, minlength=unmoved.replicas * unmoved.slots)
+    at = 0
+    for r in range(unmoved.replicas):
+        for k in range(unmoved.slots):
+            counts = unmoved.tiles[at:at + n_images[r * unmoved.slots + k]].tolist()
+            at += len(counts)
+            # the slot's tiles as runs (runner, length): kept first, then the moves, the first one last
+            out = [(taker, n) for taker, n in reversed(sends.get((r, k), []))]
+            runs = [(r, sum(counts) - sum(n for _, n in out)), *out]
+            i, left = 0, runs[0][1]
+            for count in counts:
+                if count == 0:
+                    parts.append((r, k, 0, r))
+                while count:
+                    while left == 0:
+                        i, left = i + 1, runs[i + 1][1]
+                    take = min(count, left)
+                    parts.append((r, k, take, runs[i][0]))
+                    count, left = count - take, left - take
+    a = np.asarray(parts, np.int64).reshape(-1, 4)
+    return ReplicaMoves(replicas=unmoved.replicas, slots=unmoved.slots, owner=a[:, 0], slot=a[:, 1], tiles=a[:, 2],
+                        runs_on=a[:, 3])
 
 
 def _tag(block: int, slot: int, owner: int, runner: int, replicas: int, part: int = 0) -> int:

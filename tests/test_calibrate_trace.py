@@ -298,11 +298,17 @@ def test_the_fit_reads_the_example_trainers_profile(tmp_path, example_main, pp2_
 
 def slowed(folder, to: Path, factor: float, ranks=(0, 1)) -> Path:
     """A copy of the profiler traces of `ranks` in `folder` in `to`, with every pipeline op and encoder
-    piece `factor` times as long (a step disturbed by load)."""
+    piece `factor` times as long and every event's start `factor` times as far from the first
+    event of any rank (a step disturbed by load). The gaps between ops stretch alike, so the sends
+    stay where they were found: stretching the ops alone made them overlap the ops that wait for
+    them whenever the step had no gap over 1 / factor of an op, and the fit found no send."""
     to.mkdir()
-    for r in ranks:
-        doc = json.loads((Path(folder) / f"rank{r}.json").read_text())
+    docs = {r: json.loads((Path(folder) / f"rank{r}.json").read_text()) for r in ranks}
+    t0 = min(float(e["ts"]) for doc in docs.values() for e in doc["traceEvents"] if "ts" in e)  # one clock
+    for r, doc in docs.items():
         for e in doc["traceEvents"]:
+            if "ts" in e:
+                e["ts"] = t0 + (float(e["ts"]) - t0) * factor
             if e.get("ph") == "X" and re.match(r"(PP:|pybubble:task:)", str(e.get("name"))):
                 e["dur"] *= factor
         (to / f"rank{r}.json").write_text(json.dumps(doc))

@@ -107,13 +107,15 @@ WORKER = textwrap.dedent("""
     # used) load their lazy imports here, not inside the op measured below.
     import pybubble.runtime.encoder_runtime
     float((funcol.all_reduce(torch.ones(4), "sum", group) + 0).sum())
+    # Both ranks here before the op begins: a wait for the other rank outside the op's collectives
+    # would count as the op's own time (under load rank 1 can reach a barrier inside the op 0.3 s late).
+    dist.barrier()
     filler = BubbleFiller.with_gaps(tasks, [0.0, 0.0], [("F", 0)], horizon_s=10.0, fill=rank == 0)
     filler.record_trace()
     filler.progress.begin_step()
     filler.progress.op_begin()
     waits = TensorParallelWaits(filler, gap_s=0.5, op_idle_s=2.0)
     values = []
-    dist.barrier()
     with fill_tp_waits(waits):
         for late in (0.15, 1.0):
             if rank == 1:

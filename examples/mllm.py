@@ -846,8 +846,7 @@ def rank_figures(parts: RankParts, runtime: EncoderRuntime, ends: list[float], r
             "costs": asdict(runtime.costs), "overruns": [r.filler.overruns for r in records],
             "held_max_s": [r.filler.held_max_s for r in records], "tp_waits": tp_waits(records),
             "host": socket.gethostname(), "encoder_s": [r.encoder_s for r in records], "llm_s": [r.llm_s for r in records],
-            "tiles": [r.tiles for r in records], "imbalance": [r.imbalance for r in records],
-            "slot_chunks": [r.slot_chunks for r in records], "data": parts.tiles,
+            "tiles": [r.tiles for r in records], "imbalance": [r.imbalance for r in records], "data": parts.tiles,
             "dp_collectives_s": [r.dp_collectives_s for r in records], "dp_replicas_s": [r.dp_replicas_s for r in records]}
 
 
@@ -954,7 +953,7 @@ def data_report(args: argparse.Namespace, every: list[dict], settled: list[int])
     """Varying data: per rank over the settled steps the encoder's and the LLM's seconds and the
     idle time by kind (waited, not filled); per step the tiles each replica ran per slot, the slots'
     most over mean tiles as given and as run (rank 0's replica), the replicas' most over mean tiles
-    and the most chunks a replica runs per slot summed over the slots, before and after the moves."""
+    before and after the moves."""
     if args.data == "fixed":
         return None
     waits = settled_waits(every, settled)
@@ -969,7 +968,7 @@ def data_report(args: argparse.Namespace, every: list[dict], settled: list[int])
                          for e, w in zip(every, waits)],
             "tiles": [e["tiles"] for e in every], "slot_imbalance_given": [spread(r["given"]) for r in rows],
             "slot_imbalance_run": [spread(r["run"]) for r in rows], "layout": [r["layout"] for r in rows],
-            "replica_imbalance": every[0]["imbalance"], "replica_slot_chunks": every[0]["slot_chunks"]}
+            "replica_imbalance": every[0]["imbalance"]}
 
 
 def chunks_of(args: argparse.Namespace) -> int:

@@ -180,25 +180,12 @@ def test_tile_moves_drop_the_busiest_replicas_last_chunk_or_move_nothing():
     assert (still.runs_on == still.owner).all() and still.tiles.tolist() == [7, 1]
 
 
-def test_tile_moves_even_out_each_slot_not_only_the_totals():
-    # 16 tiles in slot 0 on replica 0, 16 in slot 1 on replica 1: two chunks each in all, but each
-    # slot waits for two chunks on one replica; a chunk moved each way: one chunk per slot each
-    moves = ReplicaMoves.decide([[[16], []], [[], [16]]], chunk_tiles=8)
-    assert moves.chunks(False, 8).tolist() == moves.chunks(True, 8).tolist() == [2, 2]
-    assert moves.slot_chunks(True, 8).tolist() == [[1, 1], [1, 1]]
-    assert (moves.lockstep_chunks(False, 8), moves.lockstep_chunks(True, 8)) == (4, 2)
-    assert balance_replica_chunks(np.array([[16, 0], [0, 16]]), 8).tolist() == [[0, 0, 1, 8], [1, 1, 0, 8]]
-
-
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.lists(st.lists(st.integers(0, 13), max_size=3), min_size=3, max_size=3), min_size=2, max_size=4),
        st.integers(1, 8))
-def test_tile_moves_never_raise_a_slots_most_chunks_and_keep_every_images_tiles_in_order(images, chunk):
+def test_tile_moves_never_raise_the_most_chunks_and_keep_every_images_tiles_in_order(images, chunk):
     moves = ReplicaMoves.decide(images, chunk_tiles=chunk)
-    before, after = moves.slot_chunks(False, chunk), moves.slot_chunks(True, chunk)
-    assert (after.max(axis=0) <= before.max(axis=0)).all()  # in every slot
-    assert after.sum() <= before.sum()  # nor the chunks run in all
-    assert moves.lockstep_chunks(True, chunk) <= moves.lockstep_chunks(False, chunk)
+    assert moves.chunks(True, chunk).max() <= moves.chunks(False, chunk).max()
     assert moves.load(True).sum() == moves.load(False).sum()
     assert ((moves.runs_on == moves.owner) | (moves.tiles > 0)).all()
     for r in range(moves.replicas):
@@ -280,8 +267,7 @@ def test_pybubble_moves_encoder_work_to_the_replica_with_room(example_reports, a
     data = reports["pybubble"]["data"]
     spread = data["replica_imbalance"]
     assert len(spread) == 3 and all(x is not None for x in spread)
-    chunks = data["replica_slot_chunks"]  # what the replicas wait for, slot by slot: never raised
-    assert len(chunks) == 3 and all(after <= before for before, after in chunks)
+    assert all(after <= before + 1e-9 for before, after in spread)  # no move raises the largest load
     if args == SKEW_DP2:  # 16 tiles against 1: some move, every step
         assert all(before == pytest.approx(16 / 8.5) and after < before for before, after in spread)
         ran = [sum(sum(rank[s]) for rank in data["tiles"]) for s in range(3)]  # pp 1: one rank per replica

@@ -401,9 +401,7 @@ class EncoderRuntime:
                    "tp": WaitFigures(tp.stats.waited_s, tp.stats.filled_s) if tp.stats.waits else None},
             dp_collectives_s=meet_s, dp_replicas_s=wait_s, trace=work.filler.trace, tiles=batch.tiles,
             encoder_s=work.encoder_s(), llm_s=sum(work.filler.progress.op_busy_s),
-            imbalance=None if self.moves is None else (self.moves.imbalance(False), self.moves.imbalance(True)),
-            slot_chunks=None if self.moves is None else (self.moves.lockstep_chunks(False, self.chunk_tiles),
-                                                         self.moves.lockstep_chunks(True, self.chunk_tiles))))
+            imbalance=None if self.moves is None else (self.moves.imbalance(False), self.moves.imbalance(True))))
         self.steps += 1
         self._returned = time.perf_counter()
         return result

@@ -125,10 +125,6 @@ class StepRecord:
     imbalance: tuple[float, float] | None = None
     """With encoder work balanced over the replicas: their most over mean tiles before and after
     the moves."""
-    slot_chunks: tuple[int, int] | None = None
-    """With encoder work balanced over the replicas: the most chunks a replica runs in each slot,
-    summed over the slots (what replicas that meet at every slot's collectives wait for), before
-    and after the moves."""
     encoder_s: float = 0.0
     """The time of this rank's encoder tasks (CPU: measured; CUDA: their estimates)."""
     llm_s: float = 0.0

@@ -59,8 +59,8 @@ class ReplicaMoves:
         ``cost``, each image's encoder cost from its tiles, default its tiles). With
         ``chunk_tiles`` (the encoder's tiles are independent and each slot's chain runs them in
         chunks of this many): tiles move, a slot's last chunk at a time
-        (:func:`~pybubble.schedule.balance.balance_replica_chunks`: each slot's stretch of the step
-        waits for the replica with the most chunks in that slot), each move taking the last tiles the giver still holds in
+        (:func:`~pybubble.schedule.balance.balance_replica_chunks`: the most chunks a replica runs
+        is what the step waits for), each move taking the last tiles the giver still holds in
         that slot; an image whose tiles go to two replicas is split into two parts, and the parts
         are what :attr:`owner`, :attr:`slot`, :attr:`tiles` and :attr:`runs_on` list."""
         owner, slot, tiles = [], [], []
@@ -88,19 +88,10 @@ class ReplicaMoves:
         return np.bincount(where * self.slots + self.slot, weights=w,
                            minlength=self.replicas * self.slots).reshape(self.replicas, self.slots)
 
-    def slot_chunks(self, after: bool, chunk_tiles: int) -> np.ndarray:
-        """replicas x slots: the chunks of ``chunk_tiles`` each replica runs per slot (every slot's
-        chain padded to whole chunks), before the moves (``after`` False) or after."""
-        return np.ceil(self.slot_tiles(after) / chunk_tiles)
-
     def chunks(self, after: bool, chunk_tiles: int) -> np.ndarray:
-        """Chunks of ``chunk_tiles`` each replica runs in the step, before the moves or after."""
-        return self.slot_chunks(after, chunk_tiles).sum(axis=1)
-
-    def lockstep_chunks(self, after: bool, chunk_tiles: int) -> int:
-        """The most chunks a replica runs in each slot, summed over the slots: what replicas that
-        meet at every slot's collectives wait for, before the moves or after."""
-        return int(self.slot_chunks(after, chunk_tiles).max(axis=0, initial=0).sum())
+        """Chunks of ``chunk_tiles`` each replica runs (every slot's chain padded to whole chunks),
+        before the moves (``after`` False) or after."""
+        return np.ceil(self.slot_tiles(after) / chunk_tiles).sum(axis=1)
 
     def kept(self, replica: int, slot: int) -> np.ndarray:
         """Flat ids of ``replica``'s images of ``slot`` it runs itself, in their order."""

@@ -317,17 +317,14 @@ def balance_replica_chunks(tiles: np.ndarray, chunk: int) -> np.ndarray:
     x slots, each replica's own tiles per slot; returns int64 rows ``(slot, from, to, tiles)`` in
     the order decided, a moved tile staying in its slot (its output is due at that slot's forward).
 
-    Greedy slot by slot on the chunks each replica runs there (the replicas meet at every
-    data-parallel collective, so each slot's stretch of the step waits for the replica with the most
-    chunks in it, not for the one with the most in all): the replica with the most chunks in the slot
-    (then the most in all, then the lowest index) gives away the tiles of its last chunk there when
-    the takers stay below what it had in the slot: to one replica, or spread over several whose last
-    chunk in that slot has room enough (padding the encoder runs anyway). Of the candidate moves,
-    the one that adds the fewest chunks, then leaves the taker's slot lowest, then the taker with the
-    fewest chunks in all, then the lowest taker. A slot is done when its busiest replica has no such
-    move. So in no slot does the most chunks a replica runs rise (nor the chunks run in all), tiles
-    move only away from their owner and never into a slot their taker gave from, and a step whose
-    padding already hides the imbalance moves nothing."""
+    Greedy on the chunks each replica runs: the replica with the most (the lowest index of a tie)
+    gives away the tiles of one slot's last chunk (dropping that chunk) when the takers stay below
+    what it had: to one replica, or spread over several whose last chunk of that slot has room
+    enough (padding the encoder runs anyway). Of the candidate moves, the one that adds the fewest
+    chunks to the takers, then leaves the most-loaded taker lowest, then the lowest slot and taker.
+    It stops when the replica with the most has no such move. So the most chunks a replica runs
+    never rises, tiles move only away from their owner and never into a slot their taker gave
+    from, and a step whose padding already hides the imbalance moves nothing."""
     own = real_array(tiles, "tiles", minimum=0.0, ndim=2)
     if not np.array_equal(own, np.round(own)):
         raise ValueError("tiles: expected whole tile counts")
@@ -337,40 +334,40 @@ def balance_replica_chunks(tiles: np.ndarray, chunk: int) -> np.ndarray:
     chunks = np.ceil(load / c).sum(axis=1)
     gave, took = np.zeros(own.shape, bool), np.zeros(own.shape, bool)
     moves: list[tuple[int, int, int, int]] = []
-    for k in range(width if r > 1 else 0):
-        while True:
-            mine = np.ceil(load[:, k] / c)
-            giver = int(np.lexsort((np.arange(r), -chunks, -mine))[0])  # the most in the slot, then in all
-            n = load[giver, k] - c * (mine[giver] - 1)  # the tiles of its last chunk in the slot
+    while r > 1:
+        giver = int(np.argmax(chunks))
+        best: tuple | None = None
+        for k in range(width):
+            n = load[giver, k] - c * (np.ceil(load[giver, k] / c) - 1)  # the tiles of its last chunk
             if load[giver, k] == 0 or took[giver, k] or n > kept[giver, k]:
-                break
+                continue
             takers = [b for b in range(r) if b != giver and not gave[b, k]]
             room = {b: (-load[b, k]) % c for b in takers}
-            options = []
-            for b in takers:
-                after = np.ceil((load[b, k] + n) / c)
-                if after < mine[giver]:
-                    options.append((after - mine[b], after, chunks[b], b, ((b, n),)))
+            added = {b: np.ceil((load[b, k] + n) / c) - np.ceil(load[b, k] / c) for b in takers}
+            options = [(added[b], chunks[b] + added[b], k, b, ((b, n),)) for b in takers
+                       if chunks[b] + added[b] < chunks[giver]]
             spread, left = [], n
             for b in sorted(takers, key=lambda b: (-room[b], b)):  # padding of several takers
-                if left and room[b]:
+                if left and room[b] and chunks[b] < chunks[giver]:
                     spread.append((b, min(left, room[b])))
                     left -= spread[-1][1]
             if not left and len(spread) > 1:
-                options.append((0.0, max(mine[b] for b, _ in spread), max(chunks[b] for b, _ in spread),
-                                spread[0][0], tuple(spread)))
-            if not options:
-                break
-            best = min(options, key=lambda o: o[:4])
-            for b, m in best[4]:
-                load[giver, k] -= m
-                kept[giver, k] -= m
-                load[b, k] += m
-                chunks[b] = np.ceil(load[b] / c).sum()
-                took[b, k] = True
-                moves.append((k, giver, b, int(m)))
-            chunks[giver] = np.ceil(load[giver] / c).sum()
-            gave[giver, k] = True
+                options.append((0.0, max(chunks[b] for b, _ in spread), k, spread[0][0], tuple(spread)))
+            for o in options:
+                if best is None or o[:4] < best[:4]:
+                    best = o
+        if best is None:
+            break
+        k = best[2]
+        for b, n in best[4]:
+            load[giver, k] -= n
+            kept[giver, k] -= n
+            load[b, k] += n
+            chunks[b] = np.ceil(load[b] / c).sum()
+            took[b, k] = True
+            moves.append((k, giver, b, int(n)))
+        chunks[giver] = np.ceil(load[giver] / c).sum()
+        gave[giver, k] = True
     return np.array(moves, np.int64).reshape(-1, 4)
 
 

@@ -436,9 +436,9 @@ class StepInput:
 def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica: int, runtime) -> StepInput:
     """Replica ``replica``'s samples of step ``step`` (its contiguous share), ``microbatch_size /
     dp`` rows per LLM microbatch: in the given order (``--balance off``), or in the layout over the
-    slots (pybubble.schedule.balance.row_layouts: as given or balanced on their tiles, each ordered
-    light first and last or heaviest in the most room of the last plan) whose step ``runtime``
-    predicts shortest."""
+    slots (pybubble.schedule.balance.row_layouts: as given, balanced on their tiles, packed into the
+    fewest chunks of ``chunk_tiles``, each ordered light first and last or heaviest in the most room
+    of the last plan) whose step ``runtime`` predicts shortest."""
     from pybubble.runtime import EncoderBatch
     from pybubble.schedule.balance import deadline_gaps, row_layouts
 
@@ -450,9 +450,7 @@ def replica_step(args: argparse.Namespace, cfg: ModelConfig, step: int, replica:
     slot, layout = given, "given"
     if balanced(args) and runtime.costs is not None:
         problem = runtime.placement.problem if runtime.placement is not None else None
-        # not the packed layouts (row_layouts' chunk=): the step's prediction picked them often and they ran
-        # slower than predicted (pp 2: --balance on at 0.94-0.96x --balance off in four bench runs with them)
-        layouts = row_layouts(tiles, m, rows, None if problem is None else deadline_gaps(problem))
+        layouts = row_layouts(tiles, m, rows, None if problem is None else deadline_gaps(problem), cfg.chunk_tiles)
         layout = min(layouts, key=lambda n: runtime.predict(np.bincount(layouts[n], weights=tiles, minlength=m)))
         slot = layouts[layout]
     run = np.lexsort((np.arange(mine.size), slot))  # samples by slot, in the given order within one

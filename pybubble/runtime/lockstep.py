@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ..llm.tables import Table
 from .costs import CollectiveHistory
-from .placement import MeasuredCosts, Placement, lockstep_s, lockstep_waits_s, step_marks_s
+from .placement import MeasuredCosts, Placement, lockstep, step_marks_s
 from .plan import RankPlan
 
 
@@ -64,8 +64,9 @@ class ReplicaLockstep:
             if ran:
                 self.collectives.add(position, replicas[:, waits_at:waits_at + ops + 1])
             meets = self.collectives.meets_s(position, ops)
-            compute = max(compute, lockstep_s(replicas[:, 2:4 + ops], meets))
-            self.collectives.expect(position, lockstep_waits_s(replicas[:, 2:4 + ops], meets))
+            rank_s, waits = lockstep(replicas[:, 2:4 + ops], meets)
+            compute = max(compute, rank_s)
+            self.collectives.expect(position, waits)
             if position == rank:
                 meet = float(np.nansum(meets))
         predicted = compute + costs.grad_sync_s + costs.optimizer_s

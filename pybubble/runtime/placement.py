@@ -307,8 +307,8 @@ def step_marks_s(plan: Placement, rank: int, costs: MeasuredCosts) -> np.ndarray
     return np.concatenate([front + starts, [front + end, max(compute, front + end)]])
 
 
-def _lockstep(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[float]) -> tuple[float, np.ndarray]:
-    """:func:`lockstep_s`'s compute and :func:`lockstep_waits_s`'s waits."""
+def lockstep(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[float]) -> tuple[float, np.ndarray]:
+    """:func:`lockstep_s`'s compute and :func:`lockstep_waits_s`'s waits, from one pass."""
     marks = np.asarray(marks, dtype=np.float64)
     if marks.ndim != 2 or marks.shape[0] < 1 or marks.shape[1] < 2:
         raise ValueError(f"marks: shape {marks.shape} is not one row per replica of n ops + 2 marks")
@@ -339,14 +339,14 @@ def lockstep_s(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[
     end (the encoder's gradient sync over them). Each stretch up to a meeting takes as long as its
     slowest replica, then the collectives' time. With one replica and no meeting: its compute's
     end."""
-    return _lockstep(marks, meets_s)[0]
+    return lockstep(marks, meets_s)[0]
 
 
 def lockstep_waits_s(marks: np.ndarray | Sequence[Sequence[float]], meets_s: Sequence[float]) -> np.ndarray:
     """How long each replica is predicted to wait for the slowest at each place where they meet
     (:func:`lockstep_s`'s arguments): one row per replica, one column per op and one after the
     last; NaN where they do not meet (the collectives' own time not included)."""
-    return _lockstep(marks, meets_s)[1]
+    return lockstep(marks, meets_s)[1]
 
 
 def shift_front_s(plan: Placement) -> float:

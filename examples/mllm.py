@@ -747,7 +747,8 @@ def build_runtime(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig, 
     stage = parts.stages[0] if len(parts.stages) == 1 else parts.stages
     runtime = EncoderRuntime(parts.encoder, stage=stage, schedule=parts.schedule, mode=args.mode, mesh=parts.mesh,
                              microbatches=cfg.microbatches, example=example, device=parts.device,
-                             balance_replicas=balanced(args) and args.dp > 1)
+                             balance_replicas=balanced(args) and args.dp > 1,
+                             pack_chunks=balanced(args) and args.pp == 1)
     fault.encoder_pieces(runtime)
     if parts.first:
         parts.stage_modules[parts.stage_ids.index(0)].encoder_output = runtime.encoder_output
@@ -846,7 +847,7 @@ def rank_figures(parts: RankParts, runtime: EncoderRuntime, ends: list[float], r
             "costs": asdict(runtime.costs), "overruns": [r.filler.overruns for r in records],
             "held_max_s": [r.filler.held_max_s for r in records], "tp_waits": tp_waits(records),
             "host": socket.gethostname(), "encoder_s": [r.encoder_s for r in records], "llm_s": [r.llm_s for r in records],
-            "tiles": [r.tiles for r in records], "imbalance": [r.imbalance for r in records], "data": parts.tiles,
+            "tiles": [r.tiles for r in records], "chunks": [r.chunks for r in records], "imbalance": [r.imbalance for r in records], "data": parts.tiles,
             "dp_collectives_s": [r.dp_collectives_s for r in records], "dp_replicas_s": [r.dp_replicas_s for r in records]}
 
 
@@ -951,7 +952,8 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
 
 def data_report(args: argparse.Namespace, every: list[dict], settled: list[int]) -> dict | None:
     """Varying data: per rank over the settled steps the encoder's and the LLM's seconds and the
-    idle time by kind (waited, not filled); per step the tiles each replica ran per slot, the slots'
+    idle time by kind (waited, not filled); per step the tiles each replica ran per slot and its
+    chunks per slot's deadline (packed chains: slots whose tiles earlier chains ran have 0), the slots'
     most over mean tiles as given and as run (rank 0's replica), the replicas' most over mean tiles
     before and after the moves."""
     if args.data == "fixed":
@@ -966,7 +968,8 @@ def data_report(args: argparse.Namespace, every: list[dict], settled: list[int])
                           "llm_s": sum(e["llm_s"][s] for s in settled),
                           "idle_s": {k: None if w[k] is None else w[k]["waited_s"] for k in ("pp", "dp", "tp")}}
                          for e, w in zip(every, waits)],
-            "tiles": [e["tiles"] for e in every], "slot_imbalance_given": [spread(r["given"]) for r in rows],
+            "tiles": [e["tiles"] for e in every], "chunks": [e["chunks"] for e in every],
+            "slot_imbalance_given": [spread(r["given"]) for r in rows],
             "slot_imbalance_run": [spread(r["run"]) for r in rows], "layout": [r["layout"] for r in rows],
             "replica_imbalance": every[0]["imbalance"]}
 

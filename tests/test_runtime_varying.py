@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from pybubble.runtime import EncoderBatch  # noqa: E402
+from pybubble.runtime.batch import Packing, packed_rows  # noqa: E402
 from pybubble.runtime.placement import MeasuredCosts, make_placement, piece_tasks, producers, rank_plan, task_index  # noqa: E402
 from pybubble.runtime.plan import RankPlan  # noqa: E402
 from pybubble.runtime.replicas import ReplicaMoves  # noqa: E402
-from pybubble.schedule.balance import balance_replica_chunks, fill_rows, middle_room, pack_rows, row_layouts  # noqa: E402
+from pybubble.schedule.balance import balance_replica_chunks, balance_replica_stream, fill_rows, middle_room, pack_rows, row_layouts  # noqa: E402
 from pybubble.schedule.scheduler import schedule_problem  # noqa: E402
 
 
@@ -231,6 +232,67 @@ def test_pack_rows_saves_the_padding_a_tile_balance_leaves():
     assert "packed_ends" in row_layouts(work, 2, 2, chunk=8) and "packed_ends" not in row_layouts(work, 2, 2)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=8), st.integers(1, 8))
+def test_packed_chains_pad_only_the_last_chunk_and_run_every_slots_tiles_by_its_deadline(tiles, size):
+    packed = packed_rows(tiles, size)
+    assert sum(packed) == sum(tiles)
+    assert sum(-(-n // size) for n in packed) == -(-sum(tiles) // size)  # only the stream's last chunk padded
+    nonzero = [n for n in packed if n]
+    assert all(n % size == 0 for n in nonzero[:-1])  # whole chunks but the last chain's
+    assert (np.cumsum(packed) >= np.cumsum(tiles)).all()  # slot k's tiles run by chain k or an earlier one
+    assert all(n == 0 or t > 0 for n, t in zip(packed, tiles))  # a chain runs only for a slot with tiles
+    p = Packing.of(tiles, size)
+    for k, t in enumerate(tiles):
+        src = p.sources(k)
+        assert sum(hi - lo for _, lo, hi in src) == t and all(g <= k for g, _, _ in src)
+    for g, n in enumerate(packed):
+        assert sum(hi - lo for _, lo, hi in p.parts(g)) == n and all(k >= g for k, _, _ in p.parts(g))
+    assert Packing.of(tiles, None).packed == tuple(tiles)
+
+
+def test_a_packed_batch_runs_the_same_tiles_in_fewer_chunks():
+    # 3 + 3 + 0 + 10 tiles, chunks of 8: 1 + 1 + 0 + 2 chunks unpacked, 8 + 0 + 0 + 8 rows packed
+    batch = EncoderBatch([torch.arange(n, dtype=torch.float32).add(100 * k)[:, None] for k, n in enumerate([3, 3, 0, 10])])
+    p = Packing.of(batch.tiles, 8)
+    assert p.packed == (8, 0, 0, 8) and sum(batch.chunk_counts(8)) == 4
+    chains = p.batch(batch)
+    assert chains.chunk_counts(8) == [1, 0, 0, 1]
+    stream = torch.cat([chains.inputs[g][0] for g in range(4)])
+    again = [torch.cat([chains.inputs[g][0][lo:hi] for g, lo, hi in p.sources(k)] or [stream[:0]]) for k in range(4)]
+    assert all(torch.equal(a, x[0]) for a, x in zip(again, batch.inputs))
+    assert p.sources(3) == [(0, 6, 8), (3, 0, 8)] and p.parts(0) == [(0, 0, 3), (1, 0, 3), (3, 0, 2)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 30), min_size=3, max_size=3), min_size=2, max_size=4), st.integers(1, 8))
+def test_stream_moves_bring_every_replica_to_the_fewest_chunks_moving_only_the_excess(tiles, chunk):
+    own = np.array(tiles, float)
+    moves = balance_replica_stream(own, chunk)
+    load, left = own.sum(axis=1), own.copy()
+    for k, a, b, n in moves.tolist():
+        assert n > 0 and a != b
+        left[a, k] -= n
+        load[a] -= n
+        load[b] += n
+    assert (left >= 0).all() and load.sum() == own.sum()
+    before, best = np.ceil(own.sum(axis=1) / chunk).max(), np.ceil(own.sum() / (len(tiles) * chunk))
+    after = np.ceil(load / chunk).max()
+    assert after == best if moves.size else before == best
+    givers, takers = set(moves[:, 1].tolist()), set(moves[:, 2].tolist())
+    assert not givers & takers
+    moved = moves[:, 3].sum() if moves.size else 0
+    assert moved == np.maximum(own.sum(axis=1) - best * chunk, 0).sum()  # the excess over the target only
+    assert (balance_replica_stream(own, chunk) == moves).all()
+
+
+def test_stream_moves_refuse_bad_counts():
+    with pytest.raises(ValueError, match="tiles"):
+        balance_replica_stream(np.array([[1.5, 2.0]]), 8)
+    with pytest.raises(ValueError, match="chunk"):
+        balance_replica_stream(np.array([[1.0], [2.0]]), 0)
+
+
 def test_moves_even_out_an_uneven_step():
     moves = ReplicaMoves.decide([[[13, 13], [9]], [[1], []]])
     assert moves.imbalance(False) == pytest.approx(35 / 18)
@@ -274,6 +336,12 @@ def test_pybubble_moves_encoder_work_to_the_replica_with_room(example_reports, a
         assert ran == [17, 17, 17]  # every tile of the step ran once, on one replica or the other
     if "megatron" in reports:
         assert reports["megatron"]["data"]["replica_imbalance"] == [None] * 3  # the baseline: each replica its own
+    if "--pp" in args and args[args.index("--pp") + 1] == 1:  # pp 1: each replica's chains packed (chunks of 4)
+        for rank_tiles, rank_chunks in zip(data["tiles"], data["chunks"]):
+            assert [sum(c) for c in rank_chunks] == [-(-sum(t) // 4) for t in rank_tiles]
+        if "megatron" in reports:  # the baseline's chains stay per slot
+            mega = reports["megatron"]["data"]
+            assert mega["chunks"] == [[[-(-t // 4) for t in step] for step in rank] for rank in mega["tiles"]]
 
 
 def test_balance_off_runs_the_samples_as_given(example_reports):

@@ -11,12 +11,21 @@ The encoder's pieces are traced once, on one chunk of a fixed number of tiles (t
 last one padded with zero tiles, so the pieces and their measured costs are reused every step
 (an encoder that mixes tiles, e.g. batch norm in training mode, is refused when it is split).
 The padding tiles' outputs are dropped; their gradients are zero.
+
+Packed chains (:class:`Packing`): a microbatch's last chunk is mostly padding when its images are
+small (a 1-tile image runs a whole chunk). Run as one stream, slot by slot, the step's tiles need
+only ``ceil(all tiles / size)`` chunks: each slot's chain takes whole chunks of the stream, as few
+as cover its own tiles that earlier chains did not take, so a chain may also run the first tiles
+of later slots (their outputs are ready early; their gradients come later) and only the stream's
+last chunk is padded.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 Inputs = tuple[torch.Tensor, ...]
@@ -25,6 +34,63 @@ Inputs = tuple[torch.Tensor, ...]
 def chunk_counts(tiles: Sequence[int], size: int) -> list[int]:
     """Chunks of ``size`` tiles that each of ``tiles`` runs in (the last one padded)."""
     return [-(-int(t) // size) for t in tiles]
+
+
+def packed_rows(tiles: Sequence[int], size: int) -> list[int]:
+    """Per slot, the rows of its packed chain when the slots' ``tiles`` run as one stream (slot by
+    slot) in chunks of ``size``: whole chunks of the stream (the last chain: the rest), as few as
+    cover the slot's tiles not taken by earlier chains (0 when they took them all)."""
+    out, at, end, total = [], 0, 0, sum(int(t) for t in tiles)
+    for t in tiles:
+        end += int(t)
+        take = min(max(0, -(-(end - at) // size) * size), total - at)
+        out.append(take)
+        at += take
+    return out
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Which rows of which chain make each slot's encoder output: ``rows[k]`` (slot k's chain as
+    given: the tiles whose outputs are slot k's, its own and the moved-in ones) against
+    ``packed[k]`` (the chain that runs for slot k's deadline). Unpacked: the two are equal."""
+
+    rows: tuple[int, ...]
+    packed: tuple[int, ...]
+
+    @classmethod
+    def of(cls, rows: Sequence[int], size: int | None) -> Packing:
+        """Packed into chunks of ``size`` (:func:`packed_rows`); None: not packed."""
+        rows = tuple(int(t) for t in rows)
+        return cls(rows, rows if size is None else tuple(packed_rows(rows, size)))
+
+    def _cut(self, mine: tuple[int, ...], other: tuple[int, ...], k: int) -> list[tuple[int, int, int]]:
+        """``(slot, lo, hi)``: the rows of ``other``'s chains that stream rows of ``mine``'s chain
+        ``k`` are, in order."""
+        start = sum(mine[:k])
+        lo, hi, out, at = start, start + mine[k], [], 0
+        for g, n in enumerate(other):
+            a, b = max(lo, at), min(hi, at + n)
+            if a < b:
+                out.append((g, a - at, b - at))
+            at += n
+        return out
+
+    def sources(self, k: int) -> list[tuple[int, int, int]]:
+        """``(g, lo, hi)``: the rows ``lo:hi`` of packed chain g that make slot k's chain, in order."""
+        return self._cut(self.rows, self.packed, k)
+
+    def parts(self, g: int) -> list[tuple[int, int, int]]:
+        """``(k, lo, hi)``: the rows ``lo:hi`` of slot k's chain that packed chain g runs, in order."""
+        return self._cut(self.packed, self.rows, g)
+
+    def batch(self, batch: EncoderBatch) -> EncoderBatch:
+        """``batch`` (its chains, rows as ``rows``) as the packed chains' inputs."""
+        if self.packed == self.rows:
+            return batch
+        stream = [torch.cat([x[i] for x in batch.inputs]) for i in range(len(batch.inputs[0]))]
+        return EncoderBatch([tuple(s[a:a + n] for s in stream)
+                             for a, n in zip(np.cumsum((0, *self.packed[:-1])).tolist(), self.packed)])
 
 
 def inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> Inputs:
@@ -100,4 +166,4 @@ class EncoderBatch:
         return tuple(out)
 
 
-__all__ = ["EncoderBatch", "chunk_counts", "inputs_of"]
+__all__ = ["EncoderBatch", "Packing", "chunk_counts", "inputs_of", "packed_rows"]

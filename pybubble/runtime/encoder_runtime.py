@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from ..measure import names
-from .batch import EncoderBatch, chunk_counts, inputs_of
+from .batch import EncoderBatch, Packing, chunk_counts, inputs_of, packed_rows
 from .boundary import BoundaryCommunicator
 from .costs import CostHistory, share_samples
 from .cuda import side_stream
@@ -125,7 +125,8 @@ def balanced_batch(runtime: "EncoderRuntime", batch: EncoderBatch) -> tuple[Enco
         chains, own, moved = move_work(
             batch, replica=dist.get_rank(runtime.dp_group), replicas=runtime.replicas, pp_rank=runtime.rank,
             pp_ranks=runtime.ranks, grid=runtime.grid, group=runtime.world_group,
-            first_stage=first_stage_rank(runtime.table), chunk_tiles=runtime.chunk_tiles, device=runtime.device)
+            first_stage=first_stage_rank(runtime.table), chunk_tiles=runtime.chunk_tiles, device=runtime.device,
+            packed=runtime.pack_chunks)
     runtime.moves = moved.moves
     return chains, own, moved
 
@@ -142,8 +143,9 @@ def start_step(runtime: "EncoderRuntime", plan: RankPlan) -> tuple[RankPlan, flo
 
 
 def begin_work(runtime: "EncoderRuntime", plan: RankPlan, batch: EncoderBatch, own: list[int],
-               moved: MovedWork | None) -> EncoderStep:
-    """The step's boundary communicator and moved work (their receives posted) and encoder work."""
+               moved: MovedWork | None, packing: Packing, chains: EncoderBatch) -> EncoderStep:
+    """The step's boundary communicator and moved work (their receives posted) and encoder work
+    (``chains``: ``batch``'s chains as they run, ``packing`` says how)."""
     with record_function(names.region("setup")):
         shapes = [(own[k], *runtime.output_shape[1:]) for k in plan.assignment]
         boundary = BoundaryCommunicator(group=runtime.group, rank=runtime.rank, first_stage_rank=plan.first_stage,
@@ -154,7 +156,7 @@ def begin_work(runtime: "EncoderRuntime", plan: RankPlan, batch: EncoderBatch, o
             moved.begin_step(runtime.output_shape[1:], runtime.output_dtype)
         size = runtime.chunk_tiles
         return EncoderStep(plan=plan, pieces=runtime.pieces, boundary=boundary, tiles=batch.tiles, own_tiles=own,
-                           moved=moved, inputs=lambda k, c: batch.chunk(k, c, size),
+                           moved=moved, packing=packing, inputs=lambda k, c: chains.chunk(k, c, size),
                            executor=executor_for(runtime.side))
 
 
@@ -173,7 +175,11 @@ class EncoderRuntime:
     group when it carries CPU tensors; else one gloo group per pipeline is created). ``mode``:
     ``megatron``, ``coarse`` or ``pybubble``; ``example``: one microbatch of encoder input, on
     which the encoder is traced and cut into pieces; ``keep``: steps whose measured costs the plan
-    follows (medians). See docs/runtime.md.
+    follows (medians). ``balance_replicas``: varying data's encoder work moved between the
+    data-parallel replicas every step; ``pack_chunks``: each replica's tiles run as one stream cut
+    into chunks, a slot's chain also running the first tiles of later slots (only the stream's last
+    chunk padded: :class:`~pybubble.runtime.batch.Packing`), in ``pybubble`` and ``coarse`` mode
+    with one pipeline rank, where every chain runs beside the first stage. See docs/runtime.md.
     """
 
     def __init__(self, encoder: nn.Module, *, stage: Any, schedule: Any, mode: str,
@@ -181,7 +187,8 @@ class EncoderRuntime:
                  mesh: Any = None, parallel_dims: Any = None, roles: dict | None = None,
                  pp_group: dist.ProcessGroup | None = None, dp_group: dist.ProcessGroup | None = None,
                  tp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
-                 microbatches: int | None = None, keep: int = 5, balance_replicas: bool = False):
+                 microbatches: int | None = None, keep: int = 5, balance_replicas: bool = False,
+                 pack_chunks: bool = False):
         torch_seams.check_torch_seams()
         self.mode, self.encoder, self.schedule = check_mode(mode), encoder, schedule
         self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
@@ -207,6 +214,11 @@ class EncoderRuntime:
         self.data_parallel = next((k for k in kinds if k is not None), None)
         """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
         self.replicas = 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
+        if pack_chunks and (self.ranks > 1 or self.mode == "megatron"):
+            raise ValueError(f"pack_chunks: needs one pipeline rank and mode pybubble or coarse (packed chains' "
+                             f"outputs are cut where they run), got {self.ranks} pipeline ranks, mode {self.mode!r}")
+        self.pack_chunks = bool(pack_chunks)
+        """Whether each step's chains are packed (:class:`~pybubble.runtime.batch.Packing`)."""
         self.grid = replica_grid(self.world_group, self.dp_group, self.rank, self.ranks) if balance_replicas else None
         """With ``balance_replicas`` over several replicas: the world rank of each replica's
         pipeline ranks (the moves' traffic)."""
@@ -278,8 +290,9 @@ class EncoderRuntime:
         return self._work.output(microbatch)
 
     def _plan(self, batch: EncoderBatch) -> tuple[RankPlan, float]:
-        """This step's placement for ``batch``'s chunks and this rank's plan (the profiling step
-        runs the coarse way, megatron in that mode), and the time planning took."""
+        """This step's placement for ``batch``'s chunks (the chains as they run: packed ones with
+        ``pack_chunks``) and this rank's plan (the profiling step runs the coarse way, megatron in
+        that mode), and the time planning took."""
         t = time.perf_counter()
         with record_function(names.region("plan")):
             chunks = batch.chunk_counts(self.chunk_tiles)
@@ -290,9 +303,14 @@ class EncoderRuntime:
     def predict(self, tiles: Sequence[int]) -> float | None:
         """The step (s) this runtime predicts for microbatches of ``tiles`` tiles each, in its mode
         with its last costs (None before the first step measured them): to compare layouts of a
-        step's samples before choosing one (this replica's own work; moves not counted)."""
+        step's samples before choosing one (this replica's own work; moves not counted; with
+        ``pack_chunks`` the packed chains')."""
         return None if self.costs is None else predict_step_s(
-            self._step_mode, self.costs, self.microbatches, self.table, chunk_counts(tiles, self.chunk_tiles))
+            self._step_mode, self.costs, self.microbatches, self.table, chunk_counts(self._chains(tiles), self.chunk_tiles))
+
+    def _chains(self, tiles: Sequence[int]) -> list[int]:
+        """The rows of the chains that run for microbatches of ``tiles`` (packed with ``pack_chunks``)."""
+        return packed_rows(tiles, self.chunk_tiles) if self.pack_chunks else [int(t) for t in tiles]
 
     @property
     def _step_mode(self) -> str:
@@ -371,19 +389,21 @@ class EncoderRuntime:
         batch = batch.to(self.device)
         t = time.perf_counter()
         batch, own, moved = balanced_batch(self, batch)
+        packing = Packing.of(batch.tiles, self.chunk_tiles if self.pack_chunks else None)
+        chains = packing.batch(batch)
         if self.history is None:
             self._profile(self.example)
         elif self._last_sample is not None:
             self._share_costs(entry)
         met += time.perf_counter() - t
-        plan, plan_s = self._plan(batch)
+        plan, plan_s = self._plan(chains)
         t = time.perf_counter()
         with record_function(names.region("sync")):
             plan, meet_s, wait_s = start_step(self, plan)
         start = time.perf_counter()
         met += start - t
         self.plan = plan
-        work = begin_work(self, plan, batch, own, moved)
+        work = begin_work(self, plan, batch, own, moved, packing, chains)
         # the runtime's own work and its collectives before the step's work (the profiling step's
         # first collectives wait for every process to start, its profile is no step's)
         own_s, met_s = ((time.perf_counter() - entry - met, met) if self.steps > 0 else (float("nan"), float("nan")))
@@ -400,6 +420,7 @@ class EncoderRuntime:
                    "dp": WaitFigures(stats.dp_waited_s, stats.dp_filled_s) if self.data_parallel else None,
                    "tp": WaitFigures(tp.stats.waited_s, tp.stats.filled_s) if tp.stats.waits else None},
             dp_collectives_s=meet_s, dp_replicas_s=wait_s, trace=work.filler.trace, tiles=batch.tiles,
+            chunks=chains.chunk_counts(self.chunk_tiles),
             encoder_s=work.encoder_s(), llm_s=sum(work.filler.progress.op_busy_s),
             imbalance=None if self.moves is None else (self.moves.imbalance(False), self.moves.imbalance(True))))
         self.steps += 1

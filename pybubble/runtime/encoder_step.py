@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .batch import Packing
 from .boundary import BoundaryCommunicator
 from .costs import StepSample, stage_figures
 from .executors import CudaExecutor, HostExecutor
@@ -33,7 +34,7 @@ class EncoderStep:
     def __init__(self, *, plan: RankPlan, pieces: Sequence[Piece], boundary: BoundaryCommunicator,
                  inputs: Callable[[int, int], tuple[torch.Tensor, ...]], tiles: Sequence[int],
                  executor: HostExecutor | CudaExecutor, own_tiles: Sequence[int] | None = None,
-                 moved: MovedWork | None = None):
+                 moved: MovedWork | None = None, packing: Packing | None = None):
         self.plan = plan
         self.boundary = boundary
         self.pieces = pieces
@@ -42,6 +43,13 @@ class EncoderStep:
         """Per LLM microbatch: the chain's rows for this replica's own first stage (the rest,
         ``moved``'s, go to other replicas)."""
         self.moved = moved
+        self.packing = packing if packing is not None else Packing.of(self.tiles, None)
+        """Which rows of which run chain make each LLM microbatch's chain (``inputs`` and the
+        plan's chunks are the run chains', ``packing.packed``)."""
+        self._outputs: dict[int, torch.Tensor] = {}
+        """Per LLM microbatch: its run chain's output, once its forward is done."""
+        self._emitted: set[int] = set()
+        self._slot_grads: dict[int, torch.Tensor] = {}
         n = len(pieces)
         self.runs: dict[tuple[int, int], MicrobatchRun] = {}
         """Per (encoder microbatch, chunk): its pieces' state."""
@@ -61,7 +69,7 @@ class EncoderStep:
             elif t.after_grad:
                 task = self.bwd_tasks[key][t.piece] = FillTask.of(
                     t, self._backward(*key, t.piece, True), ready=lambda j=t.chain: self._grad_ready(j),
-                    wait_ready=lambda j=t.chain: self._own_grad(j))
+                    wait_ready=lambda j=t.chain: self._chain_grad(j))
             else:
                 task = self.bwd_tasks[key][t.piece] = FillTask.of(t, self._backward(*key, t.piece, False))
             tasks.append(task)
@@ -73,20 +81,45 @@ class EncoderStep:
         self.waits = PipelineWaits(self.filler)
         """The pipeline's waits (and the first stage's waits for encoder outputs)."""
 
-    def _own(self, j: int) -> int:
-        return self.own_tiles[self.plan.assignment[j]]
-
-    def _grad_ready(self, j: int) -> bool:
-        k = self.plan.assignment[j]
-        return ((self._own(j) == 0 or self.boundary.grad_ready(j))
+    def _slot_grad_ready(self, k: int) -> bool:
+        """Whether every gradient of LLM microbatch k's chain has arrived."""
+        j = self.boundary.encoder_microbatch[k]
+        return ((self.own_tiles[k] == 0 or self.boundary.grad_ready(j))
                 and (self.moved is None or self.moved.grads_ready(k)))
 
-    def _own_grad(self, j: int) -> torch.Tensor:
-        """The gradient of the chain's rows for this replica's own first stage (waits for it)."""
-        if self._own(j) == 0:
-            return torch.zeros((0, *self.boundary.output_shapes[j][1:]), dtype=self.boundary.dtype,
-                               device=self.boundary.device)
-        return self.boundary.grad(j)
+    def _grad_ready(self, j: int) -> bool:
+        return all(self._slot_grad_ready(k) for k, _, _ in self.packing.parts(self.plan.assignment[j]))
+
+    def _slot_grad(self, k: int) -> torch.Tensor:
+        """The gradient of LLM microbatch k's chain: its rows for this replica's own first stage,
+        then the moved-in ones' (waits for them)."""
+        if k not in self._slot_grads:
+            j = self.boundary.encoder_microbatch[k]
+            grad = (self.boundary.grad(j) if self.own_tiles[k] else
+                    torch.zeros((0, *self.boundary.output_shapes[j][1:]), dtype=self.boundary.dtype,
+                                device=self.boundary.device))
+            if self.moved is not None:
+                grad = torch.cat([grad, *self.moved.moved_grads(k)])
+            self._slot_grads[k] = grad
+        return self._slot_grads[k]
+
+    def _chain_grad(self, j: int) -> torch.Tensor:
+        """The gradient of run chain j's rows (waits for every LLM microbatch's it runs rows of)."""
+        return torch.cat([self._slot_grad(k)[lo:hi] for k, lo, hi in self.packing.parts(self.plan.assignment[j])])
+
+    def _emit(self) -> None:
+        """Each LLM microbatch's chain whose rows are all run: its own rows to this replica's first
+        stage, the rest to the replicas that own them."""
+        for k, n in enumerate(self.packing.rows):
+            sources = self.packing.sources(k)
+            if k in self._emitted or not n or any(g not in self._outputs for g, _, _ in sources):
+                continue
+            self._emitted.add(k)
+            out = torch.cat([self._outputs[g][lo:hi] for g, lo, hi in sources])
+            if self.own_tiles[k]:
+                self.boundary.send_output(self.boundary.encoder_microbatch[k], out[:self.own_tiles[k]])
+            if self.moved is not None:
+                self.moved.send_outputs(k, out[self.own_tiles[k]:])
 
     def _forward(self, j: int, c: int, i: int) -> Callable[[], None]:
         run = self.runs[j, c]
@@ -95,12 +128,9 @@ class EncoderStep:
             run.forward_piece(i)
             chunks = self._chunks[j]
             if run.forward_done and c == chunks[-1]:
-                k = self.plan.assignment[j]
-                out = torch.cat([self.runs[j, cc].output() for cc in chunks])[:self.tiles[k]]
-                if self._own(j):
-                    self.boundary.send_output(j, out[:self._own(j)])
-                if self.moved is not None:
-                    self.moved.send_outputs(k, out[self._own(j):])
+                g = self.plan.assignment[j]
+                self._outputs[g] = torch.cat([self.runs[j, cc].output() for cc in chunks])[:self.packing.packed[g]]
+                self._emit()
         return task
 
     def _backward(self, j: int, c: int, i: int, first: bool) -> Callable[[], None]:
@@ -108,9 +138,7 @@ class EncoderStep:
 
         def task() -> None:
             if first:  # the chain's output gradient, cut into its chunks (zero for the padding tiles)
-                grad = self._own_grad(j)
-                if self.moved is not None:
-                    grad = torch.cat([grad, *self.moved.moved_grads(self.plan.assignment[j])])
+                grad = self._chain_grad(j)
                 chunks = self._chunks[j]
                 size = self.runs[j, chunks[0]].output().shape[0]
                 pad = size * len(chunks) - grad.shape[0]

@@ -122,6 +122,9 @@ class StepRecord:
     """When the runtime traces: (what, start, end) of the step's tasks, ops and waits."""
     tiles: list[int] | None = None
     """The tiles this rank's replica ran per LLM slot (its chains', moved-in ones included)."""
+    chunks: list[int] | None = None
+    """The chunks this rank's replica ran per LLM slot's deadline (its chains as they ran: packed
+    ones with ``pack_chunks``)."""
     imbalance: tuple[float, float] | None = None
     """With encoder work balanced over the replicas: their most over mean tiles before and after
     the moves."""

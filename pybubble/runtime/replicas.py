@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..schedule.balance import balance_replica_chunks, balance_replicas
+from ..schedule.balance import balance_replica_chunks, balance_replica_stream, balance_replicas
 from .batch import EncoderBatch, chunk_counts
 from .placement import producers
 from .probe import WorkProbe
@@ -53,7 +53,7 @@ class ReplicaMoves:
 
     @classmethod
     def decide(cls, images: Sequence[Sequence[Sequence[int]]], cost: Callable[[np.ndarray], np.ndarray] | None = None,
-               chunk_tiles: int | None = None) -> ReplicaMoves:
+               chunk_tiles: int | None = None, packed: bool = False) -> ReplicaMoves:
         """``images[r][k]``: the tile counts of replica r's images in slot k. Without
         ``chunk_tiles``: whole images move (:func:`~pybubble.schedule.balance.balance_replicas` on
         ``cost``, each image's encoder cost from its tiles, default its tiles). With
@@ -62,7 +62,9 @@ class ReplicaMoves:
         (:func:`~pybubble.schedule.balance.balance_replica_chunks`: the most chunks a replica runs
         is what the step waits for), each move taking the last tiles the giver still holds in
         that slot; an image whose tiles go to two replicas is split into two parts, and the parts
-        are what :attr:`owner`, :attr:`slot`, :attr:`tiles` and :attr:`runs_on` list."""
+        are what :attr:`owner`, :attr:`slot`, :attr:`tiles` and :attr:`runs_on` list. With
+        ``packed`` (each replica runs its tiles as one stream: packed chains), the moves by the
+        stream's chunks (:func:`~pybubble.schedule.balance.balance_replica_stream`)."""
         owner, slot, tiles = [], [], []
         for r, per_slot in enumerate(images):
             for k, counts in enumerate(per_slot):
@@ -73,7 +75,8 @@ class ReplicaMoves:
         replicas, slots = len(images), len(images[0]) if images else 0
         unmoved = cls(replicas=replicas, slots=slots, owner=owner_a, slot=slot_a, tiles=tiles_a, runs_on=owner_a.copy())
         if chunk_tiles is not None:
-            return _cut(unmoved, balance_replica_chunks(unmoved.slot_tiles(False), chunk_tiles))
+            decide_moves = balance_replica_stream if packed else balance_replica_chunks
+            return _cut(unmoved, decide_moves(unmoved.slot_tiles(False), chunk_tiles))
         if tiles_a.size:
             moves = balance_replicas(tiles_a.astype(np.float64) if cost is None else cost(tiles_a), owner_a,
                                      replicas, slot_a)
@@ -340,13 +343,14 @@ def gather_images(images: Sequence[Sequence[int]], replica: int, replicas: int, 
 
 def move_work(batch: EncoderBatch, *, replica: int, replicas: int, pp_rank: int, pp_ranks: int,
               grid: Sequence[Sequence[int]], group: dist.ProcessGroup | None, first_stage: int, chunk_tiles: int,
-              device: torch.device) -> tuple[EncoderBatch, list[int], MovedWork]:
+              device: torch.device, packed: bool = False) -> tuple[EncoderBatch, list[int], MovedWork]:
     """One step's moves (every rank decides the same from every replica's images), the moved tiles
     exchanged: this replica's chains' inputs per slot (its kept tiles, then the moved-in ones), the
     rows of each slot's chain for its own first stage, and the step's :class:`MovedWork`."""
     if batch.images is None:
         raise ValueError("batch: balancing over replicas needs each microbatch's images (EncoderBatch(images=...))")
-    moves = ReplicaMoves.decide(gather_images(batch.images, replica, replicas, group), chunk_tiles=chunk_tiles)
+    moves = ReplicaMoves.decide(gather_images(batch.images, replica, replicas, group), chunk_tiles=chunk_tiles,
+                                packed=packed)
     moved = MovedWork(moves, replica=replica, pp_rank=pp_rank, grid=grid, group=group, first_stage=first_stage,
                       device=device)
     moved.producers = [producers("pybubble", moves.slots, pp_ranks, first_stage,

@@ -8,7 +8,9 @@ torch):
   (:func:`order_by_bubbles`; light ones first and last: :func:`middle_room`);
 - over data-parallel replicas: move images' encoder work from the replicas with the most to the
   ones with room, each output going back to the replica that owns its sample
-  (:func:`balance_replicas`; tile by tile, by the chunks each replica runs: :func:`balance_replica_chunks`);
+  (:func:`balance_replicas`; tile by tile, by the chunks each replica runs: :func:`balance_replica_chunks`
+  when each slot's tiles run in chunks of their own, :func:`balance_replica_stream` when a replica's
+  tiles run as one packed stream);
 - both for one step, as one JSON-ready result (:func:`balance_step`, :class:`StepBalance`).
 
 The encoder's cost per image is :class:`EncoderCost` (``a*tiles^2 + b*tiles + c``) or any costs the
@@ -368,6 +370,46 @@ def balance_replica_chunks(tiles: np.ndarray, chunk: int) -> np.ndarray:
             moves.append((k, giver, b, int(n)))
         chunks[giver] = np.ceil(load[giver] / c).sum()
         gave[giver, k] = True
+    return np.array(moves, np.int64).reshape(-1, 4)
+
+
+def balance_replica_stream(tiles: np.ndarray, chunk: int) -> np.ndarray:
+    """Moves of encoder tiles between data-parallel replicas when each replica runs all its tiles
+    as one stream in chunks of `chunk` (the slots' tiles packed, only the stream's last chunk
+    padded: :func:`pybubble.runtime.batch.packed_rows`): `tiles` is replicas x slots, each
+    replica's own tiles per slot; returns int64 rows ``(slot, from, to, tiles)``, a moved tile
+    staying in its slot (its output is due at that slot's forward).
+
+    A replica runs ``ceil(its tiles / chunk)`` chunks; the fewest the busiest can run is ``m =
+    ceil(all tiles / (replicas * chunk))``. Nothing moves when the busiest runs ``m`` already.
+    Else each replica over ``m * chunk`` tiles (in replica order) gives its excess, from its last
+    slot backwards (their outputs are due last), to the replicas under it, the one with the most
+    room first (ties: the lower index). Only the tiles over the target move: the fewest bytes of
+    pixels, outputs and gradients that bring every replica to ``m`` chunks."""
+    own = real_array(tiles, "tiles", minimum=0.0, ndim=2)
+    if not np.array_equal(own, np.round(own)):
+        raise ValueError("tiles: expected whole tile counts")
+    c = integer(chunk, "chunk", minimum=1)
+    load = own.sum(axis=1).astype(np.int64)
+    r, width = own.shape
+    moves: list[tuple[int, int, int, int]] = []
+    if r < 2 or not load.sum():
+        return np.zeros((0, 4), np.int64)
+    cap = c * -(-int(load.sum()) // (r * c))
+    if -(-int(load.max()) // c) * c <= cap:
+        return np.zeros((0, 4), np.int64)
+    left = own.astype(np.int64).copy()
+    for giver in range(r):
+        excess = int(load[giver]) - cap
+        for k in range(width - 1, -1, -1):
+            while excess > 0 and left[giver, k] > 0:
+                taker = min((b for b in range(r) if load[b] < cap), key=lambda b: (load[b], b))
+                n = min(excess, int(left[giver, k]), cap - int(load[taker]))
+                left[giver, k] -= n
+                load[giver] -= n
+                load[taker] += n
+                excess -= n
+                moves.append((k, giver, taker, n))
     return np.array(moves, np.int64).reshape(-1, 4)
 
 

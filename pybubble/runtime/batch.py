@@ -56,7 +56,9 @@ class Packing:
     ``packed[k]`` (the chain that runs for slot k's deadline). Unpacked: the two are equal."""
 
     rows: tuple[int, ...]
+    """Per LLM slot: the rows (tiles) of its chain as given, whose outputs are that slot's."""
     packed: tuple[int, ...]
+    """Per LLM slot: the rows of the chain that runs for its deadline."""
 
     @classmethod
     def of(cls, rows: Sequence[int], size: int | None) -> Packing:

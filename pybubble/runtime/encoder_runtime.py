@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from ..measure import names
-from .batch import EncoderBatch, Packing, chunk_counts, inputs_of, packed_rows
+from .batch import EncoderBatch, Packing, chunk_counts, inputs_of
 from .boundary import BoundaryCommunicator
 from .costs import CostHistory, share_samples
 from .cuda import side_stream
@@ -131,6 +131,27 @@ def balanced_batch(runtime: "EncoderRuntime", batch: EncoderBatch) -> tuple[Enco
     return chains, own, moved
 
 
+def check_packing(pack_chunks: bool, ranks: int, mode: str) -> bool:
+    """``pack_chunks`` where it can be: one pipeline rank, not megatron (ValueError else)."""
+    if pack_chunks and (ranks > 1 or mode == "megatron"):
+        raise ValueError(f"pack_chunks: needs one pipeline rank and mode pybubble or coarse (packed chains' "
+                         f"outputs are cut where they run), got {ranks} pipeline ranks, mode {mode!r}")
+    return bool(pack_chunks)
+
+
+def sync_step_grads(encoder: nn.Module, plan: RankPlan, rank: int, ranks: int, pp_group: dist.ProcessGroup | None,
+                    dp_group: dist.ProcessGroup | None) -> bool:
+    """The encoder's gradients summed over the pp ranks that ran its microbatches and averaged over
+    the replicas; False when this rank has none to sync."""
+    spread = plan.mode != "megatron" and ranks > 1  # the encoder's microbatches ran on several pp ranks
+    holds = plan.mode != "megatron" or rank == plan.first_stage  # megatron: on the first stage's rank only
+    if not (spread or (holds and dp_group is not None)):
+        return False
+    with record_function(names.region("grad_sync")):
+        sync_grads(encoder, pp_group if spread else None, dp_group if holds else None)
+    return True
+
+
 def start_step(runtime: "EncoderRuntime", plan: RankPlan) -> tuple[RankPlan, float, float]:
     """The step's start on every rank at once: with several replicas
     :meth:`~pybubble.runtime.lockstep.ReplicaLockstep.start` (the plan predicted as they run it, the
@@ -175,11 +196,9 @@ class EncoderRuntime:
     group when it carries CPU tensors; else one gloo group per pipeline is created). ``mode``:
     ``megatron``, ``coarse`` or ``pybubble``; ``example``: one microbatch of encoder input, on
     which the encoder is traced and cut into pieces; ``keep``: steps whose measured costs the plan
-    follows (medians). ``balance_replicas``: varying data's encoder work moved between the
-    data-parallel replicas every step; ``pack_chunks``: each replica's tiles run as one stream cut
-    into chunks, a slot's chain also running the first tiles of later slots (only the stream's last
-    chunk padded: :class:`~pybubble.runtime.batch.Packing`), in ``pybubble`` and ``coarse`` mode
-    with one pipeline rank, where every chain runs beside the first stage. See docs/runtime.md.
+    follows (medians). ``balance_replicas``: varying data's encoder work moved between the replicas;
+    ``pack_chunks`` (one pipeline rank, not megatron): each replica's tiles run as one stream of
+    chunks (:class:`~pybubble.runtime.batch.Packing`). See docs/runtime.md.
     """
 
     def __init__(self, encoder: nn.Module, *, stage: Any, schedule: Any, mode: str,
@@ -187,13 +206,11 @@ class EncoderRuntime:
                  mesh: Any = None, parallel_dims: Any = None, roles: dict | None = None,
                  pp_group: dist.ProcessGroup | None = None, dp_group: dist.ProcessGroup | None = None,
                  tp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
-                 microbatches: int | None = None, keep: int = 5, balance_replicas: bool = False,
-                 pack_chunks: bool = False):
+                 microbatches: int | None = None, keep: int = 5, balance_replicas: bool = False, pack_chunks: bool = False):
         torch_seams.check_torch_seams()
-        self.mode, self.encoder, self.schedule = check_mode(mode), encoder, schedule
+        self.mode, self.encoder, self.schedule, self.device = check_mode(mode), encoder, schedule, torch.device(device)
         self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
         """This rank's pipeline stages."""
-        self.device = torch.device(device)
         self.groups: ParallelGroups = resolve_groups(
             mesh=mesh, parallel_dims=parallel_dims, roles=roles, pp_group=pp_group, dp_group=dp_group,
             tp_group=tp_group, default_pp=getattr(self.stages[0], "group", None))
@@ -214,10 +231,7 @@ class EncoderRuntime:
         self.data_parallel = next((k for k in kinds if k is not None), None)
         """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
         self.replicas = 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
-        if pack_chunks and (self.ranks > 1 or self.mode == "megatron"):
-            raise ValueError(f"pack_chunks: needs one pipeline rank and mode pybubble or coarse (packed chains' "
-                             f"outputs are cut where they run), got {self.ranks} pipeline ranks, mode {self.mode!r}")
-        self.pack_chunks = bool(pack_chunks)
+        self.pack_chunks = check_packing(pack_chunks, self.ranks, self.mode)
         """Whether each step's chains are packed (:class:`~pybubble.runtime.batch.Packing`)."""
         self.grid = replica_grid(self.world_group, self.dp_group, self.rank, self.ranks) if balance_replicas else None
         """With ``balance_replicas`` over several replicas: the world rank of each replica's
@@ -306,11 +320,8 @@ class EncoderRuntime:
         step's samples before choosing one (this replica's own work; moves not counted; with
         ``pack_chunks`` the packed chains')."""
         return None if self.costs is None else predict_step_s(
-            self._step_mode, self.costs, self.microbatches, self.table, chunk_counts(self._chains(tiles), self.chunk_tiles))
-
-    def _chains(self, tiles: Sequence[int]) -> list[int]:
-        """The rows of the chains that run for microbatches of ``tiles`` (packed with ``pack_chunks``)."""
-        return packed_rows(tiles, self.chunk_tiles) if self.pack_chunks else [int(t) for t in tiles]
+            self._step_mode, self.costs, self.microbatches, self.table,
+            chunk_counts(Packing.of(tiles, self.chunk_tiles if self.pack_chunks else None).packed, self.chunk_tiles))
 
     @property
     def _step_mode(self) -> str:
@@ -358,16 +369,10 @@ class EncoderRuntime:
         return result, tp
 
     def _sync_grads(self, plan: RankPlan) -> float | None:
-        """The encoder's gradients summed over the pp ranks that ran its microbatches and averaged
-        over the replicas; returns the time it took (None: this rank has none to sync)."""
+        """The encoder's gradients summed over the ranks (:func:`sync_step_grads`), timed."""
         t = self._now()
-        spread = plan.mode != "megatron" and self.ranks > 1  # the encoder's microbatches ran on several pp ranks
-        holds = plan.mode != "megatron" or self.rank == plan.first_stage  # megatron: on the first stage's rank only
-        if not (spread or (holds and self.dp_group is not None)):
-            return None
-        with record_function(names.region("grad_sync")):
-            sync_grads(self.encoder, self.pp_group if spread else None, self.dp_group if holds else None)
-        return self._now() - t
+        synced = sync_step_grads(self.encoder, plan, self.rank, self.ranks, self.pp_group, self.dp_group)
+        return self._now() - t if synced else None
 
     def step(self, encoder_input: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], *args: Any,
              **kwargs: Any) -> Any:

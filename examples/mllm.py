@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -792,6 +793,9 @@ def train_loop(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namespa
         opt.zero_grad()
         if parts.device.type == "cuda":
             torch.cuda.synchronize(parts.device)
+        if step == 0:  # what the setup and the profiling step made stays: Python's full collections skip it
+            gc.collect()
+            gc.freeze()
         ends.append(time.perf_counter())
         if rank == 0:  # progress, on stderr: the report stays the one line on stdout
             took = ends[-1] - (ends[-2] if len(ends) > 1 else runtime.records[-1].start)

@@ -428,6 +428,6 @@ class EncoderRuntime:
             chunks=chains.chunk_counts(self.chunk_tiles),
             encoder_s=work.encoder_s(), llm_s=sum(work.filler.progress.op_busy_s),
             imbalance=None if self.moves is None else (self.moves.imbalance(False), self.moves.imbalance(True))))
-        self.steps += 1
-        self._returned = time.perf_counter()
+        work.close()
+        self.steps, self._returned = self.steps + 1, time.perf_counter()
         return result

@@ -150,6 +150,12 @@ class EncoderStep:
             run.backward_piece(i)
         return task
 
+    def close(self) -> None:
+        """Drops the step's tasks and the pieces' state once the step is recorded: the tasks'
+        closures refer back to this object, and without this each step's objects would wait for
+        Python's cycle collector, whose full passes then stall a later step (200 ms and more here)."""
+        self.fwd_tasks.clear(), self.bwd_tasks.clear(), self.runs.clear(), self.filler.tasks.clear()
+
     def encoder_s(self) -> float:
         """The time of this rank's encoder tasks this step: measured where the executor times them,
         else their estimates."""

@@ -46,6 +46,12 @@ class EncoderStep:
         self.packing = packing if packing is not None else Packing.of(self.tiles, None)
         """Which rows of which run chain make each LLM microbatch's chain (``inputs`` and the
         plan's chunks are the run chains', ``packing.packed``)."""
+        slots = range(len(self.packing.rows))
+        self._sources = [self.packing.sources(k) for k in slots]
+        """Per LLM microbatch: the run chains' rows that make its chain (asked at every chain's end)."""
+        self._parts = [self.packing.parts(g) for g in slots]
+        """Per run chain (by its LLM microbatch): the microbatches' rows it runs (asked by every
+        readiness check of the filler)."""
         self._outputs: dict[int, torch.Tensor] = {}
         """Per LLM microbatch: its run chain's output, once its forward is done."""
         self._emitted: set[int] = set()
@@ -88,7 +94,7 @@ class EncoderStep:
                 and (self.moved is None or self.moved.grads_ready(k)))
 
     def _grad_ready(self, j: int) -> bool:
-        return all(self._slot_grad_ready(k) for k, _, _ in self.packing.parts(self.plan.assignment[j]))
+        return all(self._slot_grad_ready(k) for k, _, _ in self._parts[self.plan.assignment[j]])
 
     def _slot_grad(self, k: int) -> torch.Tensor:
         """The gradient of LLM microbatch k's chain: its rows for this replica's own first stage,
@@ -105,13 +111,12 @@ class EncoderStep:
 
     def _chain_grad(self, j: int) -> torch.Tensor:
         """The gradient of run chain j's rows (waits for every LLM microbatch's it runs rows of)."""
-        return torch.cat([self._slot_grad(k)[lo:hi] for k, lo, hi in self.packing.parts(self.plan.assignment[j])])
+        return torch.cat([self._slot_grad(k)[lo:hi] for k, lo, hi in self._parts[self.plan.assignment[j]]])
 
     def _emit(self) -> None:
         """Each LLM microbatch's chain whose rows are all run: its own rows to this replica's first
         stage, the rest to the replicas that own them."""
-        for k, n in enumerate(self.packing.rows):
-            sources = self.packing.sources(k)
+        for k, (n, sources) in enumerate(zip(self.packing.rows, self._sources)):
             if k in self._emitted or not n or any(g not in self._outputs for g, _, _ in sources):
                 continue
             self._emitted.add(k)
@@ -154,7 +159,10 @@ class EncoderStep:
         """Drops the step's tasks and the pieces' state once the step is recorded: the tasks'
         closures refer back to this object, and without this each step's objects would wait for
         Python's cycle collector, whose full passes then stall a later step (200 ms and more here)."""
-        self.fwd_tasks.clear(), self.bwd_tasks.clear(), self.runs.clear(), self.filler.tasks.clear()
+        self.fwd_tasks.clear()
+        self.bwd_tasks.clear()
+        self.runs.clear()
+        self.filler.tasks.clear()
 
     def encoder_s(self) -> float:
         """The time of this rank's encoder tasks this step: measured where the executor times them,

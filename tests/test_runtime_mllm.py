@@ -109,11 +109,21 @@ def test_profile_writes_traces_that_pybubble_measure_reads(tmp_path, pp2_reports
 
 STAND_IN_SIDE = textwrap.dedent("""
     # The trainer with the filler in its CUDA mode (launches, events, window budget by measured
-    # durations) on CPU ranks: a stand-in side stream runs each launched task at once.
-    import json, sys
+    # durations) on CPU ranks: a stand-in side stream runs each launched task at once. The first
+    # stage's forwards take 0.1 s more, so the last stage waits that long for each microbatch,
+    # whatever the machine's load: the windows the plan fills there open on every run.
+    import json, sys, time
     sys.path.insert(0, sys.argv[1])
     import mllm
     import pybubble.runtime.encoder_runtime as encoder_runtime
+
+    first_forward = mllm.FirstStage.forward
+
+    def slow_first_forward(self, *args, **kwargs):
+        time.sleep(0.1)
+        return first_forward(self, *args, **kwargs)
+
+    mllm.FirstStage.forward = slow_first_forward
 
     class SynchronousSide:
         def log(self, what):

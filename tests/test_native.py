@@ -2,7 +2,9 @@
 core: one message says what happened and the two ways out, instead of Python's "partially
 initialized module" error; the README documents the same editable install."""
 
+import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +28,10 @@ def checkout(tmp_path):
 @pytest.mark.parametrize("args", [["-c", "import pybubble"], ["-m", "pybubble", "--version"],
                                   ["-m", "pybubble.config.presets"]])
 def test_importing_from_a_checkout_without_the_core_says_what_to_do(checkout, args):
-    r = subprocess.run([sys.executable, *args], cwd=checkout, capture_output=True, text=True)
+    # Without site's .pth files (-S; the installed packages on PYTHONPATH instead): an editable
+    # install's import hook, which such a file sets up, would import the built tree over the folder's.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(site.getsitepackages())}
+    r = subprocess.run([sys.executable, "-S", *args], cwd=checkout, capture_output=True, text=True, env=env)
     assert r.returncode == 1
     assert "partially initialized" not in r.stderr and "circular import" not in r.stderr
     message = r.stderr[r.stderr.index("ImportError: "):]

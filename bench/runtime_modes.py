@@ -21,7 +21,10 @@ its figures. The prediction is the median of the runtime's per-step predictions.
 
 With varying data (``--data mix`` or ``--data-file``) a fourth launch per round runs pybubble
 with ``--balance off`` (``unbalanced``: re-planned every step, the samples as given, each replica
-its own): pybubble over it is balancing's share of the gain, it over coarse filling's.
+its own): pybubble over it is balancing's share of the gain, it over coarse filling's. It also
+prints each mode's work bound (:func:`work_bound_s`: every rank of the busiest replica busy all step
+with the encoder chunks that mode ran, at the costs it measured) and the ratios pybubble would reach
+at its bound: how far the measured ones can go on this data.
 """
 
 from __future__ import annotations
@@ -60,6 +63,23 @@ def round_ratios(reports: dict[str, list[dict]]) -> list[dict[str, float]]:
                     **{f"vs_{m}": med[m] / med["pybubble"] for m in reports if m != "pybubble"},
                     **{f"total_vs_{m}": total[m] / total["pybubble"] for m in reports if m != "pybubble"}})
     return out
+
+
+def work_bound_s(report: dict, step: int) -> float | None:
+    """A lower bound of a launch's step ``step`` (varying data, tp 1; None otherwise): every rank of
+    the busiest replica busy the whole step with an even share of the LLM's stages and of the encoder
+    chunks its replica ran (a rank of a pipeline may run any of its replica's chunks, none of another
+    replica's), plus what follows the pipeline as the runtime's prediction counts it (gradient sum,
+    optimizer and the step's other work outside the pipeline), at the launch's measured costs."""
+    data, c = report.get("data"), report["costs"]
+    if not data or report["tp"] != 1:
+        return None
+    chunk_s = sum(c["piece_fwd_s"]) + sum(c["piece_bwd_s"])
+    slots = len(data["chunks"][0][step])
+    llm_s = slots * (sum(c["stage_fwd_s"]) + sum(c["stage_bwd_s"]))
+    encoder_s = max(sum(rank[step]) for rank in data["chunks"]) * chunk_s
+    after_s = (0.0 if report["mode"] == "megatron" else c["grad_sync_s"]) + c["optimizer_s"]
+    return (llm_s + encoder_s) / report["pp"] + after_s
 
 
 def variants(data: str) -> list[tuple[str, str, str]]:
@@ -167,12 +187,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:<10} {median[mode] * 1e3:>9.1f} ms {predicted[mode] * 1e3:>7.1f} ms {err:>+7.1%} "
               f"{step_err:>10.1%} {overruns:>9}")
     print("(step error: the median over the launches of each launch's median |predicted - measured| / measured per step)")
+    bound = {m: [b for r in rs for b in (work_bound_s(r, s) for s in r["settled_steps"]) if b is not None]
+             for m, rs in reports.items()}
+    if all(bound.values()):
+        floor = statistics.median(bound["pybubble"])
+        print("work bound (median over the settled steps; every rank of the busiest replica busy all step with the "
+              "chunks its mode ran): " + ", ".join(f"{m} {statistics.median(b) * 1e3:.1f} ms (its median step "
+                                                   f"{median[m] / statistics.median(b) - 1:+.1%})" for m, b in bound.items()))
+        print("so pybubble's median step at its work bound would be: "
+              + ", ".join(f"{median[m] / floor:.2f}x {m}" for m in others) + " (the ceiling of the ratios above)")
     same = [rs[-1]["param_checksum"] for rs in reports.values()]
     spread = (max(same) - min(same)) / abs(same[0])
     print(f"parameter checksums of the last launches ({per_round[-1]} steps) agree within {spread:.1e} (relative)")
     if a.out:
         with open(a.out, "w") as f:
-            json.dump({"median_step_s": median, "predicted_step_s": predicted, "checksums": sums,
+            json.dump({"median_step_s": median, "predicted_step_s": predicted, "checksums": sums, "work_bound_s": bound,
                        "rounds": rounds_out, "per_round": summary, "reports": reports}, f, indent=1)
     return 0
 

@@ -15,7 +15,7 @@ re-plans on its own; a launch's first two steps (profiling, first adapted plan) 
 its figures. The prediction is the median of the runtime's per-step predictions.
 
     python bench/runtime_modes.py [--ranks 2] [--steps 48] [--rounds 6] [--encoder vit|timm|clip]
-        [--schedule 1f1b|interleaved_1f1b|zbv|...] [--chunks V] [--out runtime_modes.json]
+        [--schedule 1f1b|interleaved_1f1b|zbv|...] [--chunks V] [--piece-ms MS] [--out runtime_modes.json]
     python bench/runtime_modes.py --tp 2    # one stage tensor-parallel over the 2 ranks: the TP waits
     python bench/runtime_modes.py --data mix [--data-file FILE] [--dp 2 --pp 1]
 
@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pp", type=int, default=0, help="pipeline stages (default: ranks / dp / tp)")
     p.add_argument("--data", default="fixed", help="fixed or mix (the example's --data)")
     p.add_argument("--data-file", help="replay these samples (JSON lines, the example's --data-file)")
+    p.add_argument("--piece-ms", type=float, help="pybubble's pieces (the example's --piece-ms; default automatic)")
     p.add_argument("--out", help="write every launch's report (JSON) here")
     a = p.parse_args(argv)
     if a.rounds < 1:
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "--mode", mode, "--encoder", a.encoder, "--schedule", a.schedule,
                                     "--chunks", str(a.chunks), "--tp", str(a.tp), "--dp", str(a.dp),
                                     "--pp", str(a.pp), "--data", a.data, "--balance", balance]
-                                   + (["--data-file", a.data_file] if a.data_file else []))
+                                   + (["--data-file", a.data_file] if a.data_file else [])
+                                   + ([] if a.piece_ms is None else ["--piece-ms", str(a.piece_ms)]))
             try:
                 mllm.check_args(args)
                 rep = mllm.run(args)
@@ -146,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
             reports[name].append(rep)
             print(f"[{time.monotonic() - t0:6.1f} s] round {r + 1}/{a.rounds} {name:<10} {steps} steps: median "
                   f"{rep['median_step_s'] * 1e3:.1f} ms, predicted {rep['predicted_step_s'] * 1e3:.1f} ms, "
-                  f"overruns {sum(rep['overruns'])}" + (tp_line(rep["tp_waits"]) if a.tp > 1 else ""), flush=True)
+                  f"overruns {sum(rep['overruns'])}, {len(rep['costs']['piece_fwd_s'])} pieces"
+                  + (tp_line(rep["tp_waits"]) if a.tp > 1 else ""), flush=True)
         ratios = round_ratios({m: rs[r:r + 1] for m, rs in reports.items()})[0]
         load = os.getloadavg()[0]
         print(f"round {r + 1}: pybubble " + ", ".join(f"{ratios['vs_' + m]:.2f}x {m}" for m in reports if m != "pybubble")

@@ -625,14 +625,14 @@ class Fault:
         """A fault inside the encoder's last piece."""
         if not (self.on and self.kind == "encoder"):
             return
-        piece = runtime.pieces[-1]
+        piece = runtime.kernels[-1]
 
         def fn(*state):
             if self._here():
                 raise RuntimeError(f"injected fault in encoder piece {piece.name} on rank {self.rank} at step {self.now}")
             return piece.fn(*state)
 
-        runtime.pieces[-1] = dataclasses.replace(piece, fn=fn)
+        runtime.kernels[-1] = dataclasses.replace(piece, fn=fn)
 
 
 def build_mesh(args: argparse.Namespace, device: torch.device):
@@ -749,7 +749,8 @@ def build_runtime(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig, 
     runtime = EncoderRuntime(parts.encoder, stage=stage, schedule=parts.schedule, mode=args.mode, mesh=parts.mesh,
                              microbatches=cfg.microbatches, example=example, device=parts.device,
                              balance_replicas=balanced(args) and args.dp > 1,
-                             pack_chunks=balanced(args) and args.pp == 1)
+                             pack_chunks=balanced(args) and args.pp == 1,
+                             piece_s=None if args.piece_ms is None else args.piece_ms / 1e3)
     fault.encoder_pieces(runtime)
     if parts.first:
         parts.stage_modules[parts.stage_ids.index(0)].encoder_output = runtime.encoder_output
@@ -1106,6 +1107,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="varying data: tiles the encoder's pieces run on at a time (default: the size's)")
     p.add_argument("--balance", default="on",
                    help="varying data: on (samples balanced over the microbatches, heaviest in the most room) or off")
+    p.add_argument("--piece-ms", type=float, metavar="MS",
+                   help="pybubble's pieces: the encoder's kernels merged to at least MS ms forward and backward "
+                        "(0: one kernel each; default: automatic, see docs/runtime.md; the baselines run it unsplit)")
     p.add_argument("--dump-plan", metavar="DIR", help="write each rank's plan of the last step (JSON) into DIR")
     p.add_argument("--write-config", metavar="FILE",
                    help="write the pybubble planning config of this run's models and ranks (YAML) and exit")

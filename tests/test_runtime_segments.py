@@ -9,9 +9,11 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from pybubble.runtime import MicrobatchRun, split_into_pieces  # noqa: E402
+from pybubble.runtime.segments import merge_pieces  # noqa: E402
 
-def split_run(encoder, x, grad):
+def split_run(encoder, x, grad, groups=None):
     pieces = split_into_pieces(encoder, x)
+    pieces = pieces if groups is None else merge_pieces(pieces, groups(len(pieces)))
     run = MicrobatchRun(pieces, (x,))
     for i in range(len(pieces)):
         run.forward_piece(i)
@@ -90,6 +92,38 @@ def test_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name):
         assert (g is None) == (r is None)
         if r is not None:
             torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["vit_blocks", "hf_clip"])
+@pytest.mark.parametrize("groups", [lambda n: [n], lambda n: [2] * (n // 2) + [1] * (n % 2), lambda n: [1, n - 2, 1]])
+def test_merged_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name, groups):
+    torch.manual_seed(0)
+    encoder, shape = build(example_trainer, name)
+    encoder = encoder.double().train()
+    x = torch.randn(*shape, dtype=torch.float64)
+    out_ref = first(encoder(x))
+    grad = torch.randn_like(out_ref)
+    out_ref.backward(grad)
+    grads_ref = [None if p.grad is None else p.grad.clone() for p in encoder.parameters()]
+    encoder.zero_grad(set_to_none=True)
+    pieces, out, grads = split_run(encoder, x, grad, groups)
+    assert len(pieces) == len(groups(len(split_into_pieces(encoder, x))))
+    torch.testing.assert_close(out, out_ref.detach(), rtol=1e-12, atol=1e-12)
+    for g, r in zip(grads, grads_ref, strict=True):
+        assert (g is None) == (r is None)
+        if r is not None:
+            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+
+
+def test_merged_pieces_are_named_by_their_first_and_last_kernel_and_bad_groups_are_refused(example_trainer):
+    encoder, shape = build(example_trainer, "vit_blocks")
+    kernels = split_into_pieces(encoder, torch.randn(*shape))
+    merged = merge_pieces(kernels, [1, 5, 5])
+    assert [p.name for p in merged] == ["0:addmm", "1.qkv:addmm..1.fc2:addmm", "2.qkv:addmm..2.fc2:addmm"]
+    assert merged[0] is kernels[0]
+    for groups in ([1, 5, 4], [1, 5, 6], [0, 6, 5], [11.5], [True] * 11, []):
+        with pytest.raises(ValueError, match="groups: .* do not split 11 pieces"):
+            merge_pieces(kernels, groups)
 
 
 def test_pieces_are_named_after_their_modules_and_kernels(example_trainer):

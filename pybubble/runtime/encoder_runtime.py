@@ -40,7 +40,7 @@ from .lockstep import ReplicaLockstep
 from .placement import (MeasuredCosts, check_mode, first_stage_rank, make_placement, predict_step_s, rank_plan,
                         splits_backward, stage_ranks)
 from .plan import RankPlan
-from .profile import p2p_latency, shared_profile, time_pieces
+from .profile import check_piece_s, p2p_latency, profile_pieces
 from .records import StepRecord, WaitFigures
 from .replicas import MovedWork, ReplicaMoves, move_work, replica_grid
 from .segments import MicrobatchRun, split_into_pieces
@@ -198,7 +198,8 @@ class EncoderRuntime:
     which the encoder is traced and cut into pieces; ``keep``: steps whose measured costs the plan
     follows (medians). ``balance_replicas``: varying data's encoder work moved between the replicas;
     ``pack_chunks`` (one pipeline rank, not megatron): each replica's tiles run as one stream of
-    chunks (:class:`~pybubble.runtime.batch.Packing`). See docs/runtime.md.
+    chunks (:class:`~pybubble.runtime.batch.Packing`). ``piece_s``: pybubble's pieces, kernels merged to
+    at least this many seconds (:func:`~pybubble.runtime.profile.check_piece_s`). See docs/runtime.md.
     """
 
     def __init__(self, encoder: nn.Module, *, stage: Any, schedule: Any, mode: str,
@@ -206,7 +207,8 @@ class EncoderRuntime:
                  mesh: Any = None, parallel_dims: Any = None, roles: dict | None = None,
                  pp_group: dist.ProcessGroup | None = None, dp_group: dist.ProcessGroup | None = None,
                  tp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
-                 microbatches: int | None = None, keep: int = 5, balance_replicas: bool = False, pack_chunks: bool = False):
+                 microbatches: int | None = None, keep: int = 5, balance_replicas: bool = False,
+                 pack_chunks: bool = False, piece_s: float | None = None):
         torch_seams.check_torch_seams()
         self.mode, self.encoder, self.schedule, self.device = check_mode(mode), encoder, schedule, torch.device(device)
         self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
@@ -240,10 +242,11 @@ class EncoderRuntime:
         """The last step's moves of encoder work between the replicas (None: none balanced)."""
         self.example = tuple(t.to(self.device) for t in inputs_of(example))
         """One chunk of encoder input: the pieces' fixed shape (its dim 0: the tiles of a chunk)."""
-        self.pieces = split_into_pieces(encoder, self.example)
-        self.output_shape, self.output_dtype = output_of(self.pieces, self.example)
-        self.side = side_stream(self.device)
-        self.keep = keep
+        self.kernels = self.pieces = split_into_pieces(encoder, self.example)
+        """The encoder cut before each kernel; :attr:`pieces` merges them at the profile (:func:`profile_pieces`)."""
+        self.piece_s = check_piece_s(piece_s, self.mode, self.groups.tp)
+        self.output_shape, self.output_dtype = output_of(self.kernels, self.example)
+        self.side, self.keep = side_stream(self.device), keep
         self.history: CostHistory | None = None
         """The measured costs of the last steps (None before the first step's profile)."""
         self.lockstep = ReplicaLockstep(self.table, self.world_group, keep) if self.replicas > 1 else None
@@ -258,9 +261,7 @@ class EncoderRuntime:
         """The placement of the last step's encoder pieces (its ``timeline``: the LLM step as predicted)."""
         self.plan: RankPlan | None = None
         """This rank's plan of the last step."""
-        self._work: EncoderStep | None = None
-        self._returned: float | None = None
-        self._last_sample: np.ndarray | None = None
+        self._work, self._returned, self._last_sample = None, None, None  # the running step, the last's return and figures
 
     # -- measuring -----------------------------------------------------------------------------
     def _now(self) -> float:
@@ -269,13 +270,12 @@ class EncoderRuntime:
         return time.perf_counter()
 
     def _profile(self, example: tuple[torch.Tensor, ...]) -> None:
-        """Before the first step: the pieces' durations on one microbatch and the p2p latency,
-        shared by every rank (the LLM ops' durations come from the first step)."""
-        fwd, bwd = time_pieces(self.pieces, example, self._now)
-        self.encoder.zero_grad(set_to_none=True)
+        """Before the first step: the p2p latency and the pieces with their durations (:func:`profile_pieces`)."""
         p2p = p2p_latency(self.group, self.rank, self.ranks, self.output_shape, self.output_dtype)
         group, ranks = self._cost_group
-        self.history = CostHistory(shared_profile(group, self.num_stages, p2p, fwd, bwd), keep=self.keep, ranks=ranks)
+        self.pieces, initial = profile_pieces(self.kernels, example, self._now, group, self.num_stages, p2p, self.piece_s)
+        self.encoder.zero_grad(set_to_none=True)
+        self.history = CostHistory(initial, keep=self.keep, ranks=ranks)
         self.costs = self.history.initial
 
     @property

@@ -3,6 +3,9 @@ microbatch, the pipeline's point-to-point latency, both shared by every rank of 
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -11,7 +14,12 @@ import torch.distributed as dist
 
 from .boundary import TAG_BASE
 from .placement import MeasuredCosts
-from .segments import MicrobatchRun, Piece
+from .segments import MicrobatchRun, Piece, merge_pieces
+
+OWN_SHARE = 0.02
+"""The automatic granularity: consecutive kernels merge into pieces of at least the per-task cost
+(measured at the profile) over this share, so what a task costs of its own is at most about 2% of
+it."""
 
 
 def time_pieces(pieces: Sequence[Piece], example: tuple[torch.Tensor, ...], now: Callable[[], float],
@@ -32,6 +40,24 @@ def time_pieces(pieces: Sequence[Piece], example: tuple[torch.Tensor, ...], now:
             run.backward_piece(i)
             bwd[i].append(now() - t)
     return [min(x) for x in fwd], [min(x) for x in bwd]
+
+
+def pass_s(pieces: Sequence[Piece], example: tuple[torch.Tensor, ...], now: Callable[[], float],
+           repeats: int = 3) -> float:
+    """The shortest of ``repeats`` whole passes of ``pieces`` on ``example`` (every forward, then
+    every backward), timed with ``now``: the kernels' pass against the unsplit encoder's gives what
+    a task costs of its own (a sum of per-piece minimums would come out short of it under load)."""
+    best = math.inf
+    for _ in range(repeats):
+        t = now()
+        run = MicrobatchRun(pieces, example)
+        for i in range(len(pieces)):
+            run.forward_piece(i)
+        run.output_grad = torch.ones_like(run.output())
+        for i in range(len(pieces) - 1, -1, -1):
+            run.backward_piece(i)
+        best = min(best, now() - t)
+    return best
 
 
 def p2p_latency(group: dist.ProcessGroup, rank: int, ranks: int, shape: Sequence[int], dtype: torch.dtype,
@@ -69,4 +95,69 @@ def shared_profile(group: dist.ProcessGroup, stages: int, p2p_s: float, piece_fw
                          piece_bwd_s=a[:, 1 + n:].mean(axis=0).tolist())
 
 
-__all__ = ["p2p_latency", "shared_profile", "time_pieces"]
+def check_piece_s(piece_s: float | None, mode: str, tp_group: dist.ProcessGroup | None) -> float | None:
+    """The granularity a runtime profiles for (:func:`profile_pieces`): the baselines (``megatron``,
+    ``coarse``) run the encoder unsplit (``inf``: a trainer without pybubble runs the module whole);
+    ``None`` (automatic) is one kernel each with tensor parallelism (``tp_group`` of 2 ranks or more:
+    the windows are the TP collectives' gaps, a fraction of a millisecond), else left to the profile;
+    else ``piece_s`` (ValueError unless a number >= 0)."""
+    if piece_s is not None and (isinstance(piece_s, bool) or not isinstance(piece_s, (int, float))
+                                or math.isnan(piece_s) or piece_s < 0):
+        raise ValueError(f"piece_s: {piece_s!r} is not a number of seconds >= 0 (or None: automatic)")
+    if mode in ("megatron", "coarse"):
+        return math.inf
+    if piece_s is None and tp_group is not None and dist.get_world_size(tp_group) > 1:
+        return 0.0
+    return None if piece_s is None else float(piece_s)
+
+
+def piece_groups(fwd_s: Sequence[float], bwd_s: Sequence[float], min_s: float) -> list[int]:
+    """Consecutive pieces grouped so that each group's forward and backward take at least
+    ``min_s`` (a shorter last group joins the one before): the groups' sizes, in order."""
+    groups: list[int] = []
+    size, total = 0, 0.0
+    for f, b in zip(fwd_s, bwd_s):
+        size, total = size + 1, total + (f + b)
+        if total >= min_s:
+            groups.append(size)
+            size, total = 0, 0.0
+    if size:
+        if groups:
+            groups[-1] += size
+        else:
+            groups.append(size)
+    return groups
+
+
+def _summed(costs: MeasuredCosts, groups: Sequence[int]) -> MeasuredCosts:
+    """``costs`` with each group's pieces summed."""
+    edges = [0, *itertools.accumulate(groups)]
+    return dataclasses.replace(costs, piece_fwd_s=[sum(costs.piece_fwd_s[a:b]) for a, b in zip(edges, edges[1:])],
+                               piece_bwd_s=[sum(costs.piece_bwd_s[a:b]) for a, b in zip(edges, edges[1:])])
+
+
+def profile_pieces(kernels: Sequence[Piece], example: tuple[torch.Tensor, ...], now: Callable[[], float],
+                   group: dist.ProcessGroup, stages: int, p2p_s: float,
+                   piece_s: float | None) -> tuple[list[Piece], MeasuredCosts]:
+    """The pieces the runtime runs and their costs (:func:`shared_profile`, the same on every rank):
+    ``kernels`` (:func:`~pybubble.runtime.segments.split_into_pieces`) merged (:func:`merge_pieces`)
+    into pieces of at least ``piece_s`` forward and backward (``inf``: the encoder unsplit; 0: one
+    kernel each). ``None``: at least the per-task cost over :data:`OWN_SHARE`, that cost measured
+    as a pass of the kernels' time beyond the unsplit encoder's (:func:`pass_s`), per kernel."""
+    whole = merge_pieces(kernels, [len(kernels)])
+    if piece_s == math.inf or len(kernels) == 1:
+        return whole, shared_profile(group, stages, p2p_s, *time_pieces(whole, example, now))
+    fwd, bwd = time_pieces(kernels, example, now)
+    if piece_s is None:  # two more figures to share: a whole pass of the kernels, one of the unsplit encoder
+        fwd, bwd = fwd + [pass_s(kernels, example, now)], bwd + [pass_s(whole, example, now)]
+    costs = shared_profile(group, stages, p2p_s, fwd, bwd)
+    if piece_s is None:
+        (*kf, split), (*kb, unsplit) = costs.piece_fwd_s, costs.piece_bwd_s
+        costs = dataclasses.replace(costs, piece_fwd_s=kf, piece_bwd_s=kb)
+        piece_s = max(0.0, split - unsplit) / (len(kernels) - 1) / OWN_SHARE
+    groups = piece_groups(costs.piece_fwd_s, costs.piece_bwd_s, piece_s)
+    return merge_pieces(kernels, groups), _summed(costs, groups)
+
+
+__all__ = ["OWN_SHARE", "check_piece_s", "p2p_latency", "pass_s", "piece_groups", "profile_pieces", "shared_profile",
+           "time_pieces"]

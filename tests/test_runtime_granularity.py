@@ -45,12 +45,12 @@ def test_groups_at_the_extremes():
 
 
 def test_the_baselines_run_the_encoder_unsplit_and_bad_values_are_refused():
-    assert check_piece_s(None, "megatron", None) == check_piece_s(0.0, "coarse", None) == math.inf
-    assert check_piece_s(None, "pybubble", None) is None
-    assert check_piece_s(0, "pybubble", None) == 0.0 and check_piece_s(0.004, "pybubble", None) == 0.004
+    assert check_piece_s(None, "megatron") == check_piece_s(0.0, "coarse") == math.inf
+    assert check_piece_s(None, "pybubble") is None
+    assert check_piece_s(0, "pybubble") == 0.0 and check_piece_s(0.004, "pybubble") == 0.004
     for bad in (-1e-3, float("nan"), True, "5"):
         with pytest.raises(ValueError, match="piece_s: .* is not a number of seconds >= 0"):
-            check_piece_s(bad, "pybubble", None)
+            check_piece_s(bad, "pybubble")
 
 
 @pytest.fixture

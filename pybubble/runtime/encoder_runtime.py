@@ -244,7 +244,7 @@ class EncoderRuntime:
         """One chunk of encoder input: the pieces' fixed shape (its dim 0: the tiles of a chunk)."""
         self.kernels = self.pieces = split_into_pieces(encoder, self.example)
         """The encoder cut before each kernel; :attr:`pieces` merges them at the profile (:func:`profile_pieces`)."""
-        self.piece_s = check_piece_s(piece_s, self.mode, self.groups.tp)
+        self.piece_s = check_piece_s(piece_s, self.mode)
         self.output_shape, self.output_dtype = output_of(self.kernels, self.example)
         self.side, self.keep = side_stream(self.device), keep
         self.history: CostHistory | None = None

@@ -95,19 +95,15 @@ def shared_profile(group: dist.ProcessGroup, stages: int, p2p_s: float, piece_fw
                          piece_bwd_s=a[:, 1 + n:].mean(axis=0).tolist())
 
 
-def check_piece_s(piece_s: float | None, mode: str, tp_group: dist.ProcessGroup | None) -> float | None:
+def check_piece_s(piece_s: float | None, mode: str) -> float | None:
     """The granularity a runtime profiles for (:func:`profile_pieces`): the baselines (``megatron``,
     ``coarse``) run the encoder unsplit (``inf``: a trainer without pybubble runs the module whole);
-    ``None`` (automatic) is one kernel each with tensor parallelism (``tp_group`` of 2 ranks or more:
-    the windows are the TP collectives' gaps, a fraction of a millisecond), else left to the profile;
-    else ``piece_s`` (ValueError unless a number >= 0)."""
+    pybubble ``piece_s`` (None: automatic; ValueError unless None or a number >= 0)."""
     if piece_s is not None and (isinstance(piece_s, bool) or not isinstance(piece_s, (int, float))
                                 or math.isnan(piece_s) or piece_s < 0):
         raise ValueError(f"piece_s: {piece_s!r} is not a number of seconds >= 0 (or None: automatic)")
     if mode in ("megatron", "coarse"):
         return math.inf
-    if piece_s is None and tp_group is not None and dist.get_world_size(tp_group) > 1:
-        return 0.0
     return None if piece_s is None else float(piece_s)
 
 

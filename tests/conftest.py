@@ -224,3 +224,18 @@ def example_main(example_trainer, capsys):
         code = example_trainer.main(list(map(str, args)))
         return code, capsys.readouterr().err
     return run
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    """A gloo process group of one rank in this process (a pipeline stage, a shared profile need one)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=datetime.timedelta(seconds=30))
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()

@@ -2,7 +2,6 @@
 of at least a given time, the baselines' encoder unsplit, the automatic choice from the measured
 cost of a task of its own; and bad values refused."""
 
-import datetime
 import math
 import time
 
@@ -12,7 +11,6 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from pybubble.runtime import MicrobatchRun, split_into_pieces  # noqa: E402
@@ -51,16 +49,6 @@ def test_the_baselines_run_the_encoder_unsplit_and_bad_values_are_refused():
     for bad in (-1e-3, float("nan"), True, "5"):
         with pytest.raises(ValueError, match="piece_s: .* is not a number of seconds >= 0"):
             check_piece_s(bad, "pybubble")
-
-
-@pytest.fixture
-def world_of_one(tmp_path):
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def unsplit_and_pieces(encoder, pieces, x):

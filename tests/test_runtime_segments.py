@@ -69,36 +69,11 @@ ENCODERS = ["vit_blocks", "encoder_layer_pre_norm", "encoder_layer_post_norm", "
             "torchvision_vit"]
 
 
-@pytest.mark.parametrize("name", ENCODERS)
-def test_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name):
+def run_against_unsplit(mllm, name, groups=None):
+    """Encoder `name` in float64 as pieces (merged by `groups(n)` when given) against the unsplit
+    module: the same output and parameter gradients. Returns the pieces."""
     torch.manual_seed(0)
-    encoder, shape = build(example_trainer, name)
-    encoder = encoder.double().train()
-    x = torch.randn(*shape, dtype=torch.float64)
-    out_ref = first(encoder(x))
-    grad = torch.randn_like(out_ref)
-    out_ref.backward(grad)
-    grads_ref = [None if p.grad is None else p.grad.clone() for p in encoder.parameters()]
-    encoder.zero_grad(set_to_none=True)
-    pieces, out, grads = split_run(encoder, x, grad)
-    # Kernel-level: about five pieces per transformer layer (norm + qkv, attention, projection,
-    # norm + first MLP half, second MLP half; HF projects q, k and v apart), a few for the embedding
-    # and the head.
-    layers = 1 if name == "encoder_layer_post_norm" else 2
-    assert 5 * layers <= len(pieces) <= 7 * layers + 3, [p.name for p in pieces]  # HF: q, k, v apart
-    torch.testing.assert_close(out, out_ref.detach(), rtol=1e-12, atol=1e-12)
-    assert len(grads) == len(grads_ref)
-    for g, r in zip(grads, grads_ref):
-        assert (g is None) == (r is None)
-        if r is not None:
-            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
-
-
-@pytest.mark.parametrize("name", ["vit_blocks", "hf_clip"])
-@pytest.mark.parametrize("groups", [lambda n: [n], lambda n: [2] * (n // 2) + [1] * (n % 2), lambda n: [1, n - 2, 1]])
-def test_merged_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name, groups):
-    torch.manual_seed(0)
-    encoder, shape = build(example_trainer, name)
+    encoder, shape = build(mllm, name)
     encoder = encoder.double().train()
     x = torch.randn(*shape, dtype=torch.float64)
     out_ref = first(encoder(x))
@@ -107,12 +82,28 @@ def test_merged_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, n
     grads_ref = [None if p.grad is None else p.grad.clone() for p in encoder.parameters()]
     encoder.zero_grad(set_to_none=True)
     pieces, out, grads = split_run(encoder, x, grad, groups)
-    assert len(pieces) == len(groups(len(split_into_pieces(encoder, x))))
     torch.testing.assert_close(out, out_ref.detach(), rtol=1e-12, atol=1e-12)
     for g, r in zip(grads, grads_ref, strict=True):
         assert (g is None) == (r is None)
         if r is not None:
             torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12)
+    return pieces
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name):
+    pieces = run_against_unsplit(example_trainer, name)
+    # Kernel-level: about five pieces per transformer layer (norm + qkv, attention, projection,
+    # norm + first MLP half, second MLP half; HF projects q, k and v apart), a few for the embedding
+    # and the head.
+    layers = 1 if name == "encoder_layer_post_norm" else 2
+    assert 5 * layers <= len(pieces) <= 7 * layers + 3, [p.name for p in pieces]  # HF: q, k, v apart
+
+
+@pytest.mark.parametrize("name, kernels", [("vit_blocks", 11), ("hf_clip", 15)])
+@pytest.mark.parametrize("groups", [lambda n: [n], lambda n: [2] * (n // 2) + [1] * (n % 2), lambda n: [1, n - 2, 1]])
+def test_merged_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name, kernels, groups):
+    assert len(run_against_unsplit(example_trainer, name, groups)) == len(groups(kernels))
 
 
 def test_merged_pieces_are_named_by_their_first_and_last_kernel_and_bad_groups_are_refused(example_trainer):

@@ -3,27 +3,14 @@ installed torch and behaves as the runtime relies on; each, taken away, gives a 
 names it and the torch versions it was tested on."""
 
 import collections
-import datetime
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 from pybubble.runtime import torch_seams  # noqa: E402
-
-
-@pytest.fixture
-def world_of_one(tmp_path):
-    """A gloo process group of one rank in this process (a pipeline stage needs one)."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=30))
-    try:
-        yield dist.group.WORLD
-    finally:
-        dist.destroy_process_group()
 
 
 def test_every_seam_resolves_on_the_installed_torch():

@@ -1,5 +1,7 @@
 """The runtime's first measurement, before its first step: the encoder's pieces timed on one
-microbatch, the pipeline's point-to-point latency, both shared by every rank of the pipeline."""
+microbatch, the pipeline's point-to-point latency, both shared by every rank of the pipeline; and
+the pieces the runtime runs, kernels merged where a task's own cost would not pay
+(:func:`profile_pieces`)."""
 
 from __future__ import annotations
 

@@ -1156,6 +1156,8 @@ def check_run(args: argparse.Namespace) -> None:
         raise ValueError(f"dp_wrap: {args.dp_wrap!r} is not one of {', '.join(DP_WRAPS)}")
     if args.steps < 1:
         raise ValueError(f"steps: {args.steps} is not >= 1")
+    if args.piece_ms is not None and not args.piece_ms >= 0:  # NaN too
+        raise ValueError(f"piece_ms: {args.piece_ms} is not a number of milliseconds >= 0")
     for mode in args.modes:
         if mode not in PLACEMENTS:
             raise ValueError(f"mode: {mode!r} is not one of {', '.join(PLACEMENTS)}")

@@ -196,6 +196,8 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout(example_cli):
     (["--ranks", 4, "--size", "tiny"], "error: pp: 4 exceeds the 2 microbatches of size 'tiny'"),
     (["--dp", 2, "--pp", 3, "--size", "tiny"], "error: pp: 3 exceeds the 2 microbatches of size 'tiny'"),
     (["--dp-wrap", "zero"], "error: dp_wrap: 'zero' is not one of fsdp, ddp"),
+    (["--piece-ms", -1], "error: piece_ms: -1.0 is not a number of milliseconds >= 0"),
+    (["--piece-ms", "nan"], "error: piece_ms: nan is not a number of milliseconds >= 0"),
     (["--fault", "crash"], "error: fault: 'crash' is not one of raise, kill, stall, encoder, slow, tile_shape, empty_step"),
     (["--schedule", "looped"], "error: schedule: 'looped' is not one of 1f1b, gpipe, interleaved_1f1b, "
                                "interleaved_zb, zbv, dualpipev"),

@@ -48,7 +48,9 @@ def pass_s(pieces: Sequence[Piece], example: tuple[torch.Tensor, ...], now: Call
            repeats: int = 3) -> float:
     """The shortest of ``repeats`` whole passes of ``pieces`` on ``example`` (every forward, then
     every backward), timed with ``now``: the kernels' pass against the unsplit encoder's gives what
-    a task costs of its own (a sum of per-piece minimums would come out short of it under load)."""
+    a task costs of its own. Not derived from :func:`time_pieces`: a sum of per-piece minimums comes
+    out short of a pass under load, and on CUDA its clock synchronizes after every piece, which the
+    runtime's launches do not."""
     best = math.inf
     for _ in range(repeats):
         t = now()

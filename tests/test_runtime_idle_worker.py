@@ -71,6 +71,36 @@ def test_current_names_the_running_task_and_cpu_time_counts(worker):
         assert worker.cpu_s() - cpu > 0.01
 
 
+def test_running_at_names_the_task_over_an_instant_after_it_ended(worker):
+    # A consumer that resumed while a task ran may ask only after the task ended (it lost the GIL
+    # to the worker again): running_at still names that task, current no longer does.
+    gates = [threading.Event(), threading.Event()]
+    started = [threading.Event(), threading.Event()]
+
+    def task(i):
+        started[i].set()
+        gates[i].wait()
+
+    before = time.perf_counter()
+    worker.launch(lambda: task(0), what="first")
+    worker.launch(lambda: task(1), what="second")
+    try:
+        started[0].wait()
+        during = time.perf_counter()
+        assert worker.running_at(during) == "first" and worker.running_at(before) is None
+        gates[0].set()
+        started[1].wait()  # the first ended and the second runs now
+        assert worker.current == "second"
+        assert worker.running_at(during) == "first"  # ran over `during`; the one running now began after it
+        assert worker.running_at(time.perf_counter()) == "second"
+    finally:
+        for gate in gates:
+            gate.set()
+    worker.drain()
+    assert worker.current is None and worker.running_at(during) is None  # `last` is the second now
+    assert worker.running_at(time.perf_counter()) is None
+
+
 def test_a_failed_task_skips_the_rest_and_is_raised_once(worker):
     seen = []
     worker.launch(lambda: seen.append(1))

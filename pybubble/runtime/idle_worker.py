@@ -62,8 +62,10 @@ class IdleWorker:
         self._ready = threading.Event()
         self._open = threading.Event()
         self._open.set()
-        self.current: object | None = None
-        """What the worker is running now (the ``what`` given to :meth:`launch`), None when idle."""
+        self._now: tuple[object, float] | None = None
+        """The task running now: (what, perf_counter at its start); one attribute, read at once."""
+        self._last: tuple[object | None, float, float] = (None, 0.0, 0.0)
+        """The task finished last: (what, perf_counter at its start, at its end)."""
         self.policy = ""
         """How the worker's priority was lowered: ``SCHED_IDLE``, ``nice 19`` or ``normal``."""
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
@@ -79,12 +81,14 @@ class IdleWorker:
             self._open.wait()
             try:
                 if self._error is None:  # after a failure the rest is skipped, not run out of order
-                    self.current = what
+                    self._now = (what, time.perf_counter())
                     fn()
             except BaseException as e:  # handed to the thread that drains
                 self._error = e
             finally:
-                self.current = None
+                if (now := self._now) is not None:
+                    self._last = (*now, time.perf_counter())
+                self._now = None
                 with self._lock:
                     self._pending -= 1
                     if self._pending == 0:
@@ -100,6 +104,24 @@ class IdleWorker:
     def busy(self) -> bool:
         """Whether launched work has not finished."""
         return self._pending > 0
+
+    @property
+    def current(self) -> object | None:
+        """What the worker is running now (the ``what`` given to :meth:`launch`), None when idle."""
+        now = self._now
+        return None if now is None else now[0]
+
+    def running_at(self, t: float) -> object | None:
+        """What the worker was running at ``time.perf_counter()`` ``t`` (None: nothing), asked
+        soon after ``t``: the task running now if it had started by then, else the one finished
+        last if it ran over ``t``. A thread that took the GIL back from a task may lose it to the
+        worker again before it asks (preempted, or past the switch interval), long enough for the
+        task to end: :attr:`current` alone would then say the worker was idle."""
+        now, last = self._now, self._last  # this order: a task that ends in between is `last`
+        if now is not None and now[1] <= t:
+            return now[0]
+        what, begun, ended = last
+        return what if begun <= t <= ended else None
 
     def launch(self, fn: Callable[[], None], what: object | None = None) -> None:
         """Queues ``fn`` after everything launched so far (``what``: how :attr:`current` names it

@@ -293,7 +293,7 @@ class TensorParallelWaits:
                 resumed = time.perf_counter()
             finally:
                 worker.hold()  # no piece starts while the main thread runs the LLM (they would share the GIL)
-            running, ran = worker.current, worker.cpu_s() - cpu
+            running, ran = worker.running_at(resumed), worker.cpu_s() - cpu
         gap = resumed - entered
         filled = min(gap, ran)
         s.gaps_s.append(gap)

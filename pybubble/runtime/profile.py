@@ -132,8 +132,9 @@ def piece_groups(fwd_s: Sequence[float], bwd_s: Sequence[float], min_s: float) -
 def _summed(costs: MeasuredCosts, groups: Sequence[int]) -> MeasuredCosts:
     """``costs`` with each group's pieces summed."""
     edges = [0, *itertools.accumulate(groups)]
-    return dataclasses.replace(costs, piece_fwd_s=[sum(costs.piece_fwd_s[a:b]) for a, b in zip(edges, edges[1:])],
-                               piece_bwd_s=[sum(costs.piece_bwd_s[a:b]) for a, b in zip(edges, edges[1:])])
+    spans = list(zip(edges, edges[1:]))
+    return dataclasses.replace(costs, piece_fwd_s=[sum(costs.piece_fwd_s[a:b]) for a, b in spans],
+                               piece_bwd_s=[sum(costs.piece_bwd_s[a:b]) for a, b in spans])
 
 
 def profile_pieces(kernels: Sequence[Piece], example: tuple[torch.Tensor, ...], now: Callable[[], float],

@@ -4,87 +4,20 @@ import numpy as np
 import pytest
 
 import pybubble
-from pybubble.problem.arrays import TASK_FIELDS
 from pybubble.problem.generated import random_problem, synthetic
 
-cp_model = pytest.importorskip("ortools.sat.python.cp_model")
-
-
-def free_intervals(a, lane, res, horizon, big):
-    prefix = "compute" if res == 0 else "link"
-    b, e = a[f"{prefix}_offset"][lane], a[f"{prefix}_offset"][lane + 1]
-    ivs = [(-big, 0)] + [(int(s), int(w)) for s, w in zip(a[f"{prefix}_start"][b:e], a[f"{prefix}_end"][b:e])]
-    ivs.append((int(horizon), big))
-    merged = []
-    for lo, hi in ivs:
-        if merged and lo <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
-        else:
-            merged.append((lo, hi))
-    return merged
+pytest.importorskip("ortools.sat.python.cp_model")
+from pybubble.schedule import exact  # noqa: E402
 
 
 def optimum(problem: pybubble.Problem, scale: float = 1.0) -> float:
     """The shortest step any valid schedule reaches; every time times `scale` must be an integer."""
-    arr = problem.arrays()
-    a = {"horizon": arr.horizon, "forward_needed": arr.forward_needed, "grad_ready": arr.grad_ready,
-         **{f"compute_{k}": getattr(arr.compute_free, k) for k in ("offset", "start", "end")},
-         **{f"link_{k}": getattr(arr.link_free, k) for k in ("offset", "start", "end")},
-         **{k: getattr(arr.tasks, k) for k in TASK_FIELDS}}
-    for name in ("horizon", "compute_start", "compute_end", "link_start", "link_end", "forward_needed",
-                 "grad_ready", "duration"):
-        scaled = np.asarray(a[name], np.float64) * scale
-        assert np.allclose(scaled, np.round(scaled), atol=1e-9), name
-        a[name] = np.round(scaled)
-    n, m = problem.num_tasks, problem.num_microbatches
-    horizon = int(a["horizon"])
-    dur = [int(d) for d in a["duration"]]
-    big = horizon + sum(dur) + 1
-    model = cp_model.CpModel()
-    start = [model.NewIntVar(-big, big, f"s{t}") for t in range(n)]
-    by_key: dict[int, list] = {}
-    for t in range(n):
-        lane, res = int(a["lane"][t]), int(a["resource"][t])
-        choices = []
-        for lo, hi in free_intervals(a, lane, res, horizon, big):
-            if hi - lo < dur[t]:
-                continue
-            b = model.NewBoolVar("")
-            model.Add(start[t] >= lo).OnlyEnforceIf(b)
-            model.Add(start[t] + dur[t] <= hi).OnlyEnforceIf(b)
-            choices.append(b)
-        model.AddExactlyOne(choices)
-        by_key.setdefault(2 * lane + res, []).append(model.NewFixedSizeIntervalVar(start[t], dur[t], ""))
-        for p in a["after"][a["after_offset"][t]:a["after_offset"][t + 1]]:
-            model.Add(start[int(p)] + dur[int(p)] <= start[t])
-    for ivs in by_key.values():
-        model.AddNoOverlap(ivs)
-    x = [[model.NewBoolVar("") for _ in range(m)] for _ in range(m)]
-    for j in range(m):
-        model.AddExactlyOne(x[j])
-        model.AddExactlyOne(x[i][j] for i in range(m))
-    for t in range(n):
-        j = int(a["microbatch"][t])
-        for k in range(m):
-            if a["phase"][t] == 0:
-                model.Add(start[t] + dur[t] <= int(a["forward_needed"][k])).OnlyEnforceIf(x[j][k])
-            else:
-                model.Add(start[t] >= int(a["grad_ready"][k])).OnlyEnforceIf(x[j][k])
-    first = model.NewIntVar(-big, 0, "first")
-    last = model.NewIntVar(horizon, 2 * big, "last")
-    for t in range(n):
-        model.Add(first <= start[t])
-        model.Add(last >= start[t] + dur[t])
-    model.Minimize(last - first)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
     # A bound in CP-SAT's deterministic time (its count of work, the same on every machine), not in
     # seconds: a wall-clock limit made the result depend on the machine's load. The hardest of these
     # instances takes about 11 units.
-    solver.parameters.max_deterministic_time = 100.0
-    status = solver.Solve(model)
-    assert status == cp_model.OPTIMAL
-    return solver.ObjectiveValue() / scale
+    best = exact.optimum(problem, scale=scale, max_deterministic_time=100.0)
+    assert best.optimal
+    return best.step_time
 
 
 def tiny_pipeline(seed: int) -> pybubble.Problem:
@@ -120,3 +53,29 @@ def test_greedy_gap_on_random_problems_stays_bounded():
              scale=1.0)
     print(f"random problems: mean gap {g.mean():.3%}, max {g.max():.3%} over {len(g)} problems")
     assert g.mean() <= 0.09
+
+
+def test_a_given_assignment_is_never_shorter_than_a_free_one_and_the_greedy_never_beats_it():
+    for seed in range(4):
+        problem = tiny_pipeline(seed)
+        free = exact.optimum(problem, scale=10.0)
+        m = problem.num_microbatches
+        given = exact.optimum(problem, scale=10.0, assignment=list(range(m))[::-1])
+        assert free.optimal and given.optimal and given.bound == given.step_time
+        assert given.step_time >= free.step_time - 1e-6
+        sched = pybubble.schedule_problem(problem, fixed_assignment=True)
+        assert sched.step_time >= exact.optimum(problem, scale=10.0, assignment=list(range(m))).step_time - 1e-6
+
+
+def test_times_off_the_grid_are_refused_unless_rounded_and_bad_arguments_named():
+    problem = tiny_pipeline(0)
+    with pytest.raises(ValueError, match="not whole numbers"):
+        exact.optimum(problem, scale=1.0)
+    rounded = exact.optimum(problem, scale=1.0, round_times=True)
+    on_grid = exact.optimum(problem, scale=10.0)
+    # rounding moves each of the tasks' times by at most half a unit (1 us here)
+    assert abs(rounded.step_time - on_grid.step_time) <= 0.5 * (problem.num_tasks + 2)
+    with pytest.raises(ValueError, match="assignment"):
+        exact.optimum(problem, scale=10.0, assignment=[0] * problem.num_microbatches)
+    with pytest.raises(ValueError, match="scale"):
+        exact.optimum(problem, scale=0.0)

@@ -1,0 +1,165 @@
+"""How far any plan of pybubble's pipeline step could go on a launch's data: per settled step, the
+plan the runtime made (the core's greedy schedule) against the exact optimum of the same problem
+(OR-Tools CP-SAT: the same producers, any schedule of the tasks), against the best of every
+producer assignment and every split of a chain over two ranks at a chunk boundary (the greedy
+on each; a split chain's chunks before the split on one rank, the rest on another, both parts
+feeding the same LLM microbatch), and coarse's plan of the same chunks. Then, by the median step,
+what a coarse launch measured over each of them: the ceiling of the bench's "vs coarse" ratio
+that a better plan or a split chain could reach, at the launch's measured costs.
+
+    python bench/plan_ceiling.py [--data mix] [--data-file FILE] [--steps 8] [--ranks 2]
+    python bench/plan_ceiling.py --reports runtime_modes.json   # every launch of a runtime_modes --out
+
+Without ``--reports`` it launches the example trainer once in coarse mode and once in pybubble
+mode (examples/mllm.py, one replica, tp 1; its first two steps profile and adapt and are left
+out). Each step is planned again from the launch's last costs (the medians of its last steps),
+so the plans are those of the costs the launch settled on. Times are rounded to 1 us for CP-SAT
+(at most 0.5 us per task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import mllm  # noqa: E402  (the example trainer, user code of pybubble.runtime)
+
+from pybubble.llm.tables import build_table  # noqa: E402
+from pybubble.problem.problem import Problem  # noqa: E402
+from pybubble.runtime.placement import (  # noqa: E402
+    MeasuredCosts, make_placement, piece_tasks, placement_step_s)
+from pybubble.schedule.exact import optimum  # noqa: E402
+from pybubble.schedule.scheduler import schedule_problem  # noqa: E402
+
+US = 1e6
+MAX_TRIES = 50_000
+"""Producer and split choices tried per step at most (the search is exhaustive)."""
+
+
+def split_runs(chunks: list[int], ranks: int) -> list[list[tuple[int, int, int]]]:
+    """Per chain, its choices as runs ``(rank, chunks, part)``: whole on one rank, or its first
+    ``a`` chunks on one rank and the rest on another."""
+    out = []
+    for c in chunks:
+        if c == 0:
+            out.append([()])
+            continue
+        whole = [((r, c, 0),) for r in range(ranks)]
+        split = [((r, a, 0), (q, c - a, 1)) for r in range(ranks) for q in range(ranks) if q != r for a in range(1, c)]
+        out.append(whole + split)
+    return out
+
+
+def best_split_us(costs: MeasuredCosts, chunks: list[int], ranks: int, timeline) -> tuple[float, tuple, int]:
+    """The greedy's shortest step (us) over every producer and split choice of ``chunks``'
+    chains on ``timeline``, the choice (per chain its runs) and how many were tried."""
+    choices = split_runs(chunks, ranks)
+    tries = int(np.prod([len(c) for c in choices]))
+    if tries > MAX_TRIES:
+        raise ValueError(f"chunks: {chunks} give {tries} producer and split choices, more than {MAX_TRIES}")
+    n, best = len(costs.piece_fwd_s), (float("inf"), (), tries)
+    for combo in itertools.product(*choices):
+        runs = [(j, lane, count) for j, chain in enumerate(combo) for lane, count, _ in chain]
+        tasks = piece_tasks(costs, [lane for _, lane, _ in runs], [count for _, _, count in runs])
+        sizes = 2 * n * np.asarray([count for _, _, count in runs], np.int64)
+        tasks = dataclasses.replace(tasks, microbatch=np.repeat(np.asarray([j for j, _, _ in runs], np.int64), sizes))
+        step = schedule_problem(Problem.on_timeline(timeline, tasks), "greedy", fixed_assignment=True).step_time
+        if step < best[0]:
+            best = (step, combo, tries)
+    return best
+
+
+def step_figures(report: dict, step: int, budget: float) -> dict:
+    """One settled step of a pybubble launch: measured, predicted, planned again, exact, best split
+    and coarse's plan of the same chunks (seconds)."""
+    costs = MeasuredCosts(**report["costs"])
+    chunks = [int(c) for c in report["data"]["chunks"][0][step]]
+    pp, m = report["pp"], len(chunks)
+    table = build_table(report["schedule"], pp, m, report["chunks"])
+    plan = make_placement("pybubble", costs, m, table, chunks)
+    after = placement_step_s(plan, costs) - plan.schedule.step_time / US
+    exact = optimum(plan.problem, scale=1.0, round_times=True, assignment=plan.assignment,
+                    max_deterministic_time=budget)
+    split_us, combo, tries = best_split_us(costs, chunks, pp, plan.timeline)
+    return {"step": step, "chunks": chunks, "measured_s": report["step_times_s"][step],
+            "predicted_s": report["predicted_steps_s"][step], "greedy_s": plan.schedule.step_time / US + after,
+            "exact_s": exact.step_time / US + after, "exact_optimal": exact.optimal,
+            "split_s": split_us / US + after, "split": [list(map(list, chain)) for chain in combo], "tries": tries,
+            "coarse_plan_s": placement_step_s(make_placement("coarse", costs, m, table, chunks), costs)}
+
+
+def launch(a: argparse.Namespace, mode: str) -> dict:
+    args = mllm.parse_args(["--ranks", str(a.ranks), "--steps", str(a.steps), "--mode", mode, "--data", a.data]
+                           + (["--data-file", a.data_file] if a.data_file else []))
+    mllm.check_args(args)
+    return mllm.run(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--reports", help="a bench/runtime_modes.py --out file: its coarse and pybubble launches")
+    p.add_argument("--ranks", type=int, default=2, help="pipeline ranks (one replica, tp 1)")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--data", default="mix", help="mix (the example's --data)")
+    p.add_argument("--data-file", help="replay these samples (JSON lines, the example's --data-file)")
+    p.add_argument("--budget", type=float, default=200.0, help="CP-SAT's budget per step (deterministic units)")
+    p.add_argument("--out", help="write the figures (JSON) here")
+    a = p.parse_args(argv)
+    try:
+        if a.reports:
+            with open(a.reports) as f:
+                reports = json.load(f)["reports"]
+        else:
+            if a.steps < 3:
+                raise ValueError(f"steps: {a.steps} is not >= 3 (a launch's first two steps profile and adapt)")
+            reports = {mode: [launch(a, mode)] for mode in ("coarse", "pybubble")}
+        for r in reports["pybubble"]:
+            if (r["dp"] != 1 or r["tp"] != 1 or r["pp"] < 2 or not r.get("data")
+                    or r["schedule"] not in ("1f1b", "gpipe")):
+                raise ValueError(f"reports: dp {r['dp']}, tp {r['tp']}, pp {r['pp']}, schedule {r['schedule']}: the "
+                                 "ceiling is for one replica, tp 1, pp >= 2, varying data, 1f1b or gpipe")
+    except (OSError, KeyError, ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    rows = []
+    print(f"{'launch':>6} {'step':>4} {'chunks':<16} {'measured':>9} {'predicted':>9} {'greedy':>9} {'exact':>9} "
+          f"{'split':>9} {'coarse plan':>11}  best split (per chain: rank, chunks)")
+    for i, r in enumerate(reports["pybubble"]):
+        for s in r["settled_steps"]:
+            x = step_figures(r, s, a.budget)
+            rows.append(x)
+            print(f"{i + 1:>6} {s:>4} {str(x['chunks']):<16} "
+                  + " ".join(f"{x[k] * 1e3:>6.1f} ms" for k in ("measured_s", "predicted_s", "greedy_s", "exact_s",
+                                                                "split_s"))
+                  + f" {x['coarse_plan_s'] * 1e3:>8.1f} ms  "
+                  + " ".join("+".join(f"{lane}:{c}" for lane, c, _ in chain) or "-" for chain in x["split"])
+                  + ("" if x["exact_optimal"] else "  (CP-SAT: not proved optimal)"), flush=True)
+    med = {k: statistics.median(x[k] for x in rows) for k in ("measured_s", "predicted_s", "greedy_s", "exact_s",
+                                                              "split_s", "coarse_plan_s")}
+    coarse = statistics.median(t for r in reports["coarse"] for t in (r["step_times_s"][s] for s in r["settled_steps"]))
+    print(f"{len(rows)} settled steps of {len(reports['pybubble'])} pybubble launch(es) in "
+          f"{time.monotonic() - t0:.1f} s (load {os.getloadavg()[0]:.2f}); medians: "
+          + ", ".join(f"{k[:-2].replace('_', ' ')} {v * 1e3:.1f} ms" for k, v in med.items()))
+    print(f"coarse measured {coarse * 1e3:.1f} ms (median settled step of {len(reports['coarse'])} launch(es)) over "
+          f"pybubble's median step: measured {coarse / med['measured_s']:.3f}x, as planned "
+          f"{coarse / med['greedy_s']:.3f}x, at the exact optimum {coarse / med['exact_s']:.3f}x, with the best "
+          f"chain splits {coarse / med['split_s']:.3f}x")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump({"steps": rows, "median_s": med, "coarse_measured_s": coarse}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

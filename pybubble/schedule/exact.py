@@ -1,0 +1,132 @@
+"""The shortest step any valid schedule of a problem reaches, from OR-Tools CP-SAT.
+
+The greedy scheduler is a heuristic; this module states the same problem as a constraint program
+and asks CP-SAT for its optimum, so that a schedule can be measured against it: the tests compare
+the greedy with it on tiny problems, and ``bench/plan_ceiling.py`` asks how much any schedule of
+a real step could gain. The model is the core's: each task in one free window of its lane's
+resource, after its predecessors, no two tasks of a lane's resource at once, an encoder
+microbatch's forward tasks done before the LLM microbatch it feeds needs them and its backward
+tasks after that microbatch's gradient is ready (the microbatches' assignment free, a
+permutation, or given), tasks before the step's frame allowed (the step grows by them); the
+objective is the span from the first task's start (or the frame's) to the last end (or the
+horizon's).
+
+CP-SAT needs integer times: they are multiplied by ``scale`` and must then be whole
+(``round_times=False``, for problems built on a grid) or are rounded (the error is at most half a
+unit per task). OR-Tools is a test dependency (``pip install pybubble[test]``), imported when
+called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..config.checks import finite
+from ..problem.problem import Problem
+
+
+@dataclass(frozen=True, slots=True)
+class Exact:
+    """CP-SAT's answer for one problem, in the problem's time unit (us)."""
+
+    step_time: float
+    """The best step found (the optimum when :attr:`optimal`)."""
+    bound: float
+    """A lower bound of every schedule's step (equal to :attr:`step_time` when optimal)."""
+    optimal: bool
+    """Whether CP-SAT proved :attr:`step_time` optimal within its budget."""
+
+
+def _free_intervals(offset: np.ndarray, start: np.ndarray, end: np.ndarray, lane: int, horizon: int,
+                    big: int) -> list[tuple[int, int]]:
+    """The lane's free intervals: before the frame, its windows, after the horizon (touching ones merged)."""
+    b, e = int(offset[lane]), int(offset[lane + 1])
+    ivs = [(-big, 0), *((int(s), int(w)) for s, w in zip(start[b:e], end[b:e])), (horizon, big)]
+    merged: list[tuple[int, int]] = []
+    for lo, hi in ivs:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _integers(values: np.ndarray, scale: float, round_times: bool, name: str) -> np.ndarray:
+    scaled = np.asarray(values, np.float64) * scale
+    if not round_times and not np.allclose(scaled, np.round(scaled), atol=1e-9):
+        raise ValueError(f"{name}: times x scale {scale} are not whole numbers (round_times=True rounds them)")
+    return np.round(scaled).astype(np.int64)
+
+
+def optimum(problem: Problem, *, scale: float = 1.0, round_times: bool = False,
+            assignment: Sequence[int] | None = None, max_deterministic_time: float = 100.0,
+            workers: int = 1) -> Exact:
+    """CP-SAT's best step for ``problem`` (see the module's notes): ``assignment[j]``, the LLM
+    microbatch encoder microbatch j feeds (None: any permutation); ``max_deterministic_time``:
+    CP-SAT's budget in its own deterministic units (the same on every machine, not seconds)."""
+    from ortools.sat.python import cp_model
+
+    finite(scale, "scale", minimum=0.0)
+    if scale <= 0.0:
+        raise ValueError(f"scale: {scale} is not > 0")
+    arr, m = problem.arrays(), problem.num_microbatches
+    if assignment is not None and sorted(int(k) for k in assignment) != list(range(m)):
+        raise ValueError(f"assignment: {list(assignment)!r} is not a permutation of 0..{m - 1}")
+    t = arr.tasks
+    ints = {name: _integers(v, scale, round_times, name) for name, v in (
+        ("horizon", [arr.horizon]), ("forward_needed", arr.forward_needed), ("grad_ready", arr.grad_ready),
+        ("duration", t.duration), ("compute_start", arr.compute_free.start), ("compute_end", arr.compute_free.end),
+        ("link_start", arr.link_free.start), ("link_end", arr.link_free.end))}
+    horizon, dur = int(ints["horizon"][0]), ints["duration"].tolist()
+    big = horizon + sum(dur) + 1
+    model = cp_model.CpModel()
+    start = [model.NewIntVar(-big, big, f"s{i}") for i in range(len(dur))]
+    by_key: dict[tuple[int, int], list] = {}
+    for i, d in enumerate(dur):
+        lane, res = int(t.lane[i]), int(t.resource[i])
+        prefix, free = ("compute", arr.compute_free) if res == 0 else ("link", arr.link_free)
+        choices = []
+        for lo, hi in _free_intervals(free.offset, ints[f"{prefix}_start"], ints[f"{prefix}_end"], lane, horizon, big):
+            if hi - lo >= d:
+                b = model.NewBoolVar("")
+                model.Add(start[i] >= lo).OnlyEnforceIf(b)
+                model.Add(start[i] + d <= hi).OnlyEnforceIf(b)
+                choices.append(b)
+        model.AddExactlyOne(choices)
+        by_key.setdefault((lane, res), []).append(model.NewFixedSizeIntervalVar(start[i], d, ""))
+        for p in t.after[t.after_offset[i]:t.after_offset[i + 1]]:
+            model.Add(start[int(p)] + dur[int(p)] <= start[i])
+    for ivs in by_key.values():
+        model.AddNoOverlap(ivs)
+    need, ready = ints["forward_needed"].tolist(), ints["grad_ready"].tolist()
+    if assignment is None:
+        x = [[model.NewBoolVar("") for _ in range(m)] for _ in range(m)]
+        for j in range(m):
+            model.AddExactlyOne(x[j])
+            model.AddExactlyOne(x[i][j] for i in range(m))
+    for i, d in enumerate(dur):
+        j = int(t.microbatch[i])
+        for k in (range(m) if assignment is None else [int(assignment[j])]):
+            rule = (model.Add(start[i] + d <= need[k]) if t.phase[i] == 0 else model.Add(start[i] >= ready[k]))
+            if assignment is None:
+                rule.OnlyEnforceIf(x[j][k])
+    first, last = model.NewIntVar(-big, 0, "first"), model.NewIntVar(horizon, 2 * big, "last")
+    for i, d in enumerate(dur):
+        model.Add(first <= start[i])
+        model.Add(last >= start[i] + d)
+    model.Minimize(last - first)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.max_deterministic_time = max_deterministic_time
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise RuntimeError(f"CP-SAT found no schedule within max_deterministic_time {max_deterministic_time} "
+                           f"({solver.StatusName(status)})")
+    return Exact(step_time=solver.ObjectiveValue() / scale, bound=solver.BestObjectiveBound() / scale,
+                 optimal=status == cp_model.OPTIMAL)
+
+
+__all__ = ["Exact", "optimum"]

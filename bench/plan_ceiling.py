@@ -7,14 +7,19 @@ feeding the same LLM microbatch), and coarse's plan of the same chunks. Then, by
 what a coarse launch measured over each of them: the ceiling of the bench's "vs coarse" ratio
 that a better plan or a split chain could reach, at the launch's measured costs.
 
-    python bench/plan_ceiling.py [--data mix] [--data-file FILE] [--steps 8] [--ranks 2]
+    python bench/plan_ceiling.py [--data mix] [--data-file FILE] [--steps 8] [--ranks 2] [--dp 2]
     python bench/plan_ceiling.py --reports runtime_modes.json   # every launch of a runtime_modes --out
 
-Without ``--reports`` it launches the example trainer once in coarse mode and once in pybubble
-mode (examples/mllm.py, one replica, tp 1; its first two steps profile and adapt and are left
-out). Each step is planned again from the launch's last costs (the medians of its last steps),
-so the plans are those of the costs the launch settled on. Times are rounded to 1 us for CP-SAT
-(at most 0.5 us per task).
+With several data-parallel replicas (``--dp 2 --pp 1``) the question is the balance's: per settled
+step, the chunks of the busiest replica (what the step waits for) against the fewest any move of
+tiles between the replicas allows (every tile's replica free: the step's tiles over the replicas,
+in chunks), for pybubble and for ``--balance off``.
+
+Without ``--reports`` it launches the example trainer once per mode (examples/mllm.py, tp 1; its
+first two steps profile and adapt and are left out): coarse and pybubble, and with ``--dp``
+pybubble with ``--balance off``. Each step is planned again from the launch's last costs (the
+medians of its last steps), so the plans are those of the costs the launch settled on. Times are
+rounded to 1 us for CP-SAT (at most 0.5 us per task).
 """
 
 from __future__ import annotations
@@ -98,8 +103,37 @@ def step_figures(report: dict, step: int, budget: float) -> dict:
             "coarse_plan_s": placement_step_s(make_placement("coarse", costs, m, table, chunks), costs)}
 
 
-def launch(a: argparse.Namespace, mode: str) -> dict:
-    args = mllm.parse_args(["--ranks", str(a.ranks), "--steps", str(a.steps), "--mode", mode, "--data", a.data]
+def balance_figures(report: dict, step: int) -> dict:
+    """One settled step of a launch with several replicas: the busiest replica's chunks and the
+    fewest any move of tiles between the replicas allows."""
+    data, replicas = report["data"], report["dp"]
+    ranks = len(data["tiles"])  # every rank lists its replica's tiles per slot
+    tiles = sum(sum(rank[step]) for rank in data["tiles"]) * replicas // ranks
+    size = data["chunk_tiles"]
+    return {"step": step, "tiles": tiles, "busiest_chunks": max(sum(rank[step]) for rank in data["chunks"]),
+            "fewest_chunks": -(-tiles // (replicas * size)), "measured_s": report["step_times_s"][step]}
+
+
+def print_balance(reports: dict) -> list[dict]:
+    """The balance's figures of every launch of pybubble and ``--balance off`` (see the module's notes)."""
+    rows = []
+    for name in ("pybubble", "unbalanced"):
+        for i, r in enumerate(reports.get(name, [])):
+            for s in r["settled_steps"]:
+                rows.append({"variant": name, "launch": i + 1, **balance_figures(r, s)})
+    for name in ("pybubble", "unbalanced"):
+        mine = [x for x in rows if x["variant"] == name]
+        if mine:
+            at = sum(x["busiest_chunks"] == x["fewest_chunks"] for x in mine)
+            over = sum(x["busiest_chunks"] - x["fewest_chunks"] for x in mine)
+            print(f"{name:<10} busiest replica at the fewest chunks in {at} of {len(mine)} steps, {over} chunk(s) "
+                  f"over them in all; median step {statistics.median(x['measured_s'] for x in mine) * 1e3:.1f} ms")
+    return rows
+
+
+def launch(a: argparse.Namespace, mode: str, balance: str = "on") -> dict:
+    args = mllm.parse_args(["--ranks", str(a.ranks), "--steps", str(a.steps), "--mode", mode, "--data", a.data,
+                            "--dp", str(a.dp), "--balance", balance]
                            + (["--data-file", a.data_file] if a.data_file else []))
     mllm.check_args(args)
     return mllm.run(args)
@@ -108,7 +142,8 @@ def launch(a: argparse.Namespace, mode: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reports", help="a bench/runtime_modes.py --out file: its coarse and pybubble launches")
-    p.add_argument("--ranks", type=int, default=2, help="pipeline ranks (one replica, tp 1)")
+    p.add_argument("--ranks", type=int, default=2, help="ranks (tp 1)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas (of the --ranks)")
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--data", default="mix", help="mix (the example's --data)")
     p.add_argument("--data-file", help="replay these samples (JSON lines, the example's --data-file)")
@@ -123,14 +158,25 @@ def main(argv: list[str] | None = None) -> int:
             if a.steps < 3:
                 raise ValueError(f"steps: {a.steps} is not >= 3 (a launch's first two steps profile and adapt)")
             reports = {mode: [launch(a, mode)] for mode in ("coarse", "pybubble")}
+            if a.dp > 1:
+                reports["unbalanced"] = [launch(a, "pybubble", "off")]
+        dp = reports["pybubble"][0]["dp"]
         for r in reports["pybubble"]:
-            if (r["dp"] != 1 or r["tp"] != 1 or r["pp"] < 2 or not r.get("data")
-                    or r["schedule"] not in ("1f1b", "gpipe")):
+            if dp > 1 and (r["dp"] != dp or not r.get("data") or "chunk_tiles" not in r["data"]):
+                raise ValueError(f"reports: dp {r['dp']}, data {'yes' if r.get('data') else 'none'}: the balance's "
+                                 "figures need launches of one dp with varying data (and their chunk_tiles)")
+            if dp == 1 and (r["tp"] != 1 or r["pp"] < 2 or not r.get("data") or r["schedule"] not in ("1f1b", "gpipe")):
                 raise ValueError(f"reports: dp {r['dp']}, tp {r['tp']}, pp {r['pp']}, schedule {r['schedule']}: the "
                                  "ceiling is for one replica, tp 1, pp >= 2, varying data, 1f1b or gpipe")
     except (OSError, KeyError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if dp > 1:
+        rows = print_balance(reports)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump({"steps": rows}, f, indent=1)
+        return 0
     t0 = time.monotonic()
     rows = []
     print(f"{'launch':>6} {'step':>4} {'chunks':<16} {'measured':>9} {'predicted':>9} {'greedy':>9} {'exact':>9} "

@@ -960,7 +960,7 @@ def data_report(args: argparse.Namespace, every: list[dict], settled: list[int])
     idle time by kind (waited, not filled); per step the tiles each replica ran per slot and its
     chunks per slot's deadline (packed chains: slots whose tiles earlier chains ran have 0), the slots'
     most over mean tiles as given and as run (rank 0's replica), the replicas' most over mean tiles
-    before and after the moves."""
+    before and after the moves; the tiles of a chunk."""
     if args.data == "fixed":
         return None
     waits = settled_waits(every, settled)
@@ -976,7 +976,7 @@ def data_report(args: argparse.Namespace, every: list[dict], settled: list[int])
             "tiles": [e["tiles"] for e in every], "chunks": [e["chunks"] for e in every],
             "slot_imbalance_given": [spread(r["given"]) for r in rows],
             "slot_imbalance_run": [spread(r["run"]) for r in rows], "layout": [r["layout"] for r in rows],
-            "replica_imbalance": every[0]["imbalance"]}
+            "replica_imbalance": every[0]["imbalance"], "chunk_tiles": config(args).chunk_tiles}
 
 
 def chunks_of(args: argparse.Namespace) -> int:

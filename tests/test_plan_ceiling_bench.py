@@ -61,3 +61,23 @@ def test_a_report_file_prints_the_ratios(ceiling, tmp_path, capsys):
     assert "at the exact optimum" in capsys.readouterr().out
     out = json.loads((tmp_path / "out.json").read_text())
     assert out["coarse_measured_s"] == 0.5 and len(out["steps"]) == 1
+
+
+def test_with_replicas_the_busiest_replica_is_held_against_the_fewest_chunks(ceiling, tmp_path, capsys):
+    def replicas(chunks, tiles, variant_steps=(0.4,)):
+        r = report(dp=2)
+        r["data"] = {"chunks": [[list(c)] for c in chunks], "tiles": [[list(t)] for t in tiles], "chunk_tiles": 8}
+        r["step_times_s"] = list(variant_steps)
+        return r
+    # 40 + 22 tiles over 2 replicas: 4 chunks of 8 tiles at least for the busiest (62 / 16 rounded up)
+    balanced = replicas([(2, 2), (2, 2)], [(16, 15), (16, 15)])
+    uneven = replicas([(3, 2), (1, 1)], [(24, 16), (8, 14)], (0.5,))
+    x = ceiling.balance_figures(balanced, 0)
+    assert (x["tiles"], x["busiest_chunks"], x["fewest_chunks"]) == (62, 4, 4)
+    assert ceiling.balance_figures(uneven, 0)["busiest_chunks"] == 5
+    path = tmp_path / "modes.json"
+    path.write_text(json.dumps({"reports": {"coarse": [], "pybubble": [balanced], "unbalanced": [uneven]}}))
+    assert ceiling.main(["--reports", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "pybubble   busiest replica at the fewest chunks in 1 of 1 steps, 0 chunk(s)" in out
+    assert "unbalanced busiest replica at the fewest chunks in 0 of 1 steps, 1 chunk(s)" in out

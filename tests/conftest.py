@@ -204,6 +204,21 @@ def example_trainer():
 
 
 @pytest.fixture(scope="session")
+def bench_script():
+    """The function bench_script(name): ``bench/NAME.py`` imported as a module (once a session)."""
+    loaded = {}
+
+    def load(name: str):
+        if name not in loaded:
+            spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "bench"
+                                                          / f"{name}.py")
+            loaded[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(loaded[name])
+        return loaded[name]
+    return load
+
+
+@pytest.fixture(scope="session")
 def example_cli():
     """The function example_cli(*args, timeout): ``python examples/mllm.py ARGS`` as a command, run
     outside the source tree (so that the installed package, with its extension, is imported);

@@ -1,22 +1,16 @@
 """bench/plan_ceiling.py: a step's plan against the exact optimum of its problem and against every
 producer and chain split, from a launch's report."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("ortools.sat.python.cp_model")
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "plan_ceiling.py"
 
 
 @pytest.fixture(scope="module")
-def ceiling():
-    spec = importlib.util.spec_from_file_location("plan_ceiling", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def ceiling(bench_script):
+    return bench_script("plan_ceiling")
 
 
 def report(mode="pybubble", dp=1, chunks=(3, 1, 0, 2)):

@@ -2,20 +2,14 @@
 step with its share of the LLM's stages and of its replica's encoder chunks, plus the work after the
 pipeline, from a launch's report."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "runtime_modes.py"
 
 
 @pytest.fixture(scope="module")
-def runtime_modes():
-    spec = importlib.util.spec_from_file_location("runtime_modes", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def runtime_modes(bench_script):
+    return bench_script("runtime_modes")
 
 
 def report(mode="pybubble", pp=2, tp=1, chunks=((3, 1, 0, 2), (3, 1, 0, 2))):

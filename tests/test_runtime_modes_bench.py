@@ -2,9 +2,7 @@
 step with its share of the LLM's stages and of its replica's encoder chunks, plus the work after the
 pipeline, from a launch's report."""
 
-
 import pytest
-
 
 
 @pytest.fixture(scope="module")

@@ -127,6 +127,35 @@ def test_a_failing_rank_under_torchrun_ends_every_rank_within_the_timeout(fault,
     assert "rank 0: error:" in r.stderr  # the healthy rank ended with an error, it did not hang
 
 
+SIGTERM_RANK = """
+import os, signal, socket, sys, time
+from pybubble.runtime.launcher import run_rank
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+run_rank(lambda rank: None)  # returns: the default handler is back
+print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
+
+def ended(rank):
+    os.kill(os.getpid(), signal.SIGTERM)  # what torchrun sends a healthy rank when another failed
+    time.sleep(30)
+
+run_rank(ended)
+"""
+
+
+def test_a_rank_ended_by_its_launcher_says_so_like_a_failed_one():
+    # torchrun ends every worker with SIGTERM once one failed; a rank it ends while computing
+    # (before its own receive from the failed rank fails) must still say how it ended.
+    r = subprocess.run([sys.executable, "-c", SIGTERM_RANK], capture_output=True, text=True, timeout=60,
+                       cwd=tempfile.gettempdir())
+    assert r.stdout.split() == ["restored", "True"]
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("rank 0: error: Terminated: signal SIGTERM: the launcher ended this rank "
+                                "(another rank failed, or the job was stopped)")
+
+
 def test_a_straggler_under_torchrun_finishes_with_the_same_parameters(tmp_path):
     # Rank 1's LLM forwards take twice as long in every step: slower, not wrong.
     path = tmp_path / "slow.json"

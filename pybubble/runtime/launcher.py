@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -46,14 +48,30 @@ def init_distributed(backend: str = "gloo", timeout: float = 60.0) -> int:
     return dist.get_rank()
 
 
+class Terminated(BaseException):
+    """The rank was asked to end (SIGTERM): torchrun ends every worker this way once one failed.
+    A ``BaseException``, like ``KeyboardInterrupt``, so that a trainer's ``except Exception`` does
+    not take it for its own error."""
+
+
+def _terminated(signum: int, _frame: Any) -> None:
+    raise Terminated(f"signal {signal.Signals(signum).name}: the launcher ended this rank "
+                     "(another rank failed, or the job was stopped)")
+
+
 def run_rank(fn: Callable[..., Any], *args: Any, backend: str = "gloo", timeout: float = 60.0) -> Any:
     """One rank under torchrun or :func:`launch`: :func:`init_distributed`, then ``fn(rank,
     *args)``, then the process group is destroyed; returns what ``fn`` returned. The fault rule: a
     rank that raises prints ``rank R: error: ...`` on stderr and exits 1 at once (the launcher
-    then ends the other ranks; those blocked in a collective with it fail after ``timeout``)."""
+    then ends the other ranks; those blocked in a collective with it fail after ``timeout``). A
+    rank the launcher ends with SIGTERM says so the same way (:class:`Terminated`; on the main
+    thread, the previous handler back when ``fn`` returns), so every rank of a failed job tells
+    how it ended: torchrun may end a healthy rank before its own receive from the failed one fails."""
     import torch.distributed as dist
 
     rank = int(os.environ.get("RANK", "-1"))
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
     try:
         rank = init_distributed(backend, timeout)
         try:
@@ -65,6 +83,9 @@ def run_rank(fn: Callable[..., Any], *args: Any, backend: str = "gloo", timeout:
         if os.environ.get("PYBUBBLE_TRACEBACK"):
             traceback.print_exc()
         os._exit(1)
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _rank_main(rank: int, fn: Callable[..., Any], args: tuple, ranks: int, backend: str, timeout: float,

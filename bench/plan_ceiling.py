@@ -42,11 +42,10 @@ import mllm  # noqa: E402  (the example trainer, user code of pybubble.runtime)
 from pybubble.llm.tables import build_table  # noqa: E402
 from pybubble.problem.problem import Problem  # noqa: E402
 from pybubble.runtime.placement import (  # noqa: E402
-    MeasuredCosts, make_placement, piece_tasks, placement_step_s)
+    US, MeasuredCosts, make_placement, piece_tasks, placement_step_s)
 from pybubble.schedule.exact import optimum  # noqa: E402
 from pybubble.schedule.scheduler import schedule_problem  # noqa: E402
 
-US = 1e6
 MAX_TRIES = 50_000
 """Producer and split choices tried per step at most (the search is exhaustive)."""
 
@@ -72,16 +71,16 @@ def best_split_us(costs: MeasuredCosts, chunks: list[int], ranks: int, timeline)
     tries = int(np.prod([len(c) for c in choices]))
     if tries > MAX_TRIES:
         raise ValueError(f"chunks: {chunks} give {tries} producer and split choices, more than {MAX_TRIES}")
-    n, best = len(costs.piece_fwd_s), (float("inf"), (), tries)
+    best: tuple[float, tuple] = (float("inf"), ())
     for combo in itertools.product(*choices):
         runs = [(j, lane, count) for j, chain in enumerate(combo) for lane, count, _ in chain]
         tasks = piece_tasks(costs, [lane for _, lane, _ in runs], [count for _, _, count in runs])
-        sizes = 2 * n * np.asarray([count for _, _, count in runs], np.int64)
-        tasks = dataclasses.replace(tasks, microbatch=np.repeat(np.asarray([j for j, _, _ in runs], np.int64), sizes))
+        # piece_tasks numbers its runs as microbatches: each run's tasks feed its chain's
+        tasks = dataclasses.replace(tasks, microbatch=np.asarray([j for j, _, _ in runs], np.int64)[tasks.microbatch])
         step = schedule_problem(Problem.on_timeline(timeline, tasks), "greedy", fixed_assignment=True).step_time
         if step < best[0]:
-            best = (step, combo, tries)
-    return best
+            best = (step, combo)
+    return (*best, tries)
 
 
 def step_figures(report: dict, step: int, budget: float) -> dict:

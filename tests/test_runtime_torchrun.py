@@ -128,12 +128,9 @@ def test_a_failing_rank_under_torchrun_ends_every_rank_within_the_timeout(fault,
 
 
 SIGTERM_RANK = """
-import os, signal, socket, sys, time
-from pybubble.runtime.launcher import run_rank
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+import os, signal, time
+from pybubble.runtime.launcher import _free_port, run_rank
+os.environ.update(RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
 run_rank(lambda rank: None)  # returns: the default handler is back
 print("restored", signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)
 

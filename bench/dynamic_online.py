@@ -22,7 +22,8 @@ import pybubble
 from pybubble.cli import progress_bar
 from pybubble.costs.roofline import CostModel
 from pybubble.problem.generated import synthetic
-from pybubble.planner.workloads import WorkloadSpec, batches, microbatch_loads, sample_costs
+from pybubble.data.workloads import WorkloadSpec, batches
+from pybubble.planner.sample_costs import microbatch_loads, sample_costs
 
 
 def main() -> None:

@@ -3,7 +3,7 @@ first and last (`middle_room`), heavy first and last, or by the plan's deadline 
 (`deadline_gaps`).
 
 For a config, the best encoder plan (the planner's search); each step draws `global_batch / dp`
-samples per replica from the mix (pybubble.planner.workloads.mix), splits them into microbatches
+samples per replica from the mix (pybubble.data.mix.mix), splits them into microbatches
 in the data loader's order, orders each replica's microbatches by `order_by_bubbles` against each
 profile, and reschedules the plan online with those loads (a tile costs the encoders' time on one
 image of the first encoder's tokens). Prints the mean step per order, replicas averaged. No moves
@@ -21,7 +21,8 @@ import numpy as np
 from pybubble.config.schema import load_config
 from pybubble.llm.step import LLMStep
 from pybubble.planner.dynamic import ranked_candidates
-from pybubble.planner.workloads import MixSpec, encoder_time
+from pybubble.data.mix import MixSpec
+from pybubble.planner.sample_costs import encoder_time
 from pybubble.schedule.balance import deadline_gaps, middle_room, order_by_bubbles
 from pybubble.schedule.online import ReplicaScheduler
 

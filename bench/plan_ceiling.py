@@ -43,7 +43,7 @@ from pybubble.llm.tables import build_table  # noqa: E402
 from pybubble.problem.problem import Problem  # noqa: E402
 from pybubble.runtime.placement import (  # noqa: E402
     US, MeasuredCosts, make_placement, piece_tasks, placement_step_s)
-from pybubble.schedule.exact import optimum  # noqa: E402
+from pybubble.testing.exact import optimum  # noqa: E402
 from pybubble.schedule.scheduler import schedule_problem  # noqa: E402
 
 MAX_TRIES = 50_000

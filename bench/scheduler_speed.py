@@ -17,7 +17,7 @@ import numpy as np
 from pybubble import _core, validate
 from pybubble.cli import progress_bar
 from pybubble.problem.generated import vit22b_sized
-from pybubble.schedule.reference import reference_schedule
+from pybubble.testing.reference import reference_schedule
 from pybubble.schedule.scheduler import schedule_problem
 
 

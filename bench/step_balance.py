@@ -2,7 +2,7 @@
 
 examples/optimus/strong_3072.yaml: dp 48, 16 microbatches of 2 samples per replica (global batch
 1536), sequences of 2 x 2048 tokens packed per microbatch. Every step draws a new batch from the
-mix (`--data mix`, pybubble.planner.workloads.MixSpec: text-only, single images of 1..13 tiles,
+mix (`--data mix`, pybubble.data.mix.MixSpec: text-only, single images of 1..13 tiles,
 multi-image, video) or from a data file (`--data-file FILE`, JSON lines, drawn with replacement),
 prices each image with an EncoderCost fitted to the cost model's ViT-22B (one image of t tiles as
 one sequence of t x 256 encoder tokens, forward plus backward), and times the work before the step:
@@ -54,7 +54,10 @@ from pybubble.config.schema import load_config
 from pybubble.costs.roofline import CostModel
 from pybubble.llm.step import LLMStep
 from pybubble.planner.dynamic import ranked_candidates
-from pybubble.planner.workloads import MixSpec, Samples, encoder_time, read_samples
+from pybubble.data.files import read_samples
+from pybubble.data.mix import MixSpec
+from pybubble.data.samples import Samples
+from pybubble.planner.sample_costs import encoder_time
 from pybubble.problem.problem import Problem
 from pybubble.schedule.balance import EncoderCost, StepBalance, balance_step, deadline_gaps
 from pybubble.schedule.online import OnlineScheduler, ReplicaScheduler, ReplicaSchedules, data_parallel_step

@@ -378,9 +378,9 @@ def make_batch(cfg: ModelConfig, step: int, kind: str = "vit") -> tuple[torch.Te
 
 # -- varying data: samples of text and 0..N images of 1..T tiles ---------------------------------
 def example_mix(cfg: ModelConfig):
-    """The open-VLM mix (pybubble.planner.workloads.MixSpec: its shares of text-only, single-image,
+    """The open-VLM mix (pybubble.data.mix.MixSpec: its shares of text-only, single-image,
     multi-image and video samples, its tiles) with text scaled to the example's ``text_len``."""
-    from pybubble.planner.workloads import MixSpec
+    from pybubble.data.mix import MixSpec
 
     return MixSpec(text_median=cfg.text_len / 2, text_max=cfg.text_len)
 
@@ -389,7 +389,7 @@ def step_samples(args: argparse.Namespace, cfg: ModelConfig, step: int):
     """The whole step's samples (every rank takes the same): the mix's (from the seed), or the data
     file's in its order, from its start again when they run out (shuffle the file to replay a
     distribution)."""
-    from pybubble.planner.workloads import mix
+    from pybubble.data.mix import mix
 
     n = cfg.microbatches * cfg.microbatch_size
     if args.data == "mix":
@@ -1243,7 +1243,7 @@ def check_data(args: argparse.Namespace) -> None:
     if args.data != "fixed" and args.encoder == "clip":
         raise ValueError("encoder: 'clip' with varying data: its class token per tile does not pool; use vit or timm")
     if args.data == "file":
-        from pybubble.planner.workloads import read_samples
+        from pybubble.data.files import read_samples
 
         cfg = config(args)
         args.samples = read_samples(args.data_file, tokens_per_tile=encoder_tokens(cfg, args.encoder),

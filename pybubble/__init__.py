@@ -3,9 +3,10 @@
 The package follows the data flow, one folder per stage, each importing only from the ones before
 it: ``config`` (YAML -> checked dataclasses, presets, documents, checks) -> ``costs`` (kernels, cost
 model, calibration, memory) -> ``llm`` (action tables, the simulated step and its bubbles) ->
-``problem`` (lanes, windows, encoder tasks) -> ``schedule`` (scheduler, validator, reference,
-online, balancing) -> ``viz`` (traces, Gantt charts) -> ``planner`` (search, layouts, report,
-dynamic data, modality model) -> ``runtime`` (torch hooks; needs torch). The names below are the
+``problem`` (lanes, windows, encoder tasks) -> ``schedule`` (scheduler, validator, online,
+balancing) -> ``data`` (workloads, the open-VLM mix, data files) -> ``viz`` (traces, Gantt charts)
+-> ``measure`` (profiler traces) -> ``planner`` (search, layouts, report, dynamic data, modality
+model) -> ``testing`` (the tests' oracles) -> ``runtime`` (torch hooks; needs torch). The names below are the
 public API.
 """
 

@@ -396,7 +396,8 @@ def cmd_dynamic(args: argparse.Namespace) -> int:
     from .config.schema import load_config
     from .planner.dynamic import run
 
-    from .planner.workloads import MixSpec, read_samples
+    from .data.files import read_samples
+    from .data.mix import MixSpec
 
     integer(args.steps, "steps", minimum=1)
     integer(args.candidates, "candidates", minimum=1)

@@ -7,7 +7,7 @@ import pybubble
 from pybubble.problem.generated import random_problem, synthetic
 
 pytest.importorskip("ortools.sat.python.cp_model")
-from pybubble.schedule import exact  # noqa: E402
+from pybubble.testing import exact  # noqa: E402
 
 
 def optimum(problem: pybubble.Problem, scale: float = 1.0) -> float:

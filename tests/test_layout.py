@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pybubble"
-ORDER = ("config", "costs", "llm", "problem", "schedule", "viz", "measure", "planner", "runtime")
+ORDER = ("config", "costs", "llm", "problem", "schedule", "data", "viz", "measure", "planner", "testing", "runtime")
 """The stages of the data flow, in order."""
 TOP_LEVEL = {"__init__", "__main__", "cli", "_native"}
 """Modules outside the folders: the public API, the command line and the core's import check."""

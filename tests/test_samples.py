@@ -5,7 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pybubble.planner.workloads import MixSpec, Samples, mix, read_samples
+from pybubble.data.files import read_samples
+from pybubble.data.mix import MixSpec, mix
+from pybubble.data.samples import Samples
 from pybubble.schedule.balance import pack_microbatches
 
 

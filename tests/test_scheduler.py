@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import pybubble
 from pybubble.problem.generated import random_problem, synthetic
-from pybubble.schedule.reference import reference_schedule
+from pybubble.testing.reference import reference_schedule
 
 random_problems = st.builds(
     random_problem, st.integers(0, 2**32 - 1), lanes=st.integers(1, 3), microbatches=st.integers(1, 4),

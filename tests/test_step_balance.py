@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pybubble
-from pybubble.planner.workloads import MixSpec, Samples, mix
+from pybubble.data.mix import MixSpec, mix
+from pybubble.data.samples import Samples
 from pybubble.problem.generated import synthetic
 from pybubble.schedule.online import ReplicaScheduler, data_parallel_step
 from pybubble.schedule.balance import (EncoderCost, balance_replicas, balance_step, deadline_gaps, middle_room,

@@ -6,7 +6,8 @@ import pytest
 import pybubble
 from pybubble.costs.roofline import CostModel
 from pybubble.problem.generated import synthetic
-from pybubble.planner.workloads import WorkloadSpec, batches, sample_costs
+from pybubble.data.workloads import WorkloadSpec, batches
+from pybubble.planner.sample_costs import sample_costs
 
 
 def test_batches_are_reproducible_and_vary():
@@ -53,7 +54,7 @@ def test_replay_grows_with_the_work():
 
 
 def test_microbatch_loads_in_order_or_by_assignment():
-    from pybubble.planner.workloads import microbatch_loads
+    from pybubble.planner.sample_costs import microbatch_loads
 
     cost = np.arange(6, dtype=float)
     np.testing.assert_array_equal(microbatch_loads(cost, 3), [1.0, 5.0, 9.0])
@@ -71,7 +72,7 @@ def test_a_seed_that_is_no_64_bit_integer_is_a_value_error(seed):
 
 
 def test_orders_by_encoder_work():
-    from pybubble.planner.workloads import work_orders
+    from pybubble.planner.sample_costs import work_orders
 
     loads = np.array([5.0, 1.0, 4.0, 2.0, 3.0])
     orders = work_orders(loads)

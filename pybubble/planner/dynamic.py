@@ -6,7 +6,7 @@ follows each batch's samples, and five ways to meet it are compared step by step
 - ``balanced``: samples balanced over the microbatches (:func:`pybubble.balance_microbatches`),
   then the best plan rescheduled online;
 - ``ordered``: the microbatches as the data loader splits them, run in an order by their encoder
-  work: the best plan rescheduled online for each of :func:`~pybubble.planner.workloads.work_orders`
+  work: the best plan rescheduled online for each of :func:`~pybubble.planner.sample_costs.work_orders`
   (the light ones at the two ends and the heavy ones in the middle, the reverse, sorted up and
   down) and for the loader's order (what ``online`` runs), the shortest kept (``order_chosen``
   counts which), so it is never behind ``online``;
@@ -16,12 +16,12 @@ follows each batch's samples, and five ways to meet it are compared step by step
   ``online``, so the difference between the two is the plan choice alone.
 
 Each batch comes from :mod:`pybubble.workloads`; a sample's encoder cost is the sum over the
-config's encoders of :func:`~pybubble.workloads.sample_costs`; microbatch j's encoder tasks are
+config's encoders of :func:`~pybubble.planner.sample_costs.sample_costs`; microbatch j's encoder tasks are
 scaled by its cost over the mean microbatch's (the problem holds the mean batch). The LLM's
 timeline is held fixed: only the encoder's work varies. Times are microseconds.
 
-With MLLM data (``data``: the mix of :class:`~pybubble.planner.workloads.MixSpec` or a user's
-:class:`~pybubble.planner.workloads.Samples`), every step draws samples for each of `replicas`
+With MLLM data (``data``: the mix of :class:`~pybubble.data.mix.MixSpec` or a user's
+:class:`~pybubble.data.samples.Samples`), every step draws samples for each of `replicas`
 data-parallel replicas, each mode runs on every replica, and the step is the slowest replica's (the
 replicas meet at the gradient collective); one more mode, ``balanced_dp``, balances the step over
 the microbatches and the replicas (:func:`pybubble.schedule.balance.balance_step`, microbatches
@@ -48,8 +48,10 @@ from ..schedule.online import OnlineScheduler, ReplicaScheduler, data_parallel_s
 from ..schedule.scheduler import Schedule
 from ..viz.steps import save_step_chart
 from .search import Candidate, search
-from .workloads import (WORK_ORDERS, Batch, MixSpec, Samples, WorkloadSpec, batches, encoder_time, llm_time,
-                        microbatch_loads, sample_costs, work_orders)
+from ..data.mix import MixSpec
+from ..data.samples import Samples
+from ..data.workloads import Batch, WorkloadSpec, batches
+from .sample_costs import WORK_ORDERS, encoder_time, llm_time, microbatch_loads, sample_costs, work_orders
 
 DYNAMIC_FORMAT = "pybubble.dynamic/1"
 """The format key of a dynamic run's document."""

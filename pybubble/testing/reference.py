@@ -33,7 +33,7 @@ import numpy as np
 
 from ..costs.kernels import RESOURCES
 from ..problem.problem import Problem
-from .scheduler import Schedule, check_policy
+from ..schedule.scheduler import Schedule, check_policy
 
 
 def _earliest_fit(wins, w, last, ready, d, limit):

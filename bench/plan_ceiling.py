@@ -41,7 +41,7 @@ import mllm  # noqa: E402  (the example trainer, user code of pybubble.runtime)
 
 from pybubble.llm.tables import build_table  # noqa: E402
 from pybubble.problem.problem import Problem  # noqa: E402
-from pybubble.runtime.placement import (  # noqa: E402
+from pybubble.placement.step import (  # noqa: E402
     US, MeasuredCosts, make_placement, piece_tasks, placement_step_s)
 from pybubble.testing.exact import optimum  # noqa: E402
 from pybubble.schedule.scheduler import schedule_problem  # noqa: E402

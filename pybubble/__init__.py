@@ -10,8 +10,10 @@ model) -> ``testing`` (the tests' oracles) -> ``runtime`` (torch hooks; needs to
 public API.
 """
 
+from ._moved import install as _install_moved_modules
 from ._native import require_core
 
+_install_moved_modules()
 require_core()
 
 from .config import presets  # noqa: E402  (after the check: every module below needs the core)

@@ -371,7 +371,7 @@ def test_cost_history_takes_medians_and_keeps_what_was_not_measured():
     import numpy as np
 
     from pybubble.runtime import CostHistory, MeasuredCosts
-    from pybubble.runtime.costs import StepSample
+    from pybubble.placement.measured import StepSample
 
     initial = MeasuredCosts(stage_fwd_s=[1.0, 1.0], stage_bwd_s=[2.0, 2.0], p2p_s=0.5, piece_fwd_s=[0.1, 0.2],
                             piece_bwd_s=[0.3, 0.4], optimizer_s=0.0, grad_sync_s=0.0)
@@ -396,7 +396,7 @@ def test_cost_history_takes_medians_and_keeps_what_was_not_measured():
 
 
 def test_stage_figures_split_the_ops_by_stage_and_kind():
-    from pybubble.runtime.costs import stage_figures
+    from pybubble.placement.measured import stage_figures
 
     ops = [("F", 0), ("F", 0), ("I", 0), ("W", 0), ("F", 1), ("F", 1), ("I", 1), ("W", 1), ("B", 0)]
     fwd, bwd, wgrad = stage_figures(ops, [0, 3, 3, 3, 0, 3, 3, 3, 0], [1, 2, 3, 4, 5, 6, 7, 9, 8], 4)

@@ -235,7 +235,7 @@ def test_cuda_without_a_gpu_exits_2_with_one_line(example_main):
 
 
 def test_dump_plan_writes_each_ranks_plan_that_loads_back_equal(example_cli, tmp_path):
-    from pybubble.runtime.plan import RankPlan
+    from pybubble.placement.plan import RankPlan
 
     r = example_cli("--ranks", 2, "--steps", 2, "--size", "tiny", "--mode", "pybubble", "--dump-plan", tmp_path / "plans")
     assert r.returncode == 0, r.stderr

@@ -15,10 +15,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pybubble.llm.tables import build_table  # noqa: E402
-from pybubble.runtime.costs import CollectiveHistory  # noqa: E402
+from pybubble.placement.measured import CollectiveHistory  # noqa: E402
 from pybubble.runtime.filler import BubbleFiller  # noqa: E402
-from pybubble.runtime.placement import (MeasuredCosts, lockstep_s, lockstep_waits_s, make_placement,  # noqa: E402
-                                        step_marks_s)
+from pybubble.placement.marks import lockstep_s, lockstep_waits_s, step_marks_s  # noqa: E402
+from pybubble.placement.step import MeasuredCosts, make_placement  # noqa: E402
 from pybubble.runtime.waits import DataParallelWaits  # noqa: E402
 
 nan = float("nan")
@@ -140,7 +140,7 @@ def test_one_disturbed_step_does_not_move_the_collectives_time():
 
 
 def test_the_collectives_before_the_step_count_as_the_last_rank_to_reach_them_saw_them():
-    from pybubble.runtime.costs import CostHistory, StepSample
+    from pybubble.placement.measured import CostHistory, StepSample
 
     initial = MeasuredCosts(stage_fwd_s=[1.0, 1.0], stage_bwd_s=[2.0, 2.0], p2p_s=0.0, piece_fwd_s=[0.1],
                             piece_bwd_s=[0.2])

@@ -15,8 +15,8 @@ torch = pytest.importorskip("torch")
 
 from pybubble.runtime import EncoderBatch  # noqa: E402
 from pybubble.runtime.batch import Packing, packed_rows  # noqa: E402
-from pybubble.runtime.placement import MeasuredCosts, make_placement, piece_tasks, producers, rank_plan, task_index  # noqa: E402
-from pybubble.runtime.plan import RankPlan  # noqa: E402
+from pybubble.placement.plan import RankPlan, rank_plan  # noqa: E402
+from pybubble.placement.step import MeasuredCosts, make_placement, piece_tasks, producers, task_index  # noqa: E402
 from pybubble.runtime.replicas import ReplicaMoves  # noqa: E402
 from pybubble.schedule.balance import balance_replica_chunks, balance_replica_stream, fill_rows, middle_room, pack_rows, row_layouts  # noqa: E402
 from pybubble.schedule.scheduler import schedule_problem  # noqa: E402

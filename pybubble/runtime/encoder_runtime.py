@@ -3,7 +3,7 @@
 
 Per step it shares what every rank measured in the last steps, plans anew (the core schedules
 the encoder's pieces into the predicted bubbles; each rank's part is a
-:class:`~pybubble.runtime.plan.RankPlan`), runs the pieces inside the schedule's waits, hands the
+:class:`~pybubble.placement.plan.RankPlan`), runs the pieces inside the schedule's waits, hands the
 encoder outputs to the first stage and their gradients back, and sums the encoder's gradients over
 the ranks. The first step profiles the pieces and the p2p latency, then runs the ``coarse`` way
 (the ``megatron`` way in that mode): it yields the LLM ops' durations that the next plans start
@@ -28,7 +28,6 @@ from torch.profiler import record_function
 from ..measure import names
 from .batch import EncoderBatch, Packing, chunk_counts, inputs_of
 from .boundary import BoundaryCommunicator
-from .costs import CostHistory, share_samples
 from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
@@ -37,11 +36,12 @@ from .parallel_groups import ParallelGroups, agree_on_data, resolve_groups, runt
 from . import torch_seams
 from .pipelining import fill_pipeline_waits, schedule_table
 from .lockstep import ReplicaLockstep
-from .placement import (MeasuredCosts, check_mode, first_stage_rank, make_placement, predict_step_s, rank_plan,
-                        splits_backward, stage_ranks)
-from .plan import RankPlan
-from .profile import check_piece_s, p2p_latency, profile_pieces
-from .records import StepRecord, WaitFigures
+from ..placement.measured import CostHistory, MeasuredCosts
+from ..placement.plan import RankPlan, rank_plan
+from ..placement.records import StepRecord, WaitFigures
+from ..placement.step import (check_mode, first_stage_rank, make_placement, predict_step_s, splits_backward,
+                              stage_ranks)
+from .profile import check_piece_s, p2p_latency, profile_pieces, share_samples
 from .replicas import MovedWork, ReplicaMoves, move_work, replica_grid
 from .segments import MicrobatchRun, split_into_pieces
 from .tensor_parallel import fill_tp_waits
@@ -254,7 +254,7 @@ class EncoderRuntime:
         self.costs: MeasuredCosts | None = None
         self.steps = 0
         self.records: list[StepRecord] = []
-        """One :class:`~pybubble.runtime.records.StepRecord` per step."""
+        """One :class:`~pybubble.placement.records.StepRecord` per step."""
         self.trace = False
         """True: each step's record keeps (what, start, end) of its tasks, ops and waits."""
         self.placement = None

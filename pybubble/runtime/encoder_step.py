@@ -1,4 +1,4 @@
-"""One training step of the encoder on this rank: the tasks of its :class:`~pybubble.runtime.plan.RankPlan`
+"""One training step of the encoder on this rank: the tasks of its :class:`~pybubble.placement.plan.RankPlan`
 bound to the encoder's pieces and to the boundary communicator, run by the bubble filler."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import torch
 
 from .batch import Packing
 from .boundary import BoundaryCommunicator
-from .costs import StepSample, stage_figures
+from ..placement.measured import StepSample, stage_figures
 from .executors import CudaExecutor, HostExecutor
 from .filler import BubbleFiller
-from .plan import RankPlan
-from .records import TPWaitStats, tp_op_figures
+from ..placement.plan import RankPlan
+from ..placement.records import TPWaitStats, tp_op_figures
 from .replicas import MovedWork
 from .segments import MicrobatchRun, Piece
 from .task import FillTask

@@ -23,9 +23,9 @@ from ..measure import names
 from ..llm.tables import Action
 from .cuda import SideStream
 from .executors import CudaExecutor, HostExecutor, executor_for
-from .plan import PlannedOp, RankPlan
+from ..placement.plan import PlannedOp, RankPlan
 from .progress import StepProgress
-from .records import FillerStats
+from ..placement.records import FillerStats
 from .task import FillTask
 
 

@@ -5,8 +5,8 @@ meet at every data-parallel collective (FSDP2's all-gathers and reduce-scatters,
 and at the encoder's gradient sync: each stretch between two meetings takes as long as its slowest
 replica. :class:`ReplicaLockstep` gathers every rank's plan marks and its last waits at the step's
 start (that gather is the start's barrier) and predicts the step from them, the same on every rank
-(:func:`~pybubble.runtime.placement.lockstep_s`, the collectives' time measured by
-:class:`~pybubble.runtime.costs.CollectiveHistory`).
+(:func:`~pybubble.placement.marks.lockstep_s`, the collectives' time measured by
+:class:`~pybubble.placement.measured.CollectiveHistory`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import torch
 import torch.distributed as dist
 
 from ..llm.tables import Table
-from .costs import CollectiveHistory
-from .placement import MeasuredCosts, Placement, lockstep, step_marks_s
-from .plan import RankPlan
+from ..placement.marks import lockstep, step_marks_s
+from ..placement.measured import CollectiveHistory, MeasuredCosts
+from ..placement.plan import RankPlan
+from ..placement.step import Placement
 
 
 class ReplicaLockstep:

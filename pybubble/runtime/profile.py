@@ -11,11 +11,12 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..placement.measured import FIELDS, MeasuredCosts
 from .boundary import TAG_BASE
-from .placement import MeasuredCosts
 from .segments import MicrobatchRun, Piece, merge_pieces
 
 OWN_SHARE = 0.02
@@ -160,5 +161,19 @@ def profile_pieces(kernels: Sequence[Piece], example: tuple[torch.Tensor, ...], 
     return merge_pieces(kernels, groups), _summed(costs, groups)
 
 
-__all__ = ["OWN_SHARE", "check_piece_s", "p2p_latency", "pass_s", "piece_groups", "profile_pieces", "shared_profile",
+
+
+
+def share_samples(sample: np.ndarray, outside_s: float, group: dist.ProcessGroup, ranks: int) -> np.ndarray:
+    """Every rank's sample of the last step, gathered over ``group`` (one row per rank), with this
+    rank's ``outside`` set to ``outside_s`` (the trainer's own time between the two steps)."""
+    sample = sample.copy()
+    sample[FIELDS.index("outside")] = outside_s
+    mine = torch.from_numpy(sample)
+    every = [torch.zeros_like(mine) for _ in range(ranks)]
+    dist.all_gather(every, mine, group=group)
+    return torch.stack(every).numpy()
+
+
+__all__ = ["OWN_SHARE", "check_piece_s", "p2p_latency", "pass_s", "piece_groups", "profile_pieces", "share_samples", "shared_profile",
            "time_pieces"]

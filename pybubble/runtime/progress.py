@@ -15,11 +15,11 @@ from contextlib import contextmanager
 from torch.profiler import record_function
 
 from ..measure import names
-from .plan import PlannedOp
+from ..placement.plan import PlannedOp
 
 
 class StepProgress:
-    """One rank's progress through its ``ops`` (:class:`~pybubble.runtime.plan.PlannedOp`, in the
+    """One rank's progress through its ``ops`` (:class:`~pybubble.placement.plan.PlannedOp`, in the
     order they run) in one step."""
 
     def __init__(self, ops: Sequence[PlannedOp], on_gap: Callable[[], None] = lambda: None):

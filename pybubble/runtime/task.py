@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .plan import PlannedTask
+from ..placement.plan import PlannedTask
 
 
 @dataclass(slots=True)

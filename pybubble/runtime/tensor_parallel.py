@@ -23,7 +23,7 @@ The policy is :class:`~pybubble.runtime.waits.TensorParallelWaits`'s:
   if they are not there yet). What the consumer can still wait for is the GIL, which the worker
   holds between two torch ops of a piece; each wait records when its collective was launched,
   when its consumer resumed and the measured duration of the piece then running, so that the
-  delays can be measured against the TP group's last launch (:func:`~pybubble.runtime.records.consumer_delays`).
+  delays can be measured against the TP group's last launch (:func:`~pybubble.placement.records.consumer_delays`).
 - CUDA (NCCL): the wait is a stream dependency, the CPU does not block: the pieces whose measured
   durations fit in the measured gap are launched on the side stream, ordered after the current
   stream at this point (after the collective's launch), then the real wait orders the current

@@ -22,7 +22,7 @@ from .executors import CudaExecutor, HostExecutor
 from .filler import BubbleFiller, Filled
 from .idle_worker import shared_idle_worker
 from .probe import WorkProbe, all_done
-from .records import FillerStats, TPWaitStats
+from ..placement.records import FillerStats, TPWaitStats
 from .task import FillTask
 
 NOTHING = Filled(0.0, 0, None, 0.0)

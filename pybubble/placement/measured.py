@@ -1,5 +1,7 @@
-"""Costs measured in the running steps: what each rank saw in one step, shared, and the robust
-running figures the next plan is made from."""
+"""Costs measured in the running steps, as the plan takes them: :class:`MeasuredCosts` (seconds, one
+microbatch each), what each rank saw in one step (:class:`StepSample`, shared between the ranks by
+the runtime), and the robust running figures the next plan is made from (:class:`CostHistory`,
+:class:`CollectiveHistory`). No torch: the runtime gathers the samples."""
 
 from __future__ import annotations
 
@@ -10,10 +12,71 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
-import torch.distributed as dist
 
-from .placement import MeasuredCosts
+from ..config.checks import finite, integer
+
+
+@dataclass(kw_only=True, slots=True)
+class MeasuredCosts:
+    """Seconds, one microbatch each."""
+
+    stage_fwd_s: list[float]
+    """Forward of each LLM pipeline stage (global stage index, as in the schedule's table)."""
+    stage_bwd_s: list[float]
+    """Full backward of each LLM pipeline stage (B, or I + W in a zero-bubble schedule)."""
+    p2p_s: float
+    """Latency of one pipeline send/receive (activation or gradient)."""
+    piece_fwd_s: list[float]
+    """Forward of each encoder piece (kernel-level task)."""
+    piece_bwd_s: list[float]
+    """Backward of each encoder piece."""
+    optimizer_s: float = 0.0
+    """What each step does outside the pipeline and the encoder: per rank (the largest) the
+    optimizer step, the trainer's own work between steps and the runtime's own work before the
+    step (its planning, the step's set-up); and the runtime's collectives before the step (the
+    data's agreement, the moves between replicas, the costs' sharing, the barrier) as the last
+    rank to reach them saw them."""
+    grad_sync_s: float = 0.0
+    """All-reduce of the encoder's gradients (modes that spread the encoder over ranks; with
+    data-parallel replicas every mode, over them: :func:`lockstep_s`'s prediction adds it)."""
+    stage_wgrad_s: list[float] | None = None
+    """The weight-gradient part W of each stage's backward (zero-bubble schedules; I takes the
+    rest); None: half of it."""
+    tp_count: int = 0
+    """Tensor-parallel collectives waited on inside each LLM forward and backward op (measured on
+    the mesh: layers x collectives per layer)."""
+    tp_gap_s: float = 0.0
+    """A TP collective's typical gap, how long its consumer waits for it (measured, the median):
+    the gaps the plan offers the pieces and the filler's room at a TP wait."""
+    tp_wait_s: float = 0.0
+    """The mean of those waits (the gaps are heavy-tailed on a loaded machine): count x mean is the
+    ops' time in TP waits; 0: the typical gap."""
+
+    @property
+    def tp_op_wait_s(self) -> float:
+        """The time each LLM forward and backward op waits on TP collectives: count x mean (the
+        typical gap where no mean was measured)."""
+        return self.tp_count * max(self.tp_gap_s, self.tp_wait_s)
+
+    def __post_init__(self) -> None:
+        if len(self.stage_fwd_s) != len(self.stage_bwd_s) or not self.stage_fwd_s:
+            raise ValueError(f"stage_bwd_s: {len(self.stage_bwd_s)} stages, stage_fwd_s has {len(self.stage_fwd_s)}")
+        if len(self.piece_fwd_s) != len(self.piece_bwd_s) or not self.piece_fwd_s:
+            raise ValueError(f"piece_bwd_s: {len(self.piece_bwd_s)} pieces, piece_fwd_s has {len(self.piece_fwd_s)}")
+        if self.stage_wgrad_s is not None and len(self.stage_wgrad_s) != len(self.stage_fwd_s):
+            raise ValueError(f"stage_wgrad_s: {len(self.stage_wgrad_s)} stages, stage_fwd_s has {len(self.stage_fwd_s)}")
+        for name in ("stage_fwd_s", "stage_bwd_s", "stage_wgrad_s", "piece_fwd_s", "piece_bwd_s"):
+            for i, v in enumerate(getattr(self, name) or ()):
+                finite(v, f"{name}[{i}]", minimum=0.0)
+        for name in ("p2p_s", "optimizer_s", "grad_sync_s", "tp_gap_s", "tp_wait_s"):
+            finite(getattr(self, name), name, minimum=0.0)
+        integer(self.tp_count, "tp_count", minimum=0)
+
+    @property
+    def stages(self) -> int:
+        """Pipeline stages (of every rank)."""
+        return len(self.stage_fwd_s)
+
 
 FIELDS = ("lead", "sync", "outside", "plan", "tp_count", "tp_gap", "tp_wait", "agree")
 """One rank's figures of one step, seconds (NaN: not seen): the schedule's own time before its
@@ -28,7 +91,6 @@ step, whose first collectives wait for every process to start); then, per pipeli
 for the stages of other ranks), the median own time of its forwards, of its full backwards (B, or
 I + W), of its weight-gradient backwards W; then each piece's forward and backward duration (mean
 over the microbatches the rank ran)."""
-
 
 def stage_figures(ops: Sequence[tuple[str, int]], stages: Sequence[int], busy: Sequence[float],
                   count: int) -> tuple[list[float], list[float], list[float]]:
@@ -52,7 +114,6 @@ def stage_figures(ops: Sequence[tuple[str, int]], stages: Sequence[int], busy: S
         elif (stage, "I") in by and (stage, "W") in by:
             bwd[stage] = med(by[stage, "I"]) + wgrad[stage]
     return fwd, bwd, wgrad
-
 
 @dataclass(kw_only=True, slots=True)
 class StepSample:
@@ -92,7 +153,6 @@ class StepSample:
         return np.array([*(getattr(self, f) for f in FIELDS), *self.stage_fwd, *self.stage_bwd, *self.stage_wgrad,
                          *self.piece_fwd, *self.piece_bwd], dtype=np.float64)
 
-
 class SampleLayout:
     """Where each figure lies in a :meth:`StepSample.vector` of ``stages`` stages and ``pieces``
     pieces: :data:`FIELDS`, then per stage the forwards, the backwards, the weight gradients, then
@@ -113,7 +173,6 @@ class SampleLayout:
         """The index of a field of :data:`FIELDS`, or the slice of ``stage_fwd``, ``stage_bwd``,
         ``stage_wgrad``, ``stages`` (all three), ``piece_fwd``, ``piece_bwd`` or ``pieces`` (both)."""
         return FIELDS.index(name) if name in FIELDS else self._slices[name]
-
 
 class CostHistory:
     """The last ``keep`` steps' figures of every rank; :meth:`costs` gives their medians as
@@ -176,13 +235,12 @@ class CostHistory:
             tp_count=int(round(median(h[:, :, at["tp_count"]], c.tp_count))),
             tp_gap_s=median(h[:, :, at["tp_gap"]], c.tp_gap_s), tp_wait_s=median(h[:, :, at["tp_wait"]], c.tp_wait_s))
 
-
 class CollectiveHistory:
     """The data-parallel collectives' time where the replicas of each pipeline rank meet (per op of
     the rank, then after its last op: what
     :meth:`~pybubble.runtime.waits.DataParallelWaits.collectives_s` gives), over the last ``keep``
     steps, beyond the waits for each other that the plan predicted
-    (:func:`~pybubble.runtime.placement.lockstep_waits_s`, told by :meth:`expect` before the step):
+    (:func:`~pybubble.placement.marks.lockstep_waits_s`, told by :meth:`expect` before the step):
     a collective completes on every replica at once, so what a replica waited beyond its predicted
     wait is the collective's own time and the other replicas' lateness the plan did not foresee
     (their ops and tasks run longer or shorter than their medians). Per step the mean over the
@@ -240,14 +298,3 @@ class CollectiveHistory:
             warnings.simplefilter("ignore", RuntimeWarning)
             median = np.nanpercentile(np.stack(kept), 50, axis=0, method="lower") if kept else np.zeros(len(places))
         return [(float(m) if np.isfinite(m) else 0.0) if seen else float("nan") for seen, m in zip(places, median)]
-
-
-def share_samples(sample: np.ndarray, outside_s: float, group: dist.ProcessGroup, ranks: int) -> np.ndarray:
-    """Every rank's sample of the last step, gathered over ``group`` (one row per rank), with this
-    rank's ``outside`` set to ``outside_s`` (the trainer's own time between the two steps)."""
-    sample = sample.copy()
-    sample[FIELDS.index("outside")] = outside_s
-    mine = torch.from_numpy(sample)
-    every = [torch.zeros_like(mine) for _ in range(ranks)]
-    dist.all_gather(every, mine, group=group)
-    return torch.stack(every).numpy()

@@ -4,7 +4,7 @@ A :class:`RankPlan` holds what the rank's filler follows: its LLM ops in the ord
 schedule's action table, each with its predicted gap and start, and its encoder tasks in plan
 order, each with its chain (encoder microbatch), piece, phase, planned start, measured duration
 and the LLM microbatch whose first-stage forward needs it. It imports no torch: it is built from
-the step's :class:`~pybubble.runtime.placement.Placement` (:func:`~pybubble.runtime.placement.rank_plan`),
+the step's :class:`~pybubble.placement.step.Placement` (:func:`rank_plan`),
 written to JSON and read back equal (``examples/mllm.py --dump-plan DIR``).
 
 Times are seconds, counted from the step's frame origin (the moment the rank enters the pipeline's
@@ -21,6 +21,9 @@ from dataclasses import dataclass, fields
 from ..config.checks import one_of
 from ..costs.kernels import PHASES
 from ..llm.tables import Action
+from ..measure import names as names_
+from .measured import MeasuredCosts
+from .step import US, Placement, placement_step_s, shift_front_s, task_index
 
 FORMAT = "pybubble.rank_plan/1"
 """The ``format`` key of a rank plan's JSON document."""
@@ -167,4 +170,77 @@ class RankPlan:
             return cls.from_json(json.load(f))
 
 
-__all__ = ["FORMAT", "PlannedOp", "PlannedTask", "RankPlan"]
+
+
+def _rank_tasks(plan: Placement, rank: int, costs: MeasuredCosts, names: Sequence[str]) -> list[PlannedTask]:
+    """The encoder tasks ``rank`` runs under ``plan``, in plan order (by planned start)."""
+    n, front, counts = len(names), shift_front_s(plan), plan.chunk_counts()
+    tasks = []
+    for j, producer in enumerate(plan.producer):
+        if producer != rank or counts[j] == 0:
+            continue
+        k, remote, ch = plan.assignment[j], producer != plan.first_stage, counts[j]  # a remote chain's output travels
+        needed_at = None
+        if plan.start_s is not None and remote:
+            needed_at = front + float(plan.timeline.forward_needed[k]) / US - costs.p2p_s
+        for step in range(n * ch):
+            c, i = divmod(step, n)
+            start = 0.0 if plan.start_s is None else float(plan.start_s[task_index(n, j, "fwd", step, counts)])
+            tasks.append(PlannedTask(chain=j, piece=i, phase="fwd", label=names_.task_label(j, "fwd", names[i]),
+                                     duration_s=costs.piece_fwd_s[i], planned_start_s=start, needed_by=k,
+                                     needed_at_s=needed_at, host_only=remote and step == n * ch - 1, chunk=c))
+        for step in range(n * ch):
+            c, i = step // n, n - 1 - step % n
+            start = (plan.timeline.step_time / US if plan.start_s is None
+                     else float(plan.start_s[task_index(n, j, "bwd", step, counts)]))
+            tasks.append(PlannedTask(chain=j, piece=i, phase="bwd", label=names_.task_label(j, "bwd", names[i]),
+                                     duration_s=costs.piece_bwd_s[i], planned_start_s=start,
+                                     host_only=remote and step == 0, after_grad=step == 0, chunk=c))
+    return sorted(tasks, key=lambda t: t.planned_start_s)
+
+def _rank_ops(plan: Placement, rank: int) -> tuple[list[PlannedOp], float]:
+    """``rank``'s ops with their predicted gaps and starts (seconds after the step's start) from the
+    LLM timeline and how far ahead each wait must produce the first stage's inputs (to the end of
+    the ops that follow it without a receive); and the gap after the last op."""
+    every = plan.timeline.ops
+    ops = [op for op in every if op.rank == rank]  # in the table's order, the order they run in
+    owner = {op.stage: op.rank for op in every}
+    front, last = shift_front_s(plan), max(owner)
+
+    def receives(op) -> bool:  # its input comes from another rank: the schedule waits before it
+        return ((op.kind == "F" and op.stage > 0 and owner[op.stage - 1] != rank)
+                or (op.kind in "BI" and op.stage < last and owner[op.stage + 1] != rank))
+
+    planned, t = [], 0.0
+    for n, op in enumerate(ops):
+        k = n
+        while k + 1 < len(ops) and not receives(ops[k + 1]):
+            k += 1
+        planned.append(PlannedOp(action=Action(op.stage, op.kind, op.microbatch), gap_s=(op.start - t) / US,
+                                 start_s=front + op.start / US, force_until_s=front + ops[k].end / US))
+        t = op.end
+    return planned, (plan.timeline.step_time - t) / US
+
+def rank_plan(plan: Placement, rank: int, costs: MeasuredCosts, piece_names: Sequence[str]) -> RankPlan:
+    """What ``rank`` runs in the step ``plan`` places (its ops and its encoder tasks, the encoder
+    of ``len(piece_names)`` pieces with the durations of ``costs``), as data."""
+    if len(piece_names) != len(costs.piece_fwd_s):
+        raise ValueError(f"piece_names: {len(piece_names)} names for {len(costs.piece_fwd_s)} pieces")
+    n, front, counts = len(piece_names), shift_front_s(plan), plan.chunk_counts()
+    arrival: list[float | None] = [None] * len(plan.producer)
+    if plan.start_s is not None:
+        for j, p in enumerate(plan.producer):
+            if counts[j] == 0:
+                continue
+            last = task_index(n, j, "fwd", n * counts[j] - 1, counts)
+            arrival[j] = (front + float(plan.start_s[last]) + costs.piece_fwd_s[-1]
+                          + (costs.p2p_s if p != plan.first_stage else 0.0))
+    ops, tail = _rank_ops(plan, rank)
+    return RankPlan(mode=plan.mode, rank=rank, first_stage=plan.first_stage, producer=tuple(plan.producer),
+                    assignment=tuple(plan.assignment), horizon_s=plan.timeline.step_time / US, shift_front_s=front,
+                    tail_gap_s=tail, ops=tuple(ops), tasks=tuple(_rank_tasks(plan, rank, costs, piece_names)),
+                    output_arrival_s=tuple(arrival), predicted_step_s=placement_step_s(plan, costs),
+                    chunks=plan.chunks)
+
+
+__all__ = ["FORMAT", "PlannedOp", "PlannedTask", "RankPlan", "rank_plan"]

@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 import pybubble
-from pybubble.cli import progress_bar
+from pybubble.cli.terminal import progress_bar
 from pybubble.costs.roofline import CostModel
 from pybubble.problem.generated import synthetic
 from pybubble.data.workloads import WorkloadSpec, batches

@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from pybubble.cli import progress_bar
+from pybubble.cli.terminal import progress_bar
 from pybubble.llm.step import LLMStep
 from pybubble.planner import modality
 from pybubble.config.schema import load_config

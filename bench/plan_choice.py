@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from pybubble.cli import progress_bar
+from pybubble.cli.terminal import progress_bar
 from pybubble.planner import dynamic
 from pybubble.config.schema import load_config
 

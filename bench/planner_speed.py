@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pybubble
-from pybubble.cli import progress_bar
+from pybubble.cli.terminal import progress_bar
 from pybubble.llm.step import LLMStep
 from pybubble.planner import layouts
 from pybubble.planner import search as planner

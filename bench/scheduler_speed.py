@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from pybubble import _core, validate
-from pybubble.cli import progress_bar
+from pybubble.cli.terminal import progress_bar
 from pybubble.problem.generated import vit22b_sized
 from pybubble.testing.reference import reference_schedule
 from pybubble.schedule.scheduler import schedule_problem

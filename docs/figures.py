@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pybubble.cli import progress_bar
+from pybubble.cli.terminal import progress_bar
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES = "docs/images"

@@ -12,9 +12,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pybubble"
 ORDER = ("config", "costs", "llm", "problem", "schedule", "data", "viz", "measure", "planner", "placement", "runtime",
          "testing")
 """The stages of the data flow, in order."""
-TOP_LEVEL = {"__init__", "__main__", "cli", "_native", "_moved"}
-"""Modules outside the folders: the public API, the command line, the core's import check and the
-old names of moved modules."""
+TOP_LEVEL = {"__init__", "__main__", "_native", "_moved"}
+"""Modules outside the folders: the public API, ``python -m pybubble``, the core's import check and
+the old names of moved modules."""
+COMMAND_LINE = "cli"
+"""The command line's folder: on top of the data flow, it may import every folder; none imports it."""
 
 
 def modules() -> dict[str, ast.Module]:
@@ -62,7 +64,7 @@ MODULES = modules()
 
 def test_every_folder_is_a_stage_of_the_data_flow():
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
-    assert folders <= set(ORDER), f"folders outside the data flow: {folders - set(ORDER)}"
+    assert folders <= {*ORDER, COMMAND_LINE}, f"folders outside the data flow: {folders - {*ORDER, COMMAND_LINE}}"
     top = {name.split(".")[1] for name in MODULES if stage(name) is None and name != "pybubble"}
     assert top <= TOP_LEVEL, f"modules outside the folders: {top - TOP_LEVEL}"
 
@@ -71,11 +73,13 @@ def test_folders_import_only_from_earlier_folders():
     backwards = []
     for name, tree in MODULES.items():
         mine = stage(name)
-        if mine is None:
+        if mine in (None, COMMAND_LINE):
             continue
         for target in imports(name, tree):
             theirs = stage(target)
-            if theirs is None:
+            if theirs == COMMAND_LINE:
+                backwards.append(f"{name} imports the command line's {target}")
+            elif theirs is None:
                 if target not in ("pybubble._core", "pybubble._native"):
                     backwards.append(f"{name} imports the top-level {target}")
             elif ORDER.index(theirs) > ORDER.index(mine):
@@ -153,7 +157,7 @@ def test_no_name_is_defined_twice():
     for name, tree in MODULES.items():
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_") \
-                    and name.split(".")[-1] not in ("cli",) and node.name != "main":
+                    and stage(name) != COMMAND_LINE and node.name != "main":
                 where[node.name].append(name)
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
                 if isinstance(node, ast.AnnAssign) else []
@@ -202,7 +206,7 @@ def test_no_public_name_shadows_a_subpackage():
     assert not shadows, "\n".join(shadows)
 
 
-@pytest.mark.parametrize("sub", ORDER)
+@pytest.mark.parametrize("sub", [*ORDER, COMMAND_LINE])
 def test_every_subpackage_imports_by_its_dotted_name(sub):
     """Each subpackage's modules import as `import pybubble.SUB.MODULE as m` (no name the package
     binds hides a module: the runtime's `launch` function lives in `launcher`), and every name of

@@ -19,8 +19,9 @@ from pathlib import Path
 import pybubble
 from pybubble.cli.terminal import progress_bar
 from pybubble.llm.step import LLMStep
-from pybubble.planner import layouts
+from pybubble.planner import layouts, partitions
 from pybubble.planner import search as planner
+from pybubble.planner.space import PlanSpace
 from scheduler_speed import median_time  # bench/ is the script's folder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,20 +73,20 @@ def main() -> None:
         if plan.pipelines > args.max_pipelines or plan.pipelines == 1:
             continue
         lps = plan.lanes_per_stage
-        space = planner._PlanSpace(step, plan, step.encoder_windows(lps))
+        space = PlanSpace(step, plan, step.encoder_windows(lps))
         t0 = time.perf_counter()
         every = min(space.candidate(p).step_time for p in planner.compositions(m, plan.pipelines)
                     if space.memory(p) <= space.memory_limit)
         t_all = time.perf_counter() - t0
-        saved = planner.EXHAUSTIVE
-        planner.EXHAUSTIVE = 0
+        saved = partitions.EXHAUSTIVE
+        partitions.EXHAUSTIVE = 0
         try:
-            stats = planner.SearchStats()
+            stats = partitions.SearchStats()
             t0 = time.perf_counter()
-            local = planner._search_plan(space, m, lambda: math.inf, stats, __import__("threading").Lock())
+            local = partitions.best_layout(space, m, lambda: (math.inf, 0), stats, __import__("threading").Lock())
             t_local = time.perf_counter() - t0
         finally:
-            planner.EXHAUSTIVE = saved
+            partitions.EXHAUSTIVE = saved
         assert local is not None
         print(f"  PP_enc {plan.pp_enc} TP_enc {plan.tp_enc} ({plan.pipelines} pipelines, "
               f"{math.comb(m + plan.pipelines - 1, plan.pipelines - 1)} partitions): local "

@@ -13,6 +13,7 @@ from pybubble.llm.step import LLMStep
 from pybubble.llm.timeline import simulate_pipeline
 from pybubble.planner import search as planner
 from pybubble.planner.bound import EncoderLoad, encoder_load, step_bound
+from pybubble.planner.space import PlanSpace
 from pybubble.problem.encoder import EncoderPlan, EncoderWork
 
 SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
@@ -63,7 +64,7 @@ def test_varying_loads_take_the_lightest_first_and_last():
 @pytest.fixture(scope="module")
 def spaces():
     step = LLMStep.of(load_config(SMALL))
-    return [planner._PlanSpace(step, p, step.encoder_windows(p.lanes_per_stage)) for p in planner.encoder_plans(step.config)]
+    return [PlanSpace(step, p, step.encoder_windows(p.lanes_per_stage)) for p in planner.encoder_plans(step.config)]
 
 
 @settings(max_examples=20, deadline=None)

@@ -13,9 +13,10 @@ from pybubble.config.schema import load_config
 from pybubble.costs.memory import GB
 from pybubble.costs.roofline import CostModel
 from pybubble.llm.step import LLMStep
-from pybubble.planner import layouts, report
+from pybubble.planner import layouts, partitions, report
 from pybubble.planner import search as planner
 from pybubble.planner.search import compositions, encoder_plans, encoder_problem
+from pybubble.planner.space import PlanSpace
 from pybubble.llm.step import even_split
 
 
@@ -93,7 +94,7 @@ def _brute_force(cfg):
     for plan in encoder_plans(cfg):
         for partition in compositions(cfg.microbatches, plan.pipelines):
             best = min(best, pybubble.schedule_problem(encoder_problem(step, plan, list(partition))).step_time)
-        space = planner._PlanSpace(step, plan, step.encoder_windows(plan.lanes_per_stage))
+        space = PlanSpace(step, plan, step.encoder_windows(plan.lanes_per_stage))
         for head, tail in space.spread_choices():
             best = min(best, space.layout_candidate(space.spread_layout(head, tail), (head, tail)).step_time)
     return best
@@ -109,7 +110,7 @@ def test_search_finds_the_brute_force_optimum_when_it_enumerates():
 
 def test_local_search_never_loses_to_the_even_partition(monkeypatch):
     cfg = load_config(TINY)
-    monkeypatch.setattr(planner, "EXHAUSTIVE", 0)  # local search everywhere
+    monkeypatch.setattr(partitions, "EXHAUSTIVE", 0)  # local search everywhere
     found = search(cfg, workers=1, warmup=False)
     even = min(pybubble.schedule_problem(encoder_problem(found.step, p, even_split(cfg.microbatches, p.pipelines))).step_time
                for p in encoder_plans(cfg))
@@ -124,7 +125,7 @@ def space():
     tl = step.timeline
     plan = [p for p in encoder_plans(cfg) if (p.pp_enc, p.tp_enc) == (2, 1)][0]
     lps = plan.lanes_per_stage
-    return planner._PlanSpace(step, plan, step.encoder_windows(lps))
+    return PlanSpace(step, plan, step.encoder_windows(lps))
 
 
 @settings(max_examples=25, deadline=None)

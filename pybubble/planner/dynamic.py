@@ -47,7 +47,8 @@ from ..schedule.balance import balance_microbatches, balance_step, deadline_gaps
 from ..schedule.online import OnlineScheduler, ReplicaScheduler, data_parallel_step, replay
 from ..schedule.scheduler import Schedule
 from ..viz.steps import save_step_chart
-from .search import Candidate, search
+from .candidate import Candidate
+from .search import search
 from ..data.mix import MixSpec
 from ..data.samples import Samples
 from ..data.workloads import Batch, WorkloadSpec, batches

@@ -33,7 +33,7 @@ from ..llm.timeline import Timeline, Windows
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem
 from ..schedule.scheduler import schedule_problem
-from .search import Candidate, encoder_tp_ok, encoder_work
+from .candidate import Candidate, encoder_tp_ok, encoder_work
 
 
 @dataclass(kw_only=True, slots=True)

@@ -36,7 +36,10 @@ from ..llm.step import LLMStep
 from ..viz.gantt import save_gantt
 from ..viz.trace import save_trace
 from .layouts import Baseline, Separate, megatron, megatron_balanced, separate
-from .search import Candidate, Search, best_partition, search, without_prefetch
+from .candidate import Candidate
+from .partitions import best_partition
+from .search import Search, search
+from .space import without_prefetch
 
 BASELINES = ("megatron", "megatron_balanced", "coarse")
 """The baselines of the comparison, in the order they are printed."""

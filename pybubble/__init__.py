@@ -30,7 +30,7 @@ from .schedule.online import OnlineScheduler, replay  # noqa: E402
 from .schedule.scheduler import Schedule, load_schedule, schedule_problem  # noqa: E402
 from .schedule.validator import validate  # noqa: E402
 from .viz.gantt import save_gantt  # noqa: E402
-from .viz.trace import save_trace  # noqa: E402
+from .viz.chrome_trace import save_trace  # noqa: E402
 
 __all__ = [
     "Action",

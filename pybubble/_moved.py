@@ -22,6 +22,8 @@ MOVED = {
                                    "pybubble.placement.measured"),
     "pybubble.runtime.records": ("pybubble.placement.records",),
     "pybubble.runtime.costs": ("pybubble.placement.measured", "pybubble.runtime.profile"),
+    "pybubble.measure.trace": ("pybubble.measure.trace_reader",),
+    "pybubble.viz.trace": ("pybubble.viz.chrome_trace",),
 }
 """Old module name: the modules its names are in now."""
 

@@ -12,7 +12,7 @@ from dataclasses import asdict
 import pytest
 
 from pybubble.measure.bubbles import RankTrace, compare, measure, predicted_bubbles, rank_bubbles, transfer_posts
-from pybubble.measure.trace import Trace
+from pybubble.measure.trace_reader import Trace
 
 
 def x(name, ts, dur, cat="cpu_op", tid=1, pid=7):
@@ -324,7 +324,7 @@ def test_nesting_is_tracked_outside_strings_across_reads_of_any_size(size):
     between two reads) do not count as nesting; the depth ends at 0."""
     import io
 
-    from pybubble.measure.trace import _Nesting
+    from pybubble.measure.trace_reader import _Nesting
 
     stream = _Nesting(io.BytesIO(TRICKY), "t.json")
     assert b"".join(iter(lambda: stream.read(size), b"")) == TRICKY

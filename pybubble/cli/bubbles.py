@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                            dp_reducescatter=args.dp_reducescatter, warmup=warmup)
     totals = _print_bubbles(args, tl)
     if args.trace:
-        from ..viz.trace import save_trace
+        from ..viz.chrome_trace import save_trace
 
         save_trace(tl, args.trace)
         console.print(f"wrote {args.trace} (Chrome trace: open in ui.perfetto.dev)")

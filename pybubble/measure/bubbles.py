@@ -2,7 +2,7 @@
 run (one file per rank, or a folder of them), beside a prediction when given.
 
 No torch here: the traces are JSON (plain or gzipped), read as a stream by
-:class:`pybubble.measure.trace.Trace`, whatever their size, keeping only the events used below
+:class:`pybubble.measure.trace_reader.Trace`, whatever their size, keeping only the events used below
 (:class:`RankTrace`: about 25 bytes each). A rank's trace gives
 
 - its window: the last ``ProfilerStep#`` annotation when there is one, else the span of its
@@ -53,7 +53,7 @@ from ..viz.figures import pyplot, save_figure
 from . import intervals as iv
 from . import names
 from .intervals import Spans
-from .trace import Trace, file_rank
+from .trace_reader import Trace, file_rank
 
 IDLE_KINDS = ("warmup", "steady", "cooldown", "collective")
 """Kinds of measured idle time, by the pipeline's phase."""

@@ -46,7 +46,7 @@ from ..llm.step import LLMStep, cost_model, step_comm
 from . import names
 from .bubbles import trace_files
 from .intervals import Spans, clip, length, union
-from .trace import Trace, file_rank
+from .trace_reader import Trace, file_rank
 
 _OP = names.OP_OR_ROW
 _TASK = names.TASK

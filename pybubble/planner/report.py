@@ -34,7 +34,7 @@ from ..costs.memory import GB
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep
 from ..viz.gantt import save_gantt
-from ..viz.trace import save_trace
+from ..viz.chrome_trace import save_trace
 from .layouts import Baseline, Separate, megatron, megatron_balanced, separate
 from .candidate import Candidate
 from .partitions import best_partition

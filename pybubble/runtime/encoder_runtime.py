@@ -363,7 +363,7 @@ class EncoderRuntime:
         finally:
             self._work = None
             self.dp_waits.end_step(completed)
-            if filler.executor.timed and sys.exc_info()[0] is not None:
+            if sys.exc_info()[0] is not None:
                 with contextlib.suppress(Exception):  # a failed step leaves nothing running on the worker
                     filler.settle()
         return result, tp

@@ -11,7 +11,7 @@ import torch
 from .batch import Packing
 from .boundary import BoundaryCommunicator
 from ..placement.measured import StepSample, stage_figures
-from .executors import CudaExecutor, HostExecutor
+from .executors import Executor
 from .filler import BubbleFiller
 from ..placement.plan import RankPlan
 from ..placement.records import TPWaitStats, tp_op_figures
@@ -33,7 +33,7 @@ class EncoderStep:
 
     def __init__(self, *, plan: RankPlan, pieces: Sequence[Piece], boundary: BoundaryCommunicator,
                  inputs: Callable[[int, int], tuple[torch.Tensor, ...]], tiles: Sequence[int],
-                 executor: HostExecutor | CudaExecutor, own_tiles: Sequence[int] | None = None,
+                 executor: Executor, own_tiles: Sequence[int] | None = None,
                  moved: MovedWork | None = None, packing: Packing | None = None):
         self.plan = plan
         self.boundary = boundary
@@ -168,20 +168,18 @@ class EncoderStep:
         """The time of this rank's encoder tasks this step: measured where the executor times them,
         else their estimates."""
         tasks = [t for by in (self.fwd_tasks, self.bwd_tasks) for chain in by.values() for t in chain]
-        timed = self.filler.executor.timed
-        return float(sum((t.took_s if timed else t.duration_s) or 0.0 for t in tasks))
+        return float(sum(self.filler.executor.spent_s(t) for t in tasks))
 
     def sample(self, stages: int, sync_s: float, before_s: float, agree_s: float, tp: TPWaitStats) -> StepSample:
         """This rank's figures of the step (``stages``: the pipeline's stage count; ``sync_s``: the
         encoder's gradient sum; ``before_s``: the runtime's own work before the step's; ``agree_s``:
         its collectives before it; ``tp``: the TP waits): on CUDA a task's launch is not its
         duration, the pieces' figures are NaN (the profile's stay)."""
-        p, n = self.filler.progress, len(self.pieces)
-        timed = self.filler.executor.timed
+        p, n, ex = self.filler.progress, len(self.pieces), self.filler.executor
 
         def mean(by_chain: dict[int, list[FillTask]]) -> list[float]:
-            ts = [[t.took_s for t in chain] for chain in by_chain.values()]
-            return [statistics.mean(x[i] for x in ts) if ts and timed else float("nan") for i in range(n)]
+            ts = [[ex.measured_s(t) for t in chain] for chain in by_chain.values()]
+            return [statistics.mean(x[i] for x in ts) if ts else float("nan") for i in range(n)]
 
         fwd, bwd, wgrad = stage_figures([op.key for op in p.ops], [op.action.stage for op in p.ops], p.op_busy_s,
                                         stages)
@@ -210,9 +208,9 @@ class EncoderStep:
             self.filler.force(llm_microbatch)  # also when all its rows go to other replicas: they need them now
         if self.own_tiles[llm_microbatch] == 0:  # none: nothing was computed here, no gradient goes back
             return torch.zeros(self.boundary.output_shapes[j], dtype=self.boundary.dtype, device=self.boundary.device)
-        if not here and (probe := self.boundary.output_probe(llm_microbatch)) is not None and self.filler.executor.timed:
+        if not here and (probe := self.boundary.output_probe(llm_microbatch)) is not None:
             # It comes from another rank and is late: run this rank's tasks while it comes.
-            self.waits.wait_for([probe], self.plan.output_arrival_s[j])
+            self.waits.wait_for_output(probe, self.plan.output_arrival_s[j])
         leaf = self.boundary.output(llm_microbatch).detach()
         if track:
             leaf.requires_grad_(True).register_hook(lambda g: self._on_grad(llm_microbatch, g))

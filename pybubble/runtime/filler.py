@@ -22,7 +22,7 @@ from torch.profiler import record_function
 from ..measure import names
 from ..llm.tables import Action
 from .cuda import SideStream
-from .executors import CudaExecutor, HostExecutor, executor_for
+from .executors import Executor, HostExecutor, executor_for
 from ..placement.plan import PlannedOp, RankPlan
 from .progress import StepProgress
 from ..placement.records import FillerStats
@@ -52,7 +52,7 @@ class BubbleFiller:
     task in a wait (megatron and coarse modes)."""
 
     def __init__(self, tasks: Sequence[FillTask], ops: Sequence[PlannedOp], *, horizon_s: float,
-                 tail_gap_s: float = 0.0, fill: bool = True, executor: HostExecutor | CudaExecutor | None = None):
+                 tail_gap_s: float = 0.0, fill: bool = True, executor: Executor | None = None):
         self.tasks = sorted(tasks, key=lambda t: t.planned_start_s)
         self.executor = HostExecutor() if executor is None else executor
         self.progress = StepProgress(ops, on_gap=self.executor.open_gap)
@@ -67,7 +67,7 @@ class BubbleFiller:
 
     @classmethod
     def of_plan(cls, plan: RankPlan, tasks: Sequence[FillTask],
-                executor: HostExecutor | CudaExecutor | None = None) -> BubbleFiller:
+                executor: Executor | None = None) -> BubbleFiller:
         """The filler of a rank's plan, running ``tasks`` (bound to the plan's tasks)."""
         return cls(tasks, plan.ops, horizon_s=plan.horizon_s, tail_gap_s=plan.tail_gap_s, fill=plan.fill,
                    executor=executor)
@@ -95,8 +95,7 @@ class BubbleFiller:
     def record_trace(self) -> list[tuple[str, float, float]]:
         """From now on (what, start, end) of every task, op and wait go to the returned list."""
         self.trace = self.progress.trace = []
-        if isinstance(self.executor, HostExecutor):
-            self.executor.trace = self.trace
+        self.executor.record_trace(self.trace)
         return self.trace
 
     # -- running -------------------------------------------------------------------------------
@@ -119,9 +118,8 @@ class BubbleFiller:
         t = time.perf_counter()
         took = self.executor.run(task)
         end = time.perf_counter()
-        if self.executor.timed:
-            self._ran_estimated_s += task.duration_s
-            self._ran_took_s += took
+        self._ran_estimated_s += task.duration_s  # a device's launch takes its estimate: the pace stays 1
+        self._ran_took_s += took
         self.progress.exclude(end - t)
         if self.trace is not None:
             self.trace.append((task.name, t, end))  # on CUDA: the launch, not the kernels
@@ -132,7 +130,7 @@ class BubbleFiller:
         """Host: how long this step's tasks took against their estimates so far (their sums'
         ratio, 1 before any ran, kept within [0.5, 3]): a task fits a gap when its estimate times
         the pace does, so the estimates follow the machine's load as the step runs."""
-        if not self.executor.timed or self._ran_estimated_s <= 0.0:
+        if self._ran_estimated_s <= 0.0:
             return 1.0
         return min(3.0, max(0.5, self._ran_took_s / self._ran_estimated_s))
 
@@ -152,7 +150,6 @@ class BubbleFiller:
         too_long: float | None = None
         seen = 0
         pace = 1.0 if worker else self.pace
-        inside_only = not self.executor.timed
         for i in range(self._cursor, len(self.tasks)):
             task = self.tasks[i]
             if task.done:
@@ -163,7 +160,7 @@ class BubbleFiller:
             if task.chain in blocked:
                 continue
             blocked.add(task.chain)
-            if task.planned_start_s < 0.0 or (inside_only and task.planned_start_s >= self.horizon_s):
+            if task.planned_start_s < 0.0 or not self.executor.may_fill(task, self.horizon_s):
                 continue
             if (worker and task.host_only) or not task.ready():
                 continue
@@ -224,8 +221,7 @@ class BubbleFiller:
         t = time.perf_counter()
         with record_function(names.WAIT):
             task.wait_ready()
-        if self.executor.timed:
-            self.stats.waited_s += time.perf_counter() - t
+        self.stats.waited_s += self.executor.blocked_s(time.perf_counter() - t)
 
     def run_front(self) -> None:
         """Runs the tasks planned before the step (the step grows by shift_front), the ones the

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ..measure import names
-from .executors import CudaExecutor, HostExecutor
+from .executors import HostExecutor
 from .filler import BubbleFiller, Filled
 from .idle_worker import shared_idle_worker
 from .probe import WorkProbe, all_done
@@ -69,29 +69,33 @@ class PipelineWaits:
                 # planned to need before this rank's next chance (it would wait for it meanwhile).
                 f.run_needed(op.action.microbatch, op.force_until_s)
             gap_s = f.gaps_s[min(p.op_index, len(f.gaps_s) - 1)]
-            if isinstance(f.executor, CudaExecutor):
-                if f.fill and not p.in_op and f.next_task() is not None:
-                    self._launch_into_gap(gap_s)
-                for w in works:
-                    w.wait()
-            elif f.fill and not p.in_op:
-                self._wait_probes([WorkProbe(w) for w in works], None if op is None else op.start_s, gap_s)
-            else:
-                t = time.perf_counter()
-                for w in works:
-                    w.wait()
-                f.stats.waited_s += time.perf_counter() - t
+            f.executor.pipeline_wait(self, works, gap_s, f.fill and not p.in_op)
 
-    def _launch_into_gap(self, gap_s: float) -> None:
+    def block(self, works: Sequence[dist.Work]) -> None:
+        """Host: blocks in ``works`` with nothing to run (the time counts as waited)."""
+        t = time.perf_counter()
+        for w in works:
+            w.wait()
+        self.filler.stats.waited_s += time.perf_counter() - t
+
+    def fill_until_done(self, works: Sequence[dist.Work], gap_s: float) -> None:
+        """Host: runs planned tasks while ``works`` are pending (the op after the wait is predicted
+        to start after a gap of ``gap_s``)."""
+        op = self.filler.progress.next_op
+        self._wait_probes([WorkProbe(w) for w in works], None if op is None else op.start_s, gap_s)
+
+    def launch_into_gap(self, room: Callable[[], float]) -> None:
         """CUDA: the works are stream dependencies and the window opens here on the LLM's stream:
-        launches what fits in what the gap's earlier launches left of it."""
-        f, ex = self.filler, self.filler.executor
+        launches what fits in ``room()``, what the gap's earlier launches left of it."""
+        f = self.filler
+        if f.next_task() is None:
+            return
 
         def deferred(_shortest: float) -> bool:
             f.stats.deferred += 1
             return False
 
-        filled = f.fill_gap(lambda: gap_s - ex.gap_launched_s, until_fits=deferred)
+        filled = f.fill_gap(room, until_fits=deferred)
         f.stats.filled += filled.count
         f.stats.filled_s += filled.seconds
 
@@ -103,13 +107,18 @@ class PipelineWaits:
         with self.filler.progress.waiting("wait"):
             self._wait_probes(probes, arrival_s)
 
+    def wait_for_output(self, probe: WorkProbe, arrival_s: float | None) -> None:
+        """Inside the first stage's op: the wait for an encoder output from another rank, as the
+        executor fills it (the host runs tasks while it comes, see :meth:`wait_for`)."""
+        self.filler.executor.output_wait(self, probe, arrival_s)
+
     def _wait_probes(self, probes: Sequence[WorkProbe], arrival_s: float | None, gap_s: float = 0.0) -> None:
         """Host: blocks until ``probes`` completed, running tasks that fit while they are pending
         (the rank would idle there); the drift is updated from what is seen."""
         f = self.filler
         entered = time.perf_counter()
         filled = NOTHING
-        if f.fill and f.executor.timed:
+        if f.fill:
             deadline = f.progress.deadline(arrival_s, gap_s)
 
             def until_fits(shortest: float) -> bool:
@@ -146,6 +155,8 @@ class DataParallelWaits:
         self._last: list[float] = []
         self._at: list[int] = []
         self._last_at: list[int] = []
+        self._filled = NOTHING
+        """What the running wait filled (its stats count it even when the wait raises)."""
 
     def begin_step(self, filler: BubbleFiller) -> None:
         """The step of ``filler`` begins."""
@@ -186,28 +197,32 @@ class DataParallelWaits:
         f = self.filler
         works = [w for w in works if w is not None]
         f.stats.dp_waits += 1
-        filled, completed = NOTHING, None
+        self._filled, completed = NOTHING, None
         t = time.perf_counter()
         try:
             with f.progress.waiting("dp wait", names.DP_WAIT) as t:
-                if not f.executor.timed:
-                    for w in works:
-                        w.wait()
-                    return 0.0  # CUDA: the stream waits; the CPU measured nothing
-                probes = [WorkProbe(w) for w in works]
-                if f.fill and room_s > 0.0:
-                    deadline = t + room_s
-                    with torch.enable_grad():
-                        filled = f.fill_gap(lambda: deadline - time.perf_counter(), lambda: not all_done(probes))
-                for p in probes:
-                    p.result()
-                completed = max((p.done_at for p in probes), default=t)
-                note_hold(f.stats, filled, completed)
+                completed = f.executor.data_parallel_wait(self, works, room_s, t)
         finally:
+            filled = self._filled
             f.stats.dp_waited_s += max(0.0, time.perf_counter() - t - filled.seconds)
             f.stats.dp_filled_s += filled.seconds
             f.stats.dp_filled += filled.count
         return 0.0 if completed is None else max(0.0, completed - t)
+
+    def fill_until_done(self, works: Sequence[dist.Work], room_s: float, entered: float) -> float:
+        """Host: while ``works`` are pending, runs planned tasks that fit in what is left of
+        ``room_s`` after ``entered``; returns when they completed (``time.perf_counter()``)."""
+        f = self.filler
+        probes = [WorkProbe(w) for w in works]
+        if f.fill and room_s > 0.0:
+            deadline = entered + room_s
+            with torch.enable_grad():
+                self._filled = f.fill_gap(lambda: deadline - time.perf_counter(), lambda: not all_done(probes))
+        for p in probes:
+            p.result()
+        completed = max((p.done_at for p in probes), default=entered)
+        note_hold(f.stats, self._filled, completed)
+        return completed
 
 
 def _storage(tensor: torch.Tensor) -> int:
@@ -263,20 +278,17 @@ class TensorParallelWaits:
             s.per_op[p.op_index] += 1
         launched = self._launches.pop(_storage(tensor), float("nan"))
         with p.waiting("tp_wait", names.TP_WAIT) as entered:
-            if isinstance(self.filler.executor, HostExecutor):
-                return self._queue_then_wait(tensor, real_wait, entered, launched)
-            with guard():
-                self._launch_into_gap()
-            return real_wait(tensor)
+            return self.filler.executor.tp_wait(self, tensor, real_wait, guard, entered, launched)
 
-    def _queue_then_wait(self, tensor, real_wait, entered: float, launched: float) -> torch.Tensor:
-        """Host: queues pieces onto the idle worker, then blocks in the real wait."""
+    def queue_then_wait(self, ex: HostExecutor, tensor: torch.Tensor, real_wait: Callable[[torch.Tensor], torch.Tensor],
+                        entered: float, launched: float) -> torch.Tensor:
+        """Host: queues pieces onto the idle worker (``ex``'s), then blocks in the real wait."""
         f, s = self.filler, self.stats
         if not (f.fill and self.op_idle_s > 0.0):  # only measured
             out = real_wait(tensor)
             resumed, running, ran = time.perf_counter(), None, 0.0
         else:
-            worker, ex = shared_idle_worker(), f.executor
+            worker = shared_idle_worker()
             room = [(len(f.progress.ops) - f.progress.op_index) * self.op_idle_s - ex.queued_s()]
 
             def queue(task: FillTask) -> float:
@@ -305,7 +317,7 @@ class TensorParallelWaits:
         s.in_flight_s.append(running.duration_s if isinstance(running, FillTask) else 0.0)
         return out
 
-    def _launch_into_gap(self) -> None:
+    def launch_into_gap(self) -> None:
         """CUDA: launches the pieces that fit in the measured gap."""
         f, s = self.filler, self.stats
         if not (f.fill and self.gap_s > 0.0):

@@ -54,8 +54,7 @@ from pybubble.config.schema import load_config
 from pybubble.costs.roofline import CostModel
 from pybubble.llm.step import LLMStep
 from pybubble.planner.dynamic import ranked_candidates
-from pybubble.data.files import read_samples
-from pybubble.data.mix import MixSpec
+from pybubble.data.options import add_data_options, data_source
 from pybubble.data.samples import Samples
 from pybubble.planner.sample_costs import encoder_time
 from pybubble.problem.problem import Problem
@@ -250,7 +249,7 @@ def report(t: Timings, setting: Setting, args: argparse.Namespace, load: tuple[f
 
 def draws(args: argparse.Namespace, count: int) -> list[Samples]:
     """The steps' samples, seeded: from the mix or the data file (with replacement)."""
-    source = MixSpec() if args.data_file is None else read_samples(args.data_file, tokens_per_tile=args.tokens_per_tile)
+    source = data_source(args, tokens_per_tile=args.tokens_per_tile)
     rng = np.random.default_rng(args.seed)
     return [source.draw(count, rng) for _ in range(args.steps)]
 
@@ -259,9 +258,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
-    data = parser.add_mutually_exclusive_group()
-    data.add_argument("--data", choices=("mix",), default="mix", help="an open VLM's mix (docs/dynamic.md)")
-    data.add_argument("--data-file", metavar="FILE", help="JSON lines, one sample each: {\"tiles\": [...], \"text\": N}")
+    add_data_options(parser, ("mix",), default="mix", file_use="drawn with replacement")
     parser.add_argument("--tokens-per-tile", type=int, default=64,
                         help="LLM tokens per tile (64: a 32-frame video and its text fit one 4096-token sequence)")
     parser.add_argument("--threads", type=int, default=2, help="threads the replicas' re-plans are split over")

@@ -246,6 +246,15 @@ def test_the_runtime_has_no_long_class_or_function():
     assert not long, "\n".join(long)
 
 
+def test_the_command_line_has_no_long_module_or_function():
+    """The command line one can read: a module per command, none over 500 lines, no function over 60."""
+    paths = sorted((PACKAGE / COMMAND_LINE).glob("*.py"))
+    long = [f"{p.name}: {len(p.read_text().splitlines())} lines" for p in paths if len(p.read_text().splitlines()) > 500]
+    long += [f"{p.name}: {kind} {name} ({lines} lines)" for p in paths for kind, name, lines in _sizes(p)
+             if kind != "ClassDef" and lines > 60]
+    assert not long, "\n".join(long)
+
+
 def _private_uses(path: Path) -> list[str]:
     """``x._name`` where x is not ``self``/``cls`` (another object's or module's private name), and
     ``from pybubble... import _name``."""

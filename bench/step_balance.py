@@ -45,7 +45,7 @@ import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -94,23 +94,16 @@ class Setting:
                    problem=problem, bubble=deadline_gaps(problem))
 
 
-@dataclass(kw_only=True, slots=True)
 class Timings:
-    """Per step, milliseconds of each part, and what the steps gave."""
+    """Per step, milliseconds of each part, and what the steps gave: one list per part, a value per
+    step (``moves`` and ``images`` count, ``before`` and ``after`` are the imbalances)."""
 
-    balance: list[float] = field(default_factory=list)
-    threads: list[float] = field(default_factory=list)
-    single: list[float] = field(default_factory=list)
-    per_replica: list[float] = field(default_factory=list)
-    expand: list[float] = field(default_factory=list)
-    rank: list[float] = field(default_factory=list)
-    rank_slowest: list[float] = field(default_factory=list)
-    cpu: list[float] = field(default_factory=list)
-    before: list[float] = field(default_factory=list)
-    after: list[float] = field(default_factory=list)
-    moves: list[int] = field(default_factory=list)
-    images: list[int] = field(default_factory=list)
-    step: list[float] = field(default_factory=list)
+    __slots__ = ("balance", "threads", "single", "per_replica", "expand", "rank", "rank_slowest", "cpu", "before",
+                 "after", "moves", "images", "step")
+
+    def __init__(self) -> None:
+        for part in self.__slots__:
+            setattr(self, part, [])
 
 
 def check_balance(b: StepBalance, s: Samples, tokens: np.ndarray, setting: Setting) -> None:

@@ -176,6 +176,15 @@ def real_array(values: Any, where: str, minimum: float | None = None, positive_v
     return arr
 
 
+def index_array(values: Any, where: str, bound: int, shape: tuple[int, ...]) -> np.ndarray:
+    """`values` as an int64 array of `shape` with entries in [0, `bound`) (e.g. the replica or the
+    sample each item belongs to)."""
+    a = np.asarray(values)
+    if a.shape != shape or (a.size and (a.dtype.kind not in "iu" or a.min() < 0 or a.max() >= bound)):
+        raise ValueError(f"{where}: expected {shape} integers in [0, {bound}), got {a.dtype} of shape {a.shape}")
+    return a.astype(np.int64)
+
+
 def interval(value: Any, where: str) -> tuple[float, float]:
     """`value` as (start, end) finite floats with start < end: a pair of numbers, or a string
     ``"START:END"`` (as typed on a command line)."""
@@ -195,5 +204,5 @@ def interval(value: Any, where: str) -> tuple[float, float]:
     return start, end
 
 
-__all__ = ["INT64", "SHOWN_CHARS", "array", "finite", "flag", "integer", "interval", "known_keys", "mapping", "number",
-           "one_of", "positive", "positive_int", "real_array", "required", "shown"]
+__all__ = ["INT64", "SHOWN_CHARS", "array", "finite", "flag", "index_array", "integer", "interval", "known_keys",
+           "mapping", "number", "one_of", "positive", "positive_int", "real_array", "required", "shown"]

@@ -89,6 +89,39 @@ def _gemm(name: str, phase: str, m: float, k: float, n: float, dtype: int, after
                   bytes=dtype * (m * k + k * n + m * n), after=after)
 
 
+@dataclass(frozen=True, slots=True)
+class _Shard:
+    """One rank's share of a layer's activations: the kernels whose size is the layer's width."""
+
+    tokens: float
+    """Tokens of the micro batch (b·s)."""
+    local_tokens: float
+    """Tokens the norms and residuals work on (b·s / tp under sequence parallelism)."""
+    hidden: int
+    """The model's width."""
+    dtype: int
+    """Bytes per element."""
+    tp: int
+    """The TP degree."""
+
+    def norm(self, name: str) -> Kernel:
+        """A layer norm: mean/var, normalise, scale, shift (~8 FLOPs per element); reads x, writes y."""
+        return Kernel(name=name, phase="fwd", resource="compute", kind="norm",
+                      flops=8.0 * self.local_tokens * self.hidden,
+                      bytes=2.0 * self.dtype * self.local_tokens * self.hidden, after=())
+
+    def residual(self, name: str, ph: str, after: tuple[int, ...]) -> Kernel:
+        """A residual add."""
+        return Kernel(name=name, phase=ph, resource="compute", kind="elementwise",
+                      flops=self.local_tokens * self.hidden,
+                      bytes=3.0 * self.dtype * self.local_tokens * self.hidden, after=after)
+
+    def comm(self, name: str, ph: str, op: str, after: tuple[int, ...]) -> Kernel:
+        """A TP collective `op` of the layer's full activation."""
+        return Kernel(name=name, phase=ph, resource="comm", kind="collective", flops=0.0,
+                      bytes=float(self.dtype * self.tokens * self.hidden), after=after, collective=op, group=self.tp)
+
+
 def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_batch: int, seq_len: int,
                     tp: int = 1, sequence_parallel: bool = False, phase: str = "fwd",
                     recompute: str = "none") -> list[Kernel]:
@@ -107,64 +140,62 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
     _check_args(model, micro_batch, seq_len, tp, phase, recompute)
     if sequence_parallel and seq_len % tp:
         raise ValueError(f"seq_len: {seq_len} is not divisible by tp ({tp}) under sequence parallelism")
-    b, s, h, d = micro_batch, seq_len, model.hidden, model.dtype_bytes
-    tokens = float(b * s)
-    local_tokens = tokens / tp if sequence_parallel else tokens
+    tokens = float(micro_batch * seq_len)
+    shard = _Shard(tokens=tokens, local_tokens=tokens / tp if sequence_parallel else tokens, hidden=model.hidden,
+                   dtype=model.dtype_bytes, tp=tp)
+    fwd = _forward_kernels(model, micro_batch, seq_len, shard, sequence_parallel)
+    return fwd if phase == "fwd" else _backward_kernels(fwd, shard, sequence_parallel, recompute)
+
+
+def _forward_kernels(model: TransformerShape, b: int, s: int, shard: _Shard, sequence_parallel: bool) -> list[Kernel]:
+    """The layer's forward, in execution order: each kernel depends on the one before."""
+    tp, h, d, tokens = shard.tp, model.hidden, model.dtype_bytes, shard.tokens
     q = model.q_dim / tp
     kv = model.kv_dim / tp if model.kv_heads >= tp else model.head_dim  # KV heads replicated when fewer than tp
     f = model.ffn_hidden / tp
     fc1_out = 2 * f if model.activation == "swiglu" else f
     act_flops_per = 4.0 if model.activation == "swiglu" else 8.0  # silu*gate / tanh-GELU per element
-    comm_bytes = float(d * tokens * h)
-    gathered = "all_gather" if sequence_parallel else ""
+    gathered = tp > 1 and sequence_parallel  # each block starts with an all-gather
     block_end = "reduce_scatter" if sequence_parallel else "all_reduce"
-
-    def norm(name: str) -> Kernel:
-        # mean/var, normalise, scale, shift: ~8 FLOPs per element; reads x, writes y
-        return Kernel(name=name, phase="fwd", resource="compute", kind="norm",
-                      flops=8.0 * local_tokens * h, bytes=2.0 * d * local_tokens * h, after=())
-
-    def residual(name: str, ph: str, after: tuple[int, ...]) -> Kernel:
-        return Kernel(name=name, phase=ph, resource="compute", kind="elementwise",
-                      flops=local_tokens * h, bytes=3.0 * d * local_tokens * h, after=after)
-
-    def comm(name: str, ph: str, op: str, after: tuple[int, ...]) -> Kernel:
-        return Kernel(name=name, phase=ph, resource="comm", kind="collective", flops=0.0,
-                      bytes=comm_bytes, after=after, collective=op, group=tp)
-
-    # Forward, in execution order: each kernel depends on the one before.
     fwd: list[Kernel] = []
 
     def add(k: Kernel) -> None:
         k.after = (len(fwd) - 1,) if fwd else ()
         fwd.append(k)
 
-    add(norm("ln1"))
-    if tp > 1 and gathered:
-        add(comm("attn_all_gather", "fwd", "all_gather", ()))
+    add(shard.norm("ln1"))
+    if gathered:
+        add(shard.comm("attn_all_gather", "fwd", "all_gather", ()))
     add(_gemm("qkv_gemm", "fwd", tokens, h, q + 2 * kv, d, ()))
     add(Kernel(name="attention", phase="fwd", resource="compute", kind="attention",
                flops=4.0 * b * s * s * q, bytes=d * tokens * (2 * q + 2 * kv), after=()))
     add(_gemm("proj_gemm", "fwd", tokens, q, h, d, ()))
     if tp > 1:
-        add(comm(f"attn_{block_end}", "fwd", block_end, ()))
-    add(residual("residual1", "fwd", ()))
-    add(norm("ln2"))
-    if tp > 1 and gathered:
-        add(comm("mlp_all_gather", "fwd", "all_gather", ()))
+        add(shard.comm(f"attn_{block_end}", "fwd", block_end, ()))
+    add(shard.residual("residual1", "fwd", ()))
+    add(shard.norm("ln2"))
+    if gathered:
+        add(shard.comm("mlp_all_gather", "fwd", "all_gather", ()))
     add(_gemm("fc1_gemm", "fwd", tokens, h, fc1_out, d, ()))
     add(Kernel(name=model.activation, phase="fwd", resource="compute", kind="activation",
                flops=act_flops_per * tokens * f, bytes=d * tokens * (fc1_out + f), after=()))
     add(_gemm("fc2_gemm", "fwd", tokens, f, h, d, ()))
     if tp > 1:
-        add(comm(f"mlp_{block_end}", "fwd", block_end, ()))
-    add(residual("residual2", "fwd", ()))
-    if phase == "fwd":
-        return fwd
+        add(shard.comm(f"mlp_{block_end}", "fwd", block_end, ()))
+    add(shard.residual("residual2", "fwd", ()))
+    return fwd
 
-    # Backward: walk the forward in reverse. Under sequence parallelism each collective's gradient
-    # is its mirror (all-gather <-> reduce-scatter) at the same place; without it the all-reduce
-    # moves to the block's start (after the QKV / FC1 input-gradient GEMM).
+
+def _recomputed(k: Kernel) -> Kernel:
+    """Forward kernel `k` run again in the backward (activation recomputation)."""
+    return Kernel(name=f"recompute_{k.name}", phase="bwd", resource=k.resource, kind=k.kind, flops=k.flops,
+                  bytes=k.bytes, after=(), collective=k.collective, group=k.group)
+
+
+def _backward_kernels(fwd: list[Kernel], shard: _Shard, sequence_parallel: bool, recompute: str) -> list[Kernel]:
+    """The layer's backward: the forward walked in reverse. Under sequence parallelism each
+    collective's gradient is its mirror (all-gather <-> reduce-scatter) at the same place; without
+    it the all-reduce moves to the block's start (after the QKV / FC1 input-gradient GEMM)."""
     mirror = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}
     bwd: list[Kernel] = []
     chain = -1  # index of the last kernel on the input-gradient chain
@@ -176,13 +207,9 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
         if on_chain:
             chain = len(bwd) - 1
 
-    def again(k: Kernel) -> Kernel:
-        return Kernel(name=f"recompute_{k.name}", phase="bwd", resource=k.resource, kind=k.kind, flops=k.flops,
-                      bytes=k.bytes, after=(), collective=k.collective, group=k.group)
-
     if recompute == "full":  # the layer's forward again, from its saved input, before its backward
         for k in fwd:
-            push(again(k))
+            push(_recomputed(k))
     for k in reversed(fwd):
         base = k.name.removesuffix("_gemm")
         if k.kind == "gemm":
@@ -193,13 +220,13 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
             push(Kernel(name=f"{base}_wgrad", phase="bwd", resource="compute", kind="gemm",
                         flops=k.flops, bytes=k.bytes, after=()), on_chain=False)
             chain = dgrad
-            if tp > 1 and not sequence_parallel and base in ("qkv", "fc1"):
+            if shard.tp > 1 and not sequence_parallel and base in ("qkv", "fc1"):
                 # Megatron's f: identity forward, all-reduce of the input gradient backward
                 block = "attn" if base == "qkv" else "mlp"
-                push(comm(f"{block}_all_reduce_bwd", "bwd", "all_reduce", ()))
+                push(shard.comm(f"{block}_all_reduce_bwd", "bwd", "all_reduce", ()))
         elif k.kind == "attention":
             if recompute == "selective":  # the core attention again, just before its gradient
-                push(again(k))
+                push(_recomputed(k))
             push(Kernel(name="attention_bwd", phase="bwd", resource="compute", kind="attention_bwd",
                         flops=2.0 * k.flops, bytes=2.0 * k.bytes, after=()))
         elif k.kind == "collective":
@@ -207,7 +234,7 @@ def decompose_layer(model: EncoderConfig | LLMConfig | TransformerShape, micro_b
                 continue  # the block-end all-reduce's gradient is the identity (Megatron's g)
             op = mirror[k.collective]
             push(Kernel(name=k.name.replace(k.collective, op) + "_bwd", phase="bwd", resource="comm",
-                        kind="collective", flops=0.0, bytes=k.bytes, after=(), collective=op, group=tp))
+                        kind="collective", flops=0.0, bytes=k.bytes, after=(), collective=op, group=shard.tp))
         elif k.kind == "norm":  # reads x and dy, writes dx: twice the forward's traffic
             push(Kernel(name=f"{k.name}_bwd", phase="bwd", resource="compute", kind="norm",
                         flops=2.0 * k.flops, bytes=2.0 * k.bytes, after=()))

@@ -126,10 +126,101 @@ class _Chart:
             base = top
 
 
-def _layers(colours: dict[str, str], rows: np.ndarray, kind: np.ndarray, start: np.ndarray,
-            end: np.ndarray) -> list[_Layer]:
-    """One layer per kind of `colours`: the intervals of `rows` (a mask) of that kind."""
-    return [_Layer(k, c, start[rows & (kind == k)], end[rows & (kind == k)]) for k, c in colours.items()]
+_ENCODER_COLOURS = {**{f"enc{ph}": c for ph, c in ENCODER_COLOURS.items()},
+                    **{f"enc{ph}s": c for ph, c in SPREAD_COLOURS.items()}}
+_LLM_ROW, _LANE_ROW, _GAP = 0.62, 0.34, 0.36
+"""Heights of a stage's LLM row, of each encoder lane's row and of the gap after a stage (y units)."""
+
+
+@dataclass(slots=True)
+class _Intervals:
+    """Intervals of several kinds, each on a row (a pipeline rank, or an encoder lane: -1 for none)."""
+
+    row: np.ndarray
+    kind: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    def layers(self, colours: dict[str, str], row: int) -> list[_Layer]:
+        """One layer per kind of `colours`: the intervals of that kind on `row`."""
+        rows = self.row == row
+        return [_Layer(k, c, self.start[rows & (self.kind == k)], self.end[rows & (self.kind == k)])
+                for k, c in colours.items()]
+
+
+def _timeline_intervals(items: Sequence[Any], shift: float) -> _Intervals:
+    """The LLM's ops or bubbles (each with a rank, a kind, a start and an end), shifted by `shift`."""
+    return _Intervals(row=np.array([o.rank for o in items], dtype=np.int64), kind=np.array([o.kind for o in items]),
+                      start=np.array([o.start for o in items], dtype=np.float64) + shift,
+                      end=np.array([o.end for o in items], dtype=np.float64) + shift)
+
+
+def _encoder_intervals(problem: Problem, schedule: Schedule, shift: float, spread: Sequence[int]) -> _Intervals:
+    """The encoder's compute kernels by lane (comm tasks on no row), of kind ``enc<phase>``, with an
+    ``s`` for the microbatches in `spread`."""
+    t = problem.arrays().tasks
+    start = schedule.start + shift
+    pale = np.isin(t.microbatch, np.asarray(list(spread), np.int64))
+    kind = np.char.add(np.where(t.phase == 0, "enc0", "enc1"), np.where(pale, "s", ""))
+    return _Intervals(row=np.where(t.resource == 0, t.lane, -1), kind=kind, start=start, end=start + t.duration)
+
+
+def _draw_stage(chart: _Chart, r: int, top: float, ops: _Intervals, bubbles: _Intervals,
+                encoder: _Intervals | None, lanes: int, op_px: float) -> list[tuple[float, str]]:
+    """Stage r's block from `top` down: its LLM row, then one row per encoder lane; returns each
+    row's (tick, label)."""
+    rows = [(top + _LLM_ROW / 2, f"stage {r}")]
+    ops_r = [(layer, chart.shares(layer)) for layer in ops.layers(OP_COLOURS, r)]
+    idle = [(layer, chart.shares(layer)) for layer in bubbles.layers(BUBBLE_COLOURS, r)]
+    # An op's time includes its TP collectives (the tp bubbles): they come off the ops' shares.
+    busy = sum(s for _, s in ops_r)
+    tp = next(s for layer, s in idle if layer.key == "tp")
+    computing = np.clip(np.divide(busy - tp, busy, out=np.zeros_like(busy), where=busy > 0), 0.0, 1.0)
+    chart.stacked([(layer, s * computing) for layer, s in ops_r] + idle, top, _LLM_ROW)
+    if op_px >= 6:  # wide enough to tell one op from the next
+        sel = (ops.row == r) & (ops.start > chart.lo) & (ops.start < chart.hi)
+        chart.ax.vlines(ops.start[sel] / chart.scale, top, top + _LLM_ROW, colors="white", linewidth=0.6, zorder=3)
+    idle_total = sum(s for _, s in idle)
+    for k in range(lanes):
+        rows.append((top + _LLM_ROW + (k + 0.5) * _LANE_ROW, "encoder" if lanes == 1 else f"encoder {k}"))
+        assert encoder is not None
+        enc = [(layer, chart.shares(layer)) for layer in encoder.layers(_ENCODER_COLOURS, r * lanes + k)]
+        # the lane's bubbles, less what the encoder fills, shaded by kind below its kernels
+        filled = np.minimum(sum(s for _, s in enc), idle_total)
+        unfilled = np.divide(idle_total - filled, idle_total, out=np.zeros_like(idle_total), where=idle_total > 0)
+        chart.stacked(enc + [(layer, s * unfilled) for layer, s in idle], top + _LLM_ROW + k * _LANE_ROW, _LANE_ROW)
+    return rows
+
+
+def _label_axes(chart: _Chart, rows: list[tuple[float, str]], bottom: float, unit: str, title: str) -> None:
+    """The rows' labels (the encoder lanes' smaller and grey), the time axis and the title."""
+    ax = chart.ax
+    ax.set_yticks([y for y, _ in rows], [label for _, label in rows])
+    for label in ax.get_yticklabels():
+        if label.get_text().startswith("encoder"):
+            label.set_fontsize(8)
+            label.set_color("#555555")
+    ax.tick_params(axis="y", length=0)
+    ax.set_ylim(bottom, -_GAP / 2)
+    ax.set_xlim(chart.lo / chart.scale, chart.hi / chart.scale)
+    ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+    ax.set_xlabel(f"time ({unit})")
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    ax.set_title("\n".join(textwrap.fill(line, 130) for line in title.split("\n")), loc="left", fontsize=11)
+
+
+def _legend(fig: Any, present: set[str]) -> None:
+    """The legend of the kinds drawn, under the chart."""
+    from matplotlib.patches import Patch
+
+    labels_of = {**OP_NAMES, **{k: f"bubble: {k}" for k in BUBBLE_KINDS}, "enc0": "encoder forward",
+                 "enc1": "encoder backward", "enc0s": "encoder forward, spread over every pipeline",
+                 "enc1s": "encoder backward, spread over every pipeline",
+                 "grown": "step grows (encoder outside the LLM's step)"}
+    colours = {**OP_COLOURS, **BUBBLE_COLOURS, **_ENCODER_COLOURS, "grown": GROWTH_COLOUR}
+    handles = [Patch(color=colours[k], label=labels_of[k]) for k in labels_of if k in present]
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False)
 
 
 def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Problem | None = None,
@@ -142,8 +233,6 @@ def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Proble
         raise ValueError("schedule: give both the problem and its schedule, or neither")
     window = interval(window, "window") if window is not None else None
     plt = pyplot()
-    from matplotlib.patches import Patch
-
     ranks = timeline.ranks
     lanes = problem.num_lanes // ranks if problem is not None else 0
     if problem is not None and problem.num_lanes != lanes * ranks:
@@ -152,88 +241,24 @@ def save_gantt(timeline: Timeline, path: str | os.PathLike[str], problem: Proble
     step = schedule.step_time if schedule is not None else timeline.step_time
     lo, hi = window if window is not None else (0.0, step)
     unit, scale = time_unit(hi - lo)
-
-    llm_h, lane_h, gap = 0.62, 0.34, 0.36  # row heights, in units of the y axis
-    block = llm_h + lanes * lane_h + gap
+    block = _LLM_ROW + lanes * _LANE_ROW + _GAP
     fig, ax = plt.subplots(figsize=(FIGURE_WIDTH, 1.9 + ranks * block * 0.62), layout="constrained")
     chart = _Chart(ax, lo, hi, scale, width_px=int(0.86 * FIGURE_WIDTH * DPI))
-
     if schedule is not None and (schedule.shift_front > 0 or schedule.shift_back > 0):
         grown = _Layer("grown", GROWTH_COLOUR, np.array([0.0, shift + timeline.step_time]), np.array([shift, step]))
-        chart.background(grown, -gap / 2, ranks * block)
-
-    ops, bubbles = timeline.ops, timeline.bubbles
-    op_rank = np.array([o.rank for o in ops], dtype=np.int64)
-    op_kind = np.array([o.kind for o in ops])
-    op_start = np.array([o.start for o in ops], dtype=np.float64) + shift
-    op_end = np.array([o.end for o in ops], dtype=np.float64) + shift
-    b_rank = np.array([b.rank for b in bubbles], dtype=np.int64)
-    b_kind = np.array([b.kind for b in bubbles])
-    b_start = np.array([b.start for b in bubbles], dtype=np.float64) + shift
-    b_end = np.array([b.end for b in bubbles], dtype=np.float64) + shift
-    shown_ops = chart.visible(op_start, op_end)
+        chart.background(grown, -_GAP / 2, ranks * block)
+    ops, bubbles = _timeline_intervals(timeline.ops, shift), _timeline_intervals(timeline.bubbles, shift)
+    shown_ops = chart.visible(ops.start, ops.end)
     op_px = float(np.median(shown_ops[1] - shown_ops[0])) / chart.pixel if len(shown_ops[0]) else 0.0
-
-    if problem is not None and schedule is not None:
-        t = problem.arrays().tasks
-        enc_start = schedule.start + shift
-        enc_end = enc_start + t.duration
-        pale = np.isin(t.microbatch, np.asarray(list(spread), np.int64))
-        enc_kind = np.char.add(np.where(t.phase == 0, "enc0", "enc1"), np.where(pale, "s", ""))
-        enc_lane = np.where(t.resource == 0, t.lane, -1)  # compute kernels only
-    encoder_colours = {**{f"enc{ph}": c for ph, c in ENCODER_COLOURS.items()},
-                       **{f"enc{ph}s": c for ph, c in SPREAD_COLOURS.items()}}
-
-    ticks, labels = [], []
-    for r in range(ranks):
-        top = r * block
-        ticks.append(top + llm_h / 2)
-        labels.append(f"stage {r}")
-        ops_r = [(layer, chart.shares(layer)) for layer in _layers(OP_COLOURS, op_rank == r, op_kind, op_start, op_end)]
-        idle = [(layer, chart.shares(layer)) for layer in _layers(BUBBLE_COLOURS, b_rank == r, b_kind, b_start, b_end)]
-        # An op's time includes its TP collectives (the tp bubbles): they come off the ops' shares.
-        busy = sum(s for _, s in ops_r)
-        tp = next(s for layer, s in idle if layer.key == "tp")
-        computing = np.clip(np.divide(busy - tp, busy, out=np.zeros_like(busy), where=busy > 0), 0.0, 1.0)
-        chart.stacked([(layer, s * computing) for layer, s in ops_r] + idle, top, llm_h)
-        if op_px >= 6:  # wide enough to tell one op from the next
-            sel = (op_rank == r) & (op_start > lo) & (op_start < hi)
-            ax.vlines(op_start[sel] / scale, top, top + llm_h, colors="white", linewidth=0.6, zorder=3)
-        idle_total = sum(s for _, s in idle)
-        for k in range(lanes):
-            ticks.append(top + llm_h + (k + 0.5) * lane_h)
-            labels.append("encoder" if lanes == 1 else f"encoder {k}")
-            enc = [(layer, chart.shares(layer))
-                   for layer in _layers(encoder_colours, enc_lane == r * lanes + k, enc_kind, enc_start, enc_end)]
-            # the lane's bubbles, less what the encoder fills, shaded by kind below its kernels
-            filled = np.minimum(sum(s for _, s in enc), idle_total)
-            unfilled = np.divide(idle_total - filled, idle_total, out=np.zeros_like(idle_total), where=idle_total > 0)
-            chart.stacked(enc + [(layer, s * unfilled) for layer, s in idle], top + llm_h + k * lane_h, lane_h)
-
-    ax.set_yticks(ticks, labels)
-    for label in ax.get_yticklabels():
-        if label.get_text().startswith("encoder"):
-            label.set_fontsize(8)
-            label.set_color("#555555")
-    ax.tick_params(axis="y", length=0)
-    ax.set_ylim(ranks * block - gap / 2, -gap / 2)
-    ax.set_xlim(lo / scale, hi / scale)
-    ax.ticklabel_format(axis="x", style="plain", useOffset=False)
-    ax.set_xlabel(f"time ({unit})")
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+    encoder = _encoder_intervals(problem, schedule, shift, spread) if problem is not None and schedule is not None \
+        else None
+    rows = [row for r in range(ranks) for row in _draw_stage(chart, r, r * block, ops, bubbles, encoder, lanes, op_px)]
     if title is None:
         title = f"LLM step {timeline.step_time / 1e3:,.1f} ms"
     if window is not None:
         title += f"  [window {lo / scale:,.6g}-{hi / scale:,.6g} {unit}]"
-    ax.set_title("\n".join(textwrap.fill(line, 130) for line in title.split("\n")), loc="left", fontsize=11)
-    labels_of = {**OP_NAMES, **{k: f"bubble: {k}" for k in BUBBLE_KINDS}, "enc0": "encoder forward",
-                 "enc1": "encoder backward", "enc0s": "encoder forward, spread over every pipeline",
-                 "enc1s": "encoder backward, spread over every pipeline",
-                 "grown": "step grows (encoder outside the LLM's step)"}
-    colours = {**OP_COLOURS, **BUBBLE_COLOURS, **encoder_colours, "grown": GROWTH_COLOUR}
-    handles = [Patch(color=colours[k], label=labels_of[k]) for k in labels_of if k in chart.present]
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False)
+    _label_axes(chart, rows, ranks * block - _GAP / 2, unit, title)
+    _legend(fig, chart.present)
     save_figure(fig, path, dpi=DPI)
 
 

@@ -63,6 +63,7 @@ from ..llm.step import LLMStep
 from ..llm.timeline import Timeline, simulate_pipeline
 from ..llm.step import even_split
 from .layouts import encoder_layer_times
+from .relaxed import OtherStage, relaxed_schedules, relaxed_stage
 
 SCHEDULE = "1f1b"
 """The pipeline schedule the model describes."""
@@ -243,116 +244,6 @@ class Prediction:
                                  fwd=self.fwd, bwd=self.bwd, p2p=float(self.p2p))
 
 
-# ---- the relaxed stage schedule, vectorised over many pipelines -----------------------------------
-
-
-@dataclass(slots=True)
-class _Other:
-    """Another stage as stage i's relaxed schedule sees it (arrays run over pipelines)."""
-
-    between: np.ndarray
-    """fwd + bwd of the stages strictly between the two, plus 2 latencies per hop."""
-    fwd: np.ndarray
-    bwd: np.ndarray
-    warm: int
-    """Its warm-up forwards: min(S - j - 1, M)."""
-
-
-def _relaxed(fwd: np.ndarray, bwd: np.ndarray, fill: np.ndarray, drain: np.ndarray, warm: int,
-             microbatches: int, down: list[_Other], up: list[_Other]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One stage's 1F1B sequence against the relaxed rest of the pipeline (module docstring, rules
-    1-4; `down` are the later stages, `up` the earlier ones). Each rule is a chain of actions that
-    the real schedule runs in order, through one other stage j:
-
-    - backward k waits for forward k0 <= x = min(k + w_j, M - 1) of this stage, then the stages
-      between, then stage j's actions from its forward k0 through its backward k
-      ((x - k0 + 1) forwards and k - max(0, k0 - w_j) + 1 backwards), then the stages between;
-    - forward k waits for the fill plus stage j's k forwards and max(0, k - w_j) backwards before
-      it, and for backward y <= k - w_j - 1 of this stage, then stage j's actions from its backward
-      y through its forward k ((k - w_j - y) of each kind).
-
-    Running maxima over k0 and y keep it linear in M. Returns the makespan (drain included), the
-    fill-and-drain idle P and the steady-phase idle, each over pipelines."""
-    m = microbatches
-    t = np.zeros_like(fwd)
-    pipe = np.zeros_like(fwd)
-    steady = np.zeros_like(fwd)
-    fend: list[np.ndarray] = []
-    bend: list[np.ndarray] = []
-    neg = np.full_like(fwd, -np.inf)
-    lo, hi, seen = [neg] * len(down), [neg] * len(down), [0] * len(down)
-    back, seen_up = [neg] * len(up), [0] * len(up)
-
-    def wait(ready: np.ndarray, in_steady: bool, duration: np.ndarray) -> np.ndarray:
-        nonlocal t, pipe, steady
-        start = np.maximum(t, ready)
-        if in_steady:
-            steady = steady + (start - t)
-        else:
-            pipe = pipe + (start - t)
-        t = start + duration
-        return t
-
-    def forward(k: int, in_steady: bool) -> None:
-        ready = fill
-        for n, o in enumerate(up):
-            ready = np.maximum(ready, fill + k * o.fwd + max(0, k - o.warm) * o.bwd)
-            while seen_up[n] <= k - o.warm - 1:
-                y = seen_up[n]
-                back[n] = np.maximum(back[n], bend[y] - y * (o.fwd + o.bwd))
-                seen_up[n] += 1
-            if seen_up[n]:
-                ready = np.maximum(ready, back[n] + o.between + (k - o.warm) * (o.fwd + o.bwd))
-        fend.append(wait(ready, in_steady, fwd))
-
-    def backward(k: int, in_steady: bool) -> None:
-        ready = neg
-        for n, o in enumerate(down):
-            x = min(k + o.warm, m - 1)
-            while seen[n] <= x:
-                k0 = seen[n]
-                if k0 < o.warm:
-                    lo[n] = np.maximum(lo[n], fend[k0] - k0 * o.fwd)
-                else:
-                    hi[n] = np.maximum(hi[n], fend[k0] - k0 * (o.fwd + o.bwd))
-                seen[n] += 1
-            base = o.between + (x + 1) * o.fwd + (k + 1) * o.bwd
-            ready = np.maximum(ready, np.maximum(lo[n] + base, hi[n] + base + o.warm * o.bwd))
-        bend.append(wait(ready, in_steady, bwd))
-
-    for k in range(warm):
-        forward(k, False)
-    for k in range(m - warm):
-        forward(warm + k, warm + k > 0)
-        backward(k, k > 0)
-    for k in range(m - warm, m):
-        backward(k, False)
-    return t + drain, pipe + drain, steady
-
-
-def _schedules(fwd: np.ndarray, bwd: np.ndarray, microbatches: int, p2p: float
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """fwd, bwd: (pipelines, stages). Per pipeline and stage: relaxed makespan, fill-and-drain idle
-    and steady idle, each (pipelines, stages)."""
-    n, s = fwd.shape
-    zero = np.zeros((n, 1))
-    cf = np.concatenate([zero, np.cumsum(fwd, axis=1)], axis=1)
-    cb = np.concatenate([zero, np.cumsum(bwd, axis=1)], axis=1)
-    ct = cf + cb
-    m = microbatches
-    out = np.empty((3, n, s))
-    for i in range(s):
-        down = [_Other(between=ct[:, j] - ct[:, i + 1] + 2 * (j - i) * p2p, fwd=fwd[:, j], bwd=bwd[:, j],
-                       warm=min(s - j - 1, m)) for j in range(i + 1, s)]
-        up = [_Other(between=ct[:, i] - ct[:, j + 1] + 2 * (i - j) * p2p, fwd=fwd[:, j], bwd=bwd[:, j],
-                     warm=min(s - j - 1, m)) for j in range(i)]
-        res = _relaxed(fwd[:, i], bwd[:, i], cf[:, i] + i * p2p, cb[:, i] + i * p2p, min(s - i - 1, m), m,
-                       down, up)
-        for r in range(3):
-            out[r, :, i] = res[r]
-    return out[0], out[1], out[2]
-
-
 def _stage_array(values: object, field: str, positive: bool) -> np.ndarray:
     arr = real_array(values, field, minimum=0.0, positive_values=positive, ndim=None)
     if arr.ndim != 1 or arr.size == 0:
@@ -370,7 +261,7 @@ def predict(fwd: Sequence[float] | np.ndarray, bwd: Sequence[float] | np.ndarray
         raise ValueError(f"bwd: {b.size} stages, fwd has {f.size}")
     m = _count(microbatches, "microbatches", 1)
     lat = _latency(p2p)
-    own, pipe, steady = (a[0] for a in _schedules(f[None, :], b[None, :], m, lat))
+    own, pipe, steady = (a[0] for a in relaxed_schedules(f[None, :], b[None, :], m, lat))
     step = float(own.max())
     s = f.size
     terms = []
@@ -408,78 +299,99 @@ def search_split(encoder_layers: int, llm_layers: int, stages: int, layers: Laye
     per_f = np.array([layers.encoder_fwd] * e + [layers.llm_fwd] * l_)
     per_b = np.array([layers.encoder_bwd] * e + [layers.llm_bwd] * l_)
     pf, pb = np.concatenate([[0.0], np.cumsum(per_f)]), np.concatenate([[0.0], np.cumsum(per_b)])
-    pt = pf + pb
+    found = _SplitSearch(pf, pb, s, m, lat, limit)
+    found.run()
+    pred = predict_split(_split(e, found.best_cuts), layers, m, lat)
+    pred.optimal = found.optimal
+    pred.evaluated = found.evaluated
+    return pred
 
-    # bound[i, a, b]: stage i holding layers a .. b-1, with only its own layers known.
-    a_idx, b_idx = np.triu_indices(n + 1, 1)
-    bound = np.full((s, n + 1, n + 1), np.inf)
-    for i in range(s):
-        ok = (a_idx >= i) & (n - b_idx >= s - 1 - i) & ((i > 0) | (a_idx == 0)) & ((i < s - 1) | (b_idx == n))
-        a, b = a_idx[ok], b_idx[ok]
-        # the round trip through all later stages as one block (rule 2 with k0 = k, for j = S - 1)
-        none = np.zeros(a.size)
-        down = [_Other(between=pt[n] - pt[b] + 2 * (s - 1 - i) * lat, fwd=none, bwd=none, warm=0)] \
-            if i < s - 1 else []
-        own = _relaxed(pf[b] - pf[a], pb[b] - pb[a], pf[a] + i * lat, pb[a] + i * lat,
-                       min(s - i - 1, m), m, down, [])[0]
-        bound[i, a, b] = own
-    # rest[i, a]: the smallest bound over the stages i .. s-1 when stage i starts at layer a.
-    rest = np.full((s + 1, n + 1), np.inf)
-    rest[s, n] = -np.inf
-    for i in range(s - 1, -1, -1):
-        rest[i] = np.min(np.maximum(bound[i], rest[i + 1][None, :]), axis=1)
 
-    def evaluate(splits: list[list[int]]) -> np.ndarray:
+class _SplitSearch:
+    """:func:`search_split`'s branch and bound over the cuts between stages (``cuts[i]``: the first
+    layer of stage i, ``cuts[S] = n``), from the prefix sums `pf` and `pb` of the layers' forward
+    and backward times."""
+
+    def __init__(self, pf: np.ndarray, pb: np.ndarray, stages: int, microbatches: int, p2p: float, limit: int):
+        self.pf, self.pb, self.s, self.m, self.lat, self.limit = pf, pb, stages, microbatches, p2p, limit
+        self.bound, self.rest = self.bounds()
+        self.best_cuts: list[int] = []
+        self.best = np.inf
+        self.evaluated = 0
+        self.optimal = True
+        self.leaves: list[list[int]] = []
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """``bound[i, a, b]``: stage i holding layers a .. b-1, with only its own layers known;
+        ``rest[i, a]``: the smallest bound over the stages i .. S-1 when stage i starts at layer a."""
+        pf, pb, s, m, lat = self.pf, self.pb, self.s, self.m, self.lat
+        n = len(pf) - 1
+        pt = pf + pb
+        a_idx, b_idx = np.triu_indices(n + 1, 1)
+        bound = np.full((s, n + 1, n + 1), np.inf)
+        for i in range(s):
+            ok = (a_idx >= i) & (n - b_idx >= s - 1 - i) & ((i > 0) | (a_idx == 0)) & ((i < s - 1) | (b_idx == n))
+            a, b = a_idx[ok], b_idx[ok]
+            # the round trip through all later stages as one block (rule 2 with k0 = k, for j = S - 1)
+            none = np.zeros(a.size)
+            down = [OtherStage(between=pt[n] - pt[b] + 2 * (s - 1 - i) * lat, fwd=none, bwd=none, warm=0)] \
+                if i < s - 1 else []
+            own = relaxed_stage(pf[b] - pf[a], pb[b] - pb[a], pf[a] + i * lat, pb[a] + i * lat,
+                           min(s - i - 1, m), m, down, [])[0]
+            bound[i, a, b] = own
+        rest = np.full((s + 1, n + 1), np.inf)
+        rest[s, n] = -np.inf
+        for i in range(s - 1, -1, -1):
+            rest[i] = np.min(np.maximum(bound[i], rest[i + 1][None, :]), axis=1)
+        return bound, rest
+
+    def evaluate(self, splits: list[list[int]]) -> np.ndarray:
+        """The full model's step of each split."""
         cuts = np.array(splits, np.int64)
         lo, hi = cuts[:, :-1], cuts[:, 1:]
-        own = _schedules(pf[hi] - pf[lo], pb[hi] - pb[lo], m, lat)[0]
+        own = relaxed_schedules(self.pf[hi] - self.pf[lo], self.pb[hi] - self.pb[lo], self.m, self.lat)[0]
         return own.max(axis=1)
 
-    # Start from the bound's own best split.
-    start, a = [0], 0
-    for i in range(s):
-        a = int(np.argmin(np.maximum(bound[i, a], rest[i + 1])))
-        start.append(a)
-    best_cuts, best = start, float(evaluate([start])[0])
-    evaluated = 1
-    optimal = True
-    stack: list[tuple[int, float, list[int]]] = [(0, -np.inf, [0])]
-    leaves: list[list[int]] = []
-
-    def flush() -> None:
-        nonlocal best, best_cuts, evaluated, optimal
-        room = limit - evaluated
-        if len(leaves) > room:  # the evaluation limit: what is left unevaluated may be better
-            optimal = False
-            del leaves[max(0, room):]
-        if leaves:
-            steps = evaluate(leaves)
+    def flush(self) -> None:
+        """Evaluates the leaves gathered (within the evaluation limit) and keeps the best."""
+        room = self.limit - self.evaluated
+        if len(self.leaves) > room:  # the evaluation limit: what is left unevaluated may be better
+            self.optimal = False
+            del self.leaves[max(0, room):]
+        if self.leaves:
+            steps = self.evaluate(self.leaves)
             k = int(np.argmin(steps))
-            if steps[k] < best:
-                best, best_cuts = float(steps[k]), leaves[k]
-            evaluated += len(leaves)
-            leaves.clear()
+            if steps[k] < self.best:
+                self.best, self.best_cuts = float(steps[k]), self.leaves[k]
+            self.evaluated += len(self.leaves)
+            self.leaves.clear()
 
-    while stack and optimal:
-        i, part, cuts = stack.pop()
-        a = cuts[-1]
-        ends = np.arange(a + 1, n - (s - 1 - i) + 1)
-        lb = np.maximum(np.maximum(part, bound[i, a, ends]), rest[i + 1, ends])
-        keep = lb < best * (1 - 1e-12)
-        for b, v in sorted(zip(ends[keep].tolist(), lb[keep].tolist()), key=lambda x: -x[1]):
-            if i == s - 1:
-                leaves.append(cuts + [b])
-            else:
-                stack.append((i + 1, max(part, float(bound[i, a, b])), cuts + [b]))
-        if len(leaves) >= 1024:
-            flush()
-        if evaluated >= limit and stack:
-            optimal = False
-    flush()
-    pred = predict_split(_split(e, best_cuts), layers, m, lat)
-    pred.optimal = optimal
-    pred.evaluated = evaluated
-    return pred
+    def run(self) -> None:
+        """From the bound's own best split, every split whose bound beats the best so far."""
+        bound, rest, s, n = self.bound, self.rest, self.s, len(self.pf) - 1
+        start, a = [0], 0
+        for i in range(s):
+            a = int(np.argmin(np.maximum(bound[i, a], rest[i + 1])))
+            start.append(a)
+        self.best_cuts, self.best = start, float(self.evaluate([start])[0])
+        self.evaluated = 1
+        stack: list[tuple[int, float, list[int]]] = [(0, -np.inf, [0])]
+        while stack and self.optimal:
+            i, part, cuts = stack.pop()
+            a = cuts[-1]
+            ends = np.arange(a + 1, n - (s - 1 - i) + 1)
+            lb = np.maximum(np.maximum(part, bound[i, a, ends]), rest[i + 1, ends])
+            keep = lb < self.best * (1 - 1e-12)
+            for b, v in sorted(zip(ends[keep].tolist(), lb[keep].tolist()), key=lambda x: -x[1]):
+                if i == s - 1:
+                    self.leaves.append(cuts + [b])
+                else:
+                    stack.append((i + 1, max(part, float(bound[i, a, b])), cuts + [b]))
+            if len(self.leaves) >= 1024:
+                self.flush()
+            if self.evaluated >= self.limit and stack:
+                self.optimal = False
+        self.flush()
 
 
 __all__ = ["SCHEDULE", "LayerSplit", "LayerTimes", "Prediction", "StageTerms", "equal_split", "layer_times",

@@ -32,11 +32,12 @@ import numpy as np
 from ..config.checks import flag, integer, positive_int, shown
 from ..config.limits import MAX_TASKS
 from ..config.models import EncoderConfig
-from ..costs.kernels import PHASES, RESOURCES
+from ..costs.kernels import PHASES
 from ..costs.memory import encoder_layer_bytes, recompute_bytes
 from ..costs.roofline import CostModel
 from ..llm.step import even_split
 from .arrays import Tasks
+from .template import microbatch_template
 
 
 @dataclass(kw_only=True, slots=True)
@@ -106,21 +107,7 @@ class EncoderWork:
                  micro_batch: int | Sequence[int], costs: CostModel, tokens: int | None = None,
                  frozen: bool | Sequence[bool] = False, sequence_parallel: bool = False,
                  separate: bool = False, recompute: str = "none"):
-        models = [encoders] if isinstance(encoders, EncoderConfig) else list(encoders)
-        if not models:
-            raise ValueError("encoders: empty")
-        for mdl in models:
-            if not isinstance(mdl, EncoderConfig):
-                raise ValueError(f"encoders: {shown(mdl)} is not an EncoderConfig")
-        flags = [frozen] * len(models) if isinstance(frozen, bool) else list(frozen)
-        if len(flags) != len(models):
-            raise ValueError(f"frozen: {len(flags)} flags for {len(models)} encoders")
-        flags = [flag(f, f"frozen[{i}]") for i, f in enumerate(flags)]
-        images = [micro_batch] * len(models) if not isinstance(micro_batch, Sequence) else list(micro_batch)
-        if len(images) != len(models):
-            raise ValueError(f"micro_batch: {len(images)} counts for {len(models)} encoders")
-        images = [positive_int(n, f"micro_batch[{i}]" if isinstance(micro_batch, Sequence) else "micro_batch")
-                  for i, n in enumerate(images)]
+        models, flags, images = _per_encoder(encoders, frozen, micro_batch)
         self.plan = plan
         """The encoder plan."""
         self.separate = separate
@@ -160,86 +147,13 @@ class EncoderWork:
 
     def _template(self, to_llm: bool, images: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
         """One microbatch's tasks (at `images` images per encoder, default the microbatch's): lane
-        tags, durations, resources, phases and relative `after`."""
+        tags, durations, resources, phases and relative `after` (:func:`microbatch_template`)."""
         images = self._images if images is None else images
         key = (to_llm, images)
-        if key in self._templates:
-            return self._templates[key]
-        plan = self.plan
-        parts: dict[str, list[np.ndarray]] = {k: [] for k in ("tag", "duration", "resource", "phase", "counts", "after")}
-        size = 0
-
-        def add(tag: np.ndarray, duration: np.ndarray, resource: np.ndarray, phase: int, counts: np.ndarray,
-                after: np.ndarray) -> None:
-            nonlocal size
-            for key, value in (("tag", tag), ("duration", duration), ("resource", resource),
-                               ("phase", np.full(len(tag), phase, np.int64)), ("counts", counts), ("after", after)):
-                parts[key].append(value)
-            size += len(tag)
-
-        def emit(lane_tag: int, duration: float, resource: str, phase: str, preds: list[int]) -> int:
-            add(np.array([lane_tag]), np.array([duration]), np.array([RESOURCES.index(resource)]),
-                PHASES.index(phase), np.array([len(preds)]), np.array(preds, np.int64))
-            return size - 1
-
-        def run_layers(per_layer: list[tuple[Any, float]], count: int, lane_tag: int, phase: str,
-                       prev: int | None) -> int | None:
-            """Lays out `count` layers; returns the task that ends the last layer's dependency chain.
-            Within a layer the kernels wait as the decomposition says; its root kernels (no
-            predecessor in the layer) wait for the previous layer's chain end, or for `prev`."""
-            if count == 0:
-                return prev
-            k_n = len(per_layer)
-            # the chain continues from the last kernel that is not a dangling weight-gradient GEMM
-            last = max(i for i, (k, _) in enumerate(per_layer) if not k.name.endswith("_wgrad"))
-            rel = np.array([a for k, _ in per_layer for a in (k.after or (-1,))], np.int64)
-            counts = np.array([len(k.after) or 1 for k, _ in per_layer], np.int64)
-            root_kernel = np.array([not k.after for k, _ in per_layer])
-            root = rel < 0
-            base = size + k_n * np.arange(count, dtype=np.int64)[:, None]  # first task of each layer
-            after = np.where(root, base - k_n + last, base + rel)  # roots: the previous layer's end
-            all_counts = np.tile(counts, count)
-            if prev is None:  # the first layer's roots wait for nothing
-                after = np.concatenate([after[0][~root], after[1:].reshape(-1)])
-                all_counts[:k_n][root_kernel] = 0
-            else:
-                after[0][root] = prev
-                after = after.reshape(-1)
-            add(np.full(count * k_n, lane_tag, np.int64), np.tile([t for _, t in per_layer], count),
-                np.tile([RESOURCES.index(k.resource) for k, _ in per_layer], count), PHASES.index(phase),
-                all_counts, after)
-            return size - k_n + last
-
-        def chain(prev: int | None) -> list[int]:
-            return [] if prev is None else [prev]
-
-        last_stage = plan.pp_enc - 1
-        chains = [(cost, frozen) for cost, frozen in zip(self._layer_cost(images), self._flags) if cost is not None]
-        ends = []
-        for (per_phase, send, layers), _ in chains:
-            prev: int | None = None
-            for e, n in enumerate(layers):
-                prev = run_layers(per_phase["fwd"], n, e, "fwd", prev)
-                if e < last_stage:
-                    prev = emit(e, send, "comm", "fwd", chain(prev))
-            if to_llm:  # the encoder's output goes to LLM stage 0
-                prev = emit(last_stage, send, "comm", "fwd", chain(prev))
-            ends.append(prev)
-        for ((per_phase, send, layers), frozen), end in zip(chains, ends):
-            if frozen:
-                continue
-            prev = end
-            if to_llm:  # its gradient comes back from LLM stage 0
-                prev = emit(plan.pp_enc, send, "comm", "bwd", chain(prev))
-            for e in range(last_stage, -1, -1):
-                prev = run_layers(per_phase["bwd"], layers[e], e, "bwd", prev)
-                if e > 0:
-                    prev = emit(e, send, "comm", "bwd", chain(prev))
-        out = {k: np.concatenate(v) for k, v in parts.items()}
-        out["duration"] = out["duration"].astype(np.float64)
-        out["after_offset"] = np.concatenate([[0], np.cumsum(out.pop("counts"))]).astype(np.int64)
-        self._templates[key] = out
-        return out
+        if key not in self._templates:
+            chains = [(cost, frozen) for cost, frozen in zip(self._layer_cost(images), self._flags) if cost is not None]
+            self._templates[key] = microbatch_template(chains, self.plan.pp_enc, to_llm)
+        return self._templates[key]
 
     def _pipeline_template(self, pipeline: int, images: tuple[int, ...] | None = None) -> dict[str, np.ndarray]:
         """The template of `pipeline`'s microbatches (or pieces of `images` images): with the send to
@@ -342,23 +256,7 @@ class EncoderWork:
         if split not in self._spread_blocks:
             held = [images for images in split if any(images)]
             pieces = [self.microbatch_tasks(i, images) for i, images in enumerate(split) if any(images)]
-            sizes = np.array([len(t) for t in pieces])
-            first = np.concatenate([[0], np.cumsum(sizes)])
-            phase = np.concatenate([t.phase for t in pieces])
-            place = np.concatenate([_place_in_phase(t.phase) for t in pieces])
-            piece = np.repeat(np.arange(len(pieces)), sizes)
-            order = np.lexsort((piece, place, phase))
-            new_id = np.empty(len(order), np.int64)
-            new_id[order] = np.arange(len(order))
-            counts = np.concatenate([np.diff(t.after_offset) for t in pieces])
-            after = np.concatenate([t.after + first[i] for i, t in enumerate(pieces)])
-            offset = np.concatenate([[0], np.cumsum(counts)])
-            # the predecessor lists of the tasks in their new order
-            take = np.repeat(offset[:-1][order], counts[order]) + _ranks_within(counts[order])
-            block = {k: np.concatenate([getattr(t, k) for t in pieces])[order] for k in ("lane", "duration", "resource")}
-            block.update(phase=phase[order], microbatch=np.zeros(len(order), np.int64), after_counts=counts[order],
-                         after=new_id[after[take]], images=np.array(held, np.int64).reshape(len(held), -1)[piece[order]])
-            self._spread_blocks[split] = block
+            self._spread_blocks[split] = _merged_pieces(pieces, held)
         return self._spread_blocks[split]
 
     def layout_tasks(self, layout: Sequence[int | Sequence[int]]) -> Tasks:
@@ -385,27 +283,9 @@ class EncoderWork:
         return np.concatenate([b["images"] for b in blocks]) if blocks else np.zeros((0, len(self._images)), np.int64)
 
     def _lane_bytes_terms(self) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
-        """Per lane, the model states; per encoder, per pipeline and lane, the activations of one
-        microbatch's images of that encoder; per pipeline and lane, the memory full recomputation
-        rebuilds (computed once)."""
+        """:func:`_lane_memory` of the work (computed once)."""
         if self._bytes is None:
-            plan = self.plan
-            lanes = plan.pp_llm * plan.lanes_per_stage
-            states, rebuild = np.zeros(lanes), np.zeros((plan.pipelines, lanes))
-            acts = []
-            for model, frozen, images in zip(self._models, self._flags, self._images):
-                act = np.zeros((plan.pipelines, lanes))
-                s_bytes, a_bytes = encoder_layer_bytes(model, images, plan.tp_enc, frozen, self._recompute)
-                rebuilt = 0.0 if frozen else recompute_bytes(model, images, model.tokens, plan.tp_enc, self._recompute)
-                for e, layers in enumerate(plan.stage_layers(model.layers)):
-                    for pipeline in range(plan.pipelines):
-                        lane = plan.lane(pipeline, e)
-                        states[lane] += layers * s_bytes
-                        act[pipeline, lane] += layers * a_bytes
-                        if layers:
-                            rebuild[pipeline, lane] = max(rebuild[pipeline, lane], rebuilt)
-                acts.append(act)
-            self._bytes = (states, acts, rebuild)
+            self._bytes = _lane_memory(self._models, self._flags, self._images, self.plan, self._recompute)
         return self._bytes
 
     def _bytes_held(self, held: np.ndarray) -> np.ndarray:
@@ -432,6 +312,73 @@ class EncoderWork:
             for i, images in enumerate(self.split_images(self._share(placement, f"layout[{j}]"))):
                 held[:, i] += np.array(images, np.float64) / np.array(self._images, np.float64)
         return self._bytes_held(held)
+
+
+def _per_encoder(encoders: EncoderConfig | Sequence[EncoderConfig], frozen: bool | Sequence[bool],
+                 micro_batch: int | Sequence[int]) -> tuple[list[EncoderConfig], list[bool], list[int]]:
+    """:class:`EncoderWork`'s arguments checked, one model, frozen flag and image count per encoder."""
+    models = [encoders] if isinstance(encoders, EncoderConfig) else list(encoders)
+    if not models:
+        raise ValueError("encoders: empty")
+    for mdl in models:
+        if not isinstance(mdl, EncoderConfig):
+            raise ValueError(f"encoders: {shown(mdl)} is not an EncoderConfig")
+    flags = [frozen] * len(models) if isinstance(frozen, bool) else list(frozen)
+    if len(flags) != len(models):
+        raise ValueError(f"frozen: {len(flags)} flags for {len(models)} encoders")
+    flags = [flag(f, f"frozen[{i}]") for i, f in enumerate(flags)]
+    images = [micro_batch] * len(models) if not isinstance(micro_batch, Sequence) else list(micro_batch)
+    if len(images) != len(models):
+        raise ValueError(f"micro_batch: {len(images)} counts for {len(models)} encoders")
+    images = [positive_int(n, f"micro_batch[{i}]" if isinstance(micro_batch, Sequence) else "micro_batch")
+              for i, n in enumerate(images)]
+    return models, flags, images
+
+
+def _lane_memory(models: list[EncoderConfig], frozen: list[bool], images: tuple[int, ...], plan: EncoderPlan,
+                 recompute: str) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
+    """Per lane, the model states; per encoder, per pipeline and lane, the activations of one
+    microbatch's images of that encoder; per pipeline and lane, the memory full recomputation
+    rebuilds."""
+    lanes = plan.pp_llm * plan.lanes_per_stage
+    states, rebuild = np.zeros(lanes), np.zeros((plan.pipelines, lanes))
+    acts = []
+    for model, is_frozen, n in zip(models, frozen, images):
+        act = np.zeros((plan.pipelines, lanes))
+        s_bytes, a_bytes = encoder_layer_bytes(model, n, plan.tp_enc, is_frozen, recompute)
+        rebuilt = 0.0 if is_frozen else recompute_bytes(model, n, model.tokens, plan.tp_enc, recompute)
+        for e, layers in enumerate(plan.stage_layers(model.layers)):
+            for pipeline in range(plan.pipelines):
+                lane = plan.lane(pipeline, e)
+                states[lane] += layers * s_bytes
+                act[pipeline, lane] += layers * a_bytes
+                if layers:
+                    rebuild[pipeline, lane] = max(rebuild[pipeline, lane], rebuilt)
+        acts.append(act)
+    return states, acts, rebuild
+
+
+def _merged_pieces(pieces: list[Tasks], held: list[tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """The pieces of one spread microbatch (each on its pipeline's lanes, holding `held` images of
+    each encoder) as one block: their tasks merged fraction by fraction, within each phase in the
+    order of their place in their piece, the predecessor lists renumbered."""
+    sizes = np.array([len(t) for t in pieces])
+    first = np.concatenate([[0], np.cumsum(sizes)])
+    phase = np.concatenate([t.phase for t in pieces])
+    place = np.concatenate([_place_in_phase(t.phase) for t in pieces])
+    piece = np.repeat(np.arange(len(pieces)), sizes)
+    order = np.lexsort((piece, place, phase))
+    new_id = np.empty(len(order), np.int64)
+    new_id[order] = np.arange(len(order))
+    counts = np.concatenate([np.diff(t.after_offset) for t in pieces])
+    after = np.concatenate([t.after + first[i] for i, t in enumerate(pieces)])
+    offset = np.concatenate([[0], np.cumsum(counts)])
+    # the predecessor lists of the tasks in their new order
+    take = np.repeat(offset[:-1][order], counts[order]) + _ranks_within(counts[order])
+    block = {k: np.concatenate([getattr(t, k) for t in pieces])[order] for k in ("lane", "duration", "resource")}
+    block.update(phase=phase[order], microbatch=np.zeros(len(order), np.int64), after_counts=counts[order],
+                 after=new_id[after[take]], images=np.array(held, np.int64).reshape(len(held), -1)[piece[order]])
+    return block
 
 
 def _joined(blocks: list[dict[str, np.ndarray]], counts: list[int]) -> Tasks:

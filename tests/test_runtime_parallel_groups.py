@@ -72,7 +72,7 @@ WORKER = textwrap.dedent('''
         """One step of EncoderRuntime on ``mesh`` (pp 2 x dp 2), each replica with its own images: the
         encoder's gradient, which the step leaves averaged over the replicas (summed over pp)."""
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-        from pybubble.runtime import EncoderRuntime
+        from pybubble.runtime import EncoderRuntime, RuntimeOptions
 
         class First(nn.Module):
             def __init__(self):
@@ -91,7 +91,8 @@ WORKER = textwrap.dedent('''
         schedule = Schedule1F1B(stage, 2, loss_fn=lambda y, t: (y - t).pow(2).mean(), scale_grads=False)
         replica = mesh.get_local_rank(1)
         images = torch.randn(4, 3, generator=torch.Generator().manual_seed(10 + replica))
-        runtime = EncoderRuntime(encoder, stage=stage, schedule=schedule, mode="coarse", mesh=mesh, example=images[:2])
+        runtime = EncoderRuntime(encoder, stage=stage, schedule=schedule, example=images[:2], groups=mesh,
+                                 options=RuntimeOptions(mode="coarse"))
         import gc
         gc.collect()
         gc.disable()  # as a trainer that collects by hand (torchtitan's gc_freq): what a step leaves in cycles stays

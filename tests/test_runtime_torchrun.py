@@ -169,7 +169,7 @@ BAD_GROUPS = textwrap.dedent("""
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleZBVZeroBubble
-    from pybubble.runtime import EncoderRuntime
+    from pybubble.runtime import EncoderRuntime, RuntimeOptions, TrainerGroups
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"], RANK="0", WORLD_SIZE="1")
     dist.init_process_group("gloo")
@@ -177,9 +177,9 @@ BAD_GROUPS = textwrap.dedent("""
     schedule = Schedule1F1B(stage, 2, loss_fn=lambda y, t: y.sum())
     encoder = nn.Sequential(nn.Linear(4, 4))
     cases = {
-        "no pp": dict(mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))),
-        "both": dict(mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("pp",)), pp_group=dist.group.WORLD),
-        "zero": dict(microbatches=0),
+        "no pp": dict(groups=init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))),
+        "both": dict(groups=TrainerGroups(mesh=init_device_mesh("cpu", (1,), mesh_dim_names=("pp",)), pp=dist.group.WORLD)),
+        "zero": dict(options={"microbatches": 0}),
     }
     ddp = nn.parallel.DistributedDataParallel(nn.Linear(4, 4))
     ddp.register_comm_hook(None, lambda state, bucket: None)  # the trainer's own hook: DDP takes one
@@ -192,7 +192,8 @@ BAD_GROUPS = textwrap.dedent("""
     for name, kwargs in cases.items():
         kwargs = {"stage": stage, "schedule": schedule, **kwargs}
         try:
-            EncoderRuntime(encoder, mode="pybubble", example=torch.ones(2, 4), **kwargs)
+            options = RuntimeOptions(mode="pybubble", **kwargs.pop("options", {}))
+            EncoderRuntime(encoder, example=torch.ones(2, 4), options=options, **kwargs)
         except ValueError as e:
             print(f"{name}: {e}".splitlines()[0])
     dist.destroy_process_group()
@@ -213,7 +214,7 @@ def test_bad_groups_and_counts_raise_value_errors_naming_the_field():
         "no pp: mesh: no 'pp' dimension (its dimensions: ('dp',)); name the pipeline's dimension with "
         "roles={'pp': ..., 'dp': ..., 'tp': ...}",
         "both: mesh: give one of parallel_dims, mesh (with roles) or pp_group/dp_group/tp_group, not mesh and pp_group",
-        "zero: microbatches: 0 is not an integer >= 1 (the pp ranks)",
+        "zero: microbatches: 0 is not an integer >= 1",
     ]
     assert len(lines) == 5 and lines[3].startswith("hooked: stage: its DDP module already has a communication hook (")
     assert lines[4] == ("zero-bubble ddp: stage: a DDP module beside ScheduleZBVZeroBubble, which splits backwards "

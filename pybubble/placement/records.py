@@ -132,6 +132,11 @@ class StepRecord:
     """The time of this rank's encoder tasks (CPU: measured; CUDA: their estimates)."""
     llm_s: float = 0.0
     """The own time of this rank's LLM ops."""
+    layout: str | None = None
+    """The layout of the step's samples over the slots that
+    :meth:`~pybubble.runtime.EncoderRuntime.lay_out` chose (None: not asked)."""
+    given_tiles: list[int] | None = None
+    """With a layout: this replica's tiles per slot as the samples were given."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain data."""

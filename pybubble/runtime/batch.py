@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..placement.slots import SlotLayout
+
 Inputs = tuple[torch.Tensor, ...]
 
 
@@ -125,6 +127,12 @@ class EncoderBatch:
         parts = [torch.tensor_split(t, microbatches) for t in inputs_of(x)]
         return cls([tuple(p[k] for p in parts) for k in range(microbatches)])
 
+    @classmethod
+    def of(cls, x: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], microbatches: int) -> EncoderBatch:
+        """A step's encoder input as it comes: an :class:`EncoderBatch` as it is, one batch of a fixed
+        shape split into ``microbatches`` (:meth:`split`)."""
+        return x if isinstance(x, EncoderBatch) else cls.split(x, microbatches)
+
     def __len__(self) -> int:
         return len(self.inputs)
 
@@ -132,9 +140,10 @@ class EncoderBatch:
         """The batch on ``device``."""
         return EncoderBatch([tuple(t.to(device) for t in x) for x in self.inputs], self.images)
 
-    def problem(self, example: Inputs, microbatches: int) -> str | None:
+    def problem(self, example: Inputs, microbatches: int, layout: SlotLayout | None = None) -> str | None:
         """What is wrong with this batch for an encoder traced on ``example`` (one chunk) and a
-        schedule of ``microbatches``; None when nothing is."""
+        schedule of ``microbatches`` (and, when given, the ``layout`` the runtime chose for the
+        step's samples); None when nothing is."""
         if len(self) != microbatches:
             return (f"batch: {len(self)} microbatches, the schedule runs {microbatches}"
                     + (" (an empty step)" if not len(self) else ""))
@@ -150,6 +159,9 @@ class EncoderBatch:
                 if t.shape[1:] != e.shape[1:] or t.dtype != e.dtype:
                     return (f"batch: microbatch {k}'s input {i} has tiles of shape {tuple(t.shape[1:])} "
                             f"({t.dtype}), the encoder's pieces take {tuple(e.shape[1:])} ({e.dtype})")
+        if layout is not None and self.tiles != layout.slot_tiles:
+            return (f"batch: tiles per microbatch {self.tiles}, but the layout lay_out chose ({layout.name!r}) has "
+                    f"{layout.slot_tiles}")
         return None
 
     def chunk_counts(self, size: int) -> list[int]:

@@ -1,5 +1,10 @@
 """What a trainer adopts: :class:`EncoderRuntime` runs the modality encoder of a
-``torch.distributed.pipelining`` trainer inside the pipeline's bubbles, step by step.
+``torch.distributed.pipelining`` trainer inside the pipeline's bubbles, step by step. It is built
+from the trainer's encoder, stages, schedule and groups and one frozen
+:class:`~pybubble.runtime.options.RuntimeOptions`; a trainer makes three calls: the constructor,
+:meth:`EncoderRuntime.encoder_output` in its first stage's forward, and :meth:`EncoderRuntime.step`
+in place of ``schedule.step`` (with data that varies per step, :meth:`EncoderRuntime.lay_out` before
+it chooses the samples' slots).
 
 Per step it shares what every rank measured in the last steps, plans anew (the core schedules
 the encoder's pieces into the predicted bubbles; each rank's part is a
@@ -13,95 +18,53 @@ from.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from ..measure import names
+from ..placement.measured import CostHistory, MeasuredCosts
+from ..placement.plan import RankPlan, rank_plan
+from ..placement.records import StepRecord, WaitFigures
+from ..placement.slots import SlotLayout, choose_layout
+from ..placement.step import first_stage_rank, make_placement, predict_step_s
+from ..schedule.balance import deadline_gaps
+from . import torch_seams
 from .batch import EncoderBatch, Packing, chunk_counts, inputs_of
-from .boundary import BoundaryCommunicator
 from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
 from .executors import executor_for
-from .parallel_groups import ParallelGroups, agree_on_data, resolve_groups, runtime_group, world_group
-from . import torch_seams
-from .pipelining import fill_pipeline_waits, schedule_table
-from .lockstep import ReplicaLockstep
-from ..placement.measured import CostHistory, MeasuredCosts
-from ..placement.plan import RankPlan, rank_plan
-from ..placement.records import StepRecord, WaitFigures
-from ..placement.step import (check_mode, first_stage_rank, make_placement, predict_step_s, splits_backward,
-                              stage_ranks)
-from .profile import check_piece_s, p2p_latency, profile_pieces, share_samples
-from .replicas import MovedWork, ReplicaMoves, move_work, replica_grid
+from .lockstep import ReplicaLockstep, start_together
+from .options import RuntimeOptions, legacy_arguments
+from .parallel_groups import ParallelGroups, agree_on_data, runtime_group, world_group
+from .grad_sync import timed_grad_sync
+from .pipelining import fill_pipeline_waits
+from .profile import check_piece_s
+from .replicas import MovedWork, ReplicaBalance, ReplicaMoves
+from .schedule_shape import PipelineShape
 from .segments import MicrobatchRun, split_into_pieces
+from .step_costs import StepCosts
 from .tensor_parallel import fill_tp_waits
 from .waits import DataParallelWaits, TensorParallelWaits
 
 
-def sync_grads(module: nn.Module, group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None = None) -> None:
-    """Sums ``module``'s gradients over the ranks of ``group`` (one flat all-reduce; None: no
-    sum), then averages them over ``dp_group`` (the data-parallel replicas, as FSDP2 and DDP
-    average the LLM's gradients)."""
-    params = list(module.parameters())
-    flat = torch.cat([p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1) for p in params])
-    if group is not None:
-        dist.all_reduce(flat, group=group)
-    if dp_group is not None:
-        dist.all_reduce(flat, group=dp_group)
-        flat /= dist.get_world_size(dp_group)
-    offset = 0
-    for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-
-
-def check_stages(stages: Sequence[Any], table: dict, rank: int, ranks: int, schedule: str) -> int:
-    """The pipeline's stage count, once ``stages`` (this rank's ``PipelineStage`` objects) are
-    found to be built over the pp group and to be the stages ``table`` (that of the schedule class
-    named ``schedule``) runs on ``rank``."""
-    if len(table) != ranks:
-        raise ValueError(f"schedule: its action table has {len(table)} ranks, the pp group {ranks}")
-    owner = stage_ranks(table)
-    for st in stages:
-        if getattr(st, "group_size", ranks) != ranks:
-            raise ValueError(f"stage: its group has {st.group_size} ranks, the pp group {ranks} "
-                             "(build the PipelineStage with group= the pp group)")
-        if getattr(st, "num_stages", len(owner)) != len(owner):
-            raise ValueError(f"stage: {st.num_stages} stages, the schedule's table has {len(owner)}")
-    if splits_backward(table) and any(isinstance(getattr(st, "submod", None), DistributedDataParallel)
-                                      for st in stages):
-        raise ValueError(f"stage: a DDP module beside {schedule}, which splits backwards into I and W: torch "
-                         "computes W's gradients with autograd.grad, which DDP's all-reduce never sees "
-                         "(pytorch/pytorch#144530), so the replicas' gradients would not be averaged "
-                         "(docs/runtime.md, 'Zero-bubble schedules beside data parallelism'); shard it with FSDP2")
-    mine = sorted(s for s, r in owner.items() if r == rank)
-    given = sorted(getattr(st, "stage_index", s) for st, s in zip(stages, mine))
-    if len(stages) != len(mine) or given != mine:
-        raise ValueError(f"stage: stages {given} on rank {rank}, the schedule's table runs {mine} there")
-    return len(owner)
-
-
-def check_microbatches(microbatches: int | None, table: dict, ranks: int) -> int:
-    """The schedule's microbatches per step: those of its action table (``microbatches``, when
-    given, must be the same)."""
-    in_table = 1 + max(a.microbatch for row in table.values() for a in row)
-    if microbatches is None:
-        microbatches = in_table
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < ranks:
-        raise ValueError(f"microbatches: {microbatches!r} is not an integer >= {ranks} (the pp ranks)")
-    if microbatches != in_table:
-        raise ValueError(f"microbatches: {microbatches}, the schedule's table runs {in_table}")
-    return microbatches
+def check_packing(pack_chunks: bool, ranks: int, mode: str) -> bool:
+    """``pack_chunks`` where it can be: one pipeline rank, not megatron (ValueError else)."""
+    if pack_chunks and (ranks > 1 or mode == "megatron"):
+        raise ValueError(f"pack_chunks: needs one pipeline rank and mode pybubble or coarse (packed chains' "
+                         f"outputs are cut where they run), got {ranks} pipeline ranks, mode {mode!r}")
+    return bool(pack_chunks)
 
 
 def output_of(pieces: Sequence[Any], example: tuple[torch.Tensor, ...]) -> tuple[tuple[int, ...], torch.dtype]:
@@ -114,71 +77,37 @@ def output_of(pieces: Sequence[Any], example: tuple[torch.Tensor, ...]) -> tuple
     return tuple(output.shape), output.dtype
 
 
-def balanced_batch(runtime: "EncoderRuntime", batch: EncoderBatch) -> tuple[EncoderBatch, list[int], MovedWork | None]:
-    """With ``balance_replicas`` (not in megatron mode): the step's encoder work balanced over the
-    replicas (:func:`~pybubble.runtime.replicas.move_work`): the chains' inputs, each chain's rows
-    for this replica's first stage, the moved work; else the batch as it is."""
-    if runtime.grid is None or runtime.mode == "megatron":
-        runtime.moves = None
-        return batch, batch.tiles, None
-    with record_function(names.region("sync")):
-        chains, own, moved = move_work(
-            batch, replica=dist.get_rank(runtime.dp_group), replicas=runtime.replicas, pp_rank=runtime.rank,
-            pp_ranks=runtime.ranks, grid=runtime.grid, group=runtime.world_group,
-            first_stage=first_stage_rank(runtime.table), chunk_tiles=runtime.chunk_tiles, device=runtime.device,
-            packed=runtime.pack_chunks)
-    runtime.moves = moved.moves
-    return chains, own, moved
 
 
-def check_packing(pack_chunks: bool, ranks: int, mode: str) -> bool:
-    """``pack_chunks`` where it can be: one pipeline rank, not megatron (ValueError else)."""
-    if pack_chunks and (ranks > 1 or mode == "megatron"):
-        raise ValueError(f"pack_chunks: needs one pipeline rank and mode pybubble or coarse (packed chains' "
-                         f"outputs are cut where they run), got {ranks} pipeline ranks, mode {mode!r}")
-    return bool(pack_chunks)
+@dataclass
+class StepData:
+    """A step's encoder input as the runtime runs it."""
+
+    batch: EncoderBatch
+    """Each slot's tiles (this replica's, moved-in ones included)."""
+    own: list[int]
+    """Per slot, the chain's rows for this replica's own first stage."""
+    moved: MovedWork | None
+    """The work moved between replicas (None: none)."""
+    packing: Packing
+    """How the chains are packed."""
+    chains: EncoderBatch
+    """The chains' inputs as they run."""
 
 
-def sync_step_grads(encoder: nn.Module, plan: RankPlan, rank: int, ranks: int, pp_group: dist.ProcessGroup | None,
-                    dp_group: dist.ProcessGroup | None) -> bool:
-    """The encoder's gradients summed over the pp ranks that ran its microbatches and averaged over
-    the replicas; False when this rank has none to sync."""
-    spread = plan.mode != "megatron" and ranks > 1  # the encoder's microbatches ran on several pp ranks
-    holds = plan.mode != "megatron" or rank == plan.first_stage  # megatron: on the first stage's rank only
-    if not (spread or (holds and dp_group is not None)):
-        return False
-    with record_function(names.region("grad_sync")):
-        sync_grads(encoder, pp_group if spread else None, dp_group if holds else None)
-    return True
+class _Clock:
+    """A step's entry and the time its collectives before the step's work took."""
 
+    def __init__(self) -> None:
+        self.entry, self.met = time.perf_counter(), 0.0
 
-def start_step(runtime: "EncoderRuntime", plan: RankPlan) -> tuple[RankPlan, float, float]:
-    """The step's start on every rank at once: with several replicas
-    :meth:`~pybubble.runtime.lockstep.ReplicaLockstep.start` (the plan predicted as they run it, the
-    collectives' time and the waits for other replicas it counts), else the pipeline's barrier."""
-    if runtime.lockstep is not None:
-        return runtime.lockstep.start(plan, runtime.placement, runtime.costs, runtime.rank,
-                                      runtime.dp_waits.collectives_s, runtime.steps > 0)
-    dist.barrier(group=runtime.group)
-    return plan, 0.0, 0.0
-
-
-def begin_work(runtime: "EncoderRuntime", plan: RankPlan, batch: EncoderBatch, own: list[int],
-               moved: MovedWork | None, packing: Packing, chains: EncoderBatch) -> EncoderStep:
-    """The step's boundary communicator and moved work (their receives posted) and encoder work
-    (``chains``: ``batch``'s chains as they run, ``packing`` says how)."""
-    with record_function(names.region("setup")):
-        shapes = [(own[k], *runtime.output_shape[1:]) for k in plan.assignment]
-        boundary = BoundaryCommunicator(group=runtime.group, rank=runtime.rank, first_stage_rank=plan.first_stage,
-                                        producer=plan.producer, assignment=plan.assignment,
-                                        output_shapes=shapes, dtype=runtime.output_dtype, device=runtime.device)
-        boundary.begin_step()
-        if moved is not None:
-            moved.begin_step(runtime.output_shape[1:], runtime.output_dtype)
-        size = runtime.chunk_tiles
-        return EncoderStep(plan=plan, pieces=runtime.pieces, boundary=boundary, tiles=batch.tiles, own_tiles=own,
-                           moved=moved, packing=packing, inputs=lambda k, c: chains.chunk(k, c, size),
-                           executor=executor_for(runtime.side))
+    @contextlib.contextmanager
+    def meeting(self) -> Iterator[None]:
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.met += time.perf_counter() - t
 
 
 class EncoderRuntime:
@@ -189,42 +118,32 @@ class EncoderRuntime:
     their list). The step is predicted from the schedule's own action table and the encoder's
     pieces follow it; the encoder outputs go to the rank that holds the LLM's first stage.
 
-    The trainer's groups (:func:`~pybubble.runtime.parallel_groups.resolve_groups`): a torchtitan
-    ``parallel_dims``, a ``mesh`` (with ``roles`` when its dimensions are not named pp/dp/tp or as
-    torchtitan names them), or ``pp_group``/``dp_group``/``tp_group``; with none, the (first)
-    stage's group is the pipeline. ``group``: where the runtime's own traffic goes (default the pp
-    group when it carries CPU tensors; else one gloo group per pipeline is created). ``mode``:
-    ``megatron``, ``coarse`` or ``pybubble``; ``example``: one microbatch of encoder input, on
-    which the encoder is traced and cut into pieces; ``keep``: steps whose measured costs the plan
-    follows (medians). ``balance_replicas``: varying data's encoder work moved between the replicas;
-    ``pack_chunks`` (one pipeline rank, not megatron): each replica's tiles run as one stream of
-    chunks (:class:`~pybubble.runtime.batch.Packing`). ``piece_s``: pybubble's pieces, kernels merged to
-    at least this many seconds (:func:`~pybubble.runtime.profile.check_piece_s`). See docs/runtime.md.
+    ``example``: one microbatch (with data that varies per step: one chunk of tiles) of encoder
+    input, on which the encoder is traced and cut into pieces. ``groups``: the trainer's groups, a
+    ``DeviceMesh``, a torchtitan ``ParallelDims`` or a
+    :class:`~pybubble.runtime.options.TrainerGroups` (None: the stage's group is the pipeline).
+    ``options``: a :class:`~pybubble.runtime.options.RuntimeOptions` (default: pybubble mode).
+    ``device``: default the stage's. The keyword arguments of earlier releases (``mode=``,
+    ``mesh=``, ``piece_s=`` ...) still work, with a ``DeprecationWarning`` naming the replacement.
+    See docs/runtime.md.
     """
 
-    def __init__(self, encoder: nn.Module, *, stage: Any, schedule: Any, mode: str,
-                 example: torch.Tensor | Sequence[torch.Tensor], device: torch.device | str = "cpu",
-                 mesh: Any = None, parallel_dims: Any = None, roles: dict | None = None,
-                 pp_group: dist.ProcessGroup | None = None, dp_group: dist.ProcessGroup | None = None,
-                 tp_group: dist.ProcessGroup | None = None, group: dist.ProcessGroup | None = None,
-                 microbatches: int | None = None, keep: int = 5, balance_replicas: bool = False,
-                 pack_chunks: bool = False, piece_s: float | None = None):
+    def __init__(self, encoder: nn.Module, *, stage: Any, schedule: Any, example: torch.Tensor | Sequence[torch.Tensor],
+                 groups: Any = None, options: RuntimeOptions | None = None, device: torch.device | str | None = None,
+                 **deprecated: Any):
+        self.options, trainer_groups = legacy_arguments(options, groups, deprecated)
         torch_seams.check_torch_seams()
-        self.mode, self.encoder, self.schedule, self.device = check_mode(mode), encoder, schedule, torch.device(device)
+        self.encoder, self.schedule = encoder, schedule
         self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
         """This rank's pipeline stages."""
-        self.groups: ParallelGroups = resolve_groups(
-            mesh=mesh, parallel_dims=parallel_dims, roles=roles, pp_group=pp_group, dp_group=dp_group,
-            tp_group=tp_group, default_pp=getattr(self.stages[0], "group", None))
+        self.device = torch.device(device if device is not None else getattr(self.stages[0], "device", "cpu"))
+        self.groups: ParallelGroups = trainer_groups.resolve(getattr(self.stages[0], "group", None))
         """The trainer's groups the runtime works on."""
-        self.pp_group, self.dp_group = self.groups.pp, self.groups.dp
-        self.rank, self.ranks = dist.get_rank(self.pp_group), dist.get_world_size(self.pp_group)
-        self.table = schedule_table(schedule)
-        """The schedule's action table (its compute actions), which the plan simulates."""
-        self.num_stages = check_stages(self.stages, self.table, self.rank, self.ranks, type(schedule).__name__)
-        self.microbatches = check_microbatches(microbatches, self.table, self.ranks)
-        self.groups.check_schedule(self.table, type(schedule).__name__)
-        self.group = group if group is not None else runtime_group(self.groups, self.ranks)
+        self.pipeline = PipelineShape.of(self.stages, schedule, self.groups, self.options.microbatches)
+        """The schedule as the runtime sees it on this rank."""
+        self.group = trainer_groups.traffic if trainer_groups.traffic is not None else runtime_group(
+            self.groups, self.pipeline.ranks)
+        """Where the runtime's own traffic goes."""
         self.world_group = world_group()
         """Every rank (gloo): where the ranks agree on each step's data before it starts."""
         self.dp_waits = DataParallelWaits()
@@ -233,147 +152,123 @@ class EncoderRuntime:
         self.data_parallel = next((k for k in kinds if k is not None), None)
         """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
         self.replicas = 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
-        self.pack_chunks = check_packing(pack_chunks, self.ranks, self.mode)
-        """Whether each step's chains are packed (:class:`~pybubble.runtime.batch.Packing`)."""
-        self.grid = replica_grid(self.world_group, self.dp_group, self.rank, self.ranks) if balance_replicas else None
-        """With ``balance_replicas`` over several replicas: the world rank of each replica's
-        pipeline ranks (the moves' traffic)."""
-        self.moves: ReplicaMoves | None = None
-        """The last step's moves of encoder work between the replicas (None: none balanced)."""
+        balance = self.options.balance
+        check_packing(balance.pack_chunks, self.pipeline.ranks, self.mode)
         self.example = tuple(t.to(self.device) for t in inputs_of(example))
         """One chunk of encoder input: the pieces' fixed shape (its dim 0: the tiles of a chunk)."""
         self.kernels = self.pieces = split_into_pieces(encoder, self.example)
-        """The encoder cut before each kernel; :attr:`pieces` merges them at the profile (:func:`profile_pieces`)."""
-        self.piece_s = check_piece_s(piece_s, self.mode)
+        """The encoder cut before each kernel; :attr:`pieces` merges them at the profile."""
+        self.piece_s = check_piece_s(self.options.pieces.min_s, self.mode)
+        self.replica_balance = None if not balance.replicas else ReplicaBalance(
+            group=self.world_group, dp_group=self.dp_group, pp_rank=self.pipeline.rank, pp_ranks=self.pipeline.ranks,
+            first_stage=first_stage_rank(self.pipeline.table), chunk_tiles=self.chunk_tiles, device=self.device,
+            packed=balance.pack_chunks)
+        """With ``balance.replicas``: each step's encoder work moved between the replicas."""
         self.output_shape, self.output_dtype = output_of(self.kernels, self.example)
-        self.side, self.keep = side_stream(self.device), keep
-        self.history: CostHistory | None = None
-        """The measured costs of the last steps (None before the first step's profile)."""
-        self.lockstep = ReplicaLockstep(self.table, self.world_group, keep) if self.replicas > 1 else None
+        self.side = side_stream(self.device)
+        every = self.world_group, dist.get_world_size(self.world_group)
+        self.measured = StepCosts(*(every if self.replicas > 1 else (self.group, self.pipeline.ranks)),
+                                  self.options.keep, self.device)
+        """The costs the plans follow, measured as the steps run."""
+        self.lockstep = (ReplicaLockstep(self.pipeline.table, self.world_group, self.options.keep)
+                         if self.replicas > 1 else None)
         """With several replicas: the step predicted as they run it, waiting for each other."""
-        self.costs: MeasuredCosts | None = None
         self.steps = 0
         self.records: list[StepRecord] = []
         """One :class:`~pybubble.placement.records.StepRecord` per step."""
-        self.trace = False
-        """True: each step's record keeps (what, start, end) of its tasks, ops and waits."""
         self.placement = None
         """The placement of the last step's encoder pieces (its ``timeline``: the LLM step as predicted)."""
         self.plan: RankPlan | None = None
         """This rank's plan of the last step."""
-        self._work, self._returned, self._last_sample = None, None, None  # the running step, the last's return and figures
+        self._layout: SlotLayout | None = None  # the next step's layout of its samples (lay_out)
+        self._work: EncoderStep | None = None  # the running step
 
-    # -- measuring -----------------------------------------------------------------------------
-    def _now(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def _profile(self, example: tuple[torch.Tensor, ...]) -> None:
-        """Before the first step: the p2p latency and the pieces with their durations (:func:`profile_pieces`)."""
-        p2p = p2p_latency(self.group, self.rank, self.ranks, self.output_shape, self.output_dtype)
-        group, ranks = self._cost_group
-        self.pieces, initial = profile_pieces(self.kernels, example, self._now, group, self.num_stages, p2p, self.piece_s)
-        self.encoder.zero_grad(set_to_none=True)
-        self.history = CostHistory(initial, keep=self.keep, ranks=ranks)
-        self.costs = self.history.initial
+    # -- what it runs on -----------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        """``megatron``, ``coarse`` or ``pybubble`` (:attr:`options`' mode)."""
+        return self.options.mode
 
     @property
-    def _cost_group(self) -> tuple[dist.ProcessGroup | None, int]:
-        """Where the measured figures are shared, and its ranks: the pipeline's, or every rank's with
-        several replicas (they plan from the same costs; a collective counts as the last to reach it saw it)."""
-        every = (self.world_group, dist.get_world_size(self.world_group))
-        return (self.group, self.ranks) if self.lockstep is None else every
+    def trace(self) -> bool:
+        """Whether each step's record keeps (what, start, end) of its tasks, ops and waits."""
+        return self.options.trace
 
-    def _share_costs(self, entry: float) -> None:
-        """All ranks' figures of the last step (with the trainer's time since then) into the
-        history; on CUDA the CPU's clock does not time the GPU's work, so the costs stay those of
-        the profiling step."""
-        with record_function(names.region("sync")):
-            every = share_samples(self._last_sample, entry - self._returned, *self._cost_group)
-        if self.device.type == "cpu" or self.steps == 1:
-            with record_function(names.region("plan")):
-                self.history.add(every)
-                self.costs = self.history.costs()
-
-    # -- the step ------------------------------------------------------------------------------
-    def encoder_output(self, microbatch: int) -> torch.Tensor:
-        """On the first stage: the encoder output feeding LLM ``microbatch`` of the running step."""
-        if self._work is None:
-            raise RuntimeError("encoder_output: called outside EncoderRuntime.step")
-        return self._work.output(microbatch)
-
-    def _plan(self, batch: EncoderBatch) -> tuple[RankPlan, float]:
-        """This step's placement for ``batch``'s chunks (the chains as they run: packed ones with
-        ``pack_chunks``) and this rank's plan (the profiling step runs the coarse way, megatron in
-        that mode), and the time planning took."""
-        t = time.perf_counter()
-        with record_function(names.region("plan")):
-            chunks = batch.chunk_counts(self.chunk_tiles)
-            self.placement = make_placement(self._step_mode, self.costs, self.microbatches, self.table, chunks)
-            self.plan = rank_plan(self.placement, self.rank, self.costs, [p.name for p in self.pieces])
-        return self.plan, time.perf_counter() - t
-
-    def predict(self, tiles: Sequence[int]) -> float | None:
-        """The step (s) this runtime predicts for microbatches of ``tiles`` tiles each, in its mode
-        with its last costs (None before the first step measured them): to compare layouts of a
-        step's samples before choosing one (this replica's own work; moves not counted; with
-        ``pack_chunks`` the packed chains')."""
-        return None if self.costs is None else predict_step_s(
-            self._step_mode, self.costs, self.microbatches, self.table,
-            chunk_counts(Packing.of(tiles, self.chunk_tiles if self.pack_chunks else None).packed, self.chunk_tiles))
+    @trace.setter
+    def trace(self, on: bool) -> None:
+        """Deprecated: the trace is an option (``RuntimeOptions(trace=...)``)."""
+        warnings.warn("setting EncoderRuntime.trace is deprecated: pass options=RuntimeOptions(trace=...)",
+                      DeprecationWarning, stacklevel=2)
+        self.options = dataclasses.replace(self.options, trace=bool(on))
 
     @property
-    def _step_mode(self) -> str:
-        """The next step's mode: the profiling step runs the coarse way (megatron in that mode)."""
-        return self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
+    def moves(self) -> ReplicaMoves | None:
+        """The last step's moves of encoder work between the replicas (None: none balanced)."""
+        return None if self.replica_balance is None or self.mode == "megatron" else self.replica_balance.moves
+
+    @property
+    def costs(self) -> MeasuredCosts | None:
+        """The costs the next plan takes (None before the first step's profile)."""
+        return self.measured.costs
+
+    @property
+    def history(self) -> CostHistory | None:
+        """The measured costs of the last steps (None before the first step's profile)."""
+        return self.measured.history
+
+    @property
+    def dp_group(self) -> dist.ProcessGroup | None:
+        """The data-parallel replicas' group (None: one replica)."""
+        return self.groups.dp
+
+    @property
+    def microbatches(self) -> int:
+        """The schedule's microbatches per step."""
+        return self.pipeline.microbatches
 
     @property
     def chunk_tiles(self) -> int:
         """Tiles of one chunk: the encoder's pieces run on this many at a time."""
         return int(self.example[0].shape[0])
 
-    def _run(self, work: EncoderStep, start: float, args: tuple, kwargs: dict) -> tuple[Any, TensorParallelWaits]:
-        """The pipeline's schedule with the encoder's tasks in its waits: the front, the schedule,
-        the drain."""
-        filler = work.filler
-        if self.device.type == "cuda" and self.steps == 0:
-            filler.progress.op_clock = self._now  # the profiling step times the GPU's ops
-        if self.trace:
-            filler.record_trace()
-        self.dp_waits.begin_step(filler)
-        self._work = work
-        completed = False
-        try:
-            with record_function(names.region("front")):
-                filler.run_front()
-            filler.progress.begin_step(frame0=start)
-            tp = TensorParallelWaits(filler, self.costs.tp_gap_s, self.costs.tp_op_wait_s)
-            with fill_pipeline_waits(work.waits, self.stages), fill_tp_waits(tp), \
-                    record_function(names.region("schedule")):
-                result = self.schedule.step(*args, **kwargs)
-            filler.progress.end_pipeline()
-            with record_function(names.region("drain")):
-                filler.drain()
-            tp.finish()
-            work.boundary.end_step()
-            if work.moved is not None:
-                work.moved.wait_sends()
-            completed = True
-        finally:
-            self._work = None
-            self.dp_waits.end_step(completed)
-            if sys.exc_info()[0] is not None:
-                with contextlib.suppress(Exception):  # a failed step leaves nothing running on the worker
-                    filler.settle()
-        return result, tp
+    @property
+    def _step_mode(self) -> str:
+        """The next step's mode: the profiling step runs the coarse way (megatron in that mode)."""
+        return self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
 
-    def _sync_grads(self, plan: RankPlan) -> float | None:
-        """The encoder's gradients summed over the ranks (:func:`sync_step_grads`), timed."""
-        t = self._now()
-        synced = sync_step_grads(self.encoder, plan, self.rank, self.ranks, self.pp_group, self.dp_group)
-        return self._now() - t if synced else None
+    # -- the trainer's calls besides step --------------------------------------------------------
+    def encoder_output(self, microbatch: int) -> torch.Tensor:
+        """On the first stage: the encoder output feeding LLM ``microbatch`` of the running step."""
+        if self._work is None:
+            raise RuntimeError("encoder_output: called outside EncoderRuntime.step")
+        return self._work.output(microbatch)
 
+    def predict(self, tiles: Sequence[int]) -> float | None:
+        """The step (s) this runtime predicts for microbatches of ``tiles`` tiles each, in its mode
+        with its last costs (None before the first step measured them): to compare layouts of a
+        step's samples before choosing one (this replica's own work; moves not counted; with
+        ``pack_chunks`` the packed chains')."""
+        pack = self.chunk_tiles if self.options.balance.pack_chunks else None
+        return None if self.costs is None else predict_step_s(
+            self._step_mode, self.costs, self.microbatches, self.pipeline.table,
+            chunk_counts(Packing.of(tiles, pack).packed, self.chunk_tiles))
+
+    def lay_out(self, sample_tiles: Sequence[int] | np.ndarray) -> SlotLayout:
+        """The next step's samples over the LLM's slots: ``sample_tiles``, each sample's tiles in the
+        trainer's order (``len / microbatches`` per slot, sample i given slot ``i // rows``). With
+        ``options.balance.slots`` and costs measured, the layout predicted shortest
+        (:func:`~pybubble.placement.slots.choose_layout`, the last plan's room per slot), else the
+        given one. The trainer runs its samples in ``layout.order``; the step's record names it."""
+        if self.options.balance.slots and self.costs is not None:
+            problem = self.placement.problem if self.placement is not None else None
+            layout = choose_layout(sample_tiles, self.microbatches, self.predict,
+                                   None if problem is None else deadline_gaps(problem), self.chunk_tiles)
+        else:
+            layout = SlotLayout.as_given(sample_tiles, self.microbatches)
+        self._layout = layout
+        return layout
+
+    # -- the step ------------------------------------------------------------------------------
     def step(self, encoder_input: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], *args: Any,
              **kwargs: Any) -> Any:
         """One training step: ``encoder_input`` is the step's encoder input as it comes, an
@@ -382,52 +277,137 @@ class EncoderRuntime:
         rank; ``args``/``kwargs`` go to ``schedule.step`` (the first stage's inputs, ``target=`` on
         the last stage). Returns what ``schedule.step`` returns; the encoder's gradients are summed
         over the ranks when it returns. Data that does not fit is refused on every rank before the
-        step (ValueError)."""
-        entry = time.perf_counter()
-        batch = (encoder_input if isinstance(encoder_input, EncoderBatch)
-                 else EncoderBatch.split(encoder_input, self.microbatches))
-        problem = batch.problem(self.example, self.microbatches)
+        step (ValueError). The stages: agree on the data, balance it, measure, plan, start on every
+        rank, run, sync the gradients, record."""
+        clock = _Clock()
+        batch = self._agree(encoder_input, clock)
+        with clock.meeting():
+            data = self._balance(batch)
+            self._measure(clock.entry)
+        plan, plan_s = self._plan(data.chains)
         t = time.perf_counter()
-        with record_function(names.region("sync")):
-            agree_on_data(problem, self.world_group)
-        met = time.perf_counter() - t  # the runtime's collectives before the step's work
-        batch = batch.to(self.device)
-        t = time.perf_counter()
-        batch, own, moved = balanced_batch(self, batch)
-        packing = Packing.of(batch.tiles, self.chunk_tiles if self.pack_chunks else None)
-        chains = packing.batch(batch)
-        if self.history is None:
-            self._profile(self.example)
-        elif self._last_sample is not None:
-            self._share_costs(entry)
-        met += time.perf_counter() - t
-        plan, plan_s = self._plan(chains)
-        t = time.perf_counter()
-        with record_function(names.region("sync")):
-            plan, meet_s, wait_s = start_step(self, plan)
-        start = time.perf_counter()
-        met += start - t
-        self.plan = plan
-        work = begin_work(self, plan, batch, own, moved, packing, chains)
+        plan, meet_s, wait_s = start_together(self.lockstep, self.group, plan, self.placement, self.costs,
+                                              self.pipeline.rank, self.dp_waits.collectives_s, self.steps > 0)
+        self.plan, start = plan, time.perf_counter()
+        clock.met += start - t
+        p = self.pipeline
+        work = EncoderStep.begin(plan, data.batch.tiles, data.own, data.moved, data.packing, data.chains,
+                                 pieces=self.pieces, group=self.group, rank=p.rank, output=(self.output_shape, self.output_dtype),
+                                 device=self.device, chunk_tiles=self.chunk_tiles, executor=executor_for(self.side))
         # the runtime's own work and its collectives before the step's work (the profiling step's
         # first collectives wait for every process to start, its profile is no step's)
-        own_s, met_s = ((time.perf_counter() - entry - met, met) if self.steps > 0 else (float("nan"), float("nan")))
-        result, tp = self._run(work, start, args, kwargs)
-        sync_s = self._sync_grads(plan)
+        own_s, met_s = ((time.perf_counter() - clock.entry - clock.met, clock.met) if self.steps > 0
+                        else (float("nan"), float("nan")))
+        self._work = work
+        try:
+            result, tp = run_step(work, self, start, args, kwargs)
+        finally:
+            self._work = None
+        sync_s = timed_grad_sync(self.encoder, plan, p.rank, p.ranks, self.groups.pp, self.dp_group, self.measured.now)
         with record_function(names.region("setup")):
             sync = float("nan") if sync_s is None else sync_s
-            self._last_sample = work.sample(self.num_stages, sync, own_s, met_s, tp.stats).vector()
-        stats = work.filler.stats
-        self.records.append(StepRecord(
-            predicted_s=plan.predicted_step_s, start=start, plan_s=plan_s, sync_s=sync_s or 0.0, filler=stats,
-            tp=tp.stats,
-            waits={"pp": WaitFigures(stats.waited_s, stats.filled_s),
-                   "dp": WaitFigures(stats.dp_waited_s, stats.dp_filled_s) if self.data_parallel else None,
-                   "tp": WaitFigures(tp.stats.waited_s, tp.stats.filled_s) if tp.stats.waits else None},
-            dp_collectives_s=meet_s, dp_replicas_s=wait_s, trace=work.filler.trace, tiles=batch.tiles,
-            chunks=chains.chunk_counts(self.chunk_tiles),
-            encoder_s=work.encoder_s(), llm_s=sum(work.filler.progress.op_busy_s),
-            imbalance=None if self.moves is None else (self.moves.imbalance(False), self.moves.imbalance(True))))
+            self.measured.last_sample = work.sample(self.pipeline.stages, sync, own_s, met_s, tp.stats).vector()
+        self.records.append(step_record(work, data, tp, self._layout, start=start, plan_s=plan_s, sync_s=sync_s,
+                                        meet_s=meet_s, wait_s=wait_s, chunk_tiles=self.chunk_tiles, moves=self.moves,
+                                        data_parallel=self.data_parallel is not None))
         work.close()
-        self.steps, self._returned = self.steps + 1, time.perf_counter()
+        self._layout = None
+        self.steps, self.measured.returned = self.steps + 1, time.perf_counter()
         return result
+
+    def _measure(self, entry: float) -> None:
+        """The profile before the first step, later every rank's figures of the last step shared."""
+        if self.measured.history is None:
+            p = self.pipeline
+            self.pieces = self.measured.profile(self.kernels, self.example, self.group, p.rank, p.ranks, p.stages,
+                                                (self.output_shape, self.output_dtype), self.piece_s)
+            self.encoder.zero_grad(set_to_none=True)
+        else:
+            self.measured.share(entry, self.steps)
+
+    def _agree(self, encoder_input: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], clock: _Clock
+               ) -> EncoderBatch:
+        """The step's batch, once every rank found its own fit to run (every rank refuses a step any
+        rank refused, before anything of it runs)."""
+        batch = EncoderBatch.of(encoder_input, self.microbatches)
+        problem = batch.problem(self.example, self.microbatches, self._layout)
+        with clock.meeting(), record_function(names.region("sync")):
+            agree_on_data(problem, self.world_group)
+        return batch.to(self.device)
+
+    def _balance(self, batch: EncoderBatch) -> StepData:
+        """The step's encoder work balanced over the replicas (with ``balance.replicas``, not in
+        megatron mode: :func:`~pybubble.runtime.replicas.move_work`) and packed (with
+        ``balance.pack_chunks``: :class:`~pybubble.runtime.batch.Packing`)."""
+        own, moved = batch.tiles, None
+        if self.replica_balance is not None and self.mode != "megatron":
+            with record_function(names.region("sync")):
+                batch, own, moved = self.replica_balance.balance(batch)
+        packing = Packing.of(batch.tiles, self.chunk_tiles if self.options.balance.pack_chunks else None)
+        return StepData(batch=batch, own=own, moved=moved, packing=packing, chains=packing.batch(batch))
+
+    def _plan(self, chains: EncoderBatch) -> tuple[RankPlan, float]:
+        """This step's placement for ``chains``' chunks and this rank's plan (the profiling step runs
+        the coarse way, megatron in that mode), and the time planning took."""
+        t = time.perf_counter()
+        with record_function(names.region("plan")):
+            chunks = chains.chunk_counts(self.chunk_tiles)
+            self.placement = make_placement(self._step_mode, self.costs, self.microbatches, self.pipeline.table, chunks)
+            self.plan = rank_plan(self.placement, self.pipeline.rank, self.costs, [p.name for p in self.pieces])
+        return self.plan, time.perf_counter() - t
+
+
+
+def run_step(work: EncoderStep, runtime: EncoderRuntime, start: float, args: tuple, kwargs: dict
+             ) -> tuple[Any, TensorParallelWaits]:
+    """``runtime``'s schedule with ``work``'s tasks in its waits: the front, the schedule, the drain."""
+    filler = work.filler
+    if runtime.device.type == "cuda" and runtime.steps == 0:
+        filler.progress.op_clock = runtime.measured.now  # the profiling step times the GPU's ops
+    if runtime.trace:
+        filler.record_trace()
+    runtime.dp_waits.begin_step(filler)
+    completed = False
+    try:
+        with record_function(names.region("front")):
+            filler.run_front()
+        filler.progress.begin_step(frame0=start)
+        tp = TensorParallelWaits(filler, runtime.costs.tp_gap_s, runtime.costs.tp_op_wait_s)
+        with fill_pipeline_waits(work.waits, runtime.stages), fill_tp_waits(tp), \
+                record_function(names.region("schedule")):
+            result = runtime.schedule.step(*args, **kwargs)
+        filler.progress.end_pipeline()
+        with record_function(names.region("drain")):
+            filler.drain()
+        tp.finish()
+        work.boundary.end_step()
+        if work.moved is not None:
+            work.moved.wait_sends()
+        completed = True
+    finally:
+        runtime.dp_waits.end_step(completed)
+        if sys.exc_info()[0] is not None:
+            with contextlib.suppress(Exception):  # a failed step leaves nothing running on the worker
+                filler.settle()
+    return result, tp
+
+
+def step_record(work: EncoderStep, data: StepData, tp: TensorParallelWaits, layout: SlotLayout | None, *,
+                start: float, plan_s: float, sync_s: float | None, meet_s: float, wait_s: float, chunk_tiles: int,
+                moves: ReplicaMoves | None, data_parallel: bool) -> StepRecord:
+    """The :class:`~pybubble.placement.records.StepRecord` of the step ``work`` ran."""
+    stats = work.filler.stats
+    return StepRecord(
+        predicted_s=work.plan.predicted_step_s, start=start, plan_s=plan_s, sync_s=sync_s or 0.0, filler=stats,
+        tp=tp.stats,
+        waits={"pp": WaitFigures(stats.waited_s, stats.filled_s),
+               "dp": WaitFigures(stats.dp_waited_s, stats.dp_filled_s) if data_parallel else None,
+               "tp": WaitFigures(tp.stats.waited_s, tp.stats.filled_s) if tp.stats.waits else None},
+        dp_collectives_s=meet_s, dp_replicas_s=wait_s, trace=work.filler.trace, tiles=data.batch.tiles,
+        chunks=data.chains.chunk_counts(chunk_tiles), encoder_s=work.encoder_s(),
+        llm_s=sum(work.filler.progress.op_busy_s),
+        imbalance=None if moves is None else (moves.imbalance(False), moves.imbalance(True)),
+        layout=None if layout is None else layout.name, given_tiles=None if layout is None else layout.given_tiles)
+
+
+__all__ = ["EncoderRuntime", "StepData", "check_packing", "output_of", "run_step", "step_record"]

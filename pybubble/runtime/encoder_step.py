@@ -7,14 +7,17 @@ import statistics
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.distributed as dist
+from torch.profiler import record_function
 
-from .batch import Packing
-from .boundary import BoundaryCommunicator
+from ..measure import names
 from ..placement.measured import StepSample, stage_figures
-from .executors import Executor
-from .filler import BubbleFiller
 from ..placement.plan import RankPlan
 from ..placement.records import TPWaitStats, tp_op_figures
+from .batch import EncoderBatch, Packing
+from .boundary import BoundaryCommunicator
+from .executors import Executor
+from .filler import BubbleFiller
 from .replicas import MovedWork
 from .segments import MicrobatchRun, Piece
 from .task import FillTask
@@ -86,6 +89,26 @@ class EncoderStep:
         self.filler = BubbleFiller.of_plan(plan, tasks, executor)
         self.waits = PipelineWaits(self.filler)
         """The pipeline's waits (and the first stage's waits for encoder outputs)."""
+
+    @classmethod
+    def begin(cls, plan: RankPlan, tiles: Sequence[int], own_tiles: Sequence[int], moved: MovedWork | None,
+              packing: Packing, chains: EncoderBatch, *, pieces: Sequence[Piece], group: dist.ProcessGroup, rank: int,
+              output: tuple[Sequence[int], torch.dtype], device: torch.device, chunk_tiles: int,
+              executor: Executor) -> EncoderStep:
+        """The step of ``plan`` on this rank (``rank`` of the pipeline, the runtime's traffic on
+        ``group``; the encoder's ``output`` shape and dtype of one chunk): its boundary communicator
+        and moved work, their receives posted, and its tasks over ``chains`` in chunks of ``chunk_tiles``."""
+        with record_function(names.region("setup")):
+            shape, dtype = output
+            boundary = BoundaryCommunicator(group=group, rank=rank, first_stage_rank=plan.first_stage,
+                                            producer=plan.producer, assignment=plan.assignment,
+                                            output_shapes=[(own_tiles[k], *shape[1:]) for k in plan.assignment],
+                                            dtype=dtype, device=device)
+            boundary.begin_step()
+            if moved is not None:
+                moved.begin_step(shape[1:], dtype)
+            return cls(plan=plan, pieces=pieces, boundary=boundary, tiles=tiles, own_tiles=own_tiles, moved=moved,
+                       packing=packing, inputs=lambda k, c: chains.chunk(k, c, chunk_tiles), executor=executor)
 
     def _slot_grad_ready(self, k: int) -> bool:
         """Whether every gradient of LLM microbatch k's chain has arrived."""

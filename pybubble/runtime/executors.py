@@ -15,7 +15,8 @@ differs between the host and a device is in these methods, so no caller asks whi
 has. Those that mean nothing on a device do nothing there; the three kinds of wait
 (:mod:`pybubble.runtime.waits`) ask the executor how to spend each wait (``pipeline_wait``,
 ``output_wait``, ``data_parallel_wait``, ``tp_wait``), and it calls back the wait's way for its
-device.
+device (the ``waits`` argument: the caller, a ``PipelineWaits``, ``DataParallelWaits`` or
+``TensorParallelWaits``; typed ``Any`` here so that the two modules do not import each other).
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ from .cuda import SideStream
 from .idle_worker import IdleWorker
 from .task import FillTask
 
-if TYPE_CHECKING:  # the waits call their executor, which calls them back
+if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
     from .probe import WorkProbe
-    from .waits import DataParallelWaits, PipelineWaits, TensorParallelWaits
 
 
 def annotated(task: FillTask):
@@ -86,17 +86,17 @@ class Executor(Protocol):
     def record_trace(self, trace: list[tuple[str, float, float]]) -> None:
         """From now on (name, start, end) of the tasks run off this thread go to ``trace``."""
 
-    def pipeline_wait(self, waits: PipelineWaits, works: Sequence[dist.Work], gap_s: float, fill: bool) -> None:
+    def pipeline_wait(self, waits: Any, works: Sequence[dist.Work], gap_s: float, fill: bool) -> None:
         """Waits for a pipeline op's p2p ``works`` (predicted gap ``gap_s``), filling it when ``fill``."""
 
-    def output_wait(self, waits: PipelineWaits, probe: WorkProbe, arrival_s: float | None) -> None:
+    def output_wait(self, waits: Any, probe: WorkProbe, arrival_s: float | None) -> None:
         """Inside the first stage's op: fills the wait for an encoder output from another rank."""
 
-    def data_parallel_wait(self, waits: DataParallelWaits, works: Sequence[dist.Work], room_s: float,
+    def data_parallel_wait(self, waits: Any, works: Sequence[dist.Work], room_s: float,
                            entered: float) -> Any:
         """Waits for a data-parallel collective's ``works`` with ``room_s`` to fill."""
 
-    def tp_wait(self, waits: TensorParallelWaits, tensor: torch.Tensor, real_wait: Callable[[torch.Tensor], Any],
+    def tp_wait(self, waits: Any, tensor: torch.Tensor, real_wait: Callable[[torch.Tensor], Any],
                 guard: Callable[[], contextlib.AbstractContextManager], entered: float, launched: float) -> Any:
         """Waits for a TP collective whose result is ``tensor``; returns ``real_wait(tensor)``."""
 
@@ -208,23 +208,23 @@ class HostExecutor:
         """The idle worker's tasks go to ``trace`` as they end."""
         self.trace = trace
 
-    def pipeline_wait(self, waits: PipelineWaits, works: Sequence[dist.Work], gap_s: float, fill: bool) -> None:
+    def pipeline_wait(self, waits: Any, works: Sequence[dist.Work], gap_s: float, fill: bool) -> None:
         """Runs tasks while the works are pending (when ``fill``), else blocks in them."""
         if fill:
             waits.fill_until_done(works, gap_s)
         else:
             waits.block(works)
 
-    def output_wait(self, waits: PipelineWaits, probe: WorkProbe, arrival_s: float | None) -> None:
+    def output_wait(self, waits: Any, probe: WorkProbe, arrival_s: float | None) -> None:
         """Runs this rank's tasks while the output comes."""
         waits.wait_for([probe], arrival_s)
 
-    def data_parallel_wait(self, waits: DataParallelWaits, works: Sequence[dist.Work], room_s: float,
+    def data_parallel_wait(self, waits: Any, works: Sequence[dist.Work], room_s: float,
                            entered: float) -> Any:
         """Runs tasks while the collective is pending (see :meth:`DataParallelWaits.fill_until_done`)."""
         return waits.fill_until_done(works, room_s, entered)
 
-    def tp_wait(self, waits: TensorParallelWaits, tensor: torch.Tensor, real_wait: Callable[[torch.Tensor], Any],
+    def tp_wait(self, waits: Any, tensor: torch.Tensor, real_wait: Callable[[torch.Tensor], Any],
                 guard: Callable[[], contextlib.AbstractContextManager], entered: float, launched: float) -> Any:
         """Queues pieces onto the idle worker, then blocks in the real wait."""
         return waits.queue_then_wait(self, tensor, real_wait, entered, launched)
@@ -294,24 +294,24 @@ class CudaExecutor:
     def record_trace(self, trace: list[tuple[str, float, float]]) -> None:
         """Nothing runs off the main thread: the filler traces the launches."""
 
-    def pipeline_wait(self, waits: PipelineWaits, works: Sequence[dist.Work], gap_s: float, fill: bool) -> None:
+    def pipeline_wait(self, waits: Any, works: Sequence[dist.Work], gap_s: float, fill: bool) -> None:
         """Launches what fits in the gap (when ``fill``), then the current stream waits on the works."""
         if fill:
             waits.launch_into_gap(lambda: gap_s - self.gap_launched_s)
         for w in works:
             w.wait()
 
-    def output_wait(self, waits: PipelineWaits, probe: WorkProbe, arrival_s: float | None) -> None:
+    def output_wait(self, waits: Any, probe: WorkProbe, arrival_s: float | None) -> None:
         """Nothing to fill: the output's arrival is a stream dependency."""
 
-    def data_parallel_wait(self, waits: DataParallelWaits, works: Sequence[dist.Work], room_s: float,
+    def data_parallel_wait(self, waits: Any, works: Sequence[dist.Work], room_s: float,
                            entered: float) -> Any:
         """The works become the current stream's dependencies; nothing is measured (0 s)."""
         for w in works:
             w.wait()
         return None
 
-    def tp_wait(self, waits: TensorParallelWaits, tensor: torch.Tensor, real_wait: Callable[[torch.Tensor], Any],
+    def tp_wait(self, waits: Any, tensor: torch.Tensor, real_wait: Callable[[torch.Tensor], Any],
                 guard: Callable[[], contextlib.AbstractContextManager], entered: float, launched: float) -> Any:
         """Launches the pieces that fit in the measured gap, then the real wait orders the stream."""
         with guard():

@@ -17,8 +17,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 
 from ..llm.tables import Table
+from ..measure import names
 from ..placement.marks import lockstep, step_marks_s
 from ..placement.measured import CollectiveHistory, MeasuredCosts
 from ..placement.plan import RankPlan
@@ -74,4 +76,17 @@ class ReplicaLockstep:
         return dataclasses.replace(plan, predicted_step_s=predicted), meet, max(0.0, compute - marks[-1] - meet)
 
 
-__all__ = ["ReplicaLockstep"]
+__all__ = ["ReplicaLockstep", "start_together"]
+
+
+def start_together(lockstep: ReplicaLockstep | None, group: dist.ProcessGroup | None, plan: RankPlan,
+                   placement: Placement, costs: MeasuredCosts, rank: int, collectives_s: Callable[[int], list[float]],
+                   ran: bool) -> tuple[RankPlan, float, float]:
+    """The step's start on every rank at once: with several replicas (``lockstep``)
+    :meth:`ReplicaLockstep.start` (the plan predicted as they run it, the collectives' time and the
+    waits for other replicas it counts), else the pipeline's barrier over ``group`` (0 s and 0 s)."""
+    with record_function(names.region("sync")):
+        if lockstep is not None:
+            return lockstep.start(plan, placement, costs, rank, collectives_s, ran)
+        dist.barrier(group=group)
+    return plan, 0.0, 0.0

@@ -358,4 +358,33 @@ def move_work(batch: EncoderBatch, *, replica: int, replicas: int, pp_rank: int,
     return EncoderBatch(moved.exchange_tiles(batch.inputs)), moves.kept_tiles(replica), moved
 
 
-__all__ = ["MovedWork", "ReplicaMoves", "gather_images", "move_work", "replica_grid"]
+class ReplicaBalance:
+    """Each step's encoder work balanced over the data-parallel replicas (:func:`move_work`), on
+    this rank (pipeline rank ``pp_rank`` of ``pp_ranks``, the first stage's rank ``first_stage``):
+    every rank builds it at once (one gather of every rank's place over ``group``, a gloo group of
+    every rank)."""
+
+    def __init__(self, *, group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None, pp_rank: int,
+                 pp_ranks: int, first_stage: int, chunk_tiles: int, device: torch.device, packed: bool):
+        self.group, self.dp_group, self.pp_rank, self.pp_ranks = group, dp_group, pp_rank, pp_ranks
+        self.first_stage, self.chunk_tiles, self.device, self.packed = first_stage, chunk_tiles, device, packed
+        self.grid = replica_grid(group, dp_group, pp_rank, pp_ranks)
+        """The world rank of each replica's pipeline ranks (the moves' traffic); None: one replica."""
+        self.moves: ReplicaMoves | None = None
+        """The last step's moves (None: none)."""
+
+    def balance(self, batch: EncoderBatch) -> tuple[EncoderBatch, list[int], MovedWork | None]:
+        """This replica's chains' inputs (its kept tiles, then the moved-in ones), each chain's rows
+        for its own first stage, and the step's moved work (None with one replica)."""
+        if self.grid is None:
+            self.moves = None
+            return batch, batch.tiles, None
+        chains, own, moved = move_work(
+            batch, replica=dist.get_rank(self.dp_group), replicas=len(self.grid), pp_rank=self.pp_rank,
+            pp_ranks=self.pp_ranks, grid=self.grid, group=self.group, first_stage=self.first_stage,
+            chunk_tiles=self.chunk_tiles, device=self.device, packed=self.packed)
+        self.moves = moved.moves
+        return chains, own, moved
+
+
+__all__ = ["MovedWork", "ReplicaBalance", "ReplicaMoves", "gather_images", "move_work", "replica_grid"]

@@ -206,6 +206,24 @@ def separate(step: LLMStep) -> Separate:
     that cannot be done by their ``forward_needed`` and the backwards that cannot be done after their
     ``grad_ready`` (the k-th earliest forward needs one microbatch's chain through every layer plus
     ``ceil(k / n) - 1`` more passes through the slowest stage; the backward likewise)."""
+    config, gpus = step.config, step.config.cluster.gpus
+    best: Separate | None = None
+    for bound, pp_enc, tp_enc, n, extra in sorted(_separate_options(step)):
+        if best is not None and bound >= best.step_time * (gpus + best.extra_gpus):
+            break  # every option left is bounded no better
+        option = _separate_option(step, pp_enc, tp_enc, n, extra)
+        if option is None:
+            continue
+        if best is None or option.step_time * (gpus + extra) < best.step_time * (gpus + best.extra_gpus):
+            best = option
+    if best is None:
+        raise ValueError(f"memory_gb: no non-colocated encoder layout fits in {config.memory_gb:g} GB per GPU")
+    return best
+
+
+def _separate_options(step: LLMStep) -> list[tuple[float, int, int, int, int]]:
+    """Every non-colocated option as (its bound on the GPU time, pp_enc, tp_enc, n, extra GPUs)
+    (see :func:`separate`)."""
     config, timeline = step.config, step.timeline
     p, horizon = config.llm_plan, timeline.step_time
     gpus, recompute = config.cluster.gpus, config.training.recompute
@@ -240,27 +258,25 @@ def separate(step: LLMStep) -> Separate:
                 busiest = max(f + b for f, b in zip(*stages)) * -(-config.microbatches // n)
                 options.append((max(horizon + front + back, busiest) * (gpus + extra), pp_enc, tp_enc, n, extra))
                 n *= 2
-    best: Separate | None = None
-    for bound, pp_enc, tp_enc, n, extra in sorted(options):
-        if best is not None and bound >= best.step_time * (gpus + best.extra_gpus):
-            break  # every option left is bounded no better
-        plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
-        partition = even_split(config.microbatches, n)
-        work = encoder_work(step, plan, separate=True)
-        memory = float(work.lane_bytes(partition).max())
-        if memory > config.memory_gb * GB:
-            continue
-        whole = Windows.whole(pp_enc * n, 0.0, horizon)
-        problem = Problem.on_timeline(timeline, work.tasks(partition), windows=(whole, whole),
-                                      lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
-        cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
-                         memory_bytes=memory)
-        option = Separate(plan=plan, candidate=cand, extra_gpus=extra)
-        if best is None or option.step_time * (gpus + extra) < best.step_time * (gpus + best.extra_gpus):
-            best = option
-    if best is None:
-        raise ValueError(f"memory_gb: no non-colocated encoder layout fits in {config.memory_gb:g} GB per GPU")
-    return best
+    return options
+
+
+def _separate_option(step: LLMStep, pp_enc: int, tp_enc: int, n: int, extra: int) -> Separate | None:
+    """One non-colocated option scheduled: `n` pipelines of `pp_enc` x `tp_enc` GPUs, an even
+    partition, every lane free the whole step; None when it does not fit in memory."""
+    config, timeline = step.config, step.timeline
+    plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
+    partition = even_split(config.microbatches, n)
+    work = encoder_work(step, plan, separate=True)
+    memory = float(work.lane_bytes(partition).max())
+    if memory > config.memory_gb * GB:
+        return None
+    whole = Windows.whole(pp_enc * n, 0.0, timeline.step_time)
+    problem = Problem.on_timeline(timeline, work.tasks(partition), windows=(whole, whole),
+                                  lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
+    cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
+                     memory_bytes=memory)
+    return Separate(plan=plan, candidate=cand, extra_gpus=extra)
 
 
 __all__ = ["Baseline", "Separate", "balanced_cuts", "encoder_layer_times", "encoder_tp", "megatron",

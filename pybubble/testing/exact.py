@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..config.checks import finite
+from ..problem.arrays import ProblemArrays
 from ..problem.problem import Problem
 
 
@@ -75,14 +77,41 @@ def optimum(problem: Problem, *, scale: float = 1.0, round_times: bool = False,
     arr, m = problem.arrays(), problem.num_microbatches
     if assignment is not None and sorted(int(k) for k in assignment) != list(range(m)):
         raise ValueError(f"assignment: {list(assignment)!r} is not a permutation of 0..{m - 1}")
-    t = arr.tasks
-    ints = {name: _integers(v, scale, round_times, name) for name, v in (
-        ("horizon", [arr.horizon]), ("forward_needed", arr.forward_needed), ("grad_ready", arr.grad_ready),
-        ("duration", t.duration), ("compute_start", arr.compute_free.start), ("compute_end", arr.compute_free.end),
-        ("link_start", arr.link_free.start), ("link_end", arr.link_free.end))}
+    ints = _scaled_times(arr, scale, round_times)
     horizon, dur = int(ints["horizon"][0]), ints["duration"].tolist()
     big = horizon + sum(dur) + 1
     model = cp_model.CpModel()
+    start = _placed_tasks(model, arr, ints, big)
+    _deadlines(model, arr, m, start, ints, assignment)
+    first, last = model.NewIntVar(-big, 0, "first"), model.NewIntVar(horizon, 2 * big, "last")
+    for i, d in enumerate(dur):
+        model.Add(first <= start[i])
+        model.Add(last >= start[i] + d)
+    model.Minimize(last - first)
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.max_deterministic_time = max_deterministic_time
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise RuntimeError(f"CP-SAT found no schedule within max_deterministic_time {max_deterministic_time} "
+                           f"({solver.StatusName(status)})")
+    return Exact(step_time=solver.ObjectiveValue() / scale, bound=solver.BestObjectiveBound() / scale,
+                 optimal=status == cp_model.OPTIMAL)
+
+
+def _scaled_times(arr: ProblemArrays, scale: float, round_times: bool) -> dict[str, np.ndarray]:
+    """The problem's times times `scale`, as integers, by name."""
+    t = arr.tasks
+    return {name: _integers(v, scale, round_times, name) for name, v in (
+        ("horizon", [arr.horizon]), ("forward_needed", arr.forward_needed), ("grad_ready", arr.grad_ready),
+        ("duration", t.duration), ("compute_start", arr.compute_free.start), ("compute_end", arr.compute_free.end),
+        ("link_start", arr.link_free.start), ("link_end", arr.link_free.end))}
+
+
+def _placed_tasks(model: Any, arr: ProblemArrays, ints: dict[str, np.ndarray], big: int) -> list[Any]:
+    """Each task's start in `model`: in one free interval of its lane's resource that holds it,
+    after its predecessors, no two tasks of a lane's resource at once."""
+    t, horizon, dur = arr.tasks, int(ints["horizon"][0]), ints["duration"].tolist()
     start = [model.NewIntVar(-big, big, f"s{i}") for i in range(len(dur))]
     by_key: dict[tuple[int, int], list] = {}
     for i, d in enumerate(dur):
@@ -101,6 +130,15 @@ def optimum(problem: Problem, *, scale: float = 1.0, round_times: bool = False,
             model.Add(start[int(p)] + dur[int(p)] <= start[i])
     for ivs in by_key.values():
         model.AddNoOverlap(ivs)
+    return start
+
+
+def _deadlines(model: Any, arr: ProblemArrays, m: int, start: list[Any], ints: dict[str, np.ndarray],
+               assignment: Sequence[int] | None) -> None:
+    """Each encoder microbatch's forward tasks done by the ``forward_needed`` of the LLM microbatch
+    it feeds, its backward tasks after that one's ``grad_ready``: under `assignment`, or under a
+    permutation of the model's choosing (None)."""
+    t, dur = arr.tasks, ints["duration"].tolist()
     need, ready = ints["forward_needed"].tolist(), ints["grad_ready"].tolist()
     if assignment is None:
         x = [[model.NewBoolVar("") for _ in range(m)] for _ in range(m)]
@@ -113,20 +151,6 @@ def optimum(problem: Problem, *, scale: float = 1.0, round_times: bool = False,
             rule = (model.Add(start[i] + d <= need[k]) if t.phase[i] == 0 else model.Add(start[i] >= ready[k]))
             if assignment is None:
                 rule.OnlyEnforceIf(x[j][k])
-    first, last = model.NewIntVar(-big, 0, "first"), model.NewIntVar(horizon, 2 * big, "last")
-    for i, d in enumerate(dur):
-        model.Add(first <= start[i])
-        model.Add(last >= start[i] + d)
-    model.Minimize(last - first)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = workers
-    solver.parameters.max_deterministic_time = max_deterministic_time
-    status = solver.Solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise RuntimeError(f"CP-SAT found no schedule within max_deterministic_time {max_deterministic_time} "
-                           f"({solver.StatusName(status)})")
-    return Exact(step_time=solver.ObjectiveValue() / scale, bound=solver.BestObjectiveBound() / scale,
-                 optimal=status == cp_model.OPTIMAL)
 
 
 __all__ = ["Exact", "optimum"]

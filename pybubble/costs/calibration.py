@@ -18,7 +18,7 @@ from typing import Any
 
 from ..config.models import EncoderConfig
 from .kernels import Kernel, decompose_layer
-from .roofline import CALIBRATION_FORMAT, CostModel, hardware
+from .roofline import CALIBRATION_FORMAT, CostModel, Hardware, hardware
 
 # (micro_batch, tokens, hidden, heads): small enough for two CPU cores in seconds; the last one is
 # held out of the fit.
@@ -159,12 +159,7 @@ def calibrate(device: str = "cpu", shapes: Sequence[tuple[int, int, int, int]] |
     shapes = tuple(shapes or (CPU_SHAPES if device == "cpu" else CUDA_SHAPES))
     if not 0 <= held_out < len(shapes):
         raise ValueError(f"held_out: {held_out} must leave at least one of {len(shapes)} shapes to fit")
-    if device == "cuda":
-        gpu = torch.cuda.get_device_name().lower()
-        spec_name = "h200" if "h200" in gpu else "a100-80gb" if "a100" in gpu else "h100"
-        dtype, dtype_bytes = torch.bfloat16, 2
-    else:
-        spec_name, dtype, dtype_bytes = "cpu", torch.float32, 4
+    spec_name, dtype, dtype_bytes = _kind_of(torch, device)
     spec = hardware(spec_name)
 
     samples: list[dict[str, Any]] = []
@@ -175,27 +170,7 @@ def calibrate(device: str = "cpu", shapes: Sequence[tuple[int, int, int, int]] |
         _measure(torch, shapes, held_out, device, dtype, dtype_bytes, repeats, samples, progress)
     finally:
         torch.set_num_threads(threads)
-
-
-    # Fit per kind: rate = 1/c is FLOP/us (or byte/us); peaks rise to any measured rate above them.
-    rates: dict[str, tuple[float, float]] = {}
-    for kind, axis in FIT_X.items():
-        pts = [(smp[axis], smp["measured_us"]) for smp in samples if smp["kind"] == kind and smp["fit"]]
-        if len(pts) >= 2:
-            a, c = _fit_line([p[0] for p in pts], [p[1] for p in pts])
-            rates[kind] = (a, 1e6 / c)
-    peak = max([spec.peak_flops] + [r for k, (_, r) in rates.items() if k in ("gemm", "attention")])
-    bandwidth = max([spec.memory_bandwidth] + [r for k, (_, r) in rates.items() if FIT_X[k] == "bytes"])
-    # The fitted roof gets the fitted rate; the other roof is set to peak (efficiency 1) so that it
-    # does not bind where the fit says otherwise.
-    kinds = {}
-    for kind, (overhead, rate) in rates.items():
-        if FIT_X[kind] == "flops":
-            kinds[kind] = {"compute_efficiency": min(1.0, rate / peak), "memory_efficiency": 1.0,
-                           "overhead_us": overhead}
-        else:
-            kinds[kind] = {"compute_efficiency": 1.0, "memory_efficiency": min(1.0, rate / bandwidth),
-                           "overhead_us": overhead}
+    peak, bandwidth, kinds = _fit(samples, spec)
     doc: dict[str, Any] = {
         "format": CALIBRATION_FORMAT, "hardware": spec_name, "device": device,
         "device_name": torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine(),
@@ -208,6 +183,40 @@ def calibrate(device: str = "cpu", shapes: Sequence[tuple[int, int, int, int]] |
                         flops=smp["flops"], bytes=smp["bytes"], after=())
         smp["predicted_us"] = costs.kernel_time(kernel)
     return doc
+
+
+def _kind_of(torch: Any, device: str) -> tuple[str, Any, int]:
+    """The hardware spec's name, the dtype and its bytes that calibration times `device` with: an
+    H200, A100 or (any other GPU) H100 in bfloat16, or the CPU in float32."""
+    if device == "cuda":
+        gpu = torch.cuda.get_device_name().lower()
+        spec_name = "h200" if "h200" in gpu else "a100-80gb" if "a100" in gpu else "h100"
+        return spec_name, torch.bfloat16, 2
+    return "cpu", torch.float32, 4
+
+
+def _fit(samples: list[dict[str, Any]], spec: Hardware) -> tuple[float, float, dict[str, dict[str, float]]]:
+    """The fit of the samples marked ``fit``, per kind a line (rate = 1/c is FLOP/us or byte/us):
+    the peak FLOP rate and memory bandwidth (`spec`'s, risen to any measured rate above them) and
+    per kind its efficiencies and overhead. The fitted roof gets the fitted rate; the other roof is
+    set to peak (efficiency 1) so that it does not bind where the fit says otherwise."""
+    rates: dict[str, tuple[float, float]] = {}
+    for kind, axis in FIT_X.items():
+        pts = [(smp[axis], smp["measured_us"]) for smp in samples if smp["kind"] == kind and smp["fit"]]
+        if len(pts) >= 2:
+            a, c = _fit_line([p[0] for p in pts], [p[1] for p in pts])
+            rates[kind] = (a, 1e6 / c)
+    peak = max([spec.peak_flops] + [r for k, (_, r) in rates.items() if k in ("gemm", "attention")])
+    bandwidth = max([spec.memory_bandwidth] + [r for k, (_, r) in rates.items() if FIT_X[k] == "bytes"])
+    kinds = {}
+    for kind, (overhead, rate) in rates.items():
+        if FIT_X[kind] == "flops":
+            kinds[kind] = {"compute_efficiency": min(1.0, rate / peak), "memory_efficiency": 1.0,
+                           "overhead_us": overhead}
+        else:
+            kinds[kind] = {"compute_efficiency": 1.0, "memory_efficiency": min(1.0, rate / bandwidth),
+                           "overhead_us": overhead}
+    return peak, bandwidth, kinds
 
 
 def error_table(doc: dict[str, Any]) -> str:

@@ -74,11 +74,6 @@ _COLLECTIVE = re.compile(r"(all_?reduce|all_?gather|reduce_?scatter|barrier|broa
 _TRANSFER = re.compile(r"^(gloo:(send|recv)|nccl:(send|recv))|SendRecv|nccl.*(Send|Recv)", re.I)
 _OP = re.compile(rf"{names.OP.pattern}|^(Forward|Backward) \d+$")
 _REGION = re.compile(rf"{names.REGION.pattern}|^(ProfilerStep#|gloo:|nccl:)")
-_SCHEDULE = names.SCHEDULE_SPAN
-_WAIT = names.PIPELINE_WAIT
-_WAITS = names.WAITS
-_SYNC_REGION = names.SYNC
-_TASK = names.TASK
 _BLOCKING = re.compile(r"^_c10d_functional::wait_tensor$")
 """Host ops that block until a functional collective (DTensor's tensor parallelism) completes:
 idle, not busy."""
@@ -90,10 +85,8 @@ MIN_GAP_US = 100.0
 its ops, not idle time."""
 _SEND = re.compile(r"^(gloo|nccl):send|nccl.*Send", re.I)
 _RECV = re.compile(r"^(gloo|nccl):recv|nccl.*Recv", re.I)
-_ANY_CATEGORY = (_STEP, _SYNC_REGION, _SEND, _RECV)
+_ANY_CATEGORY = (_STEP, names.SYNC, _SEND, _RECV)
 _OP_KINDS = "FBIW"
-
-"""Intervals as (starts, ends) arrays."""
 
 
 @dataclass(slots=True)
@@ -255,49 +248,67 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
     gaps shorter than ``min_gap_us`` count as busy."""
     if not min_gap_us >= 0:
         raise ValueError(f"min_gap_us: {min_gap_us} is not >= 0")
-    t, cat = trace, trace.category
-    kernels = cat == _KERNEL
-    busy_extra = iv.NONE
-    is_op = t.named(_OP)
-    blocking = np.zeros(len(cat), bool)
-    if kernels.any():
-        device = "cuda"
-        busy_mask = kernels & ~t.named(_NCCL)
-        timeline = kernels | (cat == _GPU_NOTE)
-        notes = cat == _GPU_NOTE
-        op_mask = notes & is_op
-    else:
-        device = "cpu"
-        ops = cat == _CPU_OP
-        if not ops.any():
-            raise ValueError(f"rank {rank}: no cpu_op or kernel events")
-        timeline = t.thread == _main_thread(t.thread[ops])
-        notes = timeline & (cat == _NOTE)
-        op_mask = notes & is_op
-        work = notes & ~is_op & ~t.named(_REGION)  # tasks, planning, set-up, the optimizer's, FSDP's
-        blocking = ops & timeline & t.named(_BLOCKING)
-        waits = iv.union(iv.joined(t.spans(notes & t.named(_WAITS)), t.spans(blocking)))
-        # The main thread's ops and work, the pipeline ops and the schedule's own code between them
-        # are busy, less the waits inside them (an op or FSDP's hook blocked in a collective's
-        # wait), but for the tasks run in a wait.
-        busy_mask = notes & t.named(_TASK)
-        spans = t.spans((ops & timeline) | work | op_mask | (notes & t.named(_SCHEDULE)))
-        busy_extra = iv.subtract(iv.union(spans), waits)
+    t = trace
+    device, timeline, notes, op_mask, blocking, busy = _activity(t, rank)
     steps = np.flatnonzero(t.named(_STEP))
     if len(steps):
         last = steps[np.argmax(t.start[steps])]
         lo, hi = float(t.start[last]), float(t.end[last])
     else:
         lo, hi = float(t.start[timeline].min()), float(t.end[timeline].max())
-    busy = iv.clip(iv.union(iv.joined(t.spans(busy_mask), busy_extra)), lo, hi)
+    busy = iv.clip(busy, lo, hi)
     gaps = iv.gaps(busy, lo, hi, min_gap_us)
     # A blocking collective waits after its c10d op returns: the gap after it is the collective's.
     after_sync = _after(gaps, t.end[timeline & t.named(_SYNC_OP)], min_gap_us)
-    named_collective = (cat != _OTHER) & t.named(_COLLECTIVE) & ~t.named(_TRANSFER)
-    collective = iv.union(iv.joined(t.spans(named_collective | t.named(_SYNC_REGION)), after_sync))
-    rest = iv.subtract(gaps, collective)
-    by_kind = dict.fromkeys(IDLE_KINDS, 0.0)
+    named_collective = (t.category != _OTHER) & t.named(_COLLECTIVE) & ~t.named(_TRANSFER)
+    collective = iv.union(iv.joined(t.spans(named_collective | t.named(names.SYNC)), after_sync))
+    by_kind, phases_known = _idle_by_phase(t, op_mask, iv.subtract(gaps, collective), lo, hi)
     by_kind["collective"] = iv.length(iv.overlap(gaps, collective))
+    waiting = transferring = None
+    if peer_sends is not None:
+        _sends, recvs = transfer_posts(t)
+        transferring = iv.length(iv.overlap(gaps, iv.overlap(recvs, peer_sends)))
+        waiting = iv.length(gaps) - transferring
+    by_parallelism = idle_by_parallelism(t, gaps, notes, blocking, collective)
+    return RankBubbles(rank=rank, device=device, span=hi - lo, busy=iv.length(busy), idle=iv.length(gaps),
+                       idle_by_kind=by_kind, idle_by_parallelism=by_parallelism, waiting=waiting,
+                       transferring=transferring, phases_known=phases_known)
+
+
+def _activity(t: RankTrace, rank: int) -> tuple[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Spans]:
+    """What the rank's trace shows it doing: its device, its timeline's events, its annotations,
+    its pipeline ops' annotations and its host ops blocked in a functional collective (masks over
+    the events), and its busy time."""
+    cat = t.category
+    kernels = cat == _KERNEL
+    is_op = t.named(_OP)
+    if kernels.any():  # CUDA: the GPU's kernels but NCCL's
+        notes = cat == _GPU_NOTE
+        busy = t.spans(kernels & ~t.named(_NCCL))
+        return "cuda", kernels | notes, notes, notes & is_op, np.zeros(len(cat), bool), iv.union(busy)
+    ops = cat == _CPU_OP
+    if not ops.any():
+        raise ValueError(f"rank {rank}: no cpu_op or kernel events")
+    timeline = t.thread == _main_thread(t.thread[ops])
+    notes = timeline & (cat == _NOTE)
+    op_mask = notes & is_op
+    work = notes & ~is_op & ~t.named(_REGION)  # tasks, planning, set-up, the optimizer's, FSDP's
+    blocking = ops & timeline & t.named(_BLOCKING)
+    waits = iv.union(iv.joined(t.spans(notes & t.named(names.WAITS)), t.spans(blocking)))
+    # The main thread's ops and work, the pipeline ops and the schedule's own code between them
+    # are busy, less the waits inside them (an op or FSDP's hook blocked in a collective's
+    # wait), but for the tasks run in a wait.
+    spans = t.spans((ops & timeline) | work | op_mask | (notes & t.named(names.SCHEDULE_SPAN)))
+    busy = iv.joined(t.spans(notes & t.named(names.TASK)), iv.subtract(iv.union(spans), waits))
+    return "cpu", timeline, notes, op_mask, blocking, iv.union(busy)
+
+
+def _idle_by_phase(t: RankTrace, op_mask: np.ndarray, rest: Spans, lo: float, hi: float
+                   ) -> tuple[dict[str, float], bool]:
+    """Idle time `rest` (the window's idle less the collectives') by pipeline phase: ``warmup``
+    before the first backward op, ``cooldown`` after the last forward, ``steady`` between (all of
+    it without ops of both kinds); and whether the phases are known."""
+    by_kind = dict.fromkeys(IDLE_KINDS, 0.0)
     kinds = np.array([_op_kind(n) for n in t.names] or [-1], np.int8)[t.name]  # index in "FBIW"
     fwd = op_mask & (kinds == 0)
     bwd = op_mask & (kinds > 0)
@@ -309,15 +320,7 @@ def rank_bubbles(trace: RankTrace, rank: int, peer_sends: Spans | None = None,
         by_kind["steady"] = iv.length(rest) - by_kind["warmup"] - by_kind["cooldown"]
     else:
         by_kind["steady"] = iv.length(rest)
-    waiting = transferring = None
-    if peer_sends is not None:
-        _sends, recvs = transfer_posts(t)
-        transferring = iv.length(iv.overlap(gaps, iv.overlap(recvs, peer_sends)))
-        waiting = iv.length(gaps) - transferring
-    by_parallelism = idle_by_parallelism(t, gaps, notes, blocking, collective)
-    return RankBubbles(rank=rank, device=device, span=hi - lo, busy=iv.length(busy), idle=iv.length(gaps),
-                       idle_by_kind=by_kind, idle_by_parallelism=by_parallelism, waiting=waiting,
-                       transferring=transferring, phases_known=phases_known)
+    return by_kind, phases_known
 
 
 def idle_by_parallelism(trace: RankTrace, gaps: Spans, notes: np.ndarray, blocking: np.ndarray,
@@ -332,7 +335,7 @@ def idle_by_parallelism(trace: RankTrace, gaps: Spans, notes: np.ndarray, blocki
     t = trace
     note = lambda pattern: t.spans(notes & t.named(pattern))  # noqa: E731
     waits = (("dp", note(names.DP_WAIT_SPAN)), ("tp", iv.joined(note(names.TP_WAIT_SPAN), t.spans(blocking))),
-             ("other", note(_SYNC_REGION)), ("pp", note(_WAIT)))
+             ("other", note(names.SYNC)), ("pp", note(names.PIPELINE_WAIT)))
     order = (*waits, *((kind, _touching(gaps, spans)) for kind, spans in waits), ("dp", collective),
              ("pp", iv.joined(*transfer_posts(t))))
     out = dict.fromkeys(PARALLEL_KINDS, 0.0)

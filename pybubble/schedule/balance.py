@@ -12,7 +12,7 @@ torch):
   ones with room, each output going back to the replica that owns its sample
   (:func:`balance_replicas`; tile by tile, by the chunks each replica runs: :func:`balance_replica_chunks`
   when each slot's tiles run in chunks of their own, :func:`balance_replica_stream` when a replica's
-  tiles run as one packed stream), in :mod:`~pybubble.schedule.replicas`;
+  tiles run as one packed stream), in :mod:`~pybubble.schedule.replica_moves`;
 - both for one step, as one JSON-ready result (:func:`balance_step`, :class:`StepBalance`).
 
 The encoder's cost per image is :class:`EncoderCost` (``a*tiles^2 + b*tiles + c``) or any costs the
@@ -33,7 +33,7 @@ import numpy as np
 from .. import _core
 from ..config.checks import finite, index_array, integer, real_array
 from .bubble_order import deadline_gaps, middle_room, order_by_bubbles
-from .replicas import balance_replica_chunks, balance_replica_stream, balance_replicas
+from .replica_moves import balance_replica_chunks, balance_replica_stream, balance_replicas
 from .rows import fill_rows, pack_rows, row_layouts
 
 STEP_BALANCE_FORMAT = "pybubble.step_balance/1"

@@ -1,4 +1,4 @@
-"""The calibration loop on the example trainer (docs/calibration.md): profile one step of the
+"""The calibration loop on the test trainer (pybubble.testing.mllm; docs/calibration.md): profile one step of the
 megatron mode at one microbatch count, fit the cost model to it (``pybubble calibrate --trace``),
 predict every mode at another microbatch count with ``pybubble plan`` on the calibrated config,
 and launch each mode there to compare; the what-if of the profiled step against pybubble's measured
@@ -22,16 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "mllm.py"
 MODES = ("megatron", "coarse", "pybubble")
 
 
-def example(*args: str) -> str:
-    """Runs the example trainer; its stdout (a failure stops the loop)."""
-    r = subprocess.run([sys.executable, str(EXAMPLE), *args], capture_output=True, text=True)
+def trainer(*args: str) -> str:
+    """Runs the test trainer; its stdout (a failure stops the loop)."""
+    r = subprocess.run([sys.executable, "-m", "pybubble.testing.mllm", *args], capture_output=True, text=True)
     if r.returncode != 0:
-        raise SystemExit(f"error: examples/mllm.py {' '.join(args)}: {r.stderr.strip().splitlines()[-1]}")
+        raise SystemExit(f"error: pybubble.testing.mllm {' '.join(args)}: {r.stderr.strip().splitlines()[-1]}")
     return r.stdout
 
 
@@ -62,9 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     fit_cfg, cfg, prof, calib = out / "fit.yaml", out / "predict.yaml", out / "prof", out / "calib.json"
     base = ["--ranks", a.ranks]
-    example(*base, "--microbatches", a.fit_microbatches, "--write-config", str(fit_cfg))
-    example(*base, "--microbatches", a.microbatches, "--write-config", str(cfg))
-    example(*base, "--microbatches", a.fit_microbatches, "--steps", a.steps, "--mode", "megatron", "--profile",
+    trainer(*base, "--microbatches", a.fit_microbatches, "--write-config", str(fit_cfg))
+    trainer(*base, "--microbatches", a.microbatches, "--write-config", str(cfg))
+    trainer(*base, "--microbatches", a.fit_microbatches, "--steps", a.steps, "--mode", "megatron", "--profile",
             str(prof), "--report", str(out / "profiled.json"))
     fit = pybubble("calibrate", "--trace", str(prof), "--config", str(fit_cfg), "-o", str(calib))
     print(fit.rstrip())
@@ -79,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         for mb in (a.microbatches, a.fit_microbatches):
             for mode in MODES if mb == a.microbatches else ("pybubble",):
                 report = out / f"{mode}_{mb}_{i}.json"
-                example(*base, "--microbatches", mb, "--steps", a.steps, "--mode", mode, "--report", str(report))
+                trainer(*base, "--microbatches", mb, "--steps", a.steps, "--mode", mode, "--report", str(report))
                 ms = json.loads(report.read_text())["median_step_s"] * 1e3
                 measured.setdefault((mode, mb), []).append(ms)
                 print(f"[{time.monotonic() - t0:6.1f} s] {mode:<9} {mb} microbatches, launch {i + 1}: {ms:.1f} ms",

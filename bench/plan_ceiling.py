@@ -15,7 +15,7 @@ step, the chunks of the busiest replica (what the step waits for) against the fe
 tiles between the replicas allows (every tile's replica free: the step's tiles over the replicas,
 in chunks), for pybubble and for ``--balance off``.
 
-Without ``--reports`` it launches the example trainer once per mode (examples/mllm.py, tp 1; its
+Without ``--reports`` it launches the test trainer once per mode (pybubble.testing.mllm, tp 1; its
 first two steps profile and adapt and are left out): coarse and pybubble, and with ``--dp``
 pybubble with ``--balance off``. Each step is planned again from the launch's last costs (the
 medians of its last steps), so the plans are those of the costs the launch settled on. Times are
@@ -32,16 +32,14 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import mllm  # noqa: E402  (the example trainer, user code of pybubble.runtime)
+import pybubble.testing.mllm as mllm  # noqa: E402  (the test trainer: pybubble's launcher of the runtime in its modes)
 
 from pybubble.llm.tables import build_table  # noqa: E402
 from pybubble.problem.problem import Problem  # noqa: E402
-from pybubble.placement.step import (  # noqa: E402
+from pybubble.placement.step_placement import (  # noqa: E402
     US, MeasuredCosts, make_placement, piece_tasks, placement_step_s)
 from pybubble.testing.exact import optimum  # noqa: E402
 from pybubble.schedule.scheduler import schedule_problem  # noqa: E402
@@ -135,7 +133,7 @@ def launch(a: argparse.Namespace, mode: str, balance: str = "on") -> dict:
                             "--dp", str(a.dp), "--balance", balance]
                            + (["--data-file", a.data_file] if a.data_file else []))
     mllm.check_args(args)
-    return mllm.run(args)
+    return mllm.launch_job(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=2, help="ranks (tp 1)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas (of the --ranks)")
     p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--data", default="mix", help="mix (the example's --data)")
-    p.add_argument("--data-file", help="replay these samples (JSON lines, the example's --data-file)")
+    p.add_argument("--data", default="mix", help="mix (the trainer's --data)")
+    p.add_argument("--data-file", help="replay these samples (JSON lines, the trainer's --data-file)")
     p.add_argument("--budget", type=float, default=200.0, help="CP-SAT's budget per step (deterministic units)")
     p.add_argument("--out", help="write the figures (JSON) here")
     a = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Runs the example trainer (examples/mllm.py) in its three modes and prints, per round, each
+"""Runs the test trainer (pybubble.testing.mllm) in its three modes and prints, per round, each
 mode's median step and the speed-ups of pybubble over megatron and coarse, then the median of the
 per-round speed-ups with their range and each mode's prediction error.
 
@@ -35,10 +35,8 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-import mllm  # noqa: E402  (the example trainer, user code of pybubble.runtime)
+import pybubble.testing.mllm as mllm  # noqa: E402  (the test trainer: pybubble's launcher of the runtime in its modes)
 
 
 UNBALANCED = "unbalanced"
@@ -107,14 +105,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of each stage (of the --ranks processes)")
     p.add_argument("--size", default="small")
-    p.add_argument("--encoder", default="vit", help=f"{', '.join(mllm.ENCODERS)}")
-    p.add_argument("--schedule", default="1f1b", help=f"the pipeline schedule: {', '.join(mllm.SCHEDULES)}")
+    p.add_argument("--encoder", default="vit", help=f"{', '.join(mllm.ENCODER_KINDS)}")
+    p.add_argument("--schedule", default="1f1b", help=f"the pipeline schedule: {', '.join(mllm.TORCH_SCHEDULES)}")
     p.add_argument("--chunks", type=int, default=0, help="stages per rank (default: the schedule's)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas (of the --ranks processes)")
     p.add_argument("--pp", type=int, default=0, help="pipeline stages (default: ranks / dp / tp)")
-    p.add_argument("--data", default="fixed", help="fixed or mix (the example's --data)")
-    p.add_argument("--data-file", help="replay these samples (JSON lines, the example's --data-file)")
-    p.add_argument("--piece-ms", type=float, help="pybubble's pieces (the example's --piece-ms; default automatic)")
+    p.add_argument("--data", default="fixed", help="fixed or mix (the trainer's --data)")
+    p.add_argument("--data-file", help="replay these samples (JSON lines, the trainer's --data-file)")
+    p.add_argument("--piece-ms", type=float, help="pybubble's pieces (the trainer's --piece-ms; default automatic)")
     p.add_argument("--out", help="write every launch's report (JSON) here")
     a = p.parse_args(argv)
     if a.rounds < 1:
@@ -141,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                                    + ([] if a.piece_ms is None else ["--piece-ms", str(a.piece_ms)]))
             try:
                 mllm.check_args(args)
-                rep = mllm.run(args)
+                rep = mllm.launch_job(args)
             except (ValueError, RuntimeError) as e:
                 print(f"error: {e}", file=sys.stderr)
                 return 2 if isinstance(e, ValueError) else 1

@@ -54,7 +54,7 @@ from pybubble.config.schema import load_config
 from pybubble.costs.roofline import CostModel
 from pybubble.llm.step import LLMStep
 from pybubble.planner.dynamic import ranked_candidates
-from pybubble.data.options import add_data_options, data_source
+from pybubble.data.sources import add_data_options, data_source
 from pybubble.data.samples import Samples
 from pybubble.planner.sample_costs import encoder_time
 from pybubble.problem.problem import Problem

@@ -18,7 +18,7 @@ MOVED = {
     "pybubble.schedule.reference": ("pybubble.testing.reference",),
     "pybubble.schedule.exact": ("pybubble.testing.exact",),
     "pybubble.runtime.plan": ("pybubble.placement.plan",),
-    "pybubble.runtime.placement": ("pybubble.placement.step", "pybubble.placement.marks", "pybubble.placement.plan",
+    "pybubble.runtime.placement": ("pybubble.placement.step_placement", "pybubble.placement.marks", "pybubble.placement.plan",
                                    "pybubble.placement.measured"),
     "pybubble.runtime.records": ("pybubble.placement.records",),
     "pybubble.runtime.costs": ("pybubble.placement.measured", "pybubble.runtime.profile"),

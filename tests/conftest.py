@@ -31,8 +31,6 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 _ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = _ROOT / "examples" / "mllm.py"
-EXAMPLE_LAUNCH = _ROOT / "tests" / "example_launch.py"
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _ROOT]
 
 LONG_SCALE = 25
@@ -105,8 +103,8 @@ def two_ranks(tmp_path):
 
 PLACEMENTS = ("megatron", "coarse", "pybubble")
 PP2 = (("--ranks", "2", "--schedule", "1f1b"), PLACEMENTS, "cpu", True)
-"""The configuration of pp2_reports (as a key of example_reports: arguments, modes, device, profiled)."""
-_EXAMPLE_RUNS = pytest.StashKey[list]()
+"""The configuration of pp2_reports (as a key of trainer_reports: arguments, modes, device, profiled)."""
+_TRAINER_RUNS = pytest.StashKey[list]()
 
 
 def _run_key(args, modes, device="cpu", profile=False) -> tuple:
@@ -114,42 +112,42 @@ def _run_key(args, modes, device="cpu", profile=False) -> tuple:
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """Gathers the configurations of the example trainer the selected tests train: their modules'
-    ``EXAMPLE_RUNS`` (arguments and modes, and optionally device and profiled, as they call
-    example_reports with) and pp2_reports' run, so that example_reports trains those of one world
+    """Gathers the configurations of the test trainer (pybubble.testing.mllm) the selected tests train:
+    their modules' ``TRAINER_RUNS`` (arguments and modes, and optionally device and profiled, as they
+    call trainer_reports with) and pp2_reports' run, so that trainer_reports trains those of one world
     size in one launch."""
     runs: dict = {}
     for item in items:
-        for run in getattr(getattr(item, "module", None), "EXAMPLE_RUNS", ()):
+        for run in getattr(getattr(item, "module", None), "TRAINER_RUNS", ()):
             runs.setdefault(_run_key(*run), None)
         if "pp2_reports" in getattr(item, "fixturenames", ()):
             runs.setdefault(PP2, None)
-    config.stash[_EXAMPLE_RUNS] = list(runs)
+    config.stash[_TRAINER_RUNS] = list(runs)
 
 
 @pytest.fixture(scope="session")
-def example_reports(request, example_trainer, tmp_path_factory):
-    """The function example_reports(*args, modes, device, timeout, profile): the example trainer
-    (examples/mllm.py) trained 3 steps at size tiny with `args` in each of `modes` (the same ranks
+def trainer_reports(request, trainer_module, tmp_path_factory):
+    """The function trainer_reports(*args, modes, device, timeout, profile): the test trainer
+    (pybubble.testing.mllm) trained 3 steps at size tiny with `args` in each of `modes` (the same ranks
     train the modes in turn, each from the seed) and the single-process reference; returns each
     mode's report by mode (each test its own copy).
 
     Each configuration is trained once per session, and those the selected tests declare
-    (``EXAMPLE_RUNS``, see pytest_collection_modifyitems) in one launch per world size: the first
+    (``TRAINER_RUNS``, see pytest_collection_modifyitems) in one launch per world size: the first
     call for one of them trains all those of its world size in turn on the same ranks
-    (tests/example_launch.py), each with its own mesh, models and runtime, and asserts that the
+    (``python -m pybubble.testing.mllm --runs``), each with its own mesh, models and runtime, and asserts that the
     launch succeeded (a failed launch fails every test that reads one of its configurations, and
     is not run again). `timeout`: seconds per mode trained. `profile`: each mode's last step is
     profiled (``--profile``) and its report names the folder of its traces, ``profile_dir``."""
-    declared = request.config.stash.get(_EXAMPLE_RUNS, [])
+    declared = request.config.stash.get(_TRAINER_RUNS, [])
     done: dict = {}
     failed: dict = {}
 
     def world(key) -> int:
-        return example_trainer.parse_args(list(key[0])).ranks
+        return trainer_module.parse_args(list(key[0])).ranks
 
     def train(batch: list, timeout: float) -> None:
-        folder = tmp_path_factory.mktemp("example")
+        folder = tmp_path_factory.mktemp("trainer")
         argvs = []
         for i, (args, modes, device, profile) in enumerate(batch):
             more = ["--profile", str(folder / f"{i}.profile")] if profile else []
@@ -157,7 +155,8 @@ def example_reports(request, example_trainer, tmp_path_factory):
                           str(folder / f"{i}.json"), *args, "--mode", ",".join(modes), "--device", device, *more])
         (folder / "runs.json").write_text(json.dumps(argvs))
         # Outside the source tree, so that the installed package (with its extension) is imported.
-        r = subprocess.run([sys.executable, str(EXAMPLE_LAUNCH), str(folder / "runs.json")], capture_output=True,
+        r = subprocess.run([sys.executable, "-m", "pybubble.testing.mllm", "--runs", str(folder / "runs.json")],
+                           capture_output=True,
                            text=True, timeout=timeout * sum(len(k[1]) for k in batch), cwd=tempfile.gettempdir())
         if r.returncode != 0:
             failed.update((key, f"one launch of {len(batch)} configurations failed:\n{r.stderr[-3000:]}")
@@ -183,24 +182,20 @@ def example_reports(request, example_trainer, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def pp2_reports(example_reports) -> dict[str, dict]:
+def pp2_reports(trainer_reports) -> dict[str, dict]:
     """The three modes' reports on 2 ranks (pp 2, 1F1B), their last steps profiled: one run,
     shared by the tests that compare with its parameters or read its traces."""
     args, modes, device, profile = PP2
-    return example_reports(*args, modes=modes, device=device, profile=profile)
+    return trainer_reports(*args, modes=modes, device=device, profile=profile)
 
 
 @pytest.fixture(scope="session")
-def example_trainer():
-    """examples/mllm.py (user code, not in the package) imported as the module ``mllm``. Skips the
-    test without torch."""
+def trainer_module():
+    """The test trainer, pybubble.testing.mllm (skips the test without torch)."""
     pytest.importorskip("torch")
-    if "mllm" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("mllm", EXAMPLE)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["mllm"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["mllm"]
+    import pybubble.testing.mllm as trainer
+
+    return trainer
 
 
 @pytest.fixture(scope="session")
@@ -219,24 +214,24 @@ def bench_script():
 
 
 @pytest.fixture(scope="session")
-def example_cli():
-    """The function example_cli(*args, timeout): ``python examples/mllm.py ARGS`` as a command, run
-    outside the source tree (so that the installed package, with its extension, is imported);
+def trainer_cli():
+    """The function trainer_cli(*args, timeout): ``python -m pybubble.testing.mllm ARGS`` as a command,
+    run outside the source tree (so that the installed package, with its extension, is imported);
     returns the completed process."""
     def run(*args, timeout=180) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(EXAMPLE), *map(str, args)], capture_output=True, text=True,
-                              timeout=timeout, cwd=tempfile.gettempdir())
+        return subprocess.run([sys.executable, "-m", "pybubble.testing.mllm", *map(str, args)], capture_output=True,
+                              text=True, timeout=timeout, cwd=tempfile.gettempdir())
     return run
 
 
 @pytest.fixture
-def example_main(example_trainer, capsys):
-    """The function example_main(*args): the example trainer's ``main(args)`` in this process (the
-    status ``python examples/mllm.py ARGS`` exits with; for arguments it refuses before any rank
-    starts); returns the status and what it wrote on stderr."""
+def trainer_main(trainer_module, capsys):
+    """The function trainer_main(*args): the test trainer's ``main(args)`` in this process (the status
+    its command exits with; for arguments it refuses before any rank starts); returns the status and
+    what it wrote on stderr."""
     def run(*args) -> tuple[int, str]:
         capsys.readouterr()
-        code = example_trainer.main(list(map(str, args)))
+        code = trainer_module.main(list(map(str, args)))
         return code, capsys.readouterr().err
     return run
 

@@ -180,9 +180,9 @@ def test_calibration_op_factors_are_checked(tmp_path):
             CostModel("h100", calibration={"format": "pybubble.calibration/1", "op_factors": bad})
 
 
-def test_the_example_writes_its_own_config(tmp_path, example_main):
+def test_the_example_writes_its_own_config(tmp_path, trainer_main):
     out = tmp_path / "example.yaml"
-    code, err = example_main("--ranks", 3, "--microbatches", 6, "--write-config", out)
+    code, err = trainer_main("--ranks", 3, "--microbatches", 6, "--write-config", out)
     assert code == 0, err
     cfg = load_config(out)
     assert cfg.cluster.gpu == "cpu" and cfg.cluster.gpus == 3 and cfg.llm_plan.pp == 3
@@ -276,18 +276,18 @@ def test_the_fit_reads_a_trainers_profiler_traces_that_never_used_pybubble(tmp_p
     assert abs(float(fields["error"])) < 0.02
 
 
-def example_config(tmp_path, example_main) -> Path:
-    """The planning config of pp2_reports' job (the example writes it)."""
+def example_config(tmp_path, trainer_main) -> Path:
+    """The planning config of pp2_reports' job (the trainer writes it)."""
     cfg = tmp_path / "example.yaml"
-    code, err = example_main("--ranks", 2, "--size", "tiny", "--write-config", cfg)
+    code, err = trainer_main("--ranks", 2, "--size", "tiny", "--write-config", cfg)
     assert code == 0, err
     return cfg
 
 
-def test_the_fit_reads_the_example_trainers_profile(tmp_path, example_main, pp2_reports):
+def test_the_fit_reads_the_example_trainers_profile(tmp_path, trainer_main, pp2_reports):
     """The runtime's own --profile traces of real gloo ranks (tiny models, megatron mode): every op
-    kind of the example's config is measured and fitted (the figures are this machine's)."""
-    cfg = example_config(tmp_path, example_main)
+    kind of the trainer's config is measured and fitted (the figures are this machine's)."""
+    cfg = example_config(tmp_path, trainer_main)
     prof = pp2_reports["megatron"]["profile_dir"]  # 2 ranks, tiny, 3 steps
     r = run("calibrate", "--trace", prof, "--config", cfg, "-o", tmp_path / "c.json")
     assert r.returncode == 0, r.stderr
@@ -315,11 +315,11 @@ def slowed(folder, to: Path, factor: float, ranks=(0, 1)) -> Path:
     return to
 
 
-def test_several_steps_fit_the_medians_so_that_a_disturbed_step_moves_nothing(tmp_path, example_main, pp2_reports):
-    """Three copies of the example's profiled step, one of them 2x slower: the factors are those of
+def test_several_steps_fit_the_medians_so_that_a_disturbed_step_moves_nothing(tmp_path, trainer_main, pp2_reports):
+    """Three copies of the trainer's profiled step, one of them 2x slower: the factors are those of
     the two undisturbed steps (each quantity's median), not those of the disturbed one (nor of a
     mean, which would move them by a third)."""
-    config = load_config(example_config(tmp_path, example_main))
+    config = load_config(example_config(tmp_path, trainer_main))
     prof = pp2_reports["megatron"]["profile_dir"]
     a, b, slow = (slowed(prof, tmp_path / name, f) for name, f in (("a", 1.0), ("b", 1.0), ("slow", 2.0)))
     three, two, alone = fit_steps(config, read_steps([a, slow, b])), fit_steps(config, read_steps([a, b])), \
@@ -337,8 +337,8 @@ def test_several_steps_fit_the_medians_so_that_a_disturbed_step_moves_nothing(tm
     assert doc["fitted_on"] == "a, slow, b"
 
 
-def test_several_steps_refuse_no_step_an_empty_folder_and_other_ranks(tmp_path, example_main, pp2_reports):
-    cfg = example_config(tmp_path, example_main)
+def test_several_steps_refuse_no_step_an_empty_folder_and_other_ranks(tmp_path, trainer_main, pp2_reports):
+    cfg = example_config(tmp_path, trainer_main)
     prof = pp2_reports["megatron"]["profile_dir"]
     with pytest.raises(ValueError, match="trace: no measured step given"):
         read_steps([])

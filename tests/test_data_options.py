@@ -1,4 +1,4 @@
-"""The data options (pybubble.data.options): --data and --data-file as one group, one meaning per
+"""The data options (pybubble.data.sources): --data and --data-file as one group, one meaning per
 source name wherever a command offers it, and the source they give."""
 
 import argparse
@@ -6,7 +6,7 @@ import argparse
 import pytest
 
 from pybubble.data.mix import MixSpec
-from pybubble.data.options import SOURCES, add_data_options, data_name, data_source
+from pybubble.data.sources import SOURCES, add_data_options, data_name, data_source
 from pybubble.data.samples import Samples
 
 

@@ -150,9 +150,9 @@ def test_cli_prints_writes_json_and_a_plot(tmp_path):
 
 
 PROFILED = {"dp": (("--dp", 2, "--pp", 2), ("megatron",), "cpu", True), "tp": (("--tp", 2), ("megatron",), "cpu", True)}
-"""The example trainer's profiled runs these tests measure (megatron: the waits are not filled),
+"""The test trainer's profiled runs these tests measure (megatron: the waits are not filled),
 beside pp2_reports' pipeline alone."""
-EXAMPLE_RUNS = list(PROFILED.values())
+TRAINER_RUNS = list(PROFILED.values())
 
 
 def measured_by_parallelism(prof, tmp_path):
@@ -174,11 +174,11 @@ def test_a_pipeline_alone_waits_for_no_collective_of_dp_or_tp(tmp_path, pp2_repo
 
 
 @pytest.mark.parametrize("kind", ["dp", "tp"])
-def test_data_and_tensor_parallel_ranks_wait_for_their_collectives(tmp_path, example_reports, kind):
+def test_data_and_tensor_parallel_ranks_wait_for_their_collectives(tmp_path, trainer_reports, kind):
     """dp 2 x pp 2 (FSDP2) and tp 2 alone: idle in the kind's collectives (a rank that reaches each
     of them last waits in none), none in the other kind's."""
     args, modes, device, profile = PROFILED[kind]
-    prof = example_reports(*args, modes=modes, device=device, profile=profile, timeout=300)["megatron"]["profile_dir"]
+    prof = trainer_reports(*args, modes=modes, device=device, profile=profile, timeout=300)["megatron"]["profile_dir"]
     split = measured_by_parallelism(prof, tmp_path)
     assert sum(s[kind] for s in split) > 0 and all(s["tp" if kind == "dp" else "dp"] == 0 for s in split), split
 

@@ -59,9 +59,9 @@ def unsplit_and_pieces(encoder, pieces, x):
     return ref, run.output()
 
 
-def test_the_profile_merges_the_kernels_as_asked(world_of_one, example_trainer):
+def test_the_profile_merges_the_kernels_as_asked(world_of_one, trainer_module):
     torch.manual_seed(0)
-    encoder = nn.Sequential(nn.Linear(12, 16), example_trainer.ViTBlock(16, 4), example_trainer.ViTBlock(16, 2))
+    encoder = nn.Sequential(nn.Linear(12, 16), trainer_module.ViTBlock(16, 4), trainer_module.ViTBlock(16, 2))
     x = torch.randn(3, 7, 12)
     kernels = split_into_pieces(encoder, x)
     n = len(kernels)
@@ -85,8 +85,8 @@ def test_the_profile_merges_the_kernels_as_asked(world_of_one, example_trainer):
     torch.testing.assert_close(*unsplit_and_pieces(encoder, pieces, x))
 
 
-def test_the_automatic_size_is_a_tasks_own_cost_over_its_share(world_of_one, example_trainer, monkeypatch):
-    encoder = nn.Sequential(nn.Linear(12, 16), example_trainer.ViTBlock(16, 4), example_trainer.ViTBlock(16, 2))
+def test_the_automatic_size_is_a_tasks_own_cost_over_its_share(world_of_one, trainer_module, monkeypatch):
+    encoder = nn.Sequential(nn.Linear(12, 16), trainer_module.ViTBlock(16, 4), trainer_module.ViTBlock(16, 2))
     x = torch.randn(3, 7, 12)
     kernels = split_into_pieces(encoder, x)
     n = len(kernels)

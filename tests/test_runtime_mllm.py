@@ -1,4 +1,4 @@
-"""The example trainer (examples/mllm.py, user code of pybubble.runtime.EncoderRuntime) as real
+"""The test trainer (pybubble.testing.mllm, a user of pybubble.runtime.EncoderRuntime) as real
 gloo processes: tiny models, a few steps; on CUDA where two GPUs are present."""
 
 import json
@@ -14,10 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed.pipelining  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
 PLACEMENTS = ("megatron", "coarse", "pybubble")
 FOUR_RANKS = ("--ranks", 4, "--microbatches", 4)
-ENCODERS = {encoder: ("--ranks", 2, "--encoder", encoder) for encoder in ("timm", "clip")}
+ENCODER_KINDS = {encoder: ("--ranks", 2, "--encoder", encoder) for encoder in ("timm", "clip")}
 MULTI_STAGE = [
     (("--ranks", 2, "--schedule", "interleaved_1f1b", "--chunks", 2), PLACEMENTS),
     (("--ranks", 2, "--schedule", "zbv"), PLACEMENTS),
@@ -31,14 +30,14 @@ MULTI_STAGE = [
 ]
 HAS_DUALPIPEV = hasattr(torch.distributed.pipelining, "ScheduleDualPipeV")
 DUALPIPEV = ("--ranks", 2, "--schedule", "dualpipev", "--microbatches", 4)
-EXAMPLE_RUNS = [(FOUR_RANKS, PLACEMENTS), *((args, ("megatron", "pybubble")) for args in ENCODERS.values()),
+TRAINER_RUNS = [(FOUR_RANKS, PLACEMENTS), *((args, ("megatron", "pybubble")) for args in ENCODER_KINDS.values()),
                 *MULTI_STAGE, *([(DUALPIPEV, ("pybubble",))] if HAS_DUALPIPEV else [])]
-"""The example's configurations these tests train on CPU ranks (example_reports trains those of one
+"""The trainer's configurations these tests train on CPU ranks (trainer_reports trains those of one
 world size in one launch)."""
 
 
 def checksums(reports: dict[str, dict], device="cpu") -> tuple[dict[str, float], float]:
-    """Each mode's parameter checksum after 3 steps (example_reports' launch), and the single-process
+    """Each mode's parameter checksum after 3 steps (trainer_reports' launch), and the single-process
     reference's."""
     for report in reports.values():
         assert len(report["step_times_s"]) == 3 and report["median_step_s"] > 0 and report["predicted_step_s"] > 0
@@ -54,16 +53,16 @@ def test_three_modes_reach_the_single_process_parameters(pp2_reports):
         assert s == pytest.approx(reference, rel=1e-6), mode
 
 
-def test_four_ranks_reach_the_single_process_parameters(example_reports):
+def test_four_ranks_reach_the_single_process_parameters(trainer_reports):
     # More processes than this machine's cores: a correctness run.
-    sums, reference = checksums(example_reports(*FOUR_RANKS))
+    sums, reference = checksums(trainer_reports(*FOUR_RANKS))
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
 
 
 @pytest.mark.parametrize("encoder", ["timm", "clip"])
-def test_real_encoders_reach_the_single_process_parameters(example_reports, encoder):
-    sums, reference = checksums(example_reports(*ENCODERS[encoder], modes=("megatron", "pybubble")))
+def test_real_encoders_reach_the_single_process_parameters(trainer_reports, encoder):
+    sums, reference = checksums(trainer_reports(*ENCODER_KINDS[encoder], modes=("megatron", "pybubble")))
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
 
@@ -75,18 +74,18 @@ def one_f_one_b(pp2_reports) -> float:
 
 
 @pytest.mark.parametrize("schedule, modes", MULTI_STAGE)
-def test_multi_stage_schedules_reach_the_parameters_of_1f1b(example_reports, one_f_one_b, schedule, modes):
+def test_multi_stage_schedules_reach_the_parameters_of_1f1b(trainer_reports, one_f_one_b, schedule, modes):
     # The same GPT cut into pp x V stages: the modes agree with each other, with the unsplit
     # single-process training and with --schedule 1f1b.
-    sums, reference = checksums(example_reports(*schedule, modes=modes))
+    sums, reference = checksums(trainer_reports(*schedule, modes=modes))
     for mode, s in sums.items():
         assert s == pytest.approx(reference, rel=1e-6), mode
         assert s == pytest.approx(one_f_one_b, rel=1e-6), mode
 
 
 @pytest.mark.skipif(not HAS_DUALPIPEV, reason="torch has no DualPipeV")
-def test_dualpipev_reaches_the_single_process_parameters(example_reports):
-    sums, reference = checksums(example_reports(*DUALPIPEV, modes=("pybubble",)))
+def test_dualpipev_reaches_the_single_process_parameters(trainer_reports):
+    sums, reference = checksums(trainer_reports(*DUALPIPEV, modes=("pybubble",)))
     assert sums["pybubble"] == pytest.approx(reference, rel=1e-6)
 
 
@@ -113,8 +112,7 @@ STAND_IN_SIDE = textwrap.dedent("""
     # stage's forwards take 0.1 s more, so the last stage waits that long for each microbatch,
     # whatever the machine's load: the windows the plan fills there open on every run.
     import json, sys, time
-    sys.path.insert(0, sys.argv[1])
-    import mllm
+    import pybubble.testing.mllm as mllm
     import pybubble.runtime.encoder_runtime as encoder_runtime
 
     first_forward = mllm.FirstStage.forward
@@ -146,7 +144,7 @@ STAND_IN_SIDE = textwrap.dedent("""
     encoder_runtime.side_stream = lambda device: SynchronousSide()  # also in the spawned ranks (they import this file)
 
     if __name__ == "__main__":
-        print(json.dumps(mllm.run(mllm.parse_args(sys.argv[2:]))))
+        print(json.dumps(mllm.launch_job(mllm.parse_args(sys.argv[1:]))))
 """)
 
 
@@ -155,7 +153,7 @@ def test_the_cuda_mode_filler_in_the_trainer_reaches_the_reference(tmp_path):
     script.write_text(STAND_IN_SIDE)
     args = ["--ranks", "2", "--steps", "3", "--size", "tiny", "--mode", "pybubble", "--timeout", "30", "--reference",
             "--piece-ms", "0"]  # kernel pieces: the tiny encoder's tasks fit the windows, whatever the profile says
-    r = subprocess.run([sys.executable, str(script), str(EXAMPLE.parent), *args], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True,
                        timeout=180, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout.strip().splitlines()[-1])
@@ -166,17 +164,17 @@ def test_the_cuda_mode_filler_in_the_trainer_reaches_the_reference(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (NCCL, one GPU per rank)")
-def test_three_modes_reach_the_same_parameters_on_cuda(example_reports):
+def test_three_modes_reach_the_same_parameters_on_cuda(trainer_reports):
     # float32 on the GPU: other kernels and summation orders than the CPU reference's.
-    sums, reference = checksums(example_reports("--ranks", 2, device="cuda"), device="cuda")
+    sums, reference = checksums(trainer_reports("--ranks", 2, device="cuda"), device="cuda")
     for mode, s in sums.items():
         assert s == pytest.approx(sums["megatron"], rel=1e-5), mode
         assert s == pytest.approx(reference, rel=1e-5), mode
 
 
-def test_a_failing_rank_ends_every_rank_within_the_timeout(example_cli):
+def test_a_failing_rank_ends_every_rank_within_the_timeout(trainer_cli):
     t = time.monotonic()
-    r = example_cli("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", "pybubble", "--fail-rank", 1, "--fail-step", 1,
+    r = trainer_cli("--ranks", 2, "--steps", 3, "--size", "tiny", "--mode", "pybubble", "--fail-rank", 1, "--fail-step", 1,
              "--timeout", 10)
     assert r.returncode == 1
     assert "rank 1: error: RuntimeError: injected fault on rank 1 at step 1" in r.stderr
@@ -213,31 +211,31 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout(example_cli):
      "gradients are not averaged; see docs/runtime.md, 'Zero-bubble schedules beside data parallelism'; use "
      "--dp-wrap fsdp"),
 ])
-def test_bad_arguments_exit_2_with_one_line(example_main, args, message):
-    code, err = example_main(*args)
+def test_bad_arguments_exit_2_with_one_line(trainer_main, args, message):
+    code, err = trainer_main(*args)
     assert code == 2
     assert err.strip() == message
 
 
-def test_the_command_exits_2_with_one_line_on_a_bad_argument(example_cli):
+def test_the_command_exits_2_with_one_line_on_a_bad_argument(trainer_cli):
     # The command line itself (the cases above call its main in this process).
-    r = example_cli("--mode", "megatron,fast")
+    r = trainer_cli("--mode", "megatron,fast")
     assert r.returncode == 2
     assert r.stderr.strip() == "error: mode: 'fast' is not one of megatron, coarse, pybubble"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without a CUDA device")
-def test_cuda_without_a_gpu_exits_2_with_one_line(example_main):
-    code, err = example_main("--device", "cuda", "--size", "tiny", "--steps", 1)
+def test_cuda_without_a_gpu_exits_2_with_one_line(trainer_main):
+    code, err = trainer_main("--device", "cuda", "--size", "tiny", "--steps", 1)
     assert code == 2
     assert err.strip() == ("error: device: 'cuda' but no CUDA device is available "
                            "(torch.cuda.is_available() is False)")
 
 
-def test_dump_plan_writes_each_ranks_plan_that_loads_back_equal(example_cli, tmp_path):
+def test_dump_plan_writes_each_ranks_plan_that_loads_back_equal(trainer_cli, tmp_path):
     from pybubble.placement.plan import RankPlan
 
-    r = example_cli("--ranks", 2, "--steps", 2, "--size", "tiny", "--mode", "pybubble", "--dump-plan", tmp_path / "plans")
+    r = trainer_cli("--ranks", 2, "--steps", 2, "--size", "tiny", "--mode", "pybubble", "--dump-plan", tmp_path / "plans")
     assert r.returncode == 0, r.stderr
     plans = [RankPlan.read(tmp_path / "plans" / f"rank{k}.plan.json") for k in (0, 1)]
     for k, plan in enumerate(plans):

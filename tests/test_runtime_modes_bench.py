@@ -11,7 +11,7 @@ def runtime_modes(bench_script):
 
 
 def report(mode="pybubble", pp=2, tp=1, chunks=((3, 1, 0, 2), (3, 1, 0, 2))):
-    """A launch's report as the example writes it, with only what the bound reads: 2 stages of
+    """A launch's report as the trainer writes it, with only what the bound reads: 2 stages of
     F 10 ms and B 20 ms, a chunk's pieces 4 + 8 ms forward and 6 + 12 ms backward."""
     return {"mode": mode, "pp": pp, "tp": tp, "data": {"chunks": [[list(c)] for c in chunks]},
             "costs": {"stage_fwd_s": [0.010] * 2, "stage_bwd_s": [0.020] * 2, "piece_fwd_s": [0.004, 0.008],

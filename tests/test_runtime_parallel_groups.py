@@ -283,7 +283,7 @@ def test_encoder_runtime_averages_the_encoders_gradients_over_dp_shard(every):
 
 def test_a_step_leaves_no_encoder_work_in_reference_cycles(every):
     # the step's tasks and pieces' state are freed when it ends, not by a later full collection
-    # (a 200 ms stall of some later step on the example's CPU ranks)
+    # (a 200 ms stall of some later step on the trainer's CPU ranks)
     assert [run["cyclic"] for run in case(every, "runtime")] == [[]] * 4
 
 

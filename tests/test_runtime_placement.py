@@ -7,7 +7,7 @@ pytest.importorskip("torch")
 import pybubble  # noqa: E402
 from pybubble.runtime import MeasuredCosts, make_placement, predict_step_s  # noqa: E402
 from pybubble.placement.plan import RankPlan, rank_plan  # noqa: E402
-from pybubble.placement.step import piece_tasks  # noqa: E402
+from pybubble.placement.step_placement import piece_tasks  # noqa: E402
 
 
 def costs(**kw):

@@ -2,7 +2,7 @@
 data-parallel collectives meet the other replicas' (placement.step_marks_s), the replicas waiting
 for the slowest of each stretch between them (placement.lockstep_s), the collectives' own time
 measured (costs.CollectiveHistory, waits.DataParallelWaits.collectives_s). Unit tests of the parts,
-then the example trainer on real gloo processes (tiny models, 3 steps): at dp 2 the prediction
+then the test trainer on real gloo processes (tiny models, 3 steps): at dp 2 the prediction
 counts the collectives and the encoder's gradient sync over the replicas, at dp 1 it does not."""
 
 import math
@@ -18,7 +18,7 @@ from pybubble.llm.tables import build_table  # noqa: E402
 from pybubble.placement.measured import CollectiveHistory  # noqa: E402
 from pybubble.runtime.filler import BubbleFiller  # noqa: E402
 from pybubble.placement.marks import lockstep_s, lockstep_waits_s, step_marks_s  # noqa: E402
-from pybubble.placement.step import MeasuredCosts, make_placement  # noqa: E402
+from pybubble.placement.step_placement import MeasuredCosts, make_placement  # noqa: E402
 from pybubble.runtime.waits import DataParallelWaits  # noqa: E402
 
 nan = float("nan")
@@ -29,7 +29,7 @@ MIX_DP2 = ("--dp", 2, "--pp", 1, "--data", "mix", "--microbatches", 4)
 MIX_PP2 = ("--ranks", 2, "--data", "mix")
 SKEW_DP2 = ("--dp", 2, "--pp", 1, "--data-file", SKEWED)
 RUNS = {MIX_DP2: ("megatron", "pybubble"), MIX_PP2: PLACEMENTS, SKEW_DP2: ("megatron", "pybubble")}
-EXAMPLE_RUNS = list(RUNS.items())  # the same runs as test_runtime_varying's: one launch serves both
+TRAINER_RUNS = list(RUNS.items())  # the same runs as test_runtime_varying's: one launch serves both
 
 
 # -- the replicas' lockstep --------------------------------------------------------------------
@@ -193,9 +193,9 @@ def test_data_parallel_waits_say_where_the_last_completed_step_met():
     assert waits.collectives_s(2)[2] == got[2]
 
 
-# -- the example trainer on real processes --------------------------------------------------------
-def test_the_prediction_at_dp_2_counts_the_collectives_and_the_encoders_sync_over_the_replicas(example_reports):
-    dp2 = example_reports(*MIX_DP2, modes=RUNS[MIX_DP2])
+# -- the test trainer on real processes --------------------------------------------------------
+def test_the_prediction_at_dp_2_counts_the_collectives_and_the_encoders_sync_over_the_replicas(trainer_reports):
+    dp2 = trainer_reports(*MIX_DP2, modes=RUNS[MIX_DP2])
     for mode, report in dp2.items():
         for rank in report["predicted_dp_s"]:  # FSDP2's all-gathers and reduce-scatters, measured
             assert rank["collectives_s"] > 0 and rank["replicas_s"] >= 0, mode
@@ -203,15 +203,15 @@ def test_the_prediction_at_dp_2_counts_the_collectives_and_the_encoders_sync_ove
         assert report["costs"]["grad_sync_s"] > 0, mode
         step = report["settled_steps"][-1]
         assert report["predicted_steps_s"][step] > max(r["collectives_s"] for r in report["predicted_dp_s"])
-    pp2 = example_reports(*MIX_PP2, modes=RUNS[MIX_PP2])
+    pp2 = trainer_reports(*MIX_PP2, modes=RUNS[MIX_PP2])
     for mode, report in pp2.items():  # one replica: nothing to meet
         assert report["predicted_dp_s"] == [{"collectives_s": 0.0, "replicas_s": 0.0}] * 2, mode
     assert pp2["megatron"]["costs"]["grad_sync_s"] == 0.0  # the encoder on one rank, one replica: no sync
 
 
-def test_a_light_replica_is_predicted_to_wait_for_the_heavy_one(example_reports):
+def test_a_light_replica_is_predicted_to_wait_for_the_heavy_one(trainer_reports):
     # megatron keeps each replica's samples: 16 tiles on replica 0, 1 on replica 1 (pp 1: rank r is
     # replica r). Replica 1 waits for replica 0 at every collective.
-    report = example_reports(*SKEW_DP2, modes=RUNS[SKEW_DP2])["megatron"]
+    report = trainer_reports(*SKEW_DP2, modes=RUNS[SKEW_DP2])["megatron"]
     heavy, light = report["predicted_dp_s"]
     assert light["replicas_s"] > 0 and light["replicas_s"] > heavy["replicas_s"] + 1e-4

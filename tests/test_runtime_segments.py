@@ -1,5 +1,5 @@
 """The encoder cut into kernel-level pieces (traced with make_fx) gives the unsplit module's outputs
-and gradients, in float64, for the encoders users have: the example's ViT blocks,
+and gradients, in float64, for the encoders users have: the trainer's ViT blocks,
 nn.TransformerEncoderLayer, timm VisionTransformer, Hugging Face CLIPVisionModel and
 SiglipVisionModel, torchvision's VisionTransformer (the class of vit_b_16)."""
 
@@ -30,7 +30,7 @@ def first(out):
 
 
 def build(mllm, name):
-    """The encoder `name` (the example trainer's ViT blocks among them: `mllm`) and its input's shape."""
+    """The encoder `name` (the test trainer's ViT blocks among them: `mllm`) and its input's shape."""
     if name == "vit_blocks":
         return nn.Sequential(nn.Linear(12, 16), mllm.ViTBlock(16, 4), mllm.ViTBlock(16, 2), nn.LayerNorm(16)), (3, 7, 12)
     if name == "encoder_layer_pre_norm":
@@ -65,7 +65,7 @@ def build(mllm, name):
     raise KeyError(name)
 
 
-ENCODERS = ["vit_blocks", "encoder_layer_pre_norm", "encoder_layer_post_norm", "timm_vit", "hf_clip", "hf_siglip",
+ENCODER_KINDS = ["vit_blocks", "encoder_layer_pre_norm", "encoder_layer_post_norm", "timm_vit", "hf_clip", "hf_siglip",
             "torchvision_vit"]
 
 
@@ -90,9 +90,9 @@ def run_against_unsplit(mllm, name, groups=None):
     return pieces
 
 
-@pytest.mark.parametrize("name", ENCODERS)
-def test_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name):
-    pieces = run_against_unsplit(example_trainer, name)
+@pytest.mark.parametrize("name", ENCODER_KINDS)
+def test_pieces_give_the_unsplit_outputs_and_gradients(trainer_module, name):
+    pieces = run_against_unsplit(trainer_module, name)
     # Kernel-level: about five pieces per transformer layer (norm + qkv, attention, projection,
     # norm + first MLP half, second MLP half; HF projects q, k and v apart), a few for the embedding
     # and the head.
@@ -102,12 +102,12 @@ def test_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name):
 
 @pytest.mark.parametrize("name, kernels", [("vit_blocks", 11), ("hf_clip", 15)])
 @pytest.mark.parametrize("groups", [lambda n: [n], lambda n: [2] * (n // 2) + [1] * (n % 2), lambda n: [1, n - 2, 1]])
-def test_merged_pieces_give_the_unsplit_outputs_and_gradients(example_trainer, name, kernels, groups):
-    assert len(run_against_unsplit(example_trainer, name, groups)) == len(groups(kernels))
+def test_merged_pieces_give_the_unsplit_outputs_and_gradients(trainer_module, name, kernels, groups):
+    assert len(run_against_unsplit(trainer_module, name, groups)) == len(groups(kernels))
 
 
-def test_merged_pieces_are_named_by_their_first_and_last_kernel_and_bad_groups_are_refused(example_trainer):
-    encoder, shape = build(example_trainer, "vit_blocks")
+def test_merged_pieces_are_named_by_their_first_and_last_kernel_and_bad_groups_are_refused(trainer_module):
+    encoder, shape = build(trainer_module, "vit_blocks")
     kernels = split_into_pieces(encoder, torch.randn(*shape))
     merged = merge_pieces(kernels, [1, 5, 5])
     assert [p.name for p in merged] == ["0:addmm", "1.qkv:addmm..1.fc2:addmm", "2.qkv:addmm..2.fc2:addmm"]
@@ -117,16 +117,16 @@ def test_merged_pieces_are_named_by_their_first_and_last_kernel_and_bad_groups_a
             merge_pieces(kernels, groups)
 
 
-def test_pieces_are_named_after_their_modules_and_kernels(example_trainer):
-    encoder, shape = build(example_trainer, "vit_blocks")
+def test_pieces_are_named_after_their_modules_and_kernels(trainer_module):
+    encoder, shape = build(trainer_module, "vit_blocks")
     names = [p.name for p in split_into_pieces(encoder, torch.randn(*shape))]
     assert names == ["0:addmm", "1.qkv:addmm", "1:_scaled_dot_product_flash_attention_for_cpu", "1.proj:addmm",
                      "1.fc1:addmm", "1.fc2:addmm", "2.qkv:addmm", "2:_scaled_dot_product_flash_attention_for_cpu",
                      "2.proj:addmm", "2.fc1:addmm", "2.fc2:addmm"]
 
 
-def test_torchvision_vit_b_16_splits_into_five_pieces_per_layer(example_trainer):
-    example_trainer.import_vision_libraries()
+def test_torchvision_vit_b_16_splits_into_five_pieces_per_layer(trainer_module):
+    trainer_module.import_vision_libraries()
     from torchvision.models import vit_b_16
 
     torch.manual_seed(0)
@@ -136,8 +136,8 @@ def test_torchvision_vit_b_16_splits_into_five_pieces_per_layer(example_trainer)
     assert pieces[1].name == "encoder.layers.encoder_layer_0.self_attention:addmm"  # batch 1: qkv in one addmm
 
 
-def test_pieces_run_in_order(example_trainer):
-    encoder, shape = build(example_trainer, "vit_blocks")
+def test_pieces_run_in_order(trainer_module):
+    encoder, shape = build(trainer_module, "vit_blocks")
     x = torch.randn(1, *shape[1:])
     run = MicrobatchRun(split_into_pieces(encoder, x), (x,))
     with pytest.raises(RuntimeError, match="out of order"):

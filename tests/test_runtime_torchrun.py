@@ -1,4 +1,4 @@
-"""The example trainer (examples/mllm.py) launched the way trainers launch: torchrun
+"""The test trainer (pybubble.testing.mllm) launched the way trainers launch: torchrun
 (``python -m torch.distributed.run``, env:// rendezvous), a DeviceMesh ("pp", "dp"), FSDP2 or DDP
 on the LLM's stages; and faults in that launch. Real gloo processes, tiny models, few steps."""
 
@@ -15,25 +15,24 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mllm.py"
-EXAMPLE_LAUNCH = Path(__file__).resolve().parent / "example_launch.py"
+TRAINER = "pybubble.testing.mllm"
+"""The test trainer's module (torchrun runs it with --module)."""
 MODES = ("megatron", "coarse", "pybubble")
 DP2_PP2 = [("fsdp", "dp"), ("ddp", "dp"), ("fsdp", "dp_shard")]
 """--dp-wrap and --dp-dim of the dp 2 x pp 2 runs. dp_shard: the mesh ("pp", "dp_shard") as
 torchtitan names it, FSDP2 over dp_shard; the runtime finds the replicas."""
 
 
-def torchrun(nproc, *args, timeout=240, script=EXAMPLE):
-    """The example (or `script`) under torchrun (--standalone: a free port, so runs side by side do
-    not meet)."""
+def torchrun(nproc, *args, timeout=240):
+    """The test trainer under torchrun (--standalone: a free port, so runs side by side do not meet)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           str(script), *map(str, args)]
+           "--module", TRAINER, *map(str, args)]
     # Outside the source tree so that the installed package (with its extension) is imported.
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=Path(tempfile.gettempdir()))
 
 
 def run_args(path, *args, modes=MODES, steps=3) -> list[str]:
-    """The example's arguments for ``steps`` steps of each mode, with the single-process reference,
+    """The trainer's arguments for ``steps`` steps of each mode, with the single-process reference,
     the report written to `path`."""
     return ["--steps", str(steps), "--size", "tiny", "--mode", ",".join(modes), "--timeout", "30", "--report",
             str(path), *map(str, args), "--reference"]
@@ -53,7 +52,7 @@ def read_reports(path, nproc, modes=MODES, steps=3) -> dict[str, dict]:
 
 def reports(tmp_path, nproc, *args, modes=MODES, steps=3):
     """Each mode's report after ``steps`` steps, with the single-process reference's checksum: one
-    torchrun launch of the example, its processes train the modes in turn."""
+    torchrun launch of the trainer, its processes train the modes in turn."""
     path = tmp_path / "report.json"
     r = torchrun(nproc, *run_args(path, *args, modes=modes, steps=steps), timeout=240 * len(modes))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -63,12 +62,12 @@ def reports(tmp_path, nproc, *args, modes=MODES, steps=3):
 @pytest.fixture(scope="module")
 def dp2_pp2_reports(tmp_path_factory) -> dict[tuple[str, str], dict[str, dict]]:
     """Each mode's report of each dp 2 x pp 2 run (DP2_PP2) by (wrap, dim): one torchrun launch of 4
-    processes trains them in turn (tests/example_launch.py)."""
+    processes trains them in turn (``--runs``)."""
     folder = tmp_path_factory.mktemp("dp2_pp2")
     argvs = [run_args(folder / f"{wrap}_{dim}.json", "--dp", 2, "--pp", 2, "--dp-wrap", wrap, "--dp-dim", dim)
              for wrap, dim in DP2_PP2]
     (folder / "runs.json").write_text(json.dumps(argvs))
-    r = torchrun(4, folder / "runs.json", script=EXAMPLE_LAUNCH, timeout=240 * len(MODES) * len(DP2_PP2))
+    r = torchrun(4, "--runs", folder / "runs.json", timeout=240 * len(MODES) * len(DP2_PP2))
     assert r.returncode == 0, r.stderr[-3000:]
     return {(wrap, dim): read_reports(folder / f"{wrap}_{dim}.json", 4) for wrap, dim in DP2_PP2}
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism in the runtime: the example's LLM tensor-parallel over the mesh's "tp"
+"""Tensor parallelism in the runtime: the trainer's LLM tensor-parallel over the mesh's "tp"
 dimension (real gloo processes, tiny models, a few steps), the filler inside the waits of real
 functional collectives (two processes), and TP gaps in the predicted step."""
 
@@ -15,15 +15,15 @@ PLACEMENTS = ("megatron", "coarse", "pybubble")
 TP_ALONE = ("--tp", 2)
 PP_TP = ("--pp", 2, "--tp", 2)
 PP_TP_INTERLEAVED = ("--pp", 2, "--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2)
-EXAMPLE_RUNS = [(TP_ALONE, PLACEMENTS), (PP_TP, PLACEMENTS), (PP_TP_INTERLEAVED, ("pybubble",))]
-"""The example's configurations these tests train (example_reports trains those of one world size
+TRAINER_RUNS = [(TP_ALONE, PLACEMENTS), (PP_TP, PLACEMENTS), (PP_TP_INTERLEAVED, ("pybubble",))]
+"""The example's configurations these tests train (trainer_reports trains those of one world size
 in one launch)."""
 
 
-def test_tp_alone_three_modes_reach_the_single_process_parameters(example_reports):
+def test_tp_alone_three_modes_reach_the_single_process_parameters(trainer_reports):
     # 2 processes: one pipeline stage, tensor-parallel over 2 ranks; the reference is the same model
     # unsplit in one process.
-    reports = example_reports(*TP_ALONE, timeout=300)
+    reports = trainer_reports(*TP_ALONE, timeout=300)
     reference = reports["megatron"]["reference_checksum"]
     for mode, rep in reports.items():
         assert rep["tp"] == 2 and len(rep["tp_waits"]["per_rank"]) == 2
@@ -35,17 +35,17 @@ def test_tp_alone_three_modes_reach_the_single_process_parameters(example_report
     assert all(r["filled"] == 0 for m in ("megatron", "coarse") for r in reports[m]["tp_waits"]["per_rank"])
 
 
-def test_pp_and_tp_three_modes_agree_with_tp_1(pp2_reports, example_reports):
+def test_pp_and_tp_three_modes_agree_with_tp_1(pp2_reports, trainer_reports):
     # 4 processes on 2 cores: a correctness run. tp 1: the 2-rank pipeline (pp 2) of the same GPT.
     base = pp2_reports["pybubble"]
-    reports = example_reports(*PP_TP, timeout=300)
+    reports = trainer_reports(*PP_TP, timeout=300)
     for mode in PLACEMENTS:
         rep = reports[mode]
         assert rep["param_checksum"] == pytest.approx(base["param_checksum"], rel=1e-5), mode
         assert rep["param_checksum"] == pytest.approx(base["reference_checksum"], rel=1e-5), mode
         assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [16] * 4, mode
     # two stages per rank (interleaved 1F1B), each tensor-parallel: 1 block per stage
-    rep = example_reports(*PP_TP_INTERLEAVED, modes=("pybubble",), timeout=300)["pybubble"]
+    rep = trainer_reports(*PP_TP_INTERLEAVED, modes=("pybubble",), timeout=300)["pybubble"]
     assert rep["param_checksum"] == pytest.approx(base["param_checksum"], rel=1e-5)
     assert [r["waits"] for r in rep["tp_waits"]["per_rank"]] == [16] * 4
     assert rep["costs"]["tp_count"] == 2
@@ -55,17 +55,17 @@ def test_pp_and_tp_three_modes_agree_with_tp_1(pp2_reports, example_reports):
     (["--tp", 0], "error: tp: 0 is not >= 1"),
     (["--tp", 3, "--ranks", 3], "error: tp: 3 does not divide the 4 heads of size 'small'"),
     (["--tp", 2, "--ranks", 3], "error: pp: dp 1 x pp 1 x tp 2 is not the 3 ranks"),
-    (["--tp", 2, "--pp", 2, "--dp", 2], "error: tp: 2 beside dp 2: the example runs tensor parallelism without "
+    (["--tp", 2, "--pp", 2, "--dp", 2], "error: tp: 2 beside dp 2: the trainer runs tensor parallelism without "
                                        "data parallelism"),
     (["--tp", 2, "--pp", 2, "--schedule", "zbv"], "error: tp: 2 beside --schedule zbv, which splits the backward "
                                                   "(I, W): the runtime predicts TP gaps in whole forwards and "
                                                   "backwards only; use 1f1b, gpipe or interleaved_1f1b"),
     (["--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2],
-     "error: schedule: 'interleaved_1f1b' with --pp 1 (tensor parallelism alone) is not run by the example; use "
+     "error: schedule: 'interleaved_1f1b' with --pp 1 (tensor parallelism alone) is not run by the trainer; use "
      "1f1b or gpipe"),
 ])
-def test_bad_tp_arguments_exit_2_with_one_line(example_main, args, message):
-    code, err = example_main(*args)
+def test_bad_tp_arguments_exit_2_with_one_line(trainer_main, args, message):
+    code, err = trainer_main(*args)
     assert code == 2
     assert err.strip() == message
 

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from pybubble.runtime import EncoderBatch  # noqa: E402
 from pybubble.runtime.batch import Packing, packed_rows  # noqa: E402
 from pybubble.placement.plan import RankPlan, rank_plan  # noqa: E402
-from pybubble.placement.step import MeasuredCosts, make_placement, piece_tasks, producers, task_index  # noqa: E402
+from pybubble.placement.step_placement import MeasuredCosts, make_placement, piece_tasks, producers, task_index  # noqa: E402
 from pybubble.runtime.replicas import ReplicaMoves  # noqa: E402
 from pybubble.schedule.balance import balance_replica_chunks, balance_replica_stream, fill_rows, middle_room, pack_rows, row_layouts  # noqa: E402
 from pybubble.schedule.scheduler import schedule_problem  # noqa: E402
@@ -38,7 +38,7 @@ MIX_DP2_PP2 = ("--dp", 2, "--pp", 2, "--data", "mix")
 SKEW_DP2 = ("--dp", 2, "--pp", 1, "--data-file", SKEWED)
 RUNS = {FILE_PP2: PLACEMENTS, MIX_PP2: PLACEMENTS, MIX_UNBALANCED: ("pybubble",), MIX_DP2: ("megatron", "pybubble"),
         FILE_DP2: ("pybubble",), FILE_DP2_PP2: PLACEMENTS, MIX_DP2_PP2: ("pybubble",), SKEW_DP2: ("megatron", "pybubble")}
-EXAMPLE_RUNS = list(RUNS.items())
+TRAINER_RUNS = list(RUNS.items())
 
 
 def costs(**kw) -> MeasuredCosts:
@@ -306,8 +306,8 @@ def run_id(args) -> str:
 
 
 @pytest.mark.parametrize("args", list(RUNS), ids=run_id)
-def test_varying_data_reaches_the_single_process_parameters(example_reports, args):
-    reports = example_reports(*args, modes=RUNS[args])
+def test_varying_data_reaches_the_single_process_parameters(trainer_reports, args):
+    reports = trainer_reports(*args, modes=RUNS[args])
     reference = next(iter(reports.values()))["reference_checksum"]
     for mode, report in reports.items():
         assert report["param_checksum"] == pytest.approx(reference, rel=1e-6), mode
@@ -324,8 +324,8 @@ def test_varying_data_reaches_the_single_process_parameters(example_reports, arg
 
 
 @pytest.mark.parametrize("args", [MIX_DP2, FILE_DP2, FILE_DP2_PP2, MIX_DP2_PP2, SKEW_DP2], ids=run_id)
-def test_pybubble_moves_encoder_work_to_the_replica_with_room(example_reports, args):
-    reports = example_reports(*args, modes=RUNS[args])
+def test_pybubble_moves_encoder_work_to_the_replica_with_room(trainer_reports, args):
+    reports = trainer_reports(*args, modes=RUNS[args])
     data = reports["pybubble"]["data"]
     spread = data["replica_imbalance"]
     assert len(spread) == 3 and all(x is not None for x in spread)
@@ -344,14 +344,14 @@ def test_pybubble_moves_encoder_work_to_the_replica_with_room(example_reports, a
             assert mega["chunks"] == [[[-(-t // 4) for t in step] for step in rank] for rank in mega["tiles"]]
 
 
-def test_balance_off_runs_the_samples_as_given(example_reports):
-    data = example_reports(*MIX_UNBALANCED, modes=RUNS[MIX_UNBALANCED])["pybubble"]["data"]
+def test_balance_off_runs_the_samples_as_given(trainer_reports):
+    data = trainer_reports(*MIX_UNBALANCED, modes=RUNS[MIX_UNBALANCED])["pybubble"]["data"]
     assert data["slot_imbalance_run"] == data["slot_imbalance_given"]
     assert data["layout"] == ["given"] * 3
 
 
-def test_balance_on_takes_the_layout_the_runtime_predicts_best(example_reports):
-    data = example_reports(*MIX_PP2, modes=RUNS[MIX_PP2])
+def test_balance_on_takes_the_layout_the_runtime_predicts_best(trainer_reports):
+    data = trainer_reports(*MIX_PP2, modes=RUNS[MIX_PP2])
     assert data["pybubble"]["data"]["layout"][0] == "given"  # step 0: no costs measured yet
     assert set(data["pybubble"]["data"]["layout"]) <= {"given", "given_ends", "given_room", "balanced_ends",
                                                         "balanced_room"}
@@ -362,9 +362,9 @@ def test_balance_on_takes_the_layout_the_runtime_predicts_best(example_reports):
     ("tile_shape", 1, "tiles of shape (4, 49) (torch.float32), the encoder's pieces take (4, 48)"),
     ("empty_step", 0, "batch: 0 microbatches, the schedule runs 2 (an empty step)"),
 ])
-def test_bad_data_on_one_rank_is_refused_on_every_rank_before_the_step(example_cli, fault, rank, message):
+def test_bad_data_on_one_rank_is_refused_on_every_rank_before_the_step(trainer_cli, fault, rank, message):
     t = time.monotonic()
-    r = example_cli("--ranks", 2, "--steps", 3, "--size", "tiny", "--data", "mix", "--mode", "pybubble", "--timeout", 10,
+    r = trainer_cli("--ranks", 2, "--steps", 3, "--size", "tiny", "--data", "mix", "--mode", "pybubble", "--timeout", 10,
              "--fail-rank", rank, "--fail-step", 1, "--fault", fault, timeout=120)
     assert r.returncode == 1
     assert f"rank {rank}: error: ValueError: {message}" in r.stderr or message in r.stderr
@@ -380,10 +380,10 @@ def test_bad_data_on_one_rank_is_refused_on_every_rank_before_the_step(example_c
     (['{"tiles": [30], "text": 20}'], "line 1: tokens: 20 text + 30 tiles x 2 = 80, more than the limit of 72"),
     ([], "no samples"),
 ])
-def test_a_bad_data_file_exits_2_with_one_line_naming_the_line(example_main, tmp_path, lines, message):
+def test_a_bad_data_file_exits_2_with_one_line_naming_the_line(trainer_main, tmp_path, lines, message):
     path = tmp_path / "samples.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    code, err = example_main("--size", "tiny", "--data-file", path)
+    code, err = trainer_main("--size", "tiny", "--data-file", path)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and message in err
 
@@ -395,7 +395,7 @@ def test_a_bad_data_file_exits_2_with_one_line_naming_the_line(example_main, tmp
     (["--data", "mix", "--encoder", "clip"], "error: encoder: 'clip' with varying data: its class token per tile "
                                               "does not pool; use vit or timm"),
 ])
-def test_bad_data_options_exit_2_with_one_line(example_main, args, message):
-    code, err = example_main(*args)
+def test_bad_data_options_exit_2_with_one_line(trainer_main, args, message):
+    code, err = trainer_main(*args)
     assert code == 2
     assert err.strip() == message

@@ -2,7 +2,7 @@
 
 Each command is a module of this package: ``add_parser(commands)`` adds its subparser and options,
 and ``run(args) -> int`` runs it (its docstring is the command's help). The options several commands
-share are in :mod:`~pybubble.cli.options` (the data options in :mod:`pybubble.data.options`), what
+share are in :mod:`~pybubble.cli.option_groups` (the data options in :mod:`pybubble.data.sources`), what
 they print with in :mod:`~pybubble.cli.terminal`. A command's tables fit the terminal's width,
 anything over a couple of seconds shows progress on stderr, and the last line on stdout is one
 summary line for scripts: ``<command>: key=value ...``. Bad input ends with exit code 2 and one line
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from .. import __version__
 from . import bubbles, calibrate, dynamic, generate, kernels, measure, plan, schedule, validate
-from .options import HelpFormatter, Parser
+from .option_groups import HelpFormatter, Parser
 
 COMMANDS = (plan, bubbles, schedule, validate, generate, kernels, calibrate, dynamic, measure)
 """The commands' modules, in the order ``pybubble --help`` lists them."""

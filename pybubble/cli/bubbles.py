@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_command, add_picture_options, add_pipeline_options, window_us
+from .option_groups import add_command, add_picture_options, add_pipeline_options, window_us
 from .terminal import console, drawing, in_ms, shown_rows, summary, table
 
 

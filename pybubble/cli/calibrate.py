@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from .options import add_command
+from .option_groups import add_command
 from .terminal import console, progress_bar, summary, table
 
 

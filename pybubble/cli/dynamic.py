@@ -8,8 +8,8 @@ import os
 from typing import Any
 
 from ..config.checks import finite, integer
-from ..data.options import add_data_options, data_name, data_source
-from .options import add_command, add_config, add_json, add_plot
+from ..data.sources import add_data_options, data_name, data_source
+from .option_groups import add_command, add_config, add_json, add_plot
 from .terminal import console, drawing, in_ms, progress_bar, summary, table
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .options import add_command, add_pipeline_options
+from .option_groups import add_command, add_pipeline_options
 from .terminal import console, summary
 
 

@@ -7,7 +7,7 @@ import argparse
 import textwrap
 from typing import Any
 
-from .options import add_command
+from .option_groups import add_command
 from .terminal import console, in_ms, summary, table
 
 

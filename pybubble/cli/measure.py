@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any
 
-from .options import add_command, add_json, add_plot
+from .option_groups import add_command, add_json, add_plot
 from .terminal import console, drawing, in_ms, summary, table
 
 

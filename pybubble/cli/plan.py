@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.table import Table
 
-from .options import add_command, add_config, add_json, add_picture_options, window_us
+from .option_groups import add_command, add_config, add_json, add_picture_options, window_us
 from .terminal import console, drawing, in_ms, progress_bar, summary, table
 
 

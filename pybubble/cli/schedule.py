@@ -9,7 +9,7 @@ from typing import Any
 
 from ..problem.problem import load_problem
 from ..schedule.scheduler import POLICIES, schedule_problem
-from .options import add_command
+from .option_groups import add_command
 from .terminal import console, in_ms, summary, table
 
 

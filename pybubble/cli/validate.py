@@ -8,7 +8,7 @@ from typing import Any
 from ..problem.problem import load_problem
 from ..schedule.scheduler import load_schedule
 from ..schedule.validator import validate
-from .options import add_command
+from .option_groups import add_command
 from .terminal import console, summary
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..config.checks import finite
 from .measured import MeasuredCosts
-from .step import US, Placement, shift_front_s
+from .step_placement import US, Placement, shift_front_s
 
 
 def step_marks_s(plan: Placement, rank: int, costs: MeasuredCosts) -> np.ndarray:

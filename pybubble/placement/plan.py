@@ -4,7 +4,7 @@ A :class:`RankPlan` holds what the rank's filler follows: its LLM ops in the ord
 schedule's action table, each with its predicted gap and start, and its encoder tasks in plan
 order, each with its chain (encoder microbatch), piece, phase, planned start, measured duration
 and the LLM microbatch whose first-stage forward needs it. It imports no torch: it is built from
-the step's :class:`~pybubble.placement.step.Placement` (:func:`rank_plan`),
+the step's :class:`~pybubble.placement.step_placement.Placement` (:func:`rank_plan`),
 written to JSON and read back equal (``examples/mllm.py --dump-plan DIR``).
 
 Times are seconds, counted from the step's frame origin (the moment the rank enters the pipeline's
@@ -24,7 +24,7 @@ from ..costs.kernels import PHASES
 from ..llm.tables import Action
 from ..measure import names as names_
 from .measured import MeasuredCosts
-from .step import US, Placement, placement_step_s, shift_front_s, task_index
+from .step_placement import US, Placement, placement_step_s, shift_front_s, task_index
 
 FORMAT = "pybubble.rank_plan/1"
 """The ``format`` key of a rank plan's JSON document."""

@@ -92,6 +92,18 @@ class WaitFigures:
     """The encoder tasks' time inside them."""
 
 
+@dataclass(slots=True)
+class LayoutFigures:
+    """The layout one step's samples ran in (this replica's)."""
+
+    name: str
+    """Which (``given``, or a name of :func:`~pybubble.schedule.balance.row_layouts`)."""
+    given_tiles: list[int]
+    """Tiles per slot as the samples were given."""
+    slot_tiles: list[int]
+    """Tiles per slot as laid out."""
+
+
 @dataclass(kw_only=True, slots=True)
 class StepRecord:
     """One step of one rank."""
@@ -132,11 +144,9 @@ class StepRecord:
     """The time of this rank's encoder tasks (CPU: measured; CUDA: their estimates)."""
     llm_s: float = 0.0
     """The own time of this rank's LLM ops."""
-    layout: str | None = None
+    layout: LayoutFigures | None = None
     """The layout of the step's samples over the slots that
     :meth:`~pybubble.runtime.EncoderRuntime.lay_out` chose (None: not asked)."""
-    given_tiles: list[int] | None = None
-    """With a layout: this replica's tiles per slot as the samples were given."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain data."""
@@ -200,4 +210,4 @@ def tp_op_figures(stats: TPWaitStats) -> tuple[float, float, float]:
             float(statistics.fmean(stats.gaps_s)))
 
 
-__all__ = ["FillerStats", "StepRecord", "TPWaitStats", "WaitFigures", "consumer_delays", "tp_op_figures"]
+__all__ = ["FillerStats", "LayoutFigures", "StepRecord", "TPWaitStats", "WaitFigures", "consumer_delays", "tp_op_figures"]

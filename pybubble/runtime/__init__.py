@@ -11,7 +11,7 @@ from ..placement.measured import CostHistory, MeasuredCosts, StepSample
 from ..placement.plan import PlannedOp, PlannedTask, RankPlan, rank_plan
 from ..placement.records import FillerStats, StepRecord, TPWaitStats, consumer_delays
 from ..placement.slots import SlotLayout
-from ..placement.step import PLACEMENTS, Placement, make_placement, predict_step_s
+from ..placement.step_placement import PLACEMENTS, Placement, make_placement, predict_step_s
 from .batch import EncoderBatch
 from .boundary import BoundaryCommunicator
 from .cuda import SideStream, llm_stream, side_stream
@@ -27,6 +27,7 @@ from .options import BalanceOptions, PieceOptions, RuntimeOptions, TrainerGroups
 from .parallel_groups import ParallelGroups, resolve_groups
 from .pipelining import fill_pipeline_waits, schedule_microbatches, schedule_table
 from .probe import WorkProbe
+from .reporting import gather_figures, gather_report, report_of
 from .progress import StepProgress
 from .segments import MicrobatchRun, Piece, split_into_pieces
 from .task import FillTask
@@ -39,7 +40,7 @@ __all__ = ["BalanceOptions", "BoundaryCommunicator", "BubbleFiller", "CostHistor
            "MicrobatchRun", "PLACEMENTS", "ParallelGroups", "Piece", "PieceOptions", "PipelineWaits", "Placement", "PlannedOp",
            "PlannedTask", "RankPlan", "RuntimeOptions", "SideStream", "SlotLayout", "StepProgress", "StepRecord", "StepSample", "TESTED_TORCH",
            "TPWaitStats", "TensorParallelWaits", "TrainerGroups", "WorkProbe", "check_torch_seams", "consumer_delays", "exit_rank",
-           "fill_pipeline_waits", "fill_tp_waits", "init_distributed", "launch", "llm_stream", "make_placement",
-           "observe_data_parallel", "predict_step_s", "rank_plan", "resolve_groups", "run_rank",
+           "fill_pipeline_waits", "fill_tp_waits", "gather_figures", "gather_report", "init_distributed", "launch", "llm_stream", "make_placement",
+           "observe_data_parallel", "predict_step_s", "rank_plan", "report_of", "resolve_groups", "run_rank",
            "schedule_microbatches", "schedule_table", "shared_idle_worker", "side_stream", "split_into_pieces",
            "sync_grads"]

@@ -35,9 +35,9 @@ from torch.profiler import record_function
 from ..measure import names
 from ..placement.measured import CostHistory, MeasuredCosts
 from ..placement.plan import RankPlan, rank_plan
-from ..placement.records import StepRecord, WaitFigures
+from ..placement.records import LayoutFigures, StepRecord, WaitFigures
 from ..placement.slots import SlotLayout, choose_layout
-from ..placement.step import first_stage_rank, make_placement, predict_step_s
+from ..placement.step_placement import first_stage_rank, make_placement, predict_step_s
 from ..schedule.balance import deadline_gaps
 from . import torch_seams
 from .batch import EncoderBatch, Packing, chunk_counts, inputs_of
@@ -407,7 +407,7 @@ def step_record(work: EncoderStep, data: StepData, tp: TensorParallelWaits, layo
         chunks=data.chains.chunk_counts(chunk_tiles), encoder_s=work.encoder_s(),
         llm_s=sum(work.filler.progress.op_busy_s),
         imbalance=None if moves is None else (moves.imbalance(False), moves.imbalance(True)),
-        layout=None if layout is None else layout.name, given_tiles=None if layout is None else layout.given_tiles)
+        layout=None if layout is None else LayoutFigures(layout.name, layout.given_tiles, layout.slot_tiles))
 
 
 __all__ = ["EncoderRuntime", "StepData", "check_packing", "output_of", "run_step", "step_record"]

@@ -24,7 +24,7 @@ from ..measure import names
 from ..placement.marks import lockstep, step_marks_s
 from ..placement.measured import CollectiveHistory, MeasuredCosts
 from ..placement.plan import RankPlan
-from ..placement.step import Placement
+from ..placement.step_placement import Placement
 
 
 class ReplicaLockstep:

@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..config.checks import integer, one_of
-from ..placement.step import PLACEMENTS
+from ..placement.step_placement import PLACEMENTS
 from .parallel_groups import ParallelGroups, resolve_groups
 
 

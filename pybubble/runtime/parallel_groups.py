@@ -43,7 +43,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..placement.step import splits_backward
+from ..placement.step_placement import splits_backward
 
 ROLES = ("pp", "dp", "tp")
 """The roles of the process groups the runtime runs on."""

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ..schedule.balance import balance_replica_chunks, balance_replica_stream, balance_replicas
 from .batch import EncoderBatch, chunk_counts
-from ..placement.step import producers
+from ..placement.step_placement import producers
 from .probe import WorkProbe
 
 MOVE_TAG_BASE = 1 << 22

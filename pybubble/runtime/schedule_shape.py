@@ -10,7 +10,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from ..placement.step import splits_backward, stage_ranks
+from ..placement.step_placement import splits_backward, stage_ranks
 from .parallel_groups import ParallelGroups
 from .pipelining import schedule_table
 

@@ -1,7 +1,7 @@
 """The parts of the command line that several commands share: the parser and its help format, a
 command's subparser, and the option groups more than one command takes (the planning config, the
 output files --json, --plot, --trace and --window, the pipeline's --stages and --microbatches). The
-data options (--data, --data-file) belong to the library: :mod:`pybubble.data.options`."""
+data options (--data, --data-file) belong to the library: :mod:`pybubble.data.sources`."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed.pipelining  # noqa: E402
+from torch.distributed import pipelining  # noqa: E402
 
 PLACEMENTS = ("megatron", "coarse", "pybubble")
 FOUR_RANKS = ("--ranks", 4, "--microbatches", 4)
@@ -28,7 +28,7 @@ MULTI_STAGE = [
     (("--dp", 2, "--pp", 2, "--schedule", "zbv"), ("pybubble",)),
     (("--dp", 2, "--pp", 2, "--schedule", "interleaved_zb", "--chunks", 2), ("pybubble",)),
 ]
-HAS_DUALPIPEV = hasattr(torch.distributed.pipelining, "ScheduleDualPipeV")
+HAS_DUALPIPEV = hasattr(pipelining, "ScheduleDualPipeV")
 DUALPIPEV = ("--ranks", 2, "--schedule", "dualpipev", "--microbatches", 4)
 TRAINER_RUNS = [(FOUR_RANKS, PLACEMENTS), *((args, ("megatron", "pybubble")) for args in ENCODER_KINDS.values()),
                 *MULTI_STAGE, *([(DUALPIPEV, ("pybubble",))] if HAS_DUALPIPEV else [])]
@@ -210,6 +210,17 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout(trainer_cli):
      "gradients with autograd.grad, which DDP's all-reduce never sees (pytorch/pytorch#144530), so the replicas' "
      "gradients are not averaged; see docs/runtime.md, 'Zero-bubble schedules beside data parallelism'; use "
      "--dp-wrap fsdp"),
+    (["--tp", 0], "error: tp: 0 is not >= 1"),
+    (["--tp", 3, "--ranks", 3], "error: tp: 3 does not divide the 4 heads of size 'small'"),
+    (["--tp", 2, "--ranks", 3], "error: pp: dp 1 x pp 1 x tp 2 is not the 3 ranks"),
+    (["--tp", 2, "--pp", 2, "--dp", 2], "error: tp: 2 beside dp 2: the trainer runs tensor parallelism without "
+                                       "data parallelism"),
+    (["--tp", 2, "--pp", 2, "--schedule", "zbv"], "error: tp: 2 beside --schedule zbv, which splits the backward "
+                                                  "(I, W): the runtime predicts TP gaps in whole forwards and "
+                                                  "backwards only; use 1f1b, gpipe or interleaved_1f1b"),
+    (["--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2],
+     "error: schedule: 'interleaved_1f1b' with --pp 1 (tensor parallelism alone) is not run by the trainer; use "
+     "1f1b or gpipe"),
 ])
 def test_bad_arguments_exit_2_with_one_line(trainer_main, args, message):
     code, err = trainer_main(*args)

@@ -51,25 +51,6 @@ def test_pp_and_tp_three_modes_agree_with_tp_1(pp2_reports, trainer_reports):
     assert rep["costs"]["tp_count"] == 2
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--tp", 0], "error: tp: 0 is not >= 1"),
-    (["--tp", 3, "--ranks", 3], "error: tp: 3 does not divide the 4 heads of size 'small'"),
-    (["--tp", 2, "--ranks", 3], "error: pp: dp 1 x pp 1 x tp 2 is not the 3 ranks"),
-    (["--tp", 2, "--pp", 2, "--dp", 2], "error: tp: 2 beside dp 2: the trainer runs tensor parallelism without "
-                                       "data parallelism"),
-    (["--tp", 2, "--pp", 2, "--schedule", "zbv"], "error: tp: 2 beside --schedule zbv, which splits the backward "
-                                                  "(I, W): the runtime predicts TP gaps in whole forwards and "
-                                                  "backwards only; use 1f1b, gpipe or interleaved_1f1b"),
-    (["--tp", 2, "--schedule", "interleaved_1f1b", "--chunks", 2],
-     "error: schedule: 'interleaved_1f1b' with --pp 1 (tensor parallelism alone) is not run by the trainer; use "
-     "1f1b or gpipe"),
-])
-def test_bad_tp_arguments_exit_2_with_one_line(trainer_main, args, message):
-    code, err = trainer_main(*args)
-    assert code == 2
-    assert err.strip() == message
-
-
 WORKER = textwrap.dedent("""
     import json, sys, time, datetime
     import torch, torch.distributed as dist

@@ -203,32 +203,10 @@ class RunReport:
         """megatron, coarse or pybubble."""
         return self.doc["mode"]
 
-    @property
-    def step_times_s(self) -> list[float]:
-        """Every step's time."""
-        return self.doc["step_times_s"]
+    def settled_s(self) -> list[float]:
+        """The settled steps' times (what the medians take), in step order."""
+        return [self.doc["step_times_s"][s] for s in self.doc["settled_steps"]]
 
-    @property
-    def settled_steps(self) -> list[int]:
-        """The steps the medians take."""
-        return self.doc["settled_steps"]
-
-    @property
-    def median_step_s(self) -> float:
-        """The settled steps' median."""
-        return self.doc["median_step_s"]
-
-    @property
-    def predicted_step_s(self) -> float:
-        """The median of the runtime's predictions of the settled steps."""
-        return self.doc["predicted_step_s"]
-
-    @property
-    def param_checksum(self) -> float:
-        """The float64 sum of every parameter after the last step."""
-        return self.doc["param_checksum"]
-
-    @property
     def costs(self) -> MeasuredCosts:
         """The costs the last plan took."""
         return MeasuredCosts(**self.doc["costs"])

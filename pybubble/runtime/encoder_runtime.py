@@ -133,14 +133,20 @@ class EncoderRuntime:
                  **deprecated: Any):
         self.options, trainer_groups = legacy_arguments(options, groups, deprecated)
         torch_seams.check_torch_seams()
+        self.mode = self.options.mode
+        """``megatron``, ``coarse`` or ``pybubble`` (the options' mode)."""
         self.encoder, self.schedule = encoder, schedule
         self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
         """This rank's pipeline stages."""
         self.device = torch.device(device if device is not None else getattr(self.stages[0], "device", "cpu"))
         self.groups: ParallelGroups = trainer_groups.resolve(getattr(self.stages[0], "group", None))
         """The trainer's groups the runtime works on."""
+        self.dp_group = self.groups.dp
+        """The data-parallel replicas' group (None: one replica)."""
         self.pipeline = PipelineShape.of(self.stages, schedule, self.groups, self.options.microbatches)
         """The schedule as the runtime sees it on this rank."""
+        self.microbatches = self.pipeline.microbatches
+        """The schedule's microbatches per step."""
         self.group = trainer_groups.traffic if trainer_groups.traffic is not None else runtime_group(
             self.groups, self.pipeline.ranks)
         """Where the runtime's own traffic goes."""
@@ -154,17 +160,12 @@ class EncoderRuntime:
         self.replicas = 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
         balance = self.options.balance
         check_packing(balance.pack_chunks, self.pipeline.ranks, self.mode)
-        self.example = tuple(t.to(self.device) for t in inputs_of(example))
-        """One chunk of encoder input: the pieces' fixed shape (its dim 0: the tiles of a chunk)."""
-        self.kernels = self.pieces = split_into_pieces(encoder, self.example)
-        """The encoder cut before each kernel; :attr:`pieces` merges them at the profile."""
-        self.piece_s = check_piece_s(self.options.pieces.min_s, self.mode)
+        self._cut(encoder, example)
         self.replica_balance = None if not balance.replicas else ReplicaBalance(
             group=self.world_group, dp_group=self.dp_group, pp_rank=self.pipeline.rank, pp_ranks=self.pipeline.ranks,
             first_stage=first_stage_rank(self.pipeline.table), chunk_tiles=self.chunk_tiles, device=self.device,
             packed=balance.pack_chunks)
         """With ``balance.replicas``: each step's encoder work moved between the replicas."""
-        self.output_shape, self.output_dtype = output_of(self.kernels, self.example)
         self.side = side_stream(self.device)
         every = self.world_group, dist.get_world_size(self.world_group)
         self.measured = StepCosts(*(every if self.replicas > 1 else (self.group, self.pipeline.ranks)),
@@ -183,12 +184,18 @@ class EncoderRuntime:
         self._layout: SlotLayout | None = None  # the next step's layout of its samples (lay_out)
         self._work: EncoderStep | None = None  # the running step
 
-    # -- what it runs on -----------------------------------------------------------------------
-    @property
-    def mode(self) -> str:
-        """``megatron``, ``coarse`` or ``pybubble`` (:attr:`options`' mode)."""
-        return self.options.mode
+    def _cut(self, encoder: nn.Module, example: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """The encoder traced on ``example`` and cut before each kernel."""
+        self.example = tuple(t.to(self.device) for t in inputs_of(example))
+        """One chunk of encoder input: the pieces' fixed shape (its dim 0: the tiles of a chunk)."""
+        self.chunk_tiles = int(self.example[0].shape[0])
+        """Tiles of one chunk: the encoder's pieces run on this many at a time."""
+        self.kernels = self.pieces = split_into_pieces(encoder, self.example)
+        """The encoder cut before each kernel; :attr:`pieces` merges them at the profile."""
+        self.piece_s = check_piece_s(self.options.pieces.min_s, self.mode)
+        self.output_shape, self.output_dtype = output_of(self.kernels, self.example)
 
+    # -- what it runs on -----------------------------------------------------------------------
     @property
     def trace(self) -> bool:
         """Whether each step's record keeps (what, start, end) of its tasks, ops and waits."""
@@ -215,21 +222,6 @@ class EncoderRuntime:
     def history(self) -> CostHistory | None:
         """The measured costs of the last steps (None before the first step's profile)."""
         return self.measured.history
-
-    @property
-    def dp_group(self) -> dist.ProcessGroup | None:
-        """The data-parallel replicas' group (None: one replica)."""
-        return self.groups.dp
-
-    @property
-    def microbatches(self) -> int:
-        """The schedule's microbatches per step."""
-        return self.pipeline.microbatches
-
-    @property
-    def chunk_tiles(self) -> int:
-        """Tiles of one chunk: the encoder's pieces run on this many at a time."""
-        return int(self.example[0].shape[0])
 
     @property
     def _step_mode(self) -> str:

@@ -111,13 +111,20 @@ def _run_key(args, modes, device="cpu", profile=False) -> tuple:
     return tuple(map(str, args)), tuple(modes), device, profile
 
 
+RANK_FIXTURES = {"trainer_reports", "pp2_reports", "trainer_cli", "two_ranks", "every", "dp2_pp2_reports"}
+"""Fixtures that start torch ranks: a test that uses one is marked ``distributed``."""
+
+
 def pytest_collection_modifyitems(session, config, items):
-    """Gathers the configurations of the test trainer (pybubble.testing.mllm) the selected tests train:
+    """Marks ``distributed`` every test that starts torch ranks through a fixture (:data:`RANK_FIXTURES`;
+    modules and tests that start them themselves carry the mark), and gathers the configurations of the test trainer (pybubble.testing.mllm) the selected tests train:
     their modules' ``TRAINER_RUNS`` (arguments and modes, and optionally device and profiled, as they
     call trainer_reports with) and pp2_reports' run, so that trainer_reports trains those of one world
     size in one launch."""
     runs: dict = {}
     for item in items:
+        if RANK_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.distributed)
         for run in getattr(getattr(item, "module", None), "TRAINER_RUNS", ()):
             runs.setdefault(_run_key(*run), None)
         if "pp2_reports" in getattr(item, "fixturenames", ()):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.distributed
 
 from pybubble.placement.run_report import read_report  # noqa: E402
 

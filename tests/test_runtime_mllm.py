@@ -148,6 +148,7 @@ STAND_IN_SIDE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.distributed
 def test_the_cuda_mode_filler_in_the_trainer_reaches_the_reference(tmp_path):
     script = tmp_path / "stand_in_side.py"
     script.write_text(STAND_IN_SIDE)

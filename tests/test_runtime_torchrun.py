@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.distributed
 
 TRAINER = "pybubble.testing.mllm"
 """The test trainer's module (torchrun runs it with --module)."""

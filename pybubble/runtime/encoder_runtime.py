@@ -77,8 +77,6 @@ def output_of(pieces: Sequence[Any], example: tuple[torch.Tensor, ...]) -> tuple
     return tuple(output.shape), output.dtype
 
 
-
-
 @dataclass
 class StepData:
     """A step's encoder input as the runtime runs it."""
@@ -195,7 +193,6 @@ class EncoderRuntime:
         self.piece_s = check_piece_s(self.options.pieces.min_s, self.mode)
         self.output_shape, self.output_dtype = output_of(self.kernels, self.example)
 
-    # -- what it runs on -----------------------------------------------------------------------
     @property
     def trace(self) -> bool:
         """Whether each step's record keeps (what, start, end) of its tasks, ops and waits."""
@@ -277,15 +274,7 @@ class EncoderRuntime:
             data = self._balance(batch)
             self._measure(clock.entry)
         plan, plan_s = self._plan(data.chains)
-        t = time.perf_counter()
-        plan, meet_s, wait_s = start_together(self.lockstep, self.group, plan, self.placement, self.costs,
-                                              self.pipeline.rank, self.dp_waits.collectives_s, self.steps > 0)
-        self.plan, start = plan, time.perf_counter()
-        clock.met += start - t
-        p = self.pipeline
-        work = EncoderStep.begin(plan, data.batch.tiles, data.own, data.moved, data.packing, data.chains,
-                                 pieces=self.pieces, group=self.group, rank=p.rank, output=(self.output_shape, self.output_dtype),
-                                 device=self.device, chunk_tiles=self.chunk_tiles, executor=executor_for(self.side))
+        work, start, waits_s = self._start(plan, data, clock)
         # the runtime's own work and its collectives before the step's work (the profiling step's
         # first collectives wait for every process to start, its profile is no step's)
         own_s, met_s = ((time.perf_counter() - clock.entry - clock.met, clock.met) if self.steps > 0
@@ -295,17 +284,39 @@ class EncoderRuntime:
             result, tp = run_step(work, self, start, args, kwargs)
         finally:
             self._work = None
-        sync_s = timed_grad_sync(self.encoder, plan, p.rank, p.ranks, self.groups.pp, self.dp_group, self.measured.now)
+        p = self.pipeline
+        sync_s = timed_grad_sync(self.encoder, work.plan, p.rank, p.ranks, self.groups.pp, self.dp_group,
+                                 self.measured.now)
+        self._record(work, data, tp, start, plan_s, sync_s, own_s, met_s, waits_s)
+        return result
+
+    def _start(self, plan: RankPlan, data: StepData, clock: _Clock) -> tuple[EncoderStep, float, tuple[float, float]]:
+        """Every rank starts the step at once (:func:`~pybubble.runtime.lockstep.start_together`), then
+        this rank's work begins: the work, its start and the replicas' collectives' and waits' time
+        the prediction counts."""
+        t = time.perf_counter()
+        plan, meet_s, wait_s = start_together(self.lockstep, self.group, plan, self.placement, self.costs,
+                                              self.pipeline.rank, self.dp_waits.collectives_s, self.steps > 0)
+        self.plan, start = plan, time.perf_counter()
+        clock.met += start - t
+        work = EncoderStep.begin(plan, data.batch.tiles, data.own, data.moved, data.packing, data.chains,
+                                 pieces=self.pieces, group=self.group, rank=self.pipeline.rank,
+                                 output=(self.output_shape, self.output_dtype), device=self.device,
+                                 chunk_tiles=self.chunk_tiles, executor=executor_for(self.side))
+        return work, start, (meet_s, wait_s)
+
+    def _record(self, work: EncoderStep, data: StepData, tp: TensorParallelWaits, start: float, plan_s: float,
+                sync_s: float | None, own_s: float, met_s: float, waits_s: tuple[float, float]) -> None:
+        """The step's figures kept for the next plan and its :class:`~pybubble.placement.records.StepRecord`."""
         with record_function(names.region("setup")):
             sync = float("nan") if sync_s is None else sync_s
             self.measured.last_sample = work.sample(self.pipeline.stages, sync, own_s, met_s, tp.stats).vector()
         self.records.append(step_record(work, data, tp, self._layout, start=start, plan_s=plan_s, sync_s=sync_s,
-                                        meet_s=meet_s, wait_s=wait_s, chunk_tiles=self.chunk_tiles, moves=self.moves,
-                                        data_parallel=self.data_parallel is not None))
+                                        meet_s=waits_s[0], wait_s=waits_s[1], chunk_tiles=self.chunk_tiles,
+                                        moves=self.moves, data_parallel=self.data_parallel is not None))
         work.close()
         self._layout = None
         self.steps, self.measured.returned = self.steps + 1, time.perf_counter()
-        return result
 
     def _measure(self, entry: float) -> None:
         """The profile before the first step, later every rank's figures of the last step shared."""

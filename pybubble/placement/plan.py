@@ -5,7 +5,7 @@ schedule's action table, each with its predicted gap and start, and its encoder 
 order, each with its chain (encoder microbatch), piece, phase, planned start, measured duration
 and the LLM microbatch whose first-stage forward needs it. It imports no torch: it is built from
 the step's :class:`~pybubble.placement.step_placement.Placement` (:func:`rank_plan`),
-written to JSON and read back equal (``examples/mllm.py --dump-plan DIR``).
+written to JSON and read back equal (``python -m pybubble.testing.mllm --dump-plan DIR``).
 
 Times are seconds, counted from the step's frame origin (the moment the rank enters the pipeline's
 schedule); tasks planned before it (negative starts) run in the step's front.

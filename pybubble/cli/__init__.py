@@ -1,12 +1,13 @@
 """The ``pybubble`` command line.
 
-Each command is a module of this package: ``add_parser(commands)`` adds its subparser and options,
-and ``run(args) -> int`` runs it (its docstring is the command's help). The options several commands
-share are in :mod:`~pybubble.cli.option_groups` (the data options in :mod:`pybubble.data.sources`), what
-they print with in :mod:`~pybubble.cli.terminal`. A command's tables fit the terminal's width,
-anything over a couple of seconds shows progress on stderr, and the last line on stdout is one
-summary line for scripts: ``<command>: key=value ...``. Bad input ends with exit code 2 and one line
-``error: ...`` on stderr.
+Each command is a module of this package, named after it: its docstring is the rest of the
+command's ``--help`` (a description, then an ``example:`` paragraph), ``add_options(p)`` adds its
+options to its parser, and ``run(args) -> int`` runs it (its docstring is the command's help line).
+The options several commands share are in :mod:`~pybubble.cli.option_groups` (the data options in
+:mod:`pybubble.data.sources`), what they print with in :mod:`~pybubble.cli.terminal`. A command's
+tables fit the terminal's width, anything over a couple of seconds shows progress on stderr, and the
+last line on stdout is one summary line for scripts: ``<command>: key=value ...``. Bad input ends
+with exit code 2 and one line ``error: ...`` on stderr.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 from .. import __version__
 from . import bubbles, calibrate, dynamic, generate, kernels, measure, plan, schedule, validate
-from .option_groups import HelpFormatter, Parser
+from .option_groups import HelpFormatter, Parser, add_command
 
 COMMANDS = (plan, bubbles, schedule, validate, generate, kernels, calibrate, dynamic, measure)
 """The commands' modules, in the order ``pybubble --help`` lists them."""
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pybubble {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", title="commands")
     for command in COMMANDS:
-        command.add_parser(commands)
+        command.add_options(add_command(commands, command))
     return parser
 
 

@@ -1,25 +1,24 @@
-"""``pybubble bubbles``: one LLM step simulated from its pipeline schedule and per-action costs,
-and each stage's idle time by kind."""
+"""Simulates one LLM training step from its pipeline schedule and per-action costs, and prints
+each stage's idle time by kind: dp_allgather, pp_warmup, pp_steady, pp_cooldown, tp,
+dp_reducescatter (docs/pipeline.md).
+
+example:
+  pybubble bubbles --schedule interleaved_1f1b --stages 8 --microbatches 32 --chunks 12 --tp-count 2 --tp-duration 60 --plot step.png
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from .option_groups import add_command, add_picture_options, add_pipeline_options, window_us
+from .option_groups import Parser, add_picture_options, add_pipeline_options, window_us
 from .terminal import console, drawing, in_ms, shown_rows, summary, table
 
 
-def add_parser(commands: Any) -> None:
-    """Adds ``bubbles`` and its options to `commands` (the subparsers)."""
+def add_options(p: Parser) -> None:
+    """Adds the options of ``pybubble bubbles`` to its parser `p`."""
     from ..config.schema import SCHEDULES
 
-    p = add_command(commands, "bubbles", run,
-                    "Simulates one LLM training step from its pipeline schedule and per-action costs, and prints\n"
-                    "each stage's idle time by kind: dp_allgather, pp_warmup, pp_steady, pp_cooldown, tp,\n"
-                    "dp_reducescatter (docs/pipeline.md).",
-                    "pybubble bubbles --schedule interleaved_1f1b --stages 8 --microbatches 32 --chunks 12 "
-                    "--tp-count 2 --tp-duration 60 --plot step.png")
     p.add_argument("--schedule", default="1f1b", metavar="NAME",
                    help=f"pipeline schedule: {', '.join(SCHEDULES)}, or a CSV action table")
     add_pipeline_options(p, "pipeline stages (one per rank)")

@@ -1,26 +1,25 @@
-"""``pybubble calibrate``: the cost model's efficiencies fitted to kernels timed with torch, or its
-op factors fitted to measured steps (torch.profiler traces)."""
+"""Times every compute kernel of a layer at a few shapes with torch (needs torch), fits the
+roofline's efficiency and overhead per kernel kind, and writes them for --calibration.
+With --trace and --config: fits the cost model to measured steps instead (torch.profiler
+traces of torch.distributed.pipelining steps, each measured quantity at its median over
+them): per op kind, measured over predicted time.
+
+example:
+  pybubble calibrate --trace prof1/ prof2/ prof3/ --config job.yaml -o calib.json
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 import time
-from typing import Any
 
-from .option_groups import add_command
+from .option_groups import Parser
 from .terminal import console, progress_bar, summary, table
 
 
-def add_parser(commands: Any) -> None:
-    """Adds ``calibrate`` and its options to `commands` (the subparsers)."""
-    p = add_command(commands, "calibrate", run,
-                    "Times every compute kernel of a layer at a few shapes with torch (needs torch), fits the\n"
-                    "roofline's efficiency and overhead per kernel kind, and writes them for --calibration.\n"
-                    "With --trace and --config: fits the cost model to measured steps instead (torch.profiler\n"
-                    "traces of torch.distributed.pipelining steps, each measured quantity at its median over\n"
-                    "them): per op kind, measured over predicted time.",
-                    "pybubble calibrate --trace prof1/ prof2/ prof3/ --config job.yaml -o calib.json")
+def add_options(p: Parser) -> None:
+    """Adds the options of ``pybubble calibrate`` to its parser `p`."""
     p.add_argument("--trace", metavar="DIR", nargs="+", action="extend",
                    help="torch.profiler traces of one step each (a folder, one per rank, or one file) to fit to: "
                         "several steps of the job are fitted at the medians of their measured quantities")

@@ -1,5 +1,10 @@
-"""``pybubble dynamic``: batches whose encoder work changes, and per batch the static plan beside
-balancing, ordering, online rescheduling and a per-batch plan choice."""
+"""Draws batches whose images per sample change, and compares per batch: the static plan, samples
+balanced over microbatches, microbatches ordered by their encoder work, online rescheduling, and a
+per-batch choice among the best plans (docs/dynamic.md).
+
+example:
+  pybubble dynamic examples/quickstart.yaml --steps 100 --plot steps.png
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,15 @@ from typing import Any
 
 from ..config.checks import finite, integer
 from ..data.sources import add_data_options, data_name, data_source
-from .option_groups import add_command, add_config, add_json, add_plot
+from .option_groups import Parser, add_config, add_json, add_plot, add_seed
 from .terminal import console, drawing, in_ms, progress_bar, summary, table
 
 
-def add_parser(commands: Any) -> None:
-    """Adds ``dynamic`` and its options to `commands` (the subparsers)."""
-    p = add_command(commands, "dynamic", run,
-                    "Draws batches whose images per sample change, and compares per batch: the static plan, samples\n"
-                    "balanced over microbatches, microbatches ordered by their encoder work, online rescheduling, and a\n"
-                    "per-batch choice among the best plans (docs/dynamic.md).",
-                    "pybubble dynamic examples/quickstart.yaml --steps 100 --plot steps.png")
+def add_options(p: Parser) -> None:
+    """Adds the options of ``pybubble dynamic`` to its parser `p`."""
     add_config(p, "the planning config (YAML)")
     p.add_argument("--steps", type=int, default=200, metavar="N", help="batches to draw")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the batches")
+    add_seed(p, "the batches")
     p.add_argument("--candidates", type=int, default=4, metavar="K",
                    help="plans the per-batch choice considers (the K best on the mean batch)")
     p.add_argument("--budget-ms", type=float, default=10.0, metavar="MS", help="time budget of one plan choice, ms")

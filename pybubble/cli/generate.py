@@ -1,20 +1,20 @@
-"""``pybubble generate``: a generated 1F1B problem with a ViT-like encoder, as a problem file."""
+"""A 1F1B pipeline with LLM forwards of 4 ms and backwards of 8 ms, TP collectives of 150 us
+inside them, and an encoder cut into kernels with random durations, as a problem file.
+
+example:
+  pybubble generate -o problem.json --stages 8 --microbatches 32
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .option_groups import add_command, add_pipeline_options
+from .option_groups import Parser, add_pipeline_options, add_seed
 from .terminal import console, summary
 
 
-def add_parser(commands: Any) -> None:
-    """Adds ``generate`` and its options to `commands` (the subparsers)."""
-    p = add_command(commands, "generate", run,
-                    "A 1F1B pipeline with LLM forwards of 4 ms and backwards of 8 ms, TP collectives of 150 us\n"
-                    "inside them, and an encoder cut into kernels with random durations, as a problem file.",
-                    "pybubble generate -o problem.json --stages 8 --microbatches 32")
+def add_options(p: Parser) -> None:
+    """Adds the options of ``pybubble generate`` to its parser `p`."""
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="write the pybubble.problem/1 JSON here")
     add_pipeline_options(p, "pipeline stages (the encoder has as many)")
     p.add_argument("--lanes-per-stage", type=int, default=2, metavar="N", help="encoder lanes on each stage's GPUs")
@@ -24,7 +24,7 @@ def add_parser(commands: Any) -> None:
     p.add_argument("--tp-gaps-per-op", type=int, default=4, metavar="N", help="TP collectives inside each LLM action")
     p.add_argument("--encoder-scale", type=float, default=1.0, metavar="X",
                    help="multiplies every encoder kernel's duration")
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the kernel durations")
+    add_seed(p, "the kernel durations")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,28 +1,27 @@
-"""``pybubble kernels``: one transformer layer of a preset as the kernels one rank of its TP group
-runs, with FLOPs, bytes and the roofline's time."""
+"""Cuts one transformer layer of a preset into the kernels one rank of its TP group runs, forward
+and backward, with FLOPs, bytes, the roofline's time and what bounds it (docs/costmodel.md).
+
+example:
+  pybubble kernels vit-22b --micro-batch 2 --tp 8 --gpu h100
+"""
 
 from __future__ import annotations
 
 import argparse
 import textwrap
-from typing import Any
 
-from .option_groups import add_command
+from .option_groups import Parser
 from .terminal import console, in_ms, summary, table
 
 
-def add_parser(commands: Any) -> None:
-    """Adds ``kernels`` and its options to `commands` (the subparsers); its help lists the presets."""
+def add_options(p: Parser) -> None:
+    """Adds the options of ``pybubble kernels`` to its parser `p`; its help lists the presets."""
     from ..config.presets import ENCODERS, LLMS
     from ..config.schema import GPUS
 
     models = "presets:\n" + "\n".join(textwrap.fill(f"{kind}: {', '.join(names)}", 96, initial_indent="  ",
                                                    break_on_hyphens=False, subsequent_indent="    ")
                                      for kind, names in (("encoders", ENCODERS), ("LLMs", LLMS))) + "\n\n"
-    p = add_command(commands, "kernels", run,
-                    "Cuts one transformer layer of a preset into the kernels one rank of its TP group runs, forward\n"
-                    "and backward, with FLOPs, bytes, the roofline's time and what bounds it (docs/costmodel.md).",
-                    "pybubble kernels vit-22b --micro-batch 2 --tp 8 --gpu h100")
     p.epilog = models + p.epilog
     p.add_argument("model", help="an encoder or LLM preset (listed below)")
     p.add_argument("--micro-batch", type=int, default=1, metavar="N", help="sequences (or images) per microbatch")

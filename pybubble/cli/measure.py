@@ -1,24 +1,23 @@
-"""``pybubble measure``: the idle time per rank and kind in torch.profiler traces of a pipeline run,
-beside a prediction, or (``--what-if``) pybubble's plan on the measured bubbles."""
+"""Reads torch.profiler Chrome traces of a pipeline run (a file, or a folder of one per rank)
+and prints per rank the step's span, busy and idle time, idle by kind (warm-up, steady,
+cool-down, collective), idle by what the rank waits for (pp, dp, tp, other) and, with every
+rank's trace, waiting versus transferring (docs/runtime.md).
+
+example:
+  pybubble measure traces/ --predict examples/quickstart.yaml --plot idle.png
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
-from .option_groups import add_command, add_json, add_plot
+from .option_groups import Parser, add_json, add_plot
 from .terminal import console, drawing, in_ms, summary, table
 
 
-def add_parser(commands: Any) -> None:
-    """Adds ``measure`` and its options to `commands` (the subparsers)."""
-    p = add_command(commands, "measure", run,
-                    "Reads torch.profiler Chrome traces of a pipeline run (a file, or a folder of one per rank)\n"
-                    "and prints per rank the step's span, busy and idle time, idle by kind (warm-up, steady,\n"
-                    "cool-down, collective), idle by what the rank waits for (pp, dp, tp, other) and, with every\n"
-                    "rank's trace, waiting versus transferring (docs/runtime.md).",
-                    "pybubble measure traces/ --predict examples/quickstart.yaml --plot idle.png")
+def add_options(p: Parser) -> None:
+    """Adds the options of ``pybubble measure`` to its parser `p`."""
     p.add_argument("trace", help="a Chrome trace (JSON) of one rank, or a folder with one per rank")
     p.add_argument("--predict", metavar="FILE",
                    help="a planning config (YAML) or a timeline's Chrome trace (JSON) to compare with")

@@ -1,12 +1,13 @@
 """The parts of the command line that several commands share: the parser and its help format, a
 command's subparser, and the option groups more than one command takes (the planning config, the
-output files --json, --plot, --trace and --window, the pipeline's --stages and --microbatches). The
-data options (--data, --data-file) belong to the library: :mod:`pybubble.data.sources`."""
+output files --json, --plot, --trace and --window, the pipeline's --stages and --microbatches, the
+--seed). The data options (--data, --data-file) belong to the library: :mod:`pybubble.data.sources`."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from ..config.checks import interval
@@ -36,13 +37,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
-def add_command(commands: Any, name: str, run: Callable[[argparse.Namespace], int], about: str,
-                example: str) -> Parser:
-    """A subcommand of `commands` (the subparsers): its help line (`run`'s docstring), what it
-    does, and an example; parsing it sets ``args.func`` to `run`."""
+def add_command(commands: Any, command: ModuleType) -> Parser:
+    """The subcommand of `commands` (the subparsers) that the module `command` of this package is: named
+    after the module, its help line is the docstring of the module's ``run``, and the rest of its help
+    the module's docstring, a description then the ``example:`` paragraph (the epilog). Parsing it
+    sets ``args.func`` to ``run``."""
+    run: Callable[[argparse.Namespace], int] = command.run
     summary_line = (run.__doc__ or "").strip()
-    p = commands.add_parser(name, help=summary_line[0].lower() + summary_line[1:].rstrip("."),
-                            description=f"{summary_line}\n\n{about}", epilog=f"example:\n  {example}",
+    about, _, example = (command.__doc__ or "").strip().partition("\n\nexample:\n")
+    p = commands.add_parser(command.__name__.rpartition(".")[2],
+                            help=summary_line[0].lower() + summary_line[1:].rstrip("."),
+                            description=f"{summary_line}\n\n{about}", epilog=f"example:\n{example}",
                             formatter_class=HelpFormatter)
     p.set_defaults(func=run)
     return p
@@ -62,6 +67,11 @@ def add_json(parser: argparse.ArgumentParser, what: str) -> None:
 def add_plot(parser: argparse.ArgumentParser, chart: str) -> None:
     """``--plot FILE``: write `chart` here (.png or .svg)."""
     parser.add_argument("--plot", metavar="FILE", help=f"write {chart} here (.png or .svg)")
+
+
+def add_seed(parser: argparse.ArgumentParser, drawn: str) -> None:
+    """``--seed N`` (default 0): the seed of what the command draws at random (`drawn`)."""
+    parser.add_argument("--seed", type=int, default=0, metavar="N", help=f"seed of {drawn}")
 
 
 def add_picture_options(parser: argparse.ArgumentParser, what: str) -> None:

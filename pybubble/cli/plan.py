@@ -1,4 +1,11 @@
-"""``pybubble plan``: an MLLM planned from its YAML config, pybubble's step beside the baselines'."""
+"""Searches the encoder's parallel plans (PP_enc, TP_enc, DP_enc) and microbatch partitions,
+schedules the encoder's kernels into the LLM's bubbles, and prints pybubble's step beside
+megatron (encoder on stage 0), megatron_balanced, coarse (encoder before/after the LLM) and
+a non-colocated layout. The config format: examples/quickstart.yaml, docs/planner.md.
+
+example:
+  pybubble plan examples/quickstart.yaml --plot plan.png --trace plan.trace.json --json plan.json
+"""
 
 from __future__ import annotations
 
@@ -9,18 +16,12 @@ from typing import Any
 
 from rich.table import Table
 
-from .option_groups import add_command, add_config, add_json, add_picture_options, window_us
+from .option_groups import Parser, add_config, add_json, add_picture_options, window_us
 from .terminal import console, drawing, in_ms, progress_bar, summary, table
 
 
-def add_parser(commands: Any) -> None:
-    """Adds ``plan`` and its options to `commands` (the subparsers)."""
-    p = add_command(commands, "plan", run,
-                    "Searches the encoder's parallel plans (PP_enc, TP_enc, DP_enc) and microbatch partitions,\n"
-                    "schedules the encoder's kernels into the LLM's bubbles, and prints pybubble's step beside\n"
-                    "megatron (encoder on stage 0), megatron_balanced, coarse (encoder before/after the LLM) and\n"
-                    "a non-colocated layout. The config format: examples/quickstart.yaml, docs/planner.md.",
-                    "pybubble plan examples/quickstart.yaml --plot plan.png --trace plan.trace.json --json plan.json")
+def add_options(p: Parser) -> None:
+    """Adds the options of ``pybubble plan`` to its parser `p`."""
     add_config(p, "the planning config (YAML): models, batch, LLM plan, cluster")
     add_json(p, "the report (step times in s, pybubble's plan) as JSON")
     add_picture_options(p, "pybubble's step")

@@ -1,24 +1,23 @@
-"""``pybubble schedule``: a problem file's encoder tasks placed into its bubbles by the C++
-scheduler, and the step that gives."""
+"""Places every encoder task of a pybubble.problem/1 file (docs/formats.md) into its lane's free
+windows with the C++ scheduler, and prints the step it gives.
+
+example:
+  pybubble generate -o problem.json && pybubble schedule problem.json -o schedule.json
+"""
 
 from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
 
 from ..problem.problem import load_problem
 from ..schedule.scheduler import POLICIES, schedule_problem
-from .option_groups import add_command
+from .option_groups import Parser
 from .terminal import console, in_ms, summary, table
 
 
-def add_parser(commands: Any) -> None:
-    """Adds ``schedule`` and its options to `commands` (the subparsers)."""
-    p = add_command(commands, "schedule", run,
-                    "Places every encoder task of a pybubble.problem/1 file (docs/formats.md) into its lane's free\n"
-                    "windows with the C++ scheduler, and prints the step it gives.",
-                    "pybubble generate -o problem.json && pybubble schedule problem.json -o schedule.json")
+def add_options(p: Parser) -> None:
+    """Adds the options of ``pybubble schedule`` to its parser `p`."""
     p.add_argument("problem", help="a pybubble.problem/1 JSON file")
     p.add_argument("-o", "--output", metavar="FILE", help="write the schedule (pybubble.schedule/1 JSON) here")
     p.add_argument("--policy", choices=POLICIES, default="greedy",

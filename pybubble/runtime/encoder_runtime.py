@@ -22,7 +22,7 @@ import dataclasses
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,12 +59,11 @@ from .tensor_parallel import fill_tp_waits
 from .waits import DataParallelWaits, TensorParallelWaits
 
 
-def check_packing(pack_chunks: bool, ranks: int, mode: str) -> bool:
-    """``pack_chunks`` where it can be: one pipeline rank, not megatron (ValueError else)."""
+def check_packing(pack_chunks: bool, ranks: int, mode: str) -> None:
+    """Refuses ``pack_chunks`` where it cannot be: beside several pipeline ranks, or in megatron mode."""
     if pack_chunks and (ranks > 1 or mode == "megatron"):
         raise ValueError(f"pack_chunks: needs one pipeline rank and mode pybubble or coarse (packed chains' "
                          f"outputs are cut where they run), got {ranks} pipeline ranks, mode {mode!r}")
-    return bool(pack_chunks)
 
 
 def output_of(pieces: Sequence[Any], example: tuple[torch.Tensor, ...]) -> tuple[tuple[int, ...], torch.dtype]:
@@ -225,7 +224,6 @@ class EncoderRuntime:
         """The next step's mode: the profiling step runs the coarse way (megatron in that mode)."""
         return self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
 
-    # -- the trainer's calls besides step --------------------------------------------------------
     def encoder_output(self, microbatch: int) -> torch.Tensor:
         """On the first stage: the encoder output feeding LLM ``microbatch`` of the running step."""
         if self._work is None:
@@ -257,7 +255,6 @@ class EncoderRuntime:
         self._layout = layout
         return layout
 
-    # -- the step ------------------------------------------------------------------------------
     def step(self, encoder_input: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], *args: Any,
              **kwargs: Any) -> Any:
         """One training step: ``encoder_input`` is the step's encoder input as it comes, an
@@ -281,7 +278,9 @@ class EncoderRuntime:
                         else (float("nan"), float("nan")))
         self._work = work
         try:
-            result, tp = run_step(work, self, start, args, kwargs)
+            profiling_cuda = self.device.type == "cuda" and self.steps == 0  # its ops timed on the GPU
+            result, tp = run_step(work, self.schedule, self.stages, self.dp_waits, self.costs, start, args, kwargs,
+                                  trace=self.trace, op_clock=self.measured.now if profiling_cuda else None)
         finally:
             self._work = None
         p = self.pipeline
@@ -361,24 +360,27 @@ class EncoderRuntime:
 
 
 
-def run_step(work: EncoderStep, runtime: EncoderRuntime, start: float, args: tuple, kwargs: dict
-             ) -> tuple[Any, TensorParallelWaits]:
-    """``runtime``'s schedule with ``work``'s tasks in its waits: the front, the schedule, the drain."""
+def run_step(work: EncoderStep, schedule: Any, stages: Sequence[Any], dp_waits: DataParallelWaits,
+             costs: MeasuredCosts, start: float, args: tuple, kwargs: dict, *, trace: bool = False,
+             op_clock: Callable[[], float] | None = None) -> tuple[Any, TensorParallelWaits]:
+    """``schedule`` (over this rank's ``stages``) with ``work``'s tasks in its waits: the front, the
+    schedule, the drain (``start``: the step's frame origin; ``costs``: the plan's, for the TP waits'
+    room; ``trace``: keep the step's trace; ``op_clock``: how the ops are timed, when not by the
+    host's clock)."""
     filler = work.filler
-    if runtime.device.type == "cuda" and runtime.steps == 0:
-        filler.progress.op_clock = runtime.measured.now  # the profiling step times the GPU's ops
-    if runtime.trace:
+    if op_clock is not None:
+        filler.progress.op_clock = op_clock
+    if trace:
         filler.record_trace()
-    runtime.dp_waits.begin_step(filler)
+    dp_waits.begin_step(filler)
     completed = False
     try:
         with record_function(names.region("front")):
             filler.run_front()
         filler.progress.begin_step(frame0=start)
-        tp = TensorParallelWaits(filler, runtime.costs.tp_gap_s, runtime.costs.tp_op_wait_s)
-        with fill_pipeline_waits(work.waits, runtime.stages), fill_tp_waits(tp), \
-                record_function(names.region("schedule")):
-            result = runtime.schedule.step(*args, **kwargs)
+        tp = TensorParallelWaits(filler, costs.tp_gap_s, costs.tp_op_wait_s)
+        with fill_pipeline_waits(work.waits, stages), fill_tp_waits(tp), record_function(names.region("schedule")):
+            result = schedule.step(*args, **kwargs)
         filler.progress.end_pipeline()
         with record_function(names.region("drain")):
             filler.drain()
@@ -388,7 +390,7 @@ def run_step(work: EncoderStep, runtime: EncoderRuntime, start: float, args: tup
             work.moved.wait_sends()
         completed = True
     finally:
-        runtime.dp_waits.end_step(completed)
+        dp_waits.end_step(completed)
         if sys.exc_info()[0] is not None:
             with contextlib.suppress(Exception):  # a failed step leaves nothing running on the worker
                 filler.settle()

@@ -28,6 +28,7 @@ SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"}
          "training": {"global_batch": 32, "micro_batch": 2, "seq_len": 2048},
          "llm_plan": {"dp": 2, "pp": 4, "tp": 2}}
 # Four microbatches: few enough partitions for brute force over every plan.
+QUICKSTART = __import__("pathlib").Path(__file__).resolve().parent.parent / "examples" / "quickstart.yaml"
 TINY = {**SMALL, "training": {"global_batch": 16, "micro_batch": 2, "seq_len": 2048},
         "encoders": [{"preset": "vit-l-14", "tokens_per_sample": 1028}]}
 
@@ -249,6 +250,15 @@ def test_search_tries_warmup_depths_and_keeps_the_better():
     zb = load_config({**SMALL, "llm_plan": {**SMALL["llm_plan"], "schedule": "zb_h1"}})
     assert search(zb).warmups == [] and planner.warmup_variants(LLMStep.of(zb)) == []
 
+
+def test_search_without_spread_tries_no_spread_layout_on_any_warmup_depth():
+    # the quickstart without spread: its best partition is tried on every depth (also after one depth
+    # beat the config's schedule), whole, though spread layouts would be shorter there
+    found = search(load_config(QUICKSTART), spread=False)
+    tried = [w.best for w in found.warmups if w.best is not None]
+    assert len(tried) == len(found.warmups) == 3
+    assert all(c.spread == (0, 0) and not c.spread_microbatches and c.partition == found.default_best.partition
+               for c in [found.best, *tried])
 
 def test_prefetch_runs_a_frozen_encoders_next_forwards_in_this_step():
     from pybubble.planner.report import plan as plan_report

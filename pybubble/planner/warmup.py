@@ -52,6 +52,8 @@ def tune_warmup(step: LLMStep, spaces: list[PlanSpace], best: Candidate,
     tried: list[WarmupTried] = []
     space = next(s for s in spaces if s.plan == best.plan)
     tp = step.config.llm_plan.tp
+    # `best` as the search left it: a partition is tried on every depth, whichever depth wins
+    whole = [i for i, n in enumerate(best.partition) for _ in range(n)] if best.layout is None else None
     for extra in warmup_variants(step):
         try:
             other = step.with_warmup(extra)
@@ -71,15 +73,15 @@ def tune_warmup(step: LLMStep, spaces: list[PlanSpace], best: Candidate,
             stats.bound_pruned += 1
             continue
         layouts = [(tuned.spread_layout(h, t), (h, t)) for h, t in tuned.spread_choices()] if spread else []
-        if best.layout is None:
-            layouts.append(([i for i, n in enumerate(best.partition) for _ in range(n)], (0, 0)))
-        for layout, spread in layouts:
+        if whole is not None:
+            layouts.append((whole, (0, 0)))
+        for layout, spread_counts in layouts:
             memory = tuned.layout_memory(layout)
             if memory > limit:
                 stats.memory_pruned += 1
                 continue
             stats.scheduled += 1
-            cand = tuned.layout_candidate(layout, spread, memory)
+            cand = tuned.layout_candidate(layout, spread_counts, memory)
             if here.best is None or cand.step_time < here.best.step_time:
                 here.best = cand
         if here.best is not None and here.best.step_time < best.step_time:

@@ -187,7 +187,7 @@ def test_plan_summary_line_holds_the_figures(tmp_path):
     assert float(fields["vs_megatron"]) >= 1.15 and float(fields["vs_coarse"]) >= 1.03
     # the table's numbers are right-aligned: the step column's decimal points line up
     rows = [line for line in r.stdout.splitlines() if re.search(r"\d\.\d{3}x", line)]
-    assert len(rows) == 5
+    assert len(rows) == 6  # megatron, megatron_balanced, coarse, optimus, pybubble, non-colocated
     points = {line.index(".", len(line.split()[0]) + 2) for line in rows}
     assert len(points) == 1, rows
 

@@ -30,15 +30,17 @@ def run(*args):
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory):
     out = tmp_path_factory.mktemp("plan")
-    r = run("plan", QUICKSTART, "--json", out / "p.json", "--trace", out / "p.trace.json", "--plot", out / "p.png")
+    r = run("plan", QUICKSTART, "--json", out / "p.json", "--trace", out / "p.trace.json", "--plot", out / "p.png",
+            "--optimus-trace", out / "p.optimus.trace.json")
     assert r.returncode == 0, r.stderr
     return out, r.stdout
 
 
 def test_plan_prints_the_comparison(quickstart):
     _, stdout = quickstart
-    for name in ("megatron", "megatron_balanced", "coarse", "pybubble", "non-colocated", "MFU", "planner"):
+    for name in ("megatron", "megatron_balanced", "coarse", "optimus", "pybubble", "non-colocated", "MFU", "planner"):
         assert name in stdout
+    assert "Optimus as published: whole microbatches" in stdout
 
 
 def test_plan_json_has_exactly_the_promised_keys(quickstart):
@@ -46,10 +48,16 @@ def test_plan_json_has_exactly_the_promised_keys(quickstart):
     doc = json.loads((out / "p.json").read_text())
     assert set(doc) == {"baselines", "pybubble", "llm_alone_s", "lower_bound_s", "encoder_plans", "warmups",
                         "speedup_vs_megatron", "planner_seconds"}
-    assert set(doc["baselines"]) == {"megatron", "megatron_balanced", "coarse"}
-    assert all(set(b) == ({"step_time_s", "fits", "hidden_fraction"} if name == "coarse" else {"step_time_s", "fits"})
-               and b["step_time_s"] > 0 and b["fits"] is True for name, b in doc["baselines"].items())
-    assert 0.0 <= doc["baselines"]["coarse"]["hidden_fraction"] <= 1.0
+    assert list(doc["baselines"]) == ["megatron", "megatron_balanced", "coarse", "optimus"]
+    keys = {"coarse": {"step_time_s", "fits", "hidden_fraction"},
+            "optimus": {"step_time_s", "fits", "hidden_fraction", "encoder_plan", "partition"}}
+    assert all(set(b) == keys.get(name, {"step_time_s", "fits"}) and b["step_time_s"] > 0 and b["fits"] is True
+               for name, b in doc["baselines"].items())
+    assert 0.0 <= doc["baselines"]["coarse"]["hidden_fraction"] <= doc["baselines"]["optimus"]["hidden_fraction"] <= 1
+    # optimus: whole microbatches on the config's schedule, every microbatch in its partition
+    optimus = doc["baselines"]["optimus"]
+    assert sum(optimus["partition"]) == load_config(QUICKSTART).microbatches
+    assert optimus["encoder_plan"]["dp"] == len(optimus["partition"]) * load_config(QUICKSTART).llm_plan.dp
     pb = doc["pybubble"]
     assert set(pb) == {"step_time_s", "layout", "encoder_plan", "partition", "spread", "warmup", "features",
                        "lower_bound_s", "hidden_fraction", "mfu"}
@@ -115,6 +123,21 @@ def test_plan_trace_has_a_track_per_lane_with_ops_bubbles_and_encoder_kernels(qu
     spread = best.spread_microbatches
     assert spread and all(len(pieces[j]) > 1 for j in spread)
     assert all([sum(p[0] for p in pieces[j].values())] == cfg.encoder_images for j in pieces)
+
+
+def test_optimus_trace_draws_whole_microbatches_on_the_configs_schedule(quickstart):
+    out, _ = quickstart
+    events = json.loads((out / "p.optimus.trace.json").read_text())["traceEvents"]
+    report = plan(load_config(QUICKSTART))
+    optimus = report.search.optimus
+    assert optimus.layout is None and optimus.spread == (0, 0) and optimus.step is report.search.step
+    assert pybubble.validate(optimus.problem, optimus.schedule) == []
+    slices = [e for e in events if e["ph"] == "X"]
+    encoder = [e for e in slices if e["cat"] == "encoder"]
+    assert len(encoder) == int((optimus.problem.arrays().tasks.duration > 0).sum())
+    assert max(e["ts"] + e["dur"] for e in slices) == pytest.approx(optimus.step_time, rel=1e-9)
+    with pytest.raises(ValueError, match="layout: 'megatron' is not pybubble or a baseline in the bubbles"):
+        report.save_trace(out / "x.json", layout="megatron")
 
 
 def test_report_to_json_is_the_text_of_to_dict(quickstart):
@@ -222,6 +245,10 @@ def never_behind(report) -> None:
     fitting = [b for b in report.baselines.values() if b.fits]
     assert all(report.step_time <= b.step_time * (1 + 1e-12) for b in fitting), \
         {b.name: b.step_time for b in fitting} | {"pybubble": report.step_time}
+    # Optimus as published is a row whenever a partition of whole microbatches fits, and pybubble's
+    # plan in the bubbles is never behind it (the search keeps the better)
+    optimus = report.search.optimus
+    assert optimus is None or (report.baselines["optimus"].fits and report.best.step_time <= optimus.step_time)
     adopted = report.in_pipeline
     if adopted is None:
         assert report.step_time == report.best.step_time

@@ -260,6 +260,21 @@ def test_search_without_spread_tries_no_spread_layout_on_any_warmup_depth():
     assert all(c.spread == (0, 0) and not c.spread_microbatches and c.partition == found.default_best.partition
                for c in [found.best, *tried])
 
+@pytest.mark.parametrize("doc", [SMALL, TINY, {**SMALL, "llm_plan": {"dp": 2, "pp": 2, "tp": 4}}])
+def test_optimus_is_the_search_with_whole_microbatches_on_the_configs_schedule(doc):
+    cfg = load_config(doc)
+    step = LLMStep.of(cfg)
+    both = planner.search(step, optimus=True, workers=2)
+    whole = planner.search(step, spread=False, warmup=False, workers=1)
+    assert both.optimus is not None and both.optimus.step_time == whole.best.step_time
+    assert both.optimus.layout is None and both.optimus.step is step and sum(both.optimus.partition) == cfg.microbatches
+    assert pybubble.validate(both.optimus.problem, both.optimus.schedule) == []
+    # pybubble's best is never behind it, and the same as without optimus
+    assert both.best.step_time <= both.optimus.step_time
+    assert both.best.step_time <= planner.search(step).best.step_time
+    assert planner.search(step).optimus is None
+
+
 def test_prefetch_runs_a_frozen_encoders_next_forwards_in_this_step():
     from pybubble.planner.report import plan as plan_report
     from pybubble.problem.problem import prefetched_needs

@@ -1,7 +1,8 @@
 """Searches the encoder's parallel plans (PP_enc, TP_enc, DP_enc) and microbatch partitions,
 schedules the encoder's kernels into the LLM's bubbles, and prints pybubble's step beside
-megatron (encoder on stage 0), megatron_balanced, coarse (encoder before/after the LLM) and
-a non-colocated layout. The config format: examples/quickstart.yaml, docs/planner.md.
+megatron (encoder on stage 0), megatron_balanced, coarse (encoder before/after the LLM), optimus
+(Optimus as published: whole microbatches per encoder pipeline, the config's schedule) and a
+non-colocated layout. The config format: examples/quickstart.yaml, docs/planner.md.
 
 example:
   pybubble plan examples/quickstart.yaml --plot plan.png --trace plan.trace.json --json plan.json
@@ -25,6 +26,8 @@ def add_options(p: Parser) -> None:
     add_config(p, "the planning config (YAML): models, batch, LLM plan, cluster")
     add_json(p, "the report (step times in s, pybubble's plan) as JSON")
     add_picture_options(p, "pybubble's step")
+    p.add_argument("--optimus-trace", metavar="FILE",
+                   help="write the optimus row's step (Optimus as published) as a Chrome trace, as --trace")
     p.add_argument("--workers", type=int, default=0, metavar="N",
                    help="search threads (default: 0, as many as the cores, at most 2)")
 
@@ -52,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         report.save_trace(args.trace)
         console.print(f"wrote {args.trace} (Chrome trace: open in ui.perfetto.dev)")
+    if args.optimus_trace:
+        report.save_trace(args.optimus_trace, layout="optimus")
+        console.print(f"wrote {args.optimus_trace} (the optimus row's step, Chrome trace)")
     if args.plot:
         with drawing(args.plot):
             report.save_plot(args.plot, window=window)

@@ -53,21 +53,32 @@ def compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
             yield (first, *rest)
 
 
+Incumbent = Callable[[], tuple[float, int]]
+"""The (step, rank) of the candidate to beat, read when a layout is considered (other threads may
+have lowered it)."""
+
+
 class _PlanLayouts:
     """One plan's layouts as :func:`best_layout` tries them: the best so far, the best partition
-    (from which the local search moves), the partitions seen and the counts for the stats."""
+    (from which the local search moves), the partitions seen and the counts for the stats.
+    `whole_incumbent`: partitions are pruned against it and the plan's best partition instead of the
+    best of any layout (the search for the best partition of whole microbatches, Optimus's)."""
 
-    def __init__(self, space: PlanSpace, incumbent: Callable[[], tuple[float, int]], rank: int):
-        self.space, self.incumbent, self.rank = space, incumbent, rank
+    def __init__(self, space: PlanSpace, incumbent: Incumbent, rank: int, whole_incumbent: Incumbent | None = None):
+        self.space, self.incumbent, self.rank, self.whole_incumbent = space, incumbent, rank, whole_incumbent
         self.best: Candidate | None = None
         self.whole: Candidate | None = None
         self.seen: set[tuple[int, ...]] = set()
         self.counts = {"scheduled": 0, "bound_pruned": 0, "memory_pruned": 0}
 
-    def beaten(self, bound: float) -> bool:
-        """Whether no layout whose bound is `bound` can beat the incumbent or the plan's best."""
-        own = (self.best.step_time, self.rank) if self.best is not None else (math.inf, self.rank)
-        return (bound, self.rank) >= min(self.incumbent(), own)
+    def beaten(self, bound: float, whole: bool = False) -> bool:
+        """Whether no layout whose bound is `bound` can beat the incumbent or the plan's best (with
+        `whole`, a partition: against the whole incumbent and the plan's best partition, when given)."""
+        incumbent, own = self.incumbent, self.best
+        if whole and self.whole_incumbent is not None:
+            incumbent, own = self.whole_incumbent, self.whole
+        mine = (own.step_time, self.rank) if own is not None else (math.inf, self.rank)
+        return (bound, self.rank) >= min(incumbent(), mine)
 
     def keep(self, cand: Candidate) -> None:
         """Keeps `cand` when it is the plan's best so far."""
@@ -95,7 +106,7 @@ class _PlanLayouts:
         if partition in self.seen:
             return False
         self.seen.add(partition)
-        if self.beaten(space.bound(partition)):
+        if self.beaten(space.bound(partition), whole=True):
             self.counts["bound_pruned"] += 1
             return False
         memory = space.memory(partition)
@@ -128,14 +139,24 @@ class _PlanLayouts:
                 improved |= self.consider(partition)
 
 
-def best_layout(space: PlanSpace, microbatches: int, incumbent: Callable[[], tuple[float, int]],
+def best_layout(space: PlanSpace, microbatches: int, incumbent: Incumbent,
                 stats: SearchStats, lock: threading.Lock, spread: bool = True, rank: int = 0) -> Candidate | None:
     """The best layout of one plan (its spread layouts unless `spread` is False, then its
     partitions), or None when none fits in memory or beats `incumbent`: the (step, rank) of the
     candidate to beat, the plan's `rank` breaking ties between equal steps (the lower wins), so the
     threads' timing does not decide between plans that tie (often at their bound). Adds what it
     scheduled and pruned to `stats` (under `lock`)."""
-    layouts = _PlanLayouts(space, incumbent, rank)
+    return best_layouts(space, microbatches, incumbent, stats, lock, spread=spread, rank=rank)[0]
+
+
+def best_layouts(space: PlanSpace, microbatches: int, incumbent: Incumbent, stats: SearchStats,
+                 lock: threading.Lock, spread: bool = True, rank: int = 0,
+                 whole_incumbent: Incumbent | None = None) -> tuple[Candidate | None, Candidate | None]:
+    """:func:`best_layout` and the plan's best partition of whole microbatches. With
+    `whole_incumbent`, the partitions are pruned against it (the best partition of the plans so far)
+    and the plan's best partition only, so that the second is exact whatever the spread layouts
+    reach: the search with partitions only (``spread=False``) would find the same."""
+    layouts = _PlanLayouts(space, incumbent, rank, whole_incumbent)
     if spread:
         layouts.spread()
     layouts.partitions(microbatches)
@@ -143,7 +164,7 @@ def best_layout(space: PlanSpace, microbatches: int, incumbent: Callable[[], tup
         stats.scheduled += layouts.counts["scheduled"]
         stats.bound_pruned += layouts.counts["bound_pruned"]
         stats.memory_pruned += layouts.counts["memory_pruned"]
-    return layouts.best
+    return layouts.best, layouts.whole
 
 
 def best_partition(step: LLMStep, plan: EncoderPlan) -> Candidate | None:
@@ -154,4 +175,4 @@ def best_partition(step: LLMStep, plan: EncoderPlan) -> Candidate | None:
                        spread=False)
 
 
-__all__ = ["EXHAUSTIVE", "SearchStats", "best_layout", "best_partition", "compositions"]
+__all__ = ["EXHAUSTIVE", "Incumbent", "SearchStats", "best_layout", "best_layouts", "best_partition", "compositions"]

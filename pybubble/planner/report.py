@@ -41,8 +41,10 @@ from .partitions import best_partition
 from .search import Search, search
 from .space import without_prefetch
 
-BASELINES = ("megatron", "megatron_balanced", "coarse")
-"""The baselines of the comparison, in the order they are printed."""
+BASELINES = ("megatron", "megatron_balanced", "coarse", "optimus")
+"""The baselines of the comparison, in the order they are printed. ``optimus`` is Optimus as
+published (:attr:`Search.optimus`): whole microbatches per encoder pipeline, the config's own
+schedule, the greedy filler in every bubble, over the same encoder plans as pybubble's."""
 
 
 def llm_flops(config: Config) -> float:
@@ -170,13 +172,20 @@ class PlanReport:
         """Megatron's step over pybubble's."""
         return self.baselines["megatron"].step_time / self.step_time
 
+    def baseline_candidate(self, name: str) -> Candidate | None:
+        """The encoder plan and schedule of the baseline `name` in the bubbles (``coarse``,
+        ``optimus``), None for a Megatron-LM layout (the encoder inside the LLM's pipeline)."""
+        return {"coarse": self.search.coarse, "optimus": self.search.optimus}.get(name)
+
     def rows(self) -> list[Row]:
         """The comparison, baselines first, pybubble colocated last but one, non-colocated last."""
         g = self.config.cluster.gpus
-        coarse = self.search.coarse.hidden_fraction
-        out = [Row(name=b.name, step_time=b.step_time, gpus=g, memory_bytes=b.memory_bytes,
-                   hidden_fraction=coarse if b.name == "coarse" else None, layout=b.layout, fits=b.fits)
-               for b in self.baselines.values()]
+        out = []
+        for b in self.baselines.values():
+            cand = self.baseline_candidate(b.name)
+            out.append(Row(name=b.name, step_time=b.step_time, gpus=g, memory_bytes=b.memory_bytes,
+                           hidden_fraction=None if cand is None else cand.hidden_fraction, layout=b.layout,
+                           fits=b.fits))
         best, sep, adopted = self.best, self.separate, self.in_pipeline
         if adopted is None:
             out.append(Row(name="pybubble", step_time=best.step_time, gpus=g, memory_bytes=best.memory_bytes,
@@ -192,9 +201,9 @@ class PlanReport:
                               f"x PP {sep.plan.pp_enc} x TP {sep.plan.tp_enc} per replica"))
         return out
 
-    def encoder_plan(self) -> dict[str, int]:
-        """The best encoder plan in the bubbles as DP, PP and TP degrees over the cluster."""
-        p = self.best.plan
+    def encoder_plan(self, cand: Candidate | None = None) -> dict[str, int]:
+        """The best encoder plan in the bubbles (or `cand`'s) as DP, PP and TP degrees over the cluster."""
+        p = (cand or self.best).plan
         return {"dp": p.pipelines * self.config.llm_plan.dp, "pp": p.pp_enc, "tp": p.tp_enc}
 
     @property
@@ -215,6 +224,10 @@ class PlanReport:
         baselines: dict[str, dict[str, Any]] = {name: {"step_time_s": b.step_time * 1e-6, "fits": b.fits}
                                                 for name, b in self.baselines.items()}
         baselines["coarse"]["hidden_fraction"] = self.search.coarse.hidden_fraction
+        optimus = self.search.optimus
+        if optimus is not None and "optimus" in baselines:
+            baselines["optimus"] |= {"hidden_fraction": optimus.hidden_fraction, "encoder_plan": self.encoder_plan(optimus),
+                                     "partition": list(optimus.partition)}
         bubbles = self.in_pipeline is None
         bound = self.lower_bound
         return {
@@ -251,15 +264,18 @@ class PlanReport:
         (null for a baseline's layout) and MFU, its speedup over megatron and the planner's time."""
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
-    def save_trace(self, path: str | os.PathLike[str]) -> None:
+    def save_trace(self, path: str | os.PathLike[str], layout: str = "pybubble") -> None:
         """pybubble's step as a Chrome trace: LLM ops, bubbles by kind, encoder kernels per lane (an
-        adopted baseline layout: its step, the encoder inside the LLM's ops)."""
-        adopted = self.in_pipeline
+        adopted baseline layout: its step, the encoder inside the LLM's ops); `layout` ``coarse`` or
+        ``optimus``: that baseline's step instead."""
+        adopted = self.in_pipeline if layout == "pybubble" else None
+        cand = self.best if layout == "pybubble" else self.baseline_candidate(layout)
+        if cand is None:
+            raise ValueError(f"layout: {layout!r} is not pybubble or a baseline in the bubbles (coarse, optimus)")
         if adopted is not None and adopted.timeline is not None:
             save_trace(adopted.timeline, path)
         else:
-            save_trace((self.best.step or self.search.step).timeline, path, self.best.problem, self.best.schedule,
-                       self.best.task_images())
+            save_trace((cand.step or self.search.step).timeline, path, cand.problem, cand.schedule, cand.task_images())
 
     def save_plot(self, path: str | os.PathLike[str], window: tuple[float, float] | None = None) -> None:
         """A Gantt chart of one pipeline of pybubble's step: bubbles shaded, the encoder's kernels
@@ -333,13 +349,17 @@ def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], Non
     non-colocated layout on it (with `costs`, default: the config's cost model and calibration)."""
     t0 = time.perf_counter()
     step = LLMStep.of(config, costs)
-    found = search(step, workers=workers, progress=progress)
-    coarse = found.coarse
+    found = search(step, workers=workers, progress=progress, optimus=True)
+    coarse, optimus, limit = found.coarse, found.optimus, config.memory_gb * GB
     baselines = {"megatron": megatron(step.with_plan(config.baseline_plan("megatron"))),
                  "megatron_balanced": megatron_balanced(step.with_plan(config.baseline_plan("megatron_balanced"))),
                  "coarse": Baseline(name="coarse", step_time=coarse.step_time, memory_bytes=coarse.memory_bytes,
                                     layout=f"encoder before/after the LLM's work; {describe(coarse)}",
-                                    memory_limit=config.memory_gb * GB)}
+                                    memory_limit=limit)}
+    if optimus is not None:  # None only when no partition fits in memory (then the search raised)
+        baselines["optimus"] = Baseline(name="optimus", step_time=optimus.step_time, memory_bytes=optimus.memory_bytes,
+                                        layout=f"Optimus as published: whole microbatches, the config's schedule; "
+                                               f"{describe(optimus)}", memory_limit=limit)
     chosen, used, sep = choose(found.best, baselines), features(found), separate(step)
     return PlanReport(config=config, search=found, baselines=baselines, separate=sep,
                       planner_seconds=time.perf_counter() - t0, chosen=chosen, features=used)

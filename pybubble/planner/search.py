@@ -48,7 +48,7 @@ from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline
 from .bound import StepBound
 from .candidate import Candidate, encoder_plans, encoder_problem, encoder_tp_ok, encoder_work
-from .partitions import EXHAUSTIVE, SearchStats, best_layout, best_partition, compositions
+from .partitions import EXHAUSTIVE, SearchStats, best_layouts, best_partition, compositions
 from .space import SHARE_STEPS, PlanSpace, edge_windows, without_prefetch
 from .warmup import WarmupTried, tune_warmup, warmup_variants
 
@@ -91,6 +91,9 @@ class Search:
     """The warm-up depths tried after the search on the config's own (:func:`warmup_variants`)."""
     default_best: Candidate | None = None
     """The best candidate on the config's own LLM step (:attr:`best` unless a warm-up depth won)."""
+    optimus: Candidate | None = None
+    """With ``search(optimus=True)``: the best partition of whole microbatches on the config's own
+    LLM step, the greedy filler in every bubble (Optimus as published, :func:`search`); else None."""
 
     @property
     def bound(self) -> StepBound | None:
@@ -147,11 +150,13 @@ class _PlanRuns:
     coarse candidates, the stats and how many plans are done."""
 
     def __init__(self, spaces: list[PlanSpace], microbatches: int, keep: int, spread: bool,
-                 progress: Callable[[int, int], None] | None):
+                 progress: Callable[[int, int], None] | None, optimus: bool = False):
         self.spaces, self.microbatches, self.keep, self.spread, self.progress = spaces, microbatches, keep, spread, progress
+        self.optimus = optimus
         self.stats = SearchStats(plans=len(spaces))
         self.lock = threading.Lock()
         self.results: list[tuple[float, int, Candidate]] = []  # (step, the plan's rank, candidate)
+        self.wholes: list[tuple[float, int, Candidate]] = []  # each plan's best partition (optimus)
         self.coarse: list[Candidate] = []
         self.done = 0
         self.rank = {id(space): r for r, space in enumerate(spaces)}
@@ -165,25 +170,33 @@ class _PlanRuns:
                 return (math.inf, 0)
             return sorted((step, r) for step, r, _ in self.results)[self.keep - 1]
 
+    def whole_incumbent(self) -> tuple[float, int]:
+        """The (step, rank) of the best partition of whole microbatches so far ((inf, 0) until one)."""
+        with self.lock:
+            return min(((step, r) for step, r, _ in self.wholes), default=(math.inf, 0))
+
     def run(self, space: PlanSpace) -> None:
         """Searches one plan (unless its bound cannot beat the incumbent) and its even partition
-        under the coarse policy, and records the result."""
+        under the coarse policy, and records the result; with `optimus`, its best partition too."""
         microbatches = self.microbatches
         even = even_split(microbatches, space.plan.pipelines)
         memory = space.memory(even)
         fits = memory <= space.memory_limit
         base = space.candidate(even, coarse=True, memory=memory)
         r = self.rank[id(space)]
-        if (space.plan_bound(microbatches), r) >= self.incumbent():
-            best, pruned = None, True
-        else:
-            best = best_layout(space, microbatches, self.incumbent, self.stats, self.lock, spread=self.spread, rank=r)
-            pruned = False
-        if fits and (base.step_time, r) < ((best.step_time, r) if best is not None else self.incumbent()):
-            best = space.in_every_bubble(base)  # the greedy filler is a heuristic: keep the better
+        whole_incumbent = self.whole_incumbent if self.optimus else None
+        best = whole = None
+        pruned = (space.plan_bound(microbatches), r) >= (whole_incumbent or self.incumbent)()
+        if not pruned:
+            best, whole = best_layouts(space, microbatches, self.incumbent, self.stats, self.lock, spread=self.spread,
+                                       rank=r, whole_incumbent=whole_incumbent)
+        best = _or_coarse(space, best, base, fits, r, self.incumbent)
+        whole = _or_coarse(space, whole, base, fits, r, self.whole_incumbent) if self.optimus else None
         with self.lock:
             self.coarse.append(base)
             self.searched[id(space)].best = best
+            if whole is not None:
+                self.wholes.append((whole.step_time, r, whole))
             if best is not None:
                 self.results.append((best.step_time, r, best))
             elif pruned:
@@ -213,8 +226,17 @@ class _PlanRuns:
         return [cand for _, _, cand in sorted(self.results, key=lambda x: x[:2])]
 
 
+def _or_coarse(space: PlanSpace, best: Candidate | None, base: Candidate, fits: bool, rank: int,
+               incumbent: Callable[[], tuple[float, int]]) -> Candidate | None:
+    """`best`, or the plan's coarse schedule `base` in every bubble when it fits and is shorter (or
+    beats `incumbent` where `best` is None): the greedy filler is a heuristic, keep the better."""
+    if fits and (base.step_time, rank) < ((best.step_time, rank) if best is not None else incumbent()):
+        return space.in_every_bubble(base)
+    return best
+
+
 def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
-           keep: int = 1, warmup: bool = True, spread: bool = True) -> Search:
+           keep: int = 1, warmup: bool = True, spread: bool = True, optimus: bool = False) -> Search:
     """Finds the encoder plan and partition with the shortest step on the LLM step `step` (see the
     module docstring).
 
@@ -223,16 +245,20 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     best `keep` plans are all exact in :attr:`Search.top`. `warmup`: then try the best plan on other
     warm-up depths of the LLM's schedule (:func:`warmup_variants`); its best there replaces it in
     :attr:`Search.top` when shorter. `spread`: try the layouts that spread microbatches over every
-    pipeline (False: partitions of whole microbatches only). ValueError
-    when no plan fits the LLM's stages or memory.
+    pipeline (False: partitions of whole microbatches only). `optimus`: also find
+    :attr:`Search.optimus`, the best partition of whole microbatches on the config's schedule (the
+    plans' partitions pruned against the best partition so far, not the best layout: the same step as
+    ``search(step, spread=False, warmup=False)``, the layouts the two share scheduled once); pybubble's
+    plan is never longer than it. ValueError when no plan fits the LLM's stages or memory.
     """
     keep = integer(keep, "keep", minimum=1)
     t0 = time.perf_counter()
     config = step.config
     spaces = _plan_spaces(step)
-    runs = _PlanRuns(spaces, config.microbatches, keep, spread, progress)
+    runs = _PlanRuns(spaces, config.microbatches, keep, spread, progress, optimus)
     runs.run_all(workers)
     top = runs.ranked(config.memory_gb)
+    whole = min(runs.wholes, key=lambda x: x[:2], default=None)
     default_best = top[0]
     tried: list[WarmupTried] = []
     if warmup:
@@ -243,7 +269,7 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     fitting = [c for c in runs.coarse if c.memory_bytes <= config.memory_gb * GB] or runs.coarse
     return Search(step=step, best=top[0], coarse=min(fitting, key=lambda c: (c.step_time, c.plan.pp_enc, c.plan.tp_enc)),
                   top=top, stats=runs.stats, plans=[runs.searched[id(space)] for space in spaces], warmups=tried,
-                  default_best=default_best)
+                  default_best=default_best, optimus=None if whole is None else whole[2])
 
 
 __all__ = ["EXHAUSTIVE", "SHARE_STEPS", "Candidate", "PlanSearched", "Search", "SearchStats", "WarmupTried",

@@ -48,7 +48,7 @@ from .executors import executor_for
 from .lockstep import ReplicaLockstep, start_together
 from .options import RuntimeOptions, legacy_arguments
 from .parallel_groups import ParallelGroups, agree_on_data, runtime_group, world_group
-from .grad_sync import timed_grad_sync
+from .grad_sync import gradient_route, share_grads, timed_grad_sync
 from .pipelining import fill_pipeline_waits
 from .profile import check_piece_s
 from .replicas import MovedWork, ReplicaBalance, ReplicaMoves
@@ -125,7 +125,8 @@ class EncoderRuntime:
     See docs/runtime.md.
     """
 
-    def __init__(self, encoder: nn.Module, *, stage: Any, schedule: Any, example: torch.Tensor | Sequence[torch.Tensor],
+    def __init__(self, encoder: nn.Module, *, stage: Any = None, schedule: Any,
+                 example: torch.Tensor | Sequence[torch.Tensor],
                  groups: Any = None, options: RuntimeOptions | None = None, device: torch.device | str | None = None,
                  **deprecated: Any):
         self.options, trainer_groups = legacy_arguments(options, groups, deprecated)
@@ -133,8 +134,9 @@ class EncoderRuntime:
         self.mode = self.options.mode
         """``megatron``, ``coarse`` or ``pybubble`` (the options' mode)."""
         self.encoder, self.schedule = encoder, schedule
-        self.stages = list(stage) if isinstance(stage, (list, tuple)) else [stage]
-        """This rank's pipeline stages."""
+        self.stages = (torch_seams.schedule_stages(schedule) if stage is None else
+                       list(stage) if isinstance(stage, (list, tuple)) else [stage])
+        """This rank's pipeline stages (None given: the schedule's)."""
         self.device = torch.device(device if device is not None else getattr(self.stages[0], "device", "cpu"))
         self.groups: ParallelGroups = trainer_groups.resolve(getattr(self.stages[0], "group", None))
         """The trainer's groups the runtime works on."""
@@ -155,6 +157,9 @@ class EncoderRuntime:
         self.data_parallel = next((k for k in kinds if k is not None), None)
         """How the stages' modules are data-parallel: ``"fsdp"``, ``"ddp"`` or None."""
         self.replicas = 1 if self.dp_group is None else dist.get_world_size(self.dp_group)
+        self.dp_reduce, self._grads_to = gradient_route(self.options, self.stages, self.replicas,
+                                                        first_stage_rank(self.pipeline.table), self.groups.pp)
+        """How the encoder's gradients are reduced over the replicas: ``"mean"`` or ``"sum"``."""
         balance = self.options.balance
         check_packing(balance.pack_chunks, self.pipeline.ranks, self.mode)
         self._cut(encoder, example)
@@ -224,11 +229,16 @@ class EncoderRuntime:
         """The next step's mode: the profiling step runs the coarse way (megatron in that mode)."""
         return self.mode if self.steps > 0 or self.mode == "megatron" else "coarse"
 
-    def encoder_output(self, microbatch: int) -> torch.Tensor:
-        """On the first stage: the encoder output feeding LLM ``microbatch`` of the running step."""
+    def encoder_output(self, microbatch: int | None = None) -> torch.Tensor:
+        """On the first stage: the output feeding LLM ``microbatch`` (None: the running forward's)."""
         if self._work is None:
             raise RuntimeError("encoder_output: called outside EncoderRuntime.step")
-        return self._work.output(microbatch)
+        return self._work.output(self._work.running_forward() if microbatch is None else microbatch)
+
+    def share_grads(self) -> None:
+        """``grads_to="first_stage"``: the encoder's gradients sent from the first stage's rank to the
+        pipeline's others (every pp rank calls it, after clipping, before the optimizer steps)."""
+        share_grads(self.encoder, self.groups.pp if self._grads_to is not None else None, self._grads_to)
 
     def predict(self, tiles: Sequence[int]) -> float | None:
         """The step (s) this runtime predicts for microbatches of ``tiles`` tiles each, in its mode
@@ -268,7 +278,8 @@ class EncoderRuntime:
         clock = _Clock()
         batch = self._agree(encoder_input, clock)
         with clock.meeting():
-            data = self._balance(batch)
+            data = step_data(batch, None if self.mode == "megatron" else self.replica_balance,
+                            self.chunk_tiles if self.options.balance.pack_chunks else None)
             self._measure(clock.entry)
         plan, plan_s = self._plan(data.chains)
         work, start, waits_s = self._start(plan, data, clock)
@@ -285,7 +296,7 @@ class EncoderRuntime:
             self._work = None
         p = self.pipeline
         sync_s = timed_grad_sync(self.encoder, work.plan, p.rank, p.ranks, self.groups.pp, self.dp_group,
-                                 self.measured.now)
+                                 self.measured.now, mean=self.dp_reduce == "mean", to=self._grads_to)
         self._record(work, data, tp, start, plan_s, sync_s, own_s, met_s, waits_s)
         return result
 
@@ -337,17 +348,6 @@ class EncoderRuntime:
             agree_on_data(problem, self.world_group)
         return batch.to(self.device)
 
-    def _balance(self, batch: EncoderBatch) -> StepData:
-        """The step's encoder work balanced over the replicas (with ``balance.replicas``, not in
-        megatron mode: :func:`~pybubble.runtime.replicas.move_work`) and packed (with
-        ``balance.pack_chunks``: :class:`~pybubble.runtime.batch.Packing`)."""
-        own, moved = batch.tiles, None
-        if self.replica_balance is not None and self.mode != "megatron":
-            with record_function(names.region("sync")):
-                batch, own, moved = self.replica_balance.balance(batch)
-        packing = Packing.of(batch.tiles, self.chunk_tiles if self.options.balance.pack_chunks else None)
-        return StepData(batch=batch, own=own, moved=moved, packing=packing, chains=packing.batch(batch))
-
     def _plan(self, chains: EncoderBatch) -> tuple[RankPlan, float]:
         """This step's placement for ``chains``' chunks and this rank's plan (the profiling step runs
         the coarse way, megatron in that mode), and the time planning took."""
@@ -358,6 +358,18 @@ class EncoderRuntime:
             self.plan = rank_plan(self.placement, self.pipeline.rank, self.costs, [p.name for p in self.pieces])
         return self.plan, time.perf_counter() - t
 
+
+
+def step_data(batch: EncoderBatch, replica_balance: ReplicaBalance | None, pack: int | None) -> StepData:
+    """The step's encoder work balanced over the replicas (with a ``replica_balance``:
+    :func:`~pybubble.runtime.replicas.move_work`) and packed (``pack``: the chunk's tiles, with
+    ``balance.pack_chunks``: :class:`~pybubble.runtime.batch.Packing`)."""
+    own, moved = batch.tiles, None
+    if replica_balance is not None:
+        with record_function(names.region("sync")):
+            batch, own, moved = replica_balance.balance(batch)
+    packing = Packing.of(batch.tiles, pack)
+    return StepData(batch=batch, own=own, moved=moved, packing=packing, chains=packing.batch(batch))
 
 
 def run_step(work: EncoderStep, schedule: Any, stages: Sequence[Any], dp_waits: DataParallelWaits,
@@ -415,4 +427,4 @@ def step_record(work: EncoderStep, data: StepData, tp: TensorParallelWaits, layo
         layout=None if layout is None else LayoutFigures(layout.name, layout.given_tiles, layout.slot_tiles))
 
 
-__all__ = ["EncoderRuntime", "StepData", "check_packing", "output_of", "run_step", "step_record"]
+__all__ = ["EncoderRuntime", "StepData", "step_data", "check_packing", "output_of", "run_step", "step_record"]

@@ -222,6 +222,18 @@ class EncoderStep:
         local = self._local_output(llm_microbatch, track)
         return local if self.moved is None else self.moved.assemble(llm_microbatch, local, track)
 
+    def running_forward(self) -> int:
+        """The LLM microbatch of the first stage's forward running now (0 outside the step's ops,
+        where torch infers the stage's shapes on the first microbatch's inputs)."""
+        p = self.filler.progress
+        if not p.in_op or p.next_op is None:
+            return 0
+        action = p.next_op.action
+        if action.kind != "F" or action.stage != 0:
+            raise RuntimeError(f"encoder_output: called in {action.kind}{action.microbatch} of stage {action.stage}, "
+                               "not in the first stage's forward: pass the microbatch")
+        return action.microbatch
+
     def _local_output(self, llm_microbatch: int, track: bool = True) -> torch.Tensor:
         """The rows of ``llm_microbatch``'s image tokens this replica ran itself (``track``: their
         gradient goes back to their producer)."""

@@ -26,6 +26,12 @@ from ..placement.step_placement import PLACEMENTS
 from .parallel_groups import ParallelGroups, resolve_groups
 
 
+DP_REDUCTIONS = ("auto", "mean", "sum")
+"""The values of :attr:`RuntimeOptions.dp_reduce`."""
+GRADS_TO = ("every_rank", "first_stage")
+"""The values of :attr:`RuntimeOptions.grads_to`."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PieceOptions:
     """How the encoder is cut into the pieces the plan places."""
@@ -77,9 +83,21 @@ class RuntimeOptions:
     """How the encoder is cut into pieces."""
     balance: BalanceOptions = field(default_factory=BalanceOptions)
     """How data that varies per step is balanced."""
+    dp_reduce: str = "auto"
+    """How the encoder's gradients are reduced over the data-parallel replicas: ``mean`` (as FSDP2
+    and DDP do by default), ``sum`` (as torchtitan does: FSDP2's divide factor 1.0, the loss divided
+    by the global token count) or ``auto``: as the stages' FSDP2 or DDP modules reduce the LLM's,
+    refused where the runtime cannot tell (docs/runtime.md, "How the gradients are reduced")."""
+    grads_to: str = "every_rank"
+    """Where the encoder's gradients land when a step returns: ``every_rank`` of the pipeline, or
+    ``first_stage``: the rank of the LLM's first stage holds them, the others none until
+    :meth:`~pybubble.runtime.EncoderRuntime.share_grads` (a trainer that clips over the whole
+    pipeline then counts them once)."""
 
     def __post_init__(self) -> None:
         one_of(self.mode, PLACEMENTS, "mode")
+        one_of(self.dp_reduce, DP_REDUCTIONS, "dp_reduce")
+        one_of(self.grads_to, GRADS_TO, "grads_to")
         if self.microbatches is not None:
             integer(self.microbatches, "microbatches", minimum=1)
         integer(self.keep, "keep", minimum=1)

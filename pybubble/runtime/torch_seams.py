@@ -38,6 +38,9 @@ FSDP_COMMS = "torch.distributed.fsdp._fully_shard._fsdp_api.AllGather / ReduceSc
 PROFILER_ENABLED = "torch.autograd._profiler_enabled"
 OP_SCHEMA = "torch._ops.OpOverload._schema"
 CUDA_SLEEP = "torch.cuda._sleep"
+FSDP_DIVIDE = "FSDPModule._get_fsdp_state()._fsdp_param_groups[i].gradient_divide_factor"
+FSDP_POLICY = "FSDPModule._get_fsdp_state()._mp_policy"
+SCHEDULE_STAGES = "torch.distributed.pipelining schedule._stage / _stages"
 
 SEAMS = {
     P2P_WAIT: "the pipelining schedules' wait on p2p work, replaced so that the filler runs tasks in it",
@@ -54,6 +57,12 @@ SEAMS = {
     PROFILER_ENABLED: "whether torch.profiler records, to annotate a task only then",
     OP_SCHEMA: "the schema of a traced op, to refuse an encoder that writes a parameter in place",
     CUDA_SLEEP: "a spin kernel of a given length (the CUDA benchmark's and tests' stand-in collective)",
+    FSDP_DIVIDE: "the divide factor FSDP2's public set_gradient_divide_factor sets (None: the mean), read to "
+                 "reduce the encoder's gradients over dp as the LLM's are (options.dp_reduce 'auto')",
+    FSDP_POLICY: "the mixed-precision policy fully_shard was given, read to refuse an encoder that would compute "
+                 "in another dtype than the LLM (pybubble.integrations.torchtitan)",
+    SCHEDULE_STAGES: "the stages a schedule was built over, for a trainer that keeps only the schedule "
+                     "(torchtitan's pipeline_llm): EncoderRuntime(stage=None)",
 }
 """Each private seam's name and what pybubble uses it for."""
 
@@ -202,6 +211,17 @@ def stage_count(schedule: Any) -> int:
     return n
 
 
+def schedule_stages(schedule: Any) -> list[Any]:
+    """The stages a torch schedule was built over: a single-stage schedule's ``_stage``, a
+    multi-stage one's ``_stages`` (this rank's, in the order the schedule holds them)."""
+    stages = getattr(schedule, "_stages", None)
+    if stages is None and getattr(schedule, "_stage", None) is not None:
+        stages = [schedule._stage]
+    if not stages or not all(hasattr(st, "stage_index") for st in stages):
+        raise missing_seam(SCHEDULE_STAGES, f"is not set on {type(schedule).__name__}")
+    return list(stages)
+
+
 ACTION_FIELDS = ("stage_index", "computation_type", "microbatch_index", "sub_actions")
 """The fields of torch's schedule actions pybubble reads."""
 
@@ -304,6 +324,25 @@ def fsdp_comm_classes() -> tuple[type, type]:
         if not hasattr(fsdp.FSDPModule, name):
             raise missing_seam(FSDP_COMMS, f"is not taken: FSDPModule has no {name}")
     return classes  # type: ignore[return-value]
+
+
+def fsdp_divide_factors(module: Any) -> set[float | None]:
+    """The gradient divide factors of an FSDP2 module's parameter groups (None: FSDP2's default,
+    the mean over its data-parallel ranks; 1.0: the sum, as torchtitan sets it)."""
+    state = getattr(module, "_get_fsdp_state", None)
+    groups = getattr(state(), "_fsdp_param_groups", None) if callable(state) else None
+    if groups is None or not all(hasattr(g, "gradient_divide_factor") for g in groups):
+        raise missing_seam(FSDP_DIVIDE, f"is not readable on {type(module).__name__}")
+    return {None if g.gradient_divide_factor is None else float(g.gradient_divide_factor) for g in groups}
+
+
+def fsdp_param_dtype(module: Any) -> torch.dtype | None:
+    """The dtype an FSDP2 module's mixed-precision policy computes in (None: its parameters')."""
+    state = getattr(module, "_get_fsdp_state", None)
+    policy = getattr(state(), "_mp_policy", None) if callable(state) else None
+    if policy is None or not hasattr(policy, "param_dtype"):
+        raise missing_seam(FSDP_POLICY, f"is not readable on {type(module).__name__}")
+    return policy.param_dtype
 
 
 def profiler_enabled() -> bool:

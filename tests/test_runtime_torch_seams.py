@@ -32,7 +32,8 @@ def test_every_seam_resolves_on_the_installed_torch():
     assert set(torch_seams.SEAMS) == {
         torch_seams.P2P_WAIT, torch_seams.STAGE_OPS, torch_seams.MICROBATCHES, torch_seams.NUM_STAGES,
         torch_seams.ACTIONS, torch_seams.FUNCTIONAL_WAIT, torch_seams.DISPATCH_KEYS, torch_seams.FSDP_COMMS,
-        torch_seams.PROFILER_ENABLED, torch_seams.OP_SCHEMA, torch_seams.CUDA_SLEEP}
+        torch_seams.PROFILER_ENABLED, torch_seams.OP_SCHEMA, torch_seams.CUDA_SLEEP, torch_seams.FSDP_DIVIDE,
+        torch_seams.FSDP_POLICY, torch_seams.SCHEDULE_STAGES}
 
 
 def test_the_profiler_flag_follows_the_profiler():
@@ -66,6 +67,24 @@ def test_schedules_counts_and_action_tables(world_of_one):
     assert {(a.stage_index, str(getattr(a.computation_type, "value", a.computation_type)), a.microbatch_index)
             for a in actions if a.sub_actions is None} >= {(0, "F", 0), (1, "F", 1), (1, "B", 0), (0, "B", 1)}
     assert torch_seams.microbatch_count(object()) is None  # not a torch schedule: the caller asks for it
+    assert torch_seams.schedule_stages(single) == [single._stage] and torch_seams.schedule_stages(multi) == stages
+    with pytest.raises(RuntimeError, match=r"schedule._stage / _stages is not set on object"):
+        torch_seams.schedule_stages(object())
+
+
+def test_fsdp2s_divide_factor_and_precision_are_read(world_of_one):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+    module = fully_shard(nn.Linear(4, 4), mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
+    assert torch_seams.fsdp_divide_factors(module) == {None} and torch_seams.fsdp_param_dtype(module) == torch.bfloat16
+    module.set_gradient_divide_factor(1.0)
+    assert torch_seams.fsdp_divide_factors(module) == {1.0}
+    with pytest.raises(RuntimeError, match="gradient_divide_factor is not readable on Linear"):
+        torch_seams.fsdp_divide_factors(nn.Linear(2, 2))
+    with pytest.raises(RuntimeError, match="_mp_policy is not readable on Linear"):
+        torch_seams.fsdp_param_dtype(nn.Linear(2, 2))
 
 
 def test_functional_collective_hooks_see_the_launch_and_the_wait_then_restore(world_of_one):

@@ -1,0 +1,230 @@
+"""A torchtitan trainer's vision encoder run by pybubble's runtime: taken out of the first pipeline
+stage before torchtitan splits the model, run by :class:`~pybubble.runtime.EncoderRuntime` in the
+pipeline's bubbles (or in stage 0's ops, or around the pipeline: the runtime's modes), and trained
+by torchtitan's own optimizer, LR schedule, gradient clipping and checkpoint as one more model part.
+
+torch only: torchtitan is not imported here (its ``Trainer`` subclass is
+:mod:`pybubble.integrations.torchtitan.titan_trainer`). The rules it keeps (docs/torchtitan.md):
+
+- **The same start.** The encoder's parameters and buffers are broadcast from global rank 0 to
+  every rank (torchtitan seeds each pipeline rank differently).
+- **The same reduction.** The runtime reduces the encoder's gradients over the data-parallel
+  replicas as the stages' FSDP2 modules reduce the LLM's: torchtitan turns FSDP2's division off
+  (divide factor 1.0) and divides the loss by the step's global token count, so the sum
+  (``RuntimeOptions.dp_reduce`` ``auto``; a stated ``mean`` beside it is refused).
+- **One norm.** The encoder's summed gradients land on the first stage's rank only
+  (``grads_to="first_stage"``) until the optimizer steps, so torchtitan's clipping, which sums
+  the squared norms over the pipeline ranks, counts them once, as it counts them where the
+  encoder is part of stage 0; where the LLM's parameters are DTensors, the encoder's model part
+  holds replicated DTensors on the LLM's mesh that share the encoder's storage. Just before the
+  optimizer steps (its step pre-hook) the clipped gradients go to the pipeline's other ranks.
+- **The trainer's precision.** The encoder runs in its parameters' dtype; a stage whose FSDP2
+  mixed-precision policy casts the LLM's parameters to another dtype is refused.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, Replicate
+
+from ...runtime.batch import EncoderBatch
+from ...runtime.encoder_runtime import EncoderRuntime
+from ...runtime import torch_seams
+from ...runtime.options import RuntimeOptions
+
+ENCODER = "vision_encoder"
+"""The name torchtitan's VLMs give their vision encoder (``pipeline_vlm`` puts it in stage 0)."""
+PIXELS = "pixel_values"
+"""The key of the encoder's input in each microbatch's keyword arguments (``kwarg_mbs``)."""
+
+
+class EncoderStandIn(nn.Module):
+    """What the first stage holds where its encoder was: no parameters; called as the encoder was,
+    it returns the runtime's output for the microbatch whose forward is running (a ``meta`` tensor
+    of that shape while torch infers the stage's shapes on ``meta`` inputs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runtime: EncoderRuntime | None = None
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        runtime = self.runtime
+        if runtime is None:
+            raise RuntimeError("vision encoder stand-in: called before TitanEncoder.start gave it the runtime "
+                               "(run the step through TitanEncoder.schedule)")
+        if any(isinstance(a, torch.Tensor) and a.is_meta for a in (*args, *kwargs.values())):
+            return torch.empty(runtime.output_shape, dtype=runtime.output_dtype, device="meta")
+        return runtime.encoder_output()
+
+
+def llm_mesh(model_parts: Sequence[nn.Module]) -> Any:
+    """The device mesh of the LLM's DTensor parameters (FSDP2, replicate, TP); None where they are
+    plain tensors."""
+    return next((p.device_mesh for part in model_parts for p in part.parameters() if isinstance(p, DTensor)), None)
+
+
+def check_precision(model_parts: Sequence[nn.Module], encoder: nn.Module) -> None:
+    """Refuses a stage whose FSDP2 mixed-precision policy computes in another dtype than the
+    encoder's parameters (the encoder would train in another precision than the LLM)."""
+    dtypes = {p.dtype for p in encoder.parameters()}
+    for part in model_parts:
+        for m in part.modules():
+            cast = torch_seams.fsdp_param_dtype(m) if isinstance(m, FSDPModule) else None
+            if cast is not None and {cast} != dtypes:
+                raise ValueError(f"mixed precision: the LLM's FSDP2 policy computes in {cast}, the encoder's "
+                                 f"parameters are {sorted(map(str, dtypes))}: pybubble runs the encoder in its "
+                                 "parameters' dtype; set training.mixed_precision_param to it")
+
+
+class EncoderPart(nn.Module):
+    """The model part torchtitan's optimizer, LR schedule, clipping and checkpoint take for the
+    encoder: its parameters under the names they have in the whole model (``vision_encoder.…``).
+    With ``mesh``, each is a replicated DTensor on it sharing the encoder parameter's storage (its
+    gradient likewise, set by :meth:`expose_grads`), so that a norm over the part and the LLM's
+    DTensors counts it once; without, the part holds the encoder itself."""
+
+    def __init__(self, encoder: nn.Module, name: str, mesh: Any = None):
+        super().__init__()
+        self.pairs: list[tuple[nn.Parameter, nn.Parameter]] = []
+        if mesh is None:
+            self.add_module(name, encoder)
+            self.pairs = [(p, p) for p in encoder.parameters()]
+            return
+        mirror = copy.deepcopy(encoder).requires_grad_(False)
+        placements = [Replicate()] * mesh.ndim
+        for (path, original), (_, copied) in zip(encoder.named_modules(), mirror.named_modules()):
+            for key, param in original.named_parameters(recurse=False):
+                with torch.no_grad():
+                    view = nn.Parameter(DTensor.from_local(param.detach(), mesh, placements, run_check=False))
+                setattr(copied, key, view)
+                self.pairs.append((param, view))
+            for key, buffer in original.named_buffers(recurse=False):
+                copied._buffers[key] = buffer  # the same tensors: a checkpoint saves the encoder's own
+        self.add_module(name, mirror)
+        self.mesh = mesh
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("EncoderPart holds the encoder's parameters for the trainer; the runtime runs the encoder")
+
+    def expose_grads(self) -> None:
+        """The part's gradients: the encoder's (replicated DTensors sharing their storage where
+        the part has a mesh; None where the encoder has none on this rank)."""
+        for param, view in self.pairs:
+            if view is param:
+                continue
+            view.grad = (None if param.grad is None else
+                         DTensor.from_local(param.grad, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False))
+
+
+class TitanEncoder:
+    """One torchtitan trainer's encoder under pybubble's runtime. In order: :meth:`take` it out of
+    the whole model (before ``pipeline_vlm`` / ``pipeline_llm`` split it), :meth:`attach` it to the
+    model parts (the same start on every rank; :attr:`part` joins the trainer's model parts),
+    :meth:`install` on the trainer's optimizers, and run each step through :meth:`schedule`, which
+    stands where the trainer keeps its pipeline schedule."""
+
+    def __init__(self, encoder: nn.Module, *, name: str = ENCODER, pixels: str = PIXELS):
+        self.encoder, self.name, self.pixels = encoder, name, pixels
+        self.runtime: EncoderRuntime | None = None
+        self.part: EncoderPart | None = None
+        self.model_parts: list[nn.Module] = []
+        self.parallel_dims: Any = None
+
+    @classmethod
+    def take(cls, model: nn.Module, *, name: str = ENCODER, pixels: str = PIXELS) -> TitanEncoder:
+        """The encoder ``model.<name>`` taken out of the whole model; a parameter-free
+        :class:`EncoderStandIn` takes its place (the split keeps it in stage 0)."""
+        encoder = getattr(model, name, None)
+        if not isinstance(encoder, nn.Module) or isinstance(encoder, EncoderStandIn):
+            raise ValueError(f"model: {type(model).__name__}.{name} is {type(encoder).__name__}, not the vision "
+                             "encoder module (pass name= where the model calls it otherwise)")
+        setattr(model, name, EncoderStandIn())
+        return cls(encoder, name=name, pixels=pixels)
+
+    def attach(self, model_parts: Sequence[nn.Module], parallel_dims: Any) -> EncoderPart:
+        """After the split: the encoder made the same on every rank (broadcast from global rank 0),
+        checked against the stages' precision, and its model part built (returned; the trainer
+        adds it to its model parts, for its optimizer, LR schedule, clipping and checkpoint)."""
+        self.model_parts, self.parallel_dims = list(model_parts), parallel_dims
+        check_precision(self.model_parts, self.encoder)
+        with torch.no_grad():
+            for t in [*self.encoder.parameters(), *self.encoder.buffers()]:
+                dist.broadcast(t.data, src=0)
+        self.part = EncoderPart(self.encoder, self.name, llm_mesh(self.model_parts))
+        return self.part
+
+    def install(self, optimizers: torch.optim.Optimizer) -> None:
+        """The clipped gradients go from the first stage's rank to the others just before
+        ``optimizers`` step (a step pre-hook, torch's public extension point)."""
+        optimizers.register_step_pre_hook(lambda *_: self.before_optimizer())
+
+    def stand_ins(self) -> Iterator[EncoderStandIn]:
+        """The stand-ins in this rank's model parts (one where it holds the first stage)."""
+        for part in self.model_parts:
+            yield from (m for m in part.modules() if isinstance(m, EncoderStandIn))
+
+    def start(self, schedule: Any, example: torch.Tensor, options: RuntimeOptions | None = None) -> EncoderRuntime:
+        """The runtime over the trainer's ``schedule`` and ``parallel_dims`` (``example``: one
+        microbatch of encoder input), its gradients landing on the first stage's rank."""
+        if self.part is None:
+            raise RuntimeError("TitanEncoder.start: attach the encoder to the model parts first")
+        options = dataclasses.replace(options or RuntimeOptions(), grads_to="first_stage")
+        device = next(self.encoder.parameters()).device
+        self.runtime = EncoderRuntime(self.encoder, schedule=schedule, example=example, groups=self.parallel_dims,
+                                      options=options, device=device)
+        for stand_in in self.stand_ins():
+            stand_in.runtime = self.runtime
+        return self.runtime
+
+    def schedule(self, schedule: Any, options: RuntimeOptions | None = None) -> RuntimeSchedule:
+        """What stands where the trainer keeps ``schedule``: its ``step`` runs the runtime's."""
+        return RuntimeSchedule(self, schedule, options)
+
+    def step(self, schedule: Any, options: RuntimeOptions | None, args: tuple, kwargs: dict) -> Any:
+        """One step: the encoder's input read from each microbatch's ``kwarg_mbs[k][pixels]``, the
+        runtime started on the first, its step run in place of ``schedule.step(*args, **kwargs)``."""
+        kwarg_mbs = kwargs.get("kwarg_mbs")
+        if not kwarg_mbs or any(self.pixels not in kw for kw in kwarg_mbs):
+            raise ValueError(f"kwarg_mbs: each microbatch's keyword arguments need the encoder's input "
+                             f"{self.pixels!r} (got {None if not kwarg_mbs else sorted(kwarg_mbs[0])})")
+        pixels = [kw[self.pixels] for kw in kwarg_mbs]
+        if self.runtime is None:
+            self.start(schedule, pixels[0], options)
+        self.encoder.zero_grad(set_to_none=True)
+        result = self.runtime.step(EncoderBatch(pixels), *args, **kwargs)
+        self.part.expose_grads()
+        return result
+
+    def before_optimizer(self) -> None:
+        """The encoder's (clipped) gradients sent from the first stage's rank to the pipeline's
+        other ranks, and the part's gradients set to them."""
+        if self.runtime is not None:
+            self.runtime.share_grads()
+            self.part.expose_grads()
+
+
+class RuntimeSchedule:
+    """Stands where a torchtitan trainer keeps its pipeline schedule (``trainer.pp_schedule``):
+    ``step`` runs the encoder runtime's step, which runs the schedule's; anything else is the
+    schedule's own."""
+
+    def __init__(self, adoption: TitanEncoder, schedule: Any, options: RuntimeOptions | None):
+        self.adoption, self.schedule, self.options = adoption, schedule, options
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        return self.adoption.step(self.schedule, self.options, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.schedule, name)
+
+
+__all__ = ["ENCODER", "PIXELS", "EncoderPart", "EncoderStandIn", "RuntimeSchedule", "TitanEncoder", "check_precision",
+           "llm_mesh"]

@@ -10,7 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pybubble"
 ORDER = ("config", "costs", "llm", "problem", "schedule", "data", "viz", "measure", "planner", "placement", "runtime",
-         "testing")
+         "integrations", "testing")
 """The stages of the data flow, in order."""
 TOP_LEVEL = {"__init__", "__main__", "_native", "_moved"}
 """Modules outside the folders: the public API, ``python -m pybubble``, the core's import check and

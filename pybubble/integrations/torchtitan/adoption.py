@@ -56,6 +56,8 @@ class EncoderStandIn(nn.Module):
         self.runtime: EncoderRuntime | None = None
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The runtime's encoder output for the running microbatch (the arguments, the encoder's
+        input, are not read: the runtime has the step's)."""
         runtime = self.runtime
         if runtime is None:
             raise RuntimeError("vision encoder stand-in: called before TitanEncoder.start gave it the runtime "
@@ -112,6 +114,7 @@ class EncoderPart(nn.Module):
         self.mesh = mesh
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Not called: the part only holds parameters."""
         raise RuntimeError("EncoderPart holds the encoder's parameters for the trainer; the runtime runs the encoder")
 
     def expose_grads(self) -> None:
@@ -220,6 +223,7 @@ class RuntimeSchedule:
         self.adoption, self.schedule, self.options = adoption, schedule, options
 
     def step(self, *args: Any, **kwargs: Any) -> Any:
+        """The runtime's step in place of the schedule's (:meth:`TitanEncoder.step`)."""
         return self.adoption.step(self.schedule, self.options, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:

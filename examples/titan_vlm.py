@@ -61,7 +61,8 @@ class PatchEncoder(nn.Module):
         self.proj = nn.Linear(width, dim)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return self.proj(self.blocks(self.embed(pixels) + self.pos))
+        x = self.embed(pixels.to(self.embed.weight.dtype))  # FSDP2 may compute in bfloat16 (--precision)
+        return self.proj(self.blocks(x + self.pos.to(x.dtype)))
 
 
 class TitanVLM(Llama3Model):
@@ -99,6 +100,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--optimizer", default="adamw", choices=("adamw", "sgd"))
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--max-norm", type=float, default=1.0, help="gradient clipping's max norm")
+    p.add_argument("--precision", default="float32", choices=("float32", "bfloat16"),
+                   help="torchtitan's training.mixed_precision_param (the encoder follows it)")
     p.add_argument("--dp-reduce", default="auto", choices=("auto", "mean", "sum"),
                    help="how the runtime reduces the encoder's gradients over dp (auto: as the LLM's)")
     p.add_argument("--report", help="write the run's figures (JSON) here (rank 0)")
@@ -119,7 +122,7 @@ def titan_configs(args: argparse.Namespace) -> tuple:
                                     pipeline_parallel_schedule=SCHEDULES[args.schedule],
                                     pipeline_parallel_microbatch_size=MICROBATCH, spmd_backend="partial_dtensor")
     training = TrainingConfig(local_batch_size=MICROBATCH * args.microbatches, seq_len=SEQ, steps=args.steps,
-                              max_norm=args.max_norm, disable_cuda_graphs=True, mixed_precision_param="float32")
+                              max_norm=args.max_norm, disable_cuda_graphs=True, mixed_precision_param=args.precision)
     return spec, parallelism, training
 
 

@@ -5,6 +5,7 @@ cannot tell or where a stated one disagrees), and where they land (``grads_to``)
 import textwrap
 
 import pytest
+import torch
 from torch import nn
 
 from pybubble.runtime import RuntimeOptions
@@ -31,6 +32,8 @@ def test_options_name_a_bad_reduction_or_destination():
         RuntimeOptions(dp_reduce="avg")
     with pytest.raises(ValueError, match="grads_to: 'last' is not one of every_rank, first_stage"):
         RuntimeOptions(grads_to="last")
+    with pytest.raises(ValueError, match="compute_dtype: torch.int8 is not a floating torch.dtype"):
+        RuntimeOptions(compute_dtype=torch.int8)
     assert RuntimeOptions().dp_reduce == "auto" and RuntimeOptions().grads_to == "every_rank"
 
 

@@ -92,7 +92,7 @@ WORKER = textwrap.dedent('''
         replica = mesh.get_local_rank(1)
         images = torch.randn(4, 3, generator=torch.Generator().manual_seed(10 + replica))
         runtime = EncoderRuntime(encoder, stage=stage, schedule=schedule, example=images[:2], groups=mesh,
-                                 options=RuntimeOptions(mode="coarse"))
+                                 options=RuntimeOptions(mode="coarse", dp_reduce="mean"))  # stages without FSDP2/DDP
         import gc
         gc.collect()
         gc.disable()  # as a trainer that collects by hand (torchtitan's gc_freq): what a step leaves in cycles stays

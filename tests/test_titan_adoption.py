@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from pybubble.integrations.torchtitan import EncoderPart, EncoderStandIn, TitanEncoder, check_precision
+from pybubble.integrations.torchtitan import EncoderPart, EncoderStandIn, TitanEncoder, compute_dtype
 
 
 class Whole(nn.Module):
@@ -86,15 +86,42 @@ def test_beside_dtensor_parameters_the_part_is_a_replicated_view_a_norm_counts_o
     assert torch.equal(encoder.weight.detach(), views["vision_encoder.weight"].to_local().detach())
 
 
-def test_a_mixed_precision_stage_is_refused(world_of_one):
+def test_the_encoder_follows_the_stages_mixed_precision(world_of_one):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("fsdp",))
-    stage = nn.Linear(4, 4)
-    fully_shard(stage, mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16))
-    with pytest.raises(ValueError, match="mixed precision: the LLM's FSDP2 policy computes in torch.bfloat16"):
-        check_precision([stage], nn.Linear(2, 2))
-    plain = nn.Linear(4, 4)
-    fully_shard(plain, mesh=mesh)
-    check_precision([plain], nn.Linear(2, 2))
+
+    def stage(dtype):
+        return fully_shard(nn.Linear(4, 4), mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=dtype))
+
+    assert compute_dtype([stage(torch.bfloat16)], nn.Linear(2, 2)) == torch.bfloat16
+    assert compute_dtype([stage(None)], nn.Linear(2, 2)) is None  # no cast: the parameters' own
+    assert compute_dtype([stage(torch.float32)], nn.Linear(2, 2)) is None  # the same as the encoder's
+    with pytest.raises(ValueError, match="mixed precision: the LLM's FSDP2 policies compute in"):
+        compute_dtype([stage(torch.bfloat16), stage(torch.float16)], nn.Linear(2, 2))
+
+
+def test_pieces_in_a_compute_dtype_repeat_the_module_cast_to_it():
+    """What FSDP2's mixed precision does to the LLM, the pieces do to the encoder: forward in the
+    compute dtype, gradients back in the parameters' (bit for bit the module cast to it)."""
+    import copy
+
+    from pybubble.runtime.segments import MicrobatchRun, split_into_pieces
+
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+    cast = copy.deepcopy(encoder).to(torch.bfloat16)
+    x = torch.randn(3, 8).to(torch.bfloat16)
+    pieces = split_into_pieces(encoder, (x,), torch.bfloat16)
+    run = MicrobatchRun(pieces, (x,))
+    for i in range(len(pieces)):
+        run.forward_piece(i)
+    want = cast(x)
+    assert run.output().dtype == torch.bfloat16 and torch.equal(run.output(), want)
+    run.output_grad = torch.ones_like(want)
+    for i in reversed(range(len(pieces))):
+        run.backward_piece(i)
+    want.float().sum().backward()
+    for mine, theirs in zip(encoder.parameters(), cast.parameters()):
+        assert mine.grad.dtype == torch.float32 and torch.equal(mine.grad, theirs.grad.float())

@@ -102,6 +102,11 @@ def inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> Inputs:
     return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
 
+def cast_inputs(x: Sequence[torch.Tensor], device: torch.device, dtype: torch.dtype | None = None) -> Inputs:
+    """Inputs on ``device``, the floating ones in ``dtype`` (None: their own)."""
+    return tuple(t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device) for t in x)
+
+
 class EncoderBatch:
     """Per LLM microbatch of a step, its encoder input: a tensor (or tuple of tensors) whose dim 0
     counts the microbatch's tiles (0: no images)."""
@@ -136,9 +141,9 @@ class EncoderBatch:
     def __len__(self) -> int:
         return len(self.inputs)
 
-    def to(self, device: torch.device) -> EncoderBatch:
-        """The batch on ``device``."""
-        return EncoderBatch([tuple(t.to(device) for t in x) for x in self.inputs], self.images)
+    def to(self, device: torch.device, dtype: torch.dtype | None = None) -> EncoderBatch:
+        """The batch on ``device`` (its floating tensors in ``dtype``, where given)."""
+        return EncoderBatch([cast_inputs(x, device, dtype) for x in self.inputs], self.images)
 
     def problem(self, example: Inputs, microbatches: int, layout: SlotLayout | None = None) -> str | None:
         """What is wrong with this batch for an encoder traced on ``example`` (one chunk) and a
@@ -180,4 +185,4 @@ class EncoderBatch:
         return tuple(out)
 
 
-__all__ = ["EncoderBatch", "Packing", "chunk_counts", "inputs_of", "packed_rows"]
+__all__ = ["EncoderBatch", "Packing", "cast_inputs", "chunk_counts", "inputs_of", "packed_rows"]

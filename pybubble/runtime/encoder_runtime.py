@@ -40,7 +40,7 @@ from ..placement.slots import SlotLayout, choose_layout
 from ..placement.step_placement import first_stage_rank, make_placement, predict_step_s
 from ..schedule.balance import deadline_gaps
 from . import torch_seams
-from .batch import EncoderBatch, Packing, chunk_counts, inputs_of
+from .batch import EncoderBatch, Packing, cast_inputs, chunk_counts, inputs_of
 from .cuda import side_stream
 from .data_parallel import observe_data_parallel
 from .encoder_step import EncoderStep
@@ -188,11 +188,11 @@ class EncoderRuntime:
 
     def _cut(self, encoder: nn.Module, example: torch.Tensor | Sequence[torch.Tensor]) -> None:
         """The encoder traced on ``example`` and cut before each kernel."""
-        self.example = tuple(t.to(self.device) for t in inputs_of(example))
+        self.example = cast_inputs(inputs_of(example), self.device, self.options.compute_dtype)
         """One chunk of encoder input: the pieces' fixed shape (its dim 0: the tiles of a chunk)."""
         self.chunk_tiles = int(self.example[0].shape[0])
         """Tiles of one chunk: the encoder's pieces run on this many at a time."""
-        self.kernels = self.pieces = split_into_pieces(encoder, self.example)
+        self.kernels = self.pieces = split_into_pieces(encoder, self.example, self.options.compute_dtype)
         """The encoder cut before each kernel; :attr:`pieces` merges them at the profile."""
         self.piece_s = check_piece_s(self.options.pieces.min_s, self.mode)
         self.output_shape, self.output_dtype = output_of(self.kernels, self.example)
@@ -346,7 +346,7 @@ class EncoderRuntime:
         problem = batch.problem(self.example, self.microbatches, self._layout)
         with clock.meeting(), record_function(names.region("sync")):
             agree_on_data(problem, self.world_group)
-        return batch.to(self.device)
+        return batch.to(self.device, self.options.compute_dtype)
 
     def _plan(self, chains: EncoderBatch) -> tuple[RankPlan, float]:
         """This step's placement for ``chains``' chunks and this rank's plan (the profiling step runs

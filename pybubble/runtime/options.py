@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ..config.checks import integer, one_of
@@ -88,6 +89,11 @@ class RuntimeOptions:
     and DDP do by default), ``sum`` (as torchtitan does: FSDP2's divide factor 1.0, the loss divided
     by the global token count) or ``auto``: as the stages' FSDP2 or DDP modules reduce the LLM's,
     refused where the runtime cannot tell (docs/runtime.md, "How the gradients are reduced")."""
+    compute_dtype: Any = None
+    """The dtype the encoder computes in, as FSDP2's mixed precision computes the LLM's: its
+    floating parameters cast to it for each piece (the parameters and their gradients stay in their
+    own dtype: the master weights) and its floating inputs cast to it (None: its parameters' dtype).
+    Give the trainer's ``param_dtype`` (torchtitan's ``training.mixed_precision_param``)."""
     grads_to: str = "every_rank"
     """Where the encoder's gradients land when a step returns: ``every_rank`` of the pipeline, or
     ``first_stage``: the rank of the LLM's first stage holds them, the others none until
@@ -98,6 +104,10 @@ class RuntimeOptions:
         one_of(self.mode, PLACEMENTS, "mode")
         one_of(self.dp_reduce, DP_REDUCTIONS, "dp_reduce")
         one_of(self.grads_to, GRADS_TO, "grads_to")
+        if self.compute_dtype is not None and not (isinstance(self.compute_dtype, torch.dtype)
+                                                   and self.compute_dtype.is_floating_point):
+            raise ValueError(f"compute_dtype: {self.compute_dtype!r} is not a floating torch.dtype (or None: the "
+                             "parameters' own)")
         if self.microbatches is not None:
             integer(self.microbatches, "microbatches", minimum=1)
         integer(self.keep, "keep", minimum=1)

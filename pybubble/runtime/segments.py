@@ -110,13 +110,14 @@ def _module_label(encoder: nn.Module, name: str) -> str:
     return f"encoder.{name} ({type(encoder.get_submodule(name)).__name__})"
 
 
-def trace_encoder(encoder: nn.Module, example: Sequence[torch.Tensor]) -> tuple[torch.fx.GraphModule, int]:
+def trace_encoder(encoder: nn.Module, example: Sequence[torch.Tensor], dtype: torch.dtype | None = None
+                  ) -> tuple[torch.fx.GraphModule, int]:
     """The aten graph of one forward of ``encoder`` on ``example``; its first placeholders are the
     parameters and buffers (in ``named_parameters()``, ``named_buffers()`` order). Returns the
     graph and the count of those placeholders. Raises ``ValueError`` naming the module that cannot
     be split (a trace error, e.g. control flow on a tensor's value; a random op; an in-place write to a
-    parameter, buffer or input)."""
-    params = dict(encoder.named_parameters())
+    parameter, buffer or input). ``dtype``: the floating parameters traced cast to it (mixed precision)."""
+    params = {n: in_dtype(p, dtype) for n, p in encoder.named_parameters()}
     buffers = dict(encoder.named_buffers())
     current: list[str] = [""]
 
@@ -189,7 +190,7 @@ def _live_in(body, inputs, part, count, result, fixed_nodes) -> list[list[torch.
     return live_in
 
 
-def _piece(encoder, gm, k, body, part, placeholders, fixed_nodes, live_in, outs, weights) -> Piece:
+def _piece(encoder, gm, k, body, part, placeholders, fixed_nodes, live_in, outs, weights, dtype=None) -> Piece:
     """Piece ``k``: its graph (its weights, then the values it takes, to the values it gives) and
     its name (the module its kernel comes from and the kernel)."""
     graph = torch.fx.Graph()
@@ -222,20 +223,29 @@ def _piece(encoder, gm, k, body, part, placeholders, fixed_nodes, live_in, outs,
             raise ValueError(f"{_module_label(encoder, _module_of(n))} cannot be split: a "
                              f"{type(n.meta['val']).__name__} crosses the cut after piece {k}")
     return Piece(f"{module or 'encoder'}:{op}", _piece_fn(torch.fx.GraphModule(gm, graph),
-                                                          [weights[i] for i in used_fixed]))
+                                                          [weights[i] for i in used_fixed], dtype))
 
 
-def split_into_pieces(encoder: nn.Module, example: torch.Tensor | Sequence[torch.Tensor]) -> list[Piece]:
+def in_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``t`` cast to ``dtype`` where it is floating and a dtype is given (an autograd cast: the
+    gradient comes back in ``t``'s dtype), else ``t``."""
+    return t.to(dtype) if dtype is not None and t.is_floating_point() and t.dtype != dtype else t
+
+
+def split_into_pieces(encoder: nn.Module, example: torch.Tensor | Sequence[torch.Tensor],
+                      dtype: torch.dtype | None = None) -> list[Piece]:
     """Cuts ``encoder`` (any ``nn.Module`` whose forward returns a tensor, or a tuple or
     ModelOutput whose first item is one) into kernel-level pieces by tracing one forward on
     ``example`` (one microbatch's inputs; the pieces only take inputs of these shapes). The
-    pieces run the module's own parameters: split after moving the encoder to its device."""
+    pieces run the module's own parameters: split after moving the encoder to its device. With
+    ``dtype``, they compute in it: the floating parameters cast to it at each call, as FSDP2's mixed
+    precision casts the LLM's (the parameters and their gradients stay in their own dtype)."""
     if not isinstance(encoder, nn.Module):
         raise ValueError(f"encoder: {type(encoder).__name__} is not an nn.Module")
     example = (example,) if isinstance(example, torch.Tensor) else tuple(example)
     if not example or not all(isinstance(t, torch.Tensor) for t in example):
         raise ValueError(f"example: {[type(t).__name__ for t in example]} is not a tensor or tuple of tensors")
-    gm, fixed = trace_encoder(encoder, example)
+    gm, fixed = trace_encoder(encoder, example, dtype)
     weights = [*encoder.parameters(), *encoder.buffers()]
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fixed_nodes = {n: i for i, n in enumerate(placeholders[:fixed])}
@@ -248,7 +258,7 @@ def split_into_pieces(encoder: nn.Module, example: torch.Tensor | Sequence[torch
         result = result[0]
     live_in = _live_in(body, inputs, part, count, result, fixed_nodes)
     return [_piece(encoder, gm, k, body, part, placeholders, fixed_nodes, live_in[k],
-                   [result] if k == count - 1 else live_in[k + 1], weights) for k in range(count)]
+                   [result] if k == count - 1 else live_in[k + 1], weights, dtype) for k in range(count)]
 
 
 def merge_pieces(pieces: Sequence[Piece], groups: Sequence[int]) -> list[Piece]:
@@ -274,9 +284,14 @@ def _chained(fns: Sequence[Callable[..., State]]) -> Callable[..., State]:
     return fn
 
 
-def _piece_fn(gm: torch.fx.GraphModule, weights: list[torch.Tensor]) -> Callable[..., State]:
-    def fn(*state: torch.Tensor) -> State:
-        return gm(*weights, *state)
+def _piece_fn(gm: torch.fx.GraphModule, weights: list[torch.Tensor], dtype: torch.dtype | None = None
+              ) -> Callable[..., State]:
+    if dtype is None:
+        def fn(*state: torch.Tensor) -> State:
+            return gm(*weights, *state)
+    else:
+        def fn(*state: torch.Tensor) -> State:
+            return gm(*(in_dtype(w, dtype) for w in weights), *state)
     return fn
 
 

@@ -59,8 +59,8 @@ SEAMS = {
     CUDA_SLEEP: "a spin kernel of a given length (the CUDA benchmark's and tests' stand-in collective)",
     FSDP_DIVIDE: "the divide factor FSDP2's public set_gradient_divide_factor sets (None: the mean), read to "
                  "reduce the encoder's gradients over dp as the LLM's are (options.dp_reduce 'auto')",
-    FSDP_POLICY: "the mixed-precision policy fully_shard was given, read to refuse an encoder that would compute "
-                 "in another dtype than the LLM (pybubble.integrations.torchtitan)",
+    FSDP_POLICY: "the mixed-precision policy fully_shard was given, read so that the encoder computes in the "
+                 "LLM's dtype (pybubble.integrations.torchtitan: RuntimeOptions.compute_dtype)",
     SCHEDULE_STAGES: "the stages a schedule was built over, for a trainer that keeps only the schedule "
                      "(torchtitan's pipeline_llm): EncoderRuntime(stage=None)",
 }

@@ -6,6 +6,6 @@ Importing this package does not import torchtitan."""
 
 from __future__ import annotations
 
-from .adoption import ENCODER, PIXELS, EncoderPart, EncoderStandIn, RuntimeSchedule, TitanEncoder, check_precision
+from .adoption import ENCODER, PIXELS, EncoderPart, EncoderStandIn, RuntimeSchedule, TitanEncoder, compute_dtype
 
-__all__ = ["ENCODER", "PIXELS", "EncoderPart", "EncoderStandIn", "RuntimeSchedule", "TitanEncoder", "check_precision"]
+__all__ = ["ENCODER", "PIXELS", "EncoderPart", "EncoderStandIn", "RuntimeSchedule", "TitanEncoder", "compute_dtype"]

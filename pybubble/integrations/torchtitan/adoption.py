@@ -18,8 +18,11 @@ torch only: torchtitan is not imported here (its ``Trainer`` subclass is
   encoder is part of stage 0; where the LLM's parameters are DTensors, the encoder's model part
   holds replicated DTensors on the LLM's mesh that share the encoder's storage. Just before the
   optimizer steps (its step pre-hook) the clipped gradients go to the pipeline's other ranks.
-- **The trainer's precision.** The encoder runs in its parameters' dtype; a stage whose FSDP2
-  mixed-precision policy casts the LLM's parameters to another dtype is refused.
+- **The trainer's precision.** Where the stages' FSDP2 mixed-precision policy computes the LLM in
+  another dtype than the encoder's parameters (torchtitan's ``mixed_precision_param``, bfloat16 by
+  default), the runtime computes the encoder in it too (``RuntimeOptions.compute_dtype``: its
+  parameters cast for each piece, its inputs cast; the parameters, their gradients and their
+  reduction stay float32, as FSDP2's ``reduce_dtype`` keeps the LLM's).
 """
 
 from __future__ import annotations
@@ -73,17 +76,19 @@ def llm_mesh(model_parts: Sequence[nn.Module]) -> Any:
     return next((p.device_mesh for part in model_parts for p in part.parameters() if isinstance(p, DTensor)), None)
 
 
-def check_precision(model_parts: Sequence[nn.Module], encoder: nn.Module) -> None:
-    """Refuses a stage whose FSDP2 mixed-precision policy computes in another dtype than the
-    encoder's parameters (the encoder would train in another precision than the LLM)."""
+def compute_dtype(model_parts: Sequence[nn.Module], encoder: nn.Module) -> torch.dtype | None:
+    """The dtype the stages' FSDP2 mixed-precision policy computes the LLM in, where it is not the
+    encoder's parameters' (the runtime then computes the encoder in it:
+    ``RuntimeOptions.compute_dtype``); None where no policy casts. ValueError where the stages'
+    policies cast to different dtypes (the encoder could follow only one)."""
+    casts = {torch_seams.fsdp_param_dtype(m) for part in model_parts for m in part.modules()
+             if isinstance(m, FSDPModule)} - {None}
+    if len(casts) > 1:
+        raise ValueError(f"mixed precision: the LLM's FSDP2 policies compute in {sorted(map(str, casts))}; the "
+                         "encoder can follow one")
     dtypes = {p.dtype for p in encoder.parameters()}
-    for part in model_parts:
-        for m in part.modules():
-            cast = torch_seams.fsdp_param_dtype(m) if isinstance(m, FSDPModule) else None
-            if cast is not None and {cast} != dtypes:
-                raise ValueError(f"mixed precision: the LLM's FSDP2 policy computes in {cast}, the encoder's "
-                                 f"parameters are {sorted(map(str, dtypes))}: pybubble runs the encoder in its "
-                                 "parameters' dtype; set training.mixed_precision_param to it")
+    cast = next(iter(casts), None)
+    return None if cast is None or {cast} == dtypes else cast
 
 
 class EncoderPart(nn.Module):
@@ -138,6 +143,8 @@ class TitanEncoder:
         self.encoder, self.name, self.pixels = encoder, name, pixels
         self.runtime: EncoderRuntime | None = None
         self.part: EncoderPart | None = None
+        self.compute_dtype: torch.dtype | None = None
+        """The dtype the LLM's mixed precision computes in, where the encoder follows it."""
         self.model_parts: list[nn.Module] = []
         self.parallel_dims: Any = None
 
@@ -157,7 +164,7 @@ class TitanEncoder:
         checked against the stages' precision, and its model part built (returned; the trainer
         adds it to its model parts, for its optimizer, LR schedule, clipping and checkpoint)."""
         self.model_parts, self.parallel_dims = list(model_parts), parallel_dims
-        check_precision(self.model_parts, self.encoder)
+        self.compute_dtype = compute_dtype(self.model_parts, self.encoder)
         with torch.no_grad():
             for t in [*self.encoder.parameters(), *self.encoder.buffers()]:
                 dist.broadcast(t.data, src=0)
@@ -179,7 +186,11 @@ class TitanEncoder:
         microbatch of encoder input), its gradients landing on the first stage's rank."""
         if self.part is None:
             raise RuntimeError("TitanEncoder.start: attach the encoder to the model parts first")
-        options = dataclasses.replace(options or RuntimeOptions(), grads_to="first_stage")
+        options = options or RuntimeOptions()
+        if options.compute_dtype not in (None, self.compute_dtype):
+            raise ValueError(f"compute_dtype: {options.compute_dtype}, but the LLM's mixed precision computes in "
+                             f"{self.compute_dtype}: the encoder follows the trainer's (leave it None)")
+        options = dataclasses.replace(options, grads_to="first_stage", compute_dtype=self.compute_dtype)
         device = next(self.encoder.parameters()).device
         self.runtime = EncoderRuntime(self.encoder, schedule=schedule, example=example, groups=self.parallel_dims,
                                       options=options, device=device)
@@ -230,5 +241,5 @@ class RuntimeSchedule:
         return getattr(self.schedule, name)
 
 
-__all__ = ["ENCODER", "PIXELS", "EncoderPart", "EncoderStandIn", "RuntimeSchedule", "TitanEncoder", "check_precision",
+__all__ = ["ENCODER", "PIXELS", "EncoderPart", "EncoderStandIn", "RuntimeSchedule", "TitanEncoder", "compute_dtype",
            "llm_mesh"]

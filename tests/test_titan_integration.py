@@ -120,3 +120,14 @@ def test_the_trainer_subclass_is_torchtitans_with_a_pybubble_config():
     assert seen == ["EncoderStandIn"] and isinstance(taken[0].encoder, torch.nn.Linear)
     with pytest.raises(ValueError, match="pipelining_fn: None"):
         splitting_after_taking(None, PybubbleConfig(), [])
+
+
+def test_the_encoder_follows_torchtitans_mixed_precision(tmp_path):
+    """torchtitan's default precision (bfloat16 compute, float32 parameters and reduction): the
+    runtime computes the encoder in bfloat16 as FSDP2 computes it inside stage 0."""
+    args = ("--pp", "2", "--optimizer", "sgd", "--max-norm", "0.05", "--precision", "bfloat16")
+    titan, titan_params = train(tmp_path, "titan", 2, *args, "--mode", "titan")
+    mine, params = train(tmp_path, "pybubble", 2, *args, "--mode", "pybubble")
+    diff, name = worst(titan_params, params)
+    assert diff <= 1e-6, f"{name}: {diff:.2e}"
+    assert all(p.dtype == torch.float32 for p in params.values())  # the master weights

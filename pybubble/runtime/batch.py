@@ -102,9 +102,11 @@ def inputs_of(x: torch.Tensor | Sequence[torch.Tensor]) -> Inputs:
     return (x,) if isinstance(x, torch.Tensor) else tuple(x)
 
 
-def cast_inputs(x: Sequence[torch.Tensor], device: torch.device, dtype: torch.dtype | None = None) -> Inputs:
-    """Inputs on ``device``, the floating ones in ``dtype`` (None: their own)."""
-    return tuple(t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device) for t in x)
+def cast_inputs(x: Sequence[torch.Tensor], device: torch.device | None, dtype: torch.dtype | None = None) -> Inputs:
+    """Inputs on ``device`` (None: where they are), the floating ones in ``dtype`` (None: their
+    own); what is not a tensor is left for the batch's checks to name."""
+    return tuple(t if not isinstance(t, torch.Tensor) else
+                 t.to(device, dtype) if dtype is not None and t.is_floating_point() else t.to(device) for t in x)
 
 
 class EncoderBatch:
@@ -141,8 +143,8 @@ class EncoderBatch:
     def __len__(self) -> int:
         return len(self.inputs)
 
-    def to(self, device: torch.device, dtype: torch.dtype | None = None) -> EncoderBatch:
-        """The batch on ``device`` (its floating tensors in ``dtype``, where given)."""
+    def to(self, device: torch.device | None, dtype: torch.dtype | None = None) -> EncoderBatch:
+        """The batch on ``device`` (None: where it is; its floating tensors in ``dtype``, where given)."""
         return EncoderBatch([cast_inputs(x, device, dtype) for x in self.inputs], self.images)
 
     def problem(self, example: Inputs, microbatches: int, layout: SlotLayout | None = None) -> str | None:

@@ -342,11 +342,11 @@ class EncoderRuntime:
                ) -> EncoderBatch:
         """The step's batch, once every rank found its own fit to run (every rank refuses a step any
         rank refused, before anything of it runs)."""
-        batch = EncoderBatch.of(encoder_input, self.microbatches)
+        batch = EncoderBatch.of(encoder_input, self.microbatches).to(None, self.options.compute_dtype)
         problem = batch.problem(self.example, self.microbatches, self._layout)
         with clock.meeting(), record_function(names.region("sync")):
             agree_on_data(problem, self.world_group)
-        return batch.to(self.device, self.options.compute_dtype)
+        return batch.to(self.device)
 
     def _plan(self, chains: EncoderBatch) -> tuple[RankPlan, float]:
         """This step's placement for ``chains``' chunks and this rank's plan (the profiling step runs

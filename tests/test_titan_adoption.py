@@ -19,11 +19,12 @@ class Whole(nn.Module):
         self.tok_embeddings = nn.Embedding(10, 8)
 
 
-def test_importing_the_integration_does_not_import_torchtitan():
+def test_importing_the_integration_does_not_import_torchtitan(tmp_path):
     import subprocess
 
     out = subprocess.run([sys.executable, "-c", "import sys, pybubble.integrations.torchtitan; "
-                          "print('torchtitan' in sys.modules)"], capture_output=True, text=True, check=True)
+                          "print('torchtitan' in sys.modules)"], capture_output=True, text=True, check=True,
+                         cwd=tmp_path)  # the installed package, not a checkout's pybubble/ folder
     assert out.stdout.strip() == "False"
 
 

@@ -1,11 +1,7 @@
 """Native-resolution images as patches: pybubble's processor rules against HF transformers' own
-(``smart_resize`` of Qwen2-VL, read from the installed transformers' source: its image processor
-module imports torchvision, which the function does not need), and data lines in pixels."""
+(``smart_resize`` of Qwen2-VL's image processor), and data lines in pixels."""
 
-import ast
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -15,16 +11,15 @@ from pybubble.data.pixels import MAX_ASPECT, PROCESSORS, VisionProcessor, patche
 
 
 def hf_smart_resize():
-    """transformers' ``smart_resize`` (Qwen2-VL's image processor), compiled from its source."""
-    spec = importlib.util.find_spec("transformers")
-    if spec is None:
-        pytest.skip("transformers is not installed")
-    path = Path(spec.origin).parent / "models" / "qwen2_vl" / "image_processing_qwen2_vl.py"
-    tree = ast.parse(path.read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "smart_resize")
-    scope = {"math": math}
-    exec(compile(ast.Module([fn], []), str(path), "exec"), scope)
-    return scope["smart_resize"]
+    """transformers' ``smart_resize`` (Qwen2-VL's image processor)."""
+    from pybubble.testing.mllm.model import import_vision_libraries
+
+    import_vision_libraries()
+    try:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
+    except ImportError as e:
+        pytest.skip(f"transformers without Qwen2-VL's image processor: {e}")
+    return smart_resize
 
 
 SIDES = st.integers(min_value=1, max_value=20000)

@@ -22,9 +22,10 @@ SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"}
          "llm_plan": {"dp": 2, "pp": 4, "tp": 2}}
 
 
-def load(fwd, bwd, paths=(0.0, 0.0, 0.0, 0.0)):
+def load(fwd, bwd, paths=(0.0, 0.0, 0.0, 0.0), stages=((1.0,), (1.0,))):
     return EncoderLoad(forward=np.array(fwd, float), backward=np.array(bwd, float), forward_path=paths[0],
-                       backward_path=paths[1], forward_compute=paths[2], backward_compute=paths[3])
+                       backward_path=paths[1], forward_compute=paths[2], backward_compute=paths[3],
+                       stage_forward=stages[0], stage_backward=stages[1])
 
 
 def test_terms_by_hand_on_a_two_stage_pipeline():
@@ -52,6 +53,29 @@ def test_terms_by_hand_on_a_two_stage_pipeline():
     assert step_bound(tl, load([8, 8], [0, 0]), gpus_per_rank=1, prefetch=1).front == 0.0
     assert step_bound(tl, load([8, 8], [0, 0]), gpus_per_rank=1, prefetch=0).front == 4.0
     assert step_bound(tl, load([30, 30], [0, 0]), gpus_per_rank=1, prefetch=1).front == (30 - 10) / 2
+
+
+def test_each_encoder_stage_counts_on_its_own_ranks():
+    # the pipeline above; an encoder of two stages, one per rank: its forward all on stage 0 (rank 0,
+    # idle only from 20), its backward all on stage 1 (rank 1, idle [0, 10] and [70, 90])
+    tl = simulate_pipeline("1f1b", ranks=2, microbatches=2, fwd=10, bwd=20)
+    b = step_bound(tl, load([8, 8], [16, 16], stages=((1.0, 0.0), (0.0, 1.0))), gpus_per_rank=1)
+    # front: both forwards (16) on rank 0 before 10, where it has no free time -> 16 (the fluid over
+    # both ranks: 3); back: the last backward (16) after 90 -> 16, both (32) after 60 on rank 1's 20 -> 12
+    assert (b.front, b.back, b.work) == (16.0, 16.0, 2.0) and b.step_time == 90 + 32
+    # one stage over both ranks is the fluid of the first test
+    assert step_bound(tl, load([8, 8], [16, 16]), gpus_per_rank=1).step_time == 102.0
+    with pytest.raises(ValueError, match="load: 3 encoder stages do not split the 2 ranks"):
+        step_bound(tl, load([8], [8], stages=((0.5, 0.25, 0.25), (0.5, 0.25, 0.25))), gpus_per_rank=1)
+
+
+def test_stage_shares_follow_the_plan():
+    step = LLMStep.of(load_config(SMALL))
+    for plan in planner.encoder_plans(step.config):
+        one = encoder_load(planner.encoder_work(step, plan), microbatches=8)
+        assert len(one.stage_forward) == len(one.stage_backward) == plan.pp_enc
+        assert sum(one.stage_forward) == pytest.approx(1.0) and sum(one.stage_backward) == pytest.approx(1.0)
+        assert min(one.stage_forward) > 0  # every stage holds layers
 
 
 def test_varying_loads_take_the_lightest_first_and_last():

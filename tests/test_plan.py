@@ -249,6 +249,12 @@ def never_behind(report) -> None:
     # plan in the bubbles is never behind it (the search keeps the better)
     optimus = report.search.optimus
     assert optimus is None or (report.baselines["optimus"].fits and report.best.step_time <= optimus.step_time)
+    # the lower bound (each encoder stage on its own ranks) is never above a schedule the search found
+    found = report.search
+    assert all(p.bound.step_time <= p.best.step_time * (1 + 1e-12) for p in found.plans if p.best is not None)
+    assert all(w.bound.step_time <= w.best.step_time * (1 + 1e-12) for w in found.warmups
+               if w.best is not None and w.bound is not None)
+    assert report.lower_bound is None or report.lower_bound <= report.best.step_time * (1 + 1e-12)
     adopted = report.in_pipeline
     if adopted is None:
         assert report.step_time == report.best.step_time

@@ -1,9 +1,12 @@
 """A lower bound on the step of every schedule of an encoder plan in an LLM step's bubbles: how close
 any schedule can come to the LLM alone, counting the dependencies on the LLM.
 
-The bound relaxes the schedule to a fluid: the encoder's compute may split over every GPU of the
-LLM replica and run in any compute-free window of its rank, kernel boundaries and the plan's
-placement of layers ignored. What it keeps:
+The bound relaxes the schedule to a fluid: the encoder's compute may split over the GPUs of the
+LLM ranks that hold its encoder stage and run in any compute-free window there, kernel boundaries
+ignored. What it keeps, for each encoder stage on its ranks (every rank when the encoder has one
+stage: an encoder stage ``e`` of ``pp_enc`` lives on the ``pp_llm / pp_enc`` LLM ranks from
+``e · pp_llm / pp_enc``, whatever pipeline or piece of a microbatch it runs; the step grows by the
+most any stage needs):
 
 - **the forward before the LLM needs it**: the encoder microbatches that feed the LLM microbatches
   needed first (by ``forward_needed``) finish their forward by then, so the least forward work of
@@ -57,6 +60,10 @@ class EncoderLoad:
     compute-free time of one rank that any piece needs."""
     backward_compute: float
     """Likewise for one image's backward."""
+    stage_forward: tuple[float, ...] = (1.0,)
+    """Each encoder stage's share of a microbatch's forward compute (they sum to 1)."""
+    stage_backward: tuple[float, ...] = (1.0,)
+    """Each encoder stage's share of its backward compute."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -118,8 +125,15 @@ def encoder_load(work: EncoderWork, scale: np.ndarray | None = None, microbatche
     one = work.microbatch_tasks(0, [min(1, n) for n in work.images])
     lightest = float(s.min()) if len(s) else 0.0
     paths = [p * lightest for p in _longest_paths(one)]
+    lanes = [work.plan.lane(0, e) for e in range(work.plan.pp_enc)]  # pipeline 0's lane of each stage
+    shares = []
+    for ph in (0, 1):
+        keep = compute & (t.phase == ph)
+        per_lane = np.bincount(t.lane[keep], weights=t.duration[keep], minlength=max(lanes) + 1)[lanes]
+        shares.append(tuple((per_lane / per_lane.sum()).tolist()) if per_lane.sum() > 0 else (1.0,) * len(lanes))
     return EncoderLoad(forward=fwd * s, backward=bwd * s, forward_path=paths[0], backward_path=paths[1],
-                       forward_compute=paths[2], backward_compute=paths[3])
+                       forward_compute=paths[2], backward_compute=paths[3], stage_forward=shares[0],
+                       stage_backward=shares[1])
 
 
 def step_bound(timeline: Timeline, load: EncoderLoad, gpus_per_rank: int, prefetch: int = 0) -> StepBound:
@@ -128,28 +142,47 @@ def step_bound(timeline: Timeline, load: EncoderLoad, gpus_per_rank: int, prefet
     frozen encoder's, :func:`~pybubble.problem.problem.prefetched_needs`): they are needed by the
     horizon only."""
     g = positive_int(gpus_per_rank, "gpus_per_rank")
-    gpus = g * timeline.ranks
     free = timeline.compute_free
     horizon = timeline.step_time
     per_rank = free.free_time()
     fwd, bwd = np.sort(load.forward), np.sort(load.backward)
-    front = back = 0.0
     forward_needed, grad_ready = prefetched_needs(timeline, prefetch)
+    need = np.sort(forward_needed)
+    ready = np.sort(grad_ready)[::-1]  # latest first: the k latest need the k lightest
+    before = free.free_before(need)  # ranks x deadlines
+    after = per_rank[:, None] - free.free_before(ready)  # ranks x ready times: free time after each
+    stages = len(load.stage_forward)
+    if timeline.ranks % stages or len(load.stage_backward) != stages:
+        raise ValueError(f"load: {stages} encoder stages do not split the {timeline.ranks} ranks")
+    r = timeline.ranks // stages
+    front = back = work = 0.0
+    for e in range(stages):  # each stage's work on its ranks' GPUs
+        ranks = slice(e * r, (e + 1) * r)
+        f, b, w = _fluid(fwd * load.stage_forward[e], bwd * load.stage_backward[e], before[ranks], after[ranks],
+                         float(per_rank[ranks].sum()), g)
+        front, back, work = max(front, f), max(back, b), max(work, w)
     if len(fwd):
-        need = np.sort(forward_needed)
-        before = free.free_before(need)  # ranks x deadlines
-        front = max(0.0, float(((np.cumsum(fwd) - g * before.sum(axis=0)) / gpus).max()))
         first = float(need[0])
         front = max(front, load.forward_path - first, load.forward_compute - float(before[:, 0].max(initial=0.0)))
     if len(bwd) and bwd[-1] > 0:
-        ready = np.sort(grad_ready)[::-1]  # latest first: the k latest need the k lightest
-        after = per_rank[:, None] - free.free_before(ready)  # ranks x ready times: free time after each
-        back = max(0.0, float(((np.cumsum(bwd) - g * after.sum(axis=0)) / gpus).max()))
         last = float(ready[0])
         back = max(back, load.backward_path - (horizon - last), load.backward_compute - float(after[:, 0].max(initial=0.0)))
-    work = max(0.0, (float(fwd.sum() + bwd.sum()) - g * float(per_rank.sum())) / gpus)
     grow = max(front + back, work)
     return StepBound(step_time=horizon + grow, horizon=horizon, front=front, back=back, work=work)
+
+
+def _fluid(fwd: np.ndarray, bwd: np.ndarray, before: np.ndarray, after: np.ndarray, free: float,
+           g: int) -> tuple[float, float, float]:
+    """The least growth before 0, after the horizon and in all of the fluid `fwd`, `bwd` (sorted
+    per-microbatch GPU time) on ranks with `before` (ranks x sorted forward_needed) and `after` (ranks
+    x grad_ready, latest first) free time and `free` in all, `g` GPUs each."""
+    gpus = g * len(before)
+    front = back = 0.0
+    if len(fwd):
+        front = max(0.0, float(((np.cumsum(fwd) - g * before.sum(axis=0)) / gpus).max()))
+    if len(bwd) and bwd[-1] > 0:
+        back = max(0.0, float(((np.cumsum(bwd) - g * after.sum(axis=0)) / gpus).max()))
+    return front, back, max(0.0, (float(fwd.sum() + bwd.sum()) - g * free) / gpus)
 
 
 __all__ = ["EncoderLoad", "StepBound", "encoder_load", "step_bound"]

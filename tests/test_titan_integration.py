@@ -44,6 +44,7 @@ LAYOUTS = {
     "pp2_dp_shard2": (4, ("--pp", "2", "--dp-shard", "2")),
     "pp2_dp_replicate2": (4, ("--pp", "2", "--dp-replicate", "2")),
     "pp2_interleaved": (2, ("--pp", "2", "--schedule", "interleaved_1f1b")),
+    "pp2_zbv": (2, ("--pp", "2", "--schedule", "zbv")),  # V-shaped: the first and last stages on rank 0
 }
 """The layouts the must-shows name: (processes, arguments)."""
 

@@ -21,6 +21,7 @@ def towers():
     import_vision_libraries()
     try:
         from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+        import transformers.vision_utils  # noqa: F401  (the layout's precomputed tensors)
     except ImportError as e:
         pytest.skip(f"transformers without Qwen2.5-VL: {e}")
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig

@@ -92,16 +92,14 @@ def pixel_sample(doc: dict[str, Any], where: str, processor: VisionProcessor) ->
     ``{"images": [[h, w], ...], "videos": [[frames, h, w], ...], "text": N}`` (each key optional);
     ValueError naming ``where`` and the field."""
     grids = []
-    for i, size in enumerate(array(doc.get("images", []), f"{where}: images")):
-        size = array(size, f"{where}: images[{i}]")
-        if len(size) != 2:
-            raise ValueError(f"{where}: images[{i}]: {size!r} is not [height, width] in pixels")
-        grids.append(processor.grid(size[0], size[1], 1, f"{where}: images[{i}]"))
-    for i, size in enumerate(array(doc.get("videos", []), f"{where}: videos")):
-        size = array(size, f"{where}: videos[{i}]")
-        if len(size) != 3:
-            raise ValueError(f"{where}: videos[{i}]: {size!r} is not [frames, height, width]")
-        grids.append(processor.grid(size[1], size[2], size[0], f"{where}: videos[{i}]"))
+    for key, fields in (("images", ("height", "width")), ("videos", ("frames", "height", "width"))):
+        for i, size in enumerate(array(doc.get(key, []), f"{where}: {key}")):
+            at = f"{where}: {key}[{i}]"
+            size = array(size, at)
+            if len(size) != len(fields):
+                raise ValueError(f"{at}: {size!r} is not [{', '.join(fields)}] (sizes in pixels)")
+            *frames, height, width = size
+            grids.append(processor.grid(height, width, *frames, where=at))
     return grids, integer(doc.get("text", 0), f"{where}: text", minimum=0)
 
 

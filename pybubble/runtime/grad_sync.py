@@ -65,13 +65,26 @@ def gradient_route(options: Any, stages: Sequence[Any], replicas: int, first_sta
     return how, to
 
 
+def flat_grads(params: Sequence[nn.Parameter]) -> torch.Tensor:
+    """The gradients of ``params`` as one flat tensor (zeros where a parameter has none)."""
+    return torch.cat([p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1) for p in params])
+
+
+def set_grads(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
+    """Each of ``params`` given its slice of ``flat`` (as :func:`flat_grads` lays them out) as gradient."""
+    offset = 0
+    for p in params:
+        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
+        offset += p.numel()
+
+
 def sync_grads(module: nn.Module, group: dist.ProcessGroup | None, dp_group: dist.ProcessGroup | None = None,
                *, mean: bool = True, to: int | None = None) -> None:
     """Sums ``module``'s gradients over the ranks of ``group`` (one flat all-reduce, or a reduce to
     global rank ``to`` after which the other ranks hold none; None: no sum), then reduces them over
     ``dp_group`` (the data-parallel replicas: their mean with ``mean``, else their sum)."""
     params = list(module.parameters())
-    flat = torch.cat([p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1) for p in params])
+    flat = flat_grads(params)
     if group is not None:
         if to is None:
             dist.all_reduce(flat, group=group)
@@ -85,10 +98,7 @@ def sync_grads(module: nn.Module, group: dist.ProcessGroup | None, dp_group: dis
         dist.all_reduce(flat, group=dp_group)
         if mean:
             flat /= dist.get_world_size(dp_group)
-    offset = 0
-    for p in params:
-        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
+    set_grads(params, flat)
 
 
 def share_grads(module: nn.Module, group: dist.ProcessGroup | None, src: int) -> None:
@@ -96,15 +106,10 @@ def share_grads(module: nn.Module, group: dist.ProcessGroup | None, src: int) ->
     if group is None:
         return
     params = list(module.parameters())
-    here = dist.get_rank() == src
-    flat = (torch.cat([p.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1) for p in params]) if here
-            else torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device))
+    flat = flat_grads(params)
     dist.broadcast(flat, src=src, group=group)
-    if not here:
-        offset = 0
-        for p in params:
-            p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
-            offset += p.numel()
+    if dist.get_rank() != src:
+        set_grads(params, flat)
 
 
 def sync_step_grads(encoder: nn.Module, plan: RankPlan, rank: int, ranks: int, pp_group: dist.ProcessGroup | None,
@@ -129,4 +134,5 @@ def timed_grad_sync(encoder: nn.Module, plan: RankPlan, rank: int, ranks: int, p
     return now() - t if sync_step_grads(encoder, plan, rank, ranks, pp_group, dp_group, mean=mean, to=to) else None
 
 
-__all__ = ["dp_reduction", "gradient_route", "share_grads", "sync_grads", "sync_step_grads", "timed_grad_sync"]
+__all__ = ["dp_reduction", "flat_grads", "gradient_route", "set_grads", "share_grads", "sync_grads", "sync_step_grads",
+           "timed_grad_sync"]

@@ -100,23 +100,23 @@ class EncoderPart(nn.Module):
 
     def __init__(self, encoder: nn.Module, name: str, mesh: Any = None):
         super().__init__()
+        self.mesh = mesh
         self.pairs: list[tuple[nn.Parameter, nn.Parameter]] = []
+        """Each encoder parameter and its replicated view (with a mesh)."""
         if mesh is None:
             self.add_module(name, encoder)
-            self.pairs = [(p, p) for p in encoder.parameters()]
             return
+        self.placements = [Replicate()] * mesh.ndim
         mirror = copy.deepcopy(encoder).requires_grad_(False)
-        placements = [Replicate()] * mesh.ndim
-        for (path, original), (_, copied) in zip(encoder.named_modules(), mirror.named_modules()):
+        for original, copied in zip(encoder.modules(), mirror.modules()):
             for key, param in original.named_parameters(recurse=False):
                 with torch.no_grad():
-                    view = nn.Parameter(DTensor.from_local(param.detach(), mesh, placements, run_check=False))
+                    view = nn.Parameter(DTensor.from_local(param.detach(), mesh, self.placements, run_check=False))
                 setattr(copied, key, view)
                 self.pairs.append((param, view))
             for key, buffer in original.named_buffers(recurse=False):
                 copied._buffers[key] = buffer  # the same tensors: a checkpoint saves the encoder's own
         self.add_module(name, mirror)
-        self.mesh = mesh
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Not called: the part only holds parameters."""
@@ -124,12 +124,11 @@ class EncoderPart(nn.Module):
 
     def expose_grads(self) -> None:
         """The part's gradients: the encoder's (replicated DTensors sharing their storage where
-        the part has a mesh; None where the encoder has none on this rank)."""
+        the part has a mesh, else the encoder's own already; None where the encoder has none on
+        this rank)."""
         for param, view in self.pairs:
-            if view is param:
-                continue
             view.grad = (None if param.grad is None else
-                         DTensor.from_local(param.grad, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False))
+                         DTensor.from_local(param.grad, self.mesh, self.placements, run_check=False))
 
 
 class TitanEncoder:

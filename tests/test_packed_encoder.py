@@ -1,7 +1,7 @@
 """Groundwork of native-resolution encoders: transformers' own Qwen2.5-VL vision tower, cut into
 kernel-level pieces once on one layout of a chunk's images, repeats transformers' forward and
 gradients on other layouts of the same chunk (other image sizes, a video, padding), its layout
-coming in as tensors (pybubble.testing.mllm.packed)."""
+coming in as tensors (pybubble.testing.mllm.qwen_vision)."""
 
 import pytest
 import torch
@@ -40,7 +40,7 @@ def towers():
 
 def test_one_trace_serves_every_layout_of_the_chunk(towers):
     from pybubble.runtime.segments import MicrobatchRun, split_into_pieces
-    from pybubble.testing.mllm.packed import PackedQwenVision, packed_layout, padded_grids
+    from pybubble.testing.mllm.qwen_vision import PackedQwenVision, packed_layout, padded_grids
 
     tower, reference = towers
     encoder = PackedQwenVision(tower, PATCHES)
@@ -70,7 +70,7 @@ def test_one_trace_serves_every_layout_of_the_chunk(towers):
 
 
 def test_padding_and_boundaries_that_do_not_fit_are_refused(towers):
-    from pybubble.testing.mllm.packed import packed_layout, padded_grids
+    from pybubble.testing.mllm.qwen_vision import packed_layout, padded_grids
 
     with pytest.raises(ValueError, match="grids: 144 patches for a chunk of 128"):
         padded_grids([[1, 12, 12]], PATCHES)

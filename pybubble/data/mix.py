@@ -88,3 +88,71 @@ class MixSpec:
 def mix(count: int, *, seed: int = 0, spec: MixSpec | None = None) -> Samples:
     """`count` samples of an open VLM's training mix (:class:`MixSpec`), reproducible from `seed`."""
     return (spec or MixSpec()).draw(count, np.random.default_rng(integer(seed, "seed", minimum=0)))
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class NativeMixSpec:
+    """The open-VLM mix at native resolution: the sample kinds, images per multi-image sample and
+    text of :attr:`base` (a :class:`MixSpec`), each image a size in pixels drawn from :attr:`sizes`,
+    each video :attr:`video_frames` frames of :attr:`video_size`; the processor's rules
+    (:class:`~pybubble.data.pixels.VisionProcessor`) give each its grid and tokens. The sizes and
+    where they come from: docs/dynamic.md (illustrative)."""
+
+    base: MixSpec = MixSpec()
+    """The shares of text-only, single-image, multi-image and video samples, and the text."""
+    sizes: tuple[tuple[int, int, float], ...] = ((224, 224, 0.10), (336, 336, 0.10), (480, 640, 0.30),
+                                                 (720, 1280, 0.20), (1024, 768, 0.15), (1600, 600, 0.10),
+                                                 (56, 56, 0.05))
+    """(height, width, probability) of an image, probabilities summing to 1."""
+    video_frames: tuple[int, int] = (8, 16)
+    """Frames of a video: uniform in this closed range."""
+    video_size: tuple[int, int] = (224, 336)
+    """(height, width) of a video's frames."""
+    scale: float = 1.0
+    """Every side times this (a smaller run of the same shapes), at least 1 pixel."""
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            raise ValueError("sizes: empty")
+        for i, (h, w, p) in enumerate(self.sizes):
+            positive_int(h, f"sizes[{i}].height")
+            positive_int(w, f"sizes[{i}].width")
+            finite(p, f"sizes[{i}].probability", minimum=0.0)
+        total = sum(p for _, _, p in self.sizes)
+        if abs(total - 1.0) > 1e-9:
+            raise ValueError(f"sizes: probabilities sum to {total!r}, not 1")
+        lo, hi = self.video_frames
+        integer(lo, "video_frames[0]", minimum=1)
+        integer(hi, "video_frames[1]", minimum=lo)
+        positive_int(self.video_size[0], "video_size[0]")
+        positive_int(self.video_size[1], "video_size[1]")
+        finite(self.scale, "scale", minimum=1e-9)
+
+    def draw(self, count: int, rng: np.random.Generator, processor) -> Samples:
+        """`count` samples from the mix, their images' grids and tokens by `processor`'s rules."""
+        b = self.base
+        n = integer(count, "count", minimum=0)
+        kind = rng.choice(4, size=n, p=[b.text_only, b.single_image, b.multi_image, b.video])
+        images = np.where(kind == 0, 0, 1).astype(np.int64)
+        multi = kind == 2
+        images[multi] = rng.integers(b.multi_images[0], b.multi_images[1] + 1, int(multi.sum()))
+        probs = np.array([p for _, _, p in self.sizes])
+        drawn = rng.choice(len(self.sizes), size=int(images.sum()), p=probs / probs.sum())
+        frames = rng.integers(self.video_frames[0], self.video_frames[1] + 1, int(images.sum()))
+        grids = []
+        for image_kind, size, f in zip(np.repeat(kind, images), drawn, frames):
+            h, w = self.video_size if image_kind == 3 else self.sizes[size][:2]
+            side = [max(1, round(x * self.scale)) for x in (h, w)]
+            grids.append(processor.grid(*side, frames=int(f) if image_kind == 3 else 1))
+        text = np.clip(np.rint(rng.lognormal(np.log(b.text_median), b.text_sigma, n)), 1, b.text_max)
+        return Samples(tiles=np.array([processor.tokens(g) for g in grids], np.int64), images=images,
+                       text=text.astype(np.int64), grids=np.array(grids, np.int64).reshape(-1, 3))
+
+
+def native_mix(count: int, *, seed: int = 0, spec: NativeMixSpec | None = None, processor=None) -> Samples:
+    """`count` samples of the open-VLM mix at native resolution (:class:`NativeMixSpec`; `processor`
+    default Qwen2.5-VL's), reproducible from `seed`."""
+    from .pixels import PROCESSORS
+
+    return (spec or NativeMixSpec()).draw(count, np.random.default_rng(integer(seed, "seed", minimum=0)),
+                                          processor if processor is not None else PROCESSORS["qwen2_5_vl"])

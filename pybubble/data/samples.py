@@ -30,11 +30,19 @@ class Samples:
     """Images of each sample (int64, >= 0; 0 for a text-only sample)."""
     text: np.ndarray
     """Text tokens of each sample (int64, >= 0)."""
+    grids: np.ndarray | None = None
+    """Native-resolution images (:mod:`pybubble.data.pixels`): each image's grid of patches
+    ``(temporal patches, rows, columns)`` (int64, images x 3), and its ``tiles`` are its LLM tokens
+    (its patches over the merger's square); None: tiles of a fixed shape."""
 
     def __post_init__(self) -> None:
         self.tiles = _counts(self.tiles, "tiles", 1)
         self.images = _counts(self.images, "images", 0)
         self.text = _counts(self.text, "text", 0)
+        if self.grids is not None:
+            self.grids = np.asarray(self.grids, np.int64).reshape(-1, 3)
+            if self.grids.shape[0] != self.tiles.size or (self.grids < 1).any():
+                raise ValueError(f"grids: {self.grids.shape[0]} grids of positive sides for {self.tiles.size} images")
         if self.text.shape != self.images.shape:
             raise ValueError(f"text: {self.text.size} entries for {self.images.size} samples")
         if int(self.images.sum()) != self.tiles.size:
@@ -63,8 +71,10 @@ class Samples:
         return np.bincount(self.image_sample, weights=self.tiles, minlength=len(self)).astype(np.int64)
 
     def tokens(self, tokens_per_tile: int = TOKENS_PER_TILE) -> np.ndarray:
-        """LLM tokens of each sample: its text plus `tokens_per_tile` per tile (int64)."""
-        return self.text + self.sample_tiles * integer(tokens_per_tile, "tokens_per_tile", minimum=1)
+        """LLM tokens of each sample: its text plus `tokens_per_tile` per tile (int64; with
+        :attr:`grids`, a tile is one token whatever `tokens_per_tile`)."""
+        per = 1 if self.grids is not None else integer(tokens_per_tile, "tokens_per_tile", minimum=1)
+        return self.text + self.sample_tiles * per
 
     def take(self, index: np.ndarray) -> "Samples":
         """The samples at `index` (in that order, repeats allowed)."""
@@ -75,7 +85,8 @@ class Samples:
         count = self.images[idx]
         first = np.concatenate(([0], np.cumsum(count)))[:-1]
         flat = np.repeat(start - first, count) + np.arange(int(count.sum()), dtype=np.int64)
-        return Samples(tiles=self.tiles[flat], images=count, text=self.text[idx])
+        return Samples(tiles=self.tiles[flat], images=count, text=self.text[idx],
+                       grids=None if self.grids is None else self.grids[flat])
 
     def draw(self, count: int, rng: np.random.Generator) -> "Samples":
         """`count` samples drawn with replacement: a user's data file replayed as a distribution."""
@@ -86,7 +97,7 @@ class Samples:
     def to_batch(self, tokens_per_tile: int = TOKENS_PER_TILE) -> Batch:
         """The samples as a :class:`Batch`: each image's encoder tokens (its tiles times
         `tokens_per_tile`) and each sample's LLM tokens."""
-        per_image = self.tiles * integer(tokens_per_tile, "tokens_per_tile", minimum=1)
+        per_image = self.tiles * (1 if self.grids is not None else integer(tokens_per_tile, "tokens_per_tile", minimum=1))
         return Batch(image_tokens=np.split(per_image, np.cumsum(self.images)[:-1]), llm_tokens=self.tokens(tokens_per_tile))
 
     def pack(self, microbatches: int, sequence_length: int | None,

@@ -12,11 +12,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ...data.mix import MixSpec, mix
+from ...data.mix import MixSpec, NativeMixSpec, mix, native_mix
 from ...data.samples import Samples
 from ...runtime import EncoderBatch, EncoderRuntime
+from ...runtime.packed import PackedMicrobatch, packed_batch
 from .job import data_samples
-from .model import ModelConfig, encoder_tokens, image_side
+from .model import PACKED_KINDS, PATCH_VALUES, ModelConfig, encoder_tokens, image_side
 
 
 def make_batch(cfg: ModelConfig, step: int, kind: str = "vit") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -37,25 +38,36 @@ def example_mix(cfg: ModelConfig) -> MixSpec:
     return MixSpec(text_median=cfg.text_len / 2, text_max=cfg.text_len)
 
 
+NATIVE_SCALE = 0.25
+"""The native mix's image sides at the test trainer's sizes: a quarter of the mix's (docs/dynamic.md)."""
+
+
 def step_samples(args: Any, cfg: ModelConfig, step: int) -> Samples:
-    """The whole step's samples (every rank takes the same): the mix's (from the seed), or the data
-    file's in its order, from its start again when they run out (shuffle the file to replay a
-    distribution)."""
+    """The whole step's samples (every rank takes the same): the mix's (from the seed; the native
+    mix, its sides times :data:`NATIVE_SCALE`, for a native-resolution encoder), or the data file's in
+    its order, from its start again when they run out (shuffle the file to replay a distribution)."""
     n = cfg.microbatches * cfg.microbatch_size
+    if args.data == "mix" and args.encoder in PACKED_KINDS:
+        return native_mix(n, seed=cfg.seed * 100003 + step,
+                          spec=NativeMixSpec(base=example_mix(cfg), scale=NATIVE_SCALE))
     if args.data == "mix":
         return mix(n, seed=cfg.seed * 100003 + step, spec=example_mix(cfg))
     samples = data_samples(args)
     return samples.take((step * n + np.arange(n)) % len(samples))
 
 
-def sample_row(cfg: ModelConfig, kind: str, step: int, i: int, tiles: int, text: int
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample_row(cfg: ModelConfig, kind: str, step: int, i: int, tiles: int, text: int, grids: Any = None
+               ) -> tuple[Any, torch.Tensor, torch.Tensor]:
     """Sample ``i`` of step ``step`` (its own seed, whatever its place in the batch): its tiles'
-    pixels, its row of ``seq_len`` token ids (image positions and padding 0) and its targets (the
-    next text token at each text position, -100 elsewhere)."""
+    pixels (a native-resolution encoder: each of its images' patches, by their ``grids``), its row of
+    ``seq_len`` token ids (image positions and padding 0) and its targets (the next text token at
+    each text position, -100 elsewhere)."""
     g = torch.Generator().manual_seed((cfg.seed * 100003 + step) * 65537 + i)
-    shape = (cfg.patches, 3 * cfg.patch * cfg.patch) if kind == "vit" else (3, image_side(cfg), image_side(cfg))
-    pixels = torch.randn(tiles, *shape, generator=g)
+    if kind in PACKED_KINDS:
+        pixels = [torch.randn(int(np.prod(grid)), PATCH_VALUES, generator=g) for grid in grids]
+    else:
+        shape = (cfg.patches, 3 * cfg.patch * cfg.patch) if kind == "vit" else (3, image_side(cfg), image_side(cfg))
+        pixels = torch.randn(tiles, *shape, generator=g)
     words = torch.randint(0, cfg.vocab, (text + 1,), generator=g)
     at = tiles * encoder_tokens(cfg, kind)
     ids = torch.zeros(cfg.seq_len, dtype=torch.long)
@@ -78,6 +90,8 @@ class StepInput:
     """Each row's next token at its text positions, -100 elsewhere."""
     text_tokens: int
     """Targets of the whole step (every replica's): the loss is their sum over this."""
+    packs: list[PackedMicrobatch] | None = None
+    """A native-resolution encoder: per slot, where its images' tokens are in the encoder's output."""
 
 
 def replica_step(args: Any, cfg: ModelConfig, step: int, replica: int, runtime: EncoderRuntime) -> StepInput:
@@ -89,6 +103,8 @@ def replica_step(args: Any, cfg: ModelConfig, step: int, replica: int, runtime: 
     m, rows = cfg.microbatches, cfg.microbatch_size // args.dp
     mine = np.arange(replica * m * rows, (replica + 1) * m * rows)
     tiles, text = samples.sample_tiles[mine], samples.text[mine]
+    if args.encoder in PACKED_KINDS:
+        return packed_step(cfg, args.encoder, step, samples, mine, runtime)
     layout = runtime.lay_out(tiles)
     run = layout.order
     parts = [sample_row(cfg, args.encoder, step, int(mine[i]), int(tiles[i]), int(text[i])) for i in run]
@@ -99,6 +115,24 @@ def replica_step(args: Any, cfg: ModelConfig, step: int, replica: int, runtime: 
     return StepInput(encoder=EncoderBatch(pixels, images), tokens=torch.stack([p[1] for p in parts]),
                      image_len=torch.as_tensor(tiles[run] * per_tile), targets=torch.stack([p[2] for p in parts]),
                      text_tokens=int(samples.text.sum()))
+
+
+def packed_step(cfg: ModelConfig, kind: str, step: int, samples: Samples, mine: np.ndarray,
+                runtime: EncoderRuntime) -> StepInput:
+    """A native-resolution encoder's share of a step, its samples in their given slots: each slot's
+    images packed into chunks of the pieces' patches (:func:`~pybubble.runtime.packed.packed_batch`,
+    the tower's :class:`~pybubble.testing.mllm.qwen_vision.QwenLayout`)."""
+    m = cfg.microbatches
+    rows = len(mine) // m
+    tiles, text = samples.sample_tiles[mine], samples.text[mine]
+    grids = np.split(samples.grids, np.cumsum(samples.images)[:-1])  # each sample's images' grids
+    parts = [sample_row(cfg, kind, step, int(i), int(tiles[r]), int(text[r]), grids[i]) for r, i in enumerate(mine)]
+    slot = [range(k * rows, (k + 1) * rows) for k in range(m)]
+    batch, packs = packed_batch([[x for r in rs for x in parts[r][0]] for rs in slot],
+                                [[tuple(map(int, g)) for r in rs for g in grids[mine[r]]] for rs in slot],
+                                patches=cfg.chunk_patches, width=PATCH_VALUES, layout=runtime.encoder.encoder.layout)
+    return StepInput(encoder=batch, tokens=torch.stack([p[1] for p in parts]), image_len=torch.as_tensor(tiles),
+                     targets=torch.stack([p[2] for p in parts]), text_tokens=int(samples.text.sum()), packs=packs)
 
 
 def balanced(args: Any) -> bool:

@@ -16,7 +16,7 @@ from ...data.files import read_samples
 from ...data.samples import Samples
 from ...placement.step_placement import PLACEMENTS
 from .faults import FAULTS
-from .model import ENCODER_KINDS, SIZES, VARYING_SIZES, ModelConfig, encoder_tokens
+from .model import ENCODER_KINDS, NATIVE_SIZES, PACKED_KINDS, SIZES, VARYING_SIZES, ModelConfig, encoder_tokens
 
 
 DATA = ("fixed", "mix", "file")
@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='replay your samples: JSON lines, one sample each, {"tiles": [t1, t2, ...], "text": N}')
     p.add_argument("--chunk-tiles", type=int, default=0,
                    help="varying data: tiles the encoder's pieces run on at a time (default: the size's)")
+    p.add_argument("--chunk-patches", type=int, default=0,
+                   help="native-resolution encoders: patches of a chunk the pieces run on (default: the size's)")
     p.add_argument("--balance", default="on",
                    help="varying data: on (samples balanced over the microbatches, heaviest in the most room) or off")
     p.add_argument("--piece-ms", type=float, metavar="MS",
@@ -229,6 +231,14 @@ def check_data(args: argparse.Namespace) -> None:
         raise ValueError(f"chunk_tiles: {args.chunk_tiles} is not >= 1 with varying data (--data mix or --data-file)")
     if args.balance not in ("on", "off"):
         raise ValueError(f"balance: {args.balance!r} is not one of on, off")
+    if args.chunk_patches < 0 or (args.chunk_patches and args.encoder not in PACKED_KINDS):
+        raise ValueError(f"chunk_patches: {args.chunk_patches} is not >= 1 with a native-resolution encoder "
+                         f"({', '.join(PACKED_KINDS)})")
+    if args.chunk_patches % 4:
+        raise ValueError(f"chunk_patches: {args.chunk_patches} is not a multiple of the merger's 4")
+    if args.encoder in PACKED_KINDS and args.data == "fixed":
+        raise ValueError(f"encoder: {args.encoder!r} takes images at native resolution: give --data mix or "
+                         "--data-file")
     if args.data != "fixed" and args.encoder == "clip":
         raise ValueError("encoder: 'clip' with varying data: its class token per tile does not pool; use vit or timm")
     if args.data == "file":
@@ -245,11 +255,14 @@ def check_args(args: argparse.Namespace) -> None:
 
 def config(args: argparse.Namespace) -> ModelConfig:
     """The size's config, with ``--microbatches`` when given."""
-    cfg = (SIZES if args.data == "fixed" else VARYING_SIZES)[args.size]
+    cfg = (SIZES if args.data == "fixed" else NATIVE_SIZES if args.encoder in PACKED_KINDS
+           else VARYING_SIZES)[args.size]
     if args.microbatches:
         cfg = dataclasses.replace(cfg, microbatches=args.microbatches)
     if args.chunk_tiles:
         cfg = dataclasses.replace(cfg, chunk_tiles=args.chunk_tiles)
+    if args.chunk_patches:
+        cfg = dataclasses.replace(cfg, chunk_patches=args.chunk_patches)
     return cfg
 
 
@@ -302,9 +315,17 @@ def planning_config(args: argparse.Namespace) -> dict:
 def data_samples(args: argparse.Namespace) -> Samples:
     """The samples of ``--data-file``, within the size's limits (read once per file and limits)."""
     cfg = config(args)
-    return _read(args.data_file, encoder_tokens(cfg, args.encoder), cfg.max_tiles, cfg.seq_len)
+    if args.encoder in PACKED_KINDS:  # in pixels: each image within a chunk, each sample within the sequence
+        return _read(args.data_file, 1, None, cfg.seq_len, cfg.chunk_patches)
+    return _read(args.data_file, encoder_tokens(cfg, args.encoder), cfg.max_tiles, cfg.seq_len, None)
 
 
 @functools.lru_cache(maxsize=8)
-def _read(path: str, tokens_per_tile: int, max_tiles: int, max_tokens: int) -> Samples:
-    return read_samples(path, tokens_per_tile=tokens_per_tile, max_tiles=max_tiles, max_tokens=max_tokens)
+def _read(path: str, tokens_per_tile: int, max_tiles: int | None, max_tokens: int, max_patches: int | None
+          ) -> Samples:
+    samples = read_samples(path, tokens_per_tile=tokens_per_tile, max_tiles=max_tiles, max_tokens=max_tokens,
+                           max_patches=max_patches)
+    if (samples.grids is not None) != (max_patches is not None):
+        raise ValueError(f"{path}: samples in {'pixels' if samples.grids is not None else 'tiles'}, but the encoder "
+                         f"takes {'tiles (--encoder vit or timm)' if max_patches is None else 'pixels'}")
+    return samples

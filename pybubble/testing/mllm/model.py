@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import sys
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .vision_libraries import import_vision_libraries
 
-ENCODER_KINDS = ("vit", "timm", "clip")
+
+ENCODER_KINDS = ("vit", "timm", "clip", "qwen2_5_vl")
+PACKED_KINDS = ("qwen2_5_vl",)
+"""The native-resolution encoders: images of any size, packed into chunks of ``chunk_patches``
+patches (:mod:`pybubble.runtime.packed`); a tile is one LLM token (a merged patch)."""
+PATCH_VALUES = 3 * 2 * 14 * 14
+"""Values of one of Qwen2.5-VL's patches: 3 channels, 2 frames, 14 x 14 pixels."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -60,6 +66,8 @@ class ModelConfig:
     max_tiles: int = 32
     """Varying data: the most tiles of one sample (its images' together); the LLM's sequence holds
     them all (``seq_len``)."""
+    chunk_patches: int = 512
+    """Native-resolution encoders: patches of a chunk the pieces run on (the largest image's at least)."""
 
     @property
     def seq_len(self) -> int:
@@ -69,7 +77,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("microbatches", "microbatch_size", "patches", "patch", "enc_dim", "enc_layers", "enc_heads",
                      "llm_dim", "llm_layers_per_stage", "llm_heads", "text_len", "vocab", "pool", "chunk_tiles",
-                     "max_tiles"):
+                     "max_tiles", "chunk_patches"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name}: {v!r} is not an integer >= 1")
@@ -93,6 +101,16 @@ VARYING_SIZES = {
 """The sizes under ``--data mix`` and ``--data-file``: a tile of ``patches`` patches, ``patches /
 pool`` LLM tokens per tile, up to ``max_tiles`` tiles per sample (a 32-frame video), text up to
 ``text_len`` tokens: one sample's sequence is ``seq_len`` tokens."""
+
+
+NATIVE_SIZES = {
+    "small": dataclasses.replace(VARYING_SIZES["small"], patches=1, pool=1, max_tiles=512, chunk_patches=512,
+                                 enc_layers=4),
+    "tiny": dataclasses.replace(VARYING_SIZES["tiny"], patches=1, pool=1, max_tiles=512, chunk_patches=1536),
+}
+"""The sizes of a native-resolution encoder (:data:`PACKED_KINDS`): a tile is one LLM token, up to
+``max_tiles`` image tokens per sample, chunks of ``chunk_patches`` patches (small: the native mix at a
+quarter of its sides; tiny: a 448 x 672 image's 1536 patches)."""
 
 
 class ViTBlock(nn.Module):
@@ -132,27 +150,6 @@ class PatchEmbed(nn.Module):
         return self.linear(patches) + self.pos
 
 
-def import_vision_libraries() -> None:
-    """Makes timm and transformers importable beside a CPU-only torch: PyPI's torchvision wheels
-    link CUDA torch libraries, so beside the CPU build their operator library does not load and
-    ``import torchvision`` fails registering ``torchvision::nms``; defining the two operators' schemas
-    lets its pure-Python models import (nothing here calls them)."""
-    try:
-        import torchvision  # noqa: F401
-    except RuntimeError as e:
-        if "torchvision::nms" not in str(e):
-            raise
-        lib = torch.library.Library("torchvision", "FRAGMENT")
-        for name in ("nms", "qnms"):
-            lib.define(f"{name}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        _keep.append(lib)
-        for mod in [m for m in sys.modules if m.startswith("torchvision")]:
-            del sys.modules[mod]
-
-
-_keep: list = []
-
-
 class LastHidden(nn.Module):
     """A Hugging Face vision tower's ``last_hidden_state``."""
 
@@ -176,8 +173,15 @@ def image_side(cfg: ModelConfig) -> int:
 
 
 def build_encoder(cfg: ModelConfig, kind: str = "vit") -> nn.Module:
-    """The vision encoder and a projection to the LLM's width (random weights from the seed)."""
+    """The vision encoder and a projection to the LLM's width (random weights from the seed); a
+    native-resolution one (:data:`PACKED_KINDS`) runs on chunks of packed patches, its merger's
+    output the LLM's width."""
     torch.manual_seed(cfg.seed)
+    if kind in PACKED_KINDS:
+        from ...runtime.packed import PackedEncoder
+        from .qwen_vision import PackedQwenVision
+
+        return PackedEncoder(PackedQwenVision(seeded_qwen_tower(cfg), cfg.chunk_patches))
     if kind == "vit":
         tower = nn.Sequential(PatchEmbed(cfg), *(ViTBlock(cfg.enc_dim, cfg.enc_heads) for _ in range(cfg.enc_layers)),
                               nn.LayerNorm(cfg.enc_dim))
@@ -202,6 +206,15 @@ def build_encoder(cfg: ModelConfig, kind: str = "vit") -> nn.Module:
     return nn.Sequential(tower, *head)
 
 
+def seeded_qwen_tower(cfg: ModelConfig, attention: str | None = None) -> nn.Module:
+    """transformers' Qwen2.5-VL vision tower at the encoder's sizes (random weights from the seed),
+    its merger's output the LLM's width."""
+    from .qwen_vision import qwen_tower
+
+    torch.manual_seed(cfg.seed)
+    return qwen_tower(cfg.enc_dim, cfg.enc_layers, cfg.enc_heads, cfg.llm_dim, attention)
+
+
 class TokenPool(nn.Module):
     """A tile's tokens averaged in groups of ``pool`` (fewer LLM tokens per tile)."""
 
@@ -216,7 +229,9 @@ class TokenPool(nn.Module):
 
 def encoder_tokens(cfg: ModelConfig, kind: str) -> int:
     """Image tokens the encoder gives per sample, or per tile with varying data (CLIP adds a class
-    token)."""
+    token; a native-resolution encoder's tile is one token)."""
+    if kind in PACKED_KINDS:
+        return 1
     return (cfg.patches if kind == "vit" else image_grid(cfg) ** 2 + (kind == "clip")) // cfg.pool
 
 

@@ -25,7 +25,7 @@ from ...viz.chrome_trace import save_trace
 from .faults import Fault
 from .inputs import balanced, loss_fn, make_batch, packed_loss, replica_slice, replica_step, sample_row
 from .job import TORCH_SCHEDULES, SINGLE_STAGE, SPLIT_BACKWARD, V_SHAPED, chunks_of, config, mode_args, mode_path
-from .model import ModelConfig, apply_tp, build_encoder, build_stages, checksum, full_checksum
+from .model import PACKED_KINDS, PATCH_VALUES, ModelConfig, apply_tp, build_encoder, build_stages, checksum, full_checksum
 
 
 def stages_of_rank(rank: int, ranks: int, schedule: str, chunks: int) -> list[int]:
@@ -101,6 +101,8 @@ class RankParts:
     """The vision encoder (every rank holds it)."""
     loss_scale: list[float] = dataclasses.field(default_factory=lambda: [1.0])
     """Varying data: the loss's factor this step (:func:`packed_loss`)."""
+    packs: list = dataclasses.field(default_factory=list)
+    """A native-resolution encoder: this step's :class:`~pybubble.runtime.packed.PackedMicrobatch` per slot."""
 
     @property
     def first(self) -> bool:
@@ -154,19 +156,25 @@ def build_runtime(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig, 
     if args.data == "fixed":
         images, _, _ = make_batch(cfg, 0, args.encoder)
         example = replica_slice(images, cfg, args.dp, parts.dp_rank)[:cfg.microbatch_size // args.dp]
+    elif args.encoder in PACKED_KINDS:  # one chunk (of padding: its layout is an input, not part of the trace)
+        example = (torch.zeros(1, cfg.chunk_patches, PATCH_VALUES),
+                   *(t[None] for t in parts.encoder.encoder.layout([])))
     else:
         example = sample_row(cfg, args.encoder, 0, 0, cfg.chunk_tiles, 0)[0]
     stage = parts.stages[0] if len(parts.stages) == 1 else parts.stages
     options = RuntimeOptions(
         mode=args.mode, microbatches=cfg.microbatches, trace=bool(os.environ.get("PYBUBBLE_TRACE")),
         pieces=PieceOptions(min_s=None if args.piece_ms is None else args.piece_ms / 1e3),
-        balance=BalanceOptions(slots=balanced(args), replicas=balanced(args) and args.dp > 1,
+        balance=BalanceOptions(slots=balanced(args) and args.encoder not in PACKED_KINDS,
+                               replicas=balanced(args) and args.dp > 1,
                                pack_chunks=balanced(args) and args.pp == 1))
     runtime = EncoderRuntime(parts.encoder, stage=stage, schedule=parts.schedule, example=example, groups=parts.mesh,
                              options=options, device=parts.device)
     fault.encoder_pieces(runtime)
     if parts.first:
-        parts.stage_modules[parts.stage_ids.index(0)].encoder_output = runtime.encoder_output
+        parts.stage_modules[parts.stage_ids.index(0)].encoder_output = (
+            runtime.encoder_output if args.encoder not in PACKED_KINDS
+            else lambda k: parts.packs[k].tokens(runtime.encoder_output(k)))  # the images' tokens, padding left out
     return runtime
 
 
@@ -228,6 +236,7 @@ def step_inputs(parts: RankParts, runtime: EncoderRuntime, args: argparse.Namesp
         return images, (tokens.to(device), torch.arange(cfg.microbatches)) if parts.first else (), targets.to(device)
     data = replica_step(args, cfg, step, parts.dp_rank, runtime)
     parts.loss_scale[0] = args.dp / max(data.text_tokens, 1)
+    parts.packs = data.packs
     inputs = (data.tokens.to(device), torch.arange(cfg.microbatches), data.image_len.to(device)) if parts.first else ()
     return data.encoder, inputs, data.targets.to(device)
 

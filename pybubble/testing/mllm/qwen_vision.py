@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .model import import_vision_libraries
+from .vision_libraries import import_vision_libraries
 
 BLOCK_ATTENTION = "pybubble_flash_blocks"
 """The attention implementation :func:`block_attention` is registered as ("flash" in the name:
@@ -113,6 +113,45 @@ def use_block_attention(tower: nn.Module) -> nn.Module:
     return tower
 
 
+@dataclass(frozen=True)
+class QwenLayout:
+    """The runtime's :data:`~pybubble.runtime.packed.Layout` of a Qwen2.5-VL tower of ``config``
+    on chunks of ``patches`` patches: a chunk's grids, its padding added (:func:`padded_grids`),
+    as :func:`packed_layout`'s four tensors, each ``cu_*`` of :attr:`boundaries` entries."""
+
+    config: object
+    """The tower's config (its merge, window and patch sizes)."""
+    patches: int
+    """Patches of a chunk."""
+
+    @property
+    def boundaries(self) -> int:
+        """Entries of each ``cu_*`` tensor: one per merged patch and one more, the most a chunk's
+        frames or windows can need (each holds one merged patch at least)."""
+        return self.patches // self.config.spatial_merge_size ** 2 + 1
+
+    def __call__(self, grids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
+        """The layout tensors of a chunk of ``grids``."""
+        merge = self.config.spatial_merge_size
+        return packed_layout(padded_grids(grids, self.patches, merge), self.config, self.boundaries).tensors()
+
+
+def qwen_tower(hidden: int, depth: int, heads: int, out: int, attention: str | None = None) -> nn.Module:
+    """transformers' Qwen2.5-VL vision tower at a small size (random weights from torch's seed):
+    patch 14, merge 2, temporal patch 2, windows of 56 pixels, full attention at every other block
+    (the last one included); ``attention``: its implementation (None: transformers' default)."""
+    import_vision_libraries()
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+    config = Qwen2_5_VLVisionConfig(
+        depth=depth, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads, out_hidden_size=out,
+        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56, in_channels=3,
+        fullatt_block_indexes=list(range(depth - 1, -1, -2))[::-1],
+        **({} if attention is None else {"attn_implementation": attention}))
+    return Qwen2_5_VisionTransformerPretrainedModel(config)
+
+
 class PackedQwenVision(nn.Module):
     """transformers' Qwen2.5-VL vision tower (its attention :func:`use_block_attention`'s) on a packed chunk
     of ``patches`` patches, its layout as tensor inputs: ``forward(pixels, position_ids, cu_seqlens,
@@ -122,6 +161,8 @@ class PackedQwenVision(nn.Module):
     def __init__(self, tower: nn.Module, patches: int):
         super().__init__()
         self.tower, self.patches = use_block_attention(tower), patches
+        self.layout = QwenLayout(tower.config, patches)
+        """The layout tensors of a chunk's grids."""
 
     def forward(self, pixels: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor,
                 window_index: torch.Tensor, cu_window_seqlens: torch.Tensor) -> torch.Tensor:
@@ -131,5 +172,5 @@ class PackedQwenVision(nn.Module):
                           max_window_seqlen=self.patches).pooler_output
 
 
-__all__ = ["BLOCK_ATTENTION", "PackedLayout", "PackedQwenVision", "block_attention", "packed_layout", "padded_grids",
+__all__ = ["BLOCK_ATTENTION", "PackedLayout", "PackedQwenVision", "QwenLayout", "qwen_tower", "block_attention", "packed_layout", "padded_grids",
            "register_block_attention", "use_block_attention"]

@@ -147,6 +147,9 @@ class StepRecord:
     layout: LayoutFigures | None = None
     """The layout of the step's samples over the slots that
     :meth:`~pybubble.runtime.EncoderRuntime.lay_out` chose (None: not asked)."""
+    traces: int = 0
+    """Encoder forwards traced in this process during the step (the pieces are traced once, when the
+    runtime is built: 0 expected)."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as plain data."""

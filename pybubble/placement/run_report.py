@@ -76,7 +76,7 @@ def rank_figures(records: Sequence[StepRecord], costs: MeasuredCosts, *, ends: S
             "held_max_s": [r.filler.held_max_s for r in records], "tp_waits": tp_figures(records), "host": host,
             "encoder_s": each("encoder_s"), "llm_s": each("llm_s"), "tiles": each("tiles"), "chunks": each("chunks"),
             "imbalance": each("imbalance"), "dp_collectives_s": each("dp_collectives_s"),
-            "dp_replicas_s": each("dp_replicas_s"),
+            "dp_replicas_s": each("dp_replicas_s"), "traces": each("traces"),
             "data": [None if r.layout is None else {"run": r.layout.slot_tiles, "given": r.layout.given_tiles,
                                                    "layout": r.layout.name} for r in records]}
 
@@ -173,6 +173,7 @@ def run_report(every: Sequence[Mapping[str, Any]], run: Mapping[str, Any], *, tp
         "predicted_dp_s": [{"collectives_s": sum(e["dp_collectives_s"][s] for s in settled),
                             "replicas_s": sum(e["dp_replicas_s"][s] for s in settled)} for e in every],
         "data": None if chunk_tiles is None else data_report(every, settled, chunk_tiles),
+        "traces": [e.get("traces") for e in every],  # per rank, per step: encoder traces made (0 expected)
     }
 
 

@@ -53,7 +53,7 @@ from .pipelining import fill_pipeline_waits
 from .profile import check_piece_s
 from .replicas import MovedWork, ReplicaBalance, ReplicaMoves
 from .schedule_shape import PipelineShape
-from .segments import MicrobatchRun, split_into_pieces
+from .segments import MicrobatchRun, split_into_pieces, traces_made
 from .step_costs import StepCosts
 from .tensor_parallel import fill_tp_waits
 from .waits import DataParallelWaits, TensorParallelWaits
@@ -275,7 +275,7 @@ class EncoderRuntime:
         over the ranks when it returns. Data that does not fit is refused on every rank before the
         step (ValueError). The stages: agree on the data, balance it, measure, plan, start on every
         rank, run, sync the gradients, record."""
-        clock = _Clock()
+        clock, traced = _Clock(), traces_made()
         batch = self._agree(encoder_input, clock)
         with clock.meeting():
             data = step_data(batch, None if self.mode == "megatron" else self.replica_balance,
@@ -298,6 +298,7 @@ class EncoderRuntime:
         sync_s = timed_grad_sync(self.encoder, work.plan, p.rank, p.ranks, self.groups.pp, self.dp_group,
                                  self.measured.now, mean=self.dp_reduce == "mean", to=self._grads_to)
         self._record(work, data, tp, start, plan_s, sync_s, own_s, met_s, waits_s)
+        self.records[-1].traces = traces_made() - traced
         return result
 
     def _start(self, plan: RankPlan, data: StepData, clock: _Clock) -> tuple[EncoderStep, float, tuple[float, float]]:

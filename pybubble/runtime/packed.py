@@ -8,9 +8,8 @@ folds ``merge x merge`` patches into one LLM token. A trace of such an encoder s
 grids it saw, unless the per-step layout comes in as tensors.
 
 Here the runtime's unit of work (its *tile*, dim 0 of an :class:`~pybubble.runtime.batch.EncoderBatch`)
-is one *chunk* of ``patches`` patches: a microbatch's images, in order, fill chunks one after the
-other (an image goes in the current chunk if it fits, else it opens the next one,
-:func:`pack_images`); the rest of a chunk is padding, one more block of its own whose outputs are
+is one *chunk* of ``patches`` patches: a microbatch's images fill as few chunks as first-fit
+decreasing finds (:func:`pack_images`); the rest of a chunk is padding, one more block of its own whose outputs are
 dropped (no gradient reaches them). Each chunk's inputs are its pixels and the layout tensors a
 ``layout`` function makes from the chunk's grids (:class:`PackedEncoder` documents what an encoder
 must satisfy). Every chunk has the same shapes, whatever its images: the pieces traced on one chunk
@@ -45,20 +44,24 @@ def grid_patches(grid: Sequence[int]) -> int:
 
 
 def pack_images(patches: Sequence[int], size: int, where: str = "images") -> list[list[int]]:
-    """The images of ``patches`` patches each, in order, over chunks of ``size`` patches: per
-    chunk, its images' indices (an image goes in the last chunk if it fits, else it opens the next
-    one). ValueError naming ``where`` for an image larger than a chunk."""
-    chunks: list[list[int]] = []
-    used = size
-    for i, p in enumerate(int(x) for x in patches):
+    """The images of ``patches`` patches each over the fewest chunks of ``size`` patches first-fit
+    decreasing finds (the largest image first, each into the first chunk with room; ties in
+    order): per chunk, its images' indices in the order they sit in it. ValueError naming ``where``
+    for an image larger than a chunk."""
+    sizes = [int(x) for x in patches]
+    for i, p in enumerate(sizes):
         if p < 1 or p > size:
             raise ValueError(f"{where}[{i}]: {p} patches, but a chunk holds {size} (an image's attention does not "
                              "span chunks: raise the chunk's patches to the largest image's)")
-        if used + p > size:
+    chunks: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        c = next((c for c, r in enumerate(room) if r >= sizes[i]), len(chunks))
+        if c == len(chunks):
             chunks.append([])
-            used = 0
-        chunks[-1].append(i)
-        used += p
+            room.append(size)
+        chunks[c].append(i)
+        room[c] -= sizes[i]
     return chunks
 
 
@@ -75,7 +78,7 @@ class PackedMicrobatch:
     images' tokens."""
 
     chunks: tuple[tuple[int, ...], ...]
-    """Per chunk, its images' indices (in the microbatch's order)."""
+    """Per chunk, its images' indices in the order they sit in it."""
     token_index: torch.Tensor
     """The rows of the flattened output (chunks x tokens per chunk) that are the images' tokens, in
     the images' order (the padding's rows left out)."""
@@ -125,13 +128,15 @@ def packed_batch(pixels: Sequence[Sequence[torch.Tensor]], grids: Sequence[Seque
                 raise ValueError(f"pixels: microbatch {k} image {i} has shape {tuple(x.shape)}, its grid "
                                  f"{tuple(shapes[i])} has {p} patches (a multiple of {unit}) of {width} values each")
         chunks = pack_images(sizes, patches, f"microbatch {k}: images")
-        inputs, index = [], []
+        inputs, first = [], [0] * len(sizes)  # first: each image's first token in the flattened output
         for c, ids in enumerate(chunks):
-            used = sum(sizes[i] for i in ids)
+            at = c * per_chunk
+            for i in ids:
+                first[i], at = at, at + sizes[i] // unit
             x = torch.cat([mine[i] for i in ids])
-            inputs.append((torch.cat([x, x.new_zeros(patches - used, x.shape[1])]),
+            inputs.append((torch.cat([x, x.new_zeros(patches - x.shape[0], x.shape[1])]),
                            *layout([tuple(shapes[i]) for i in ids])))
-            index.append(torch.arange(c * per_chunk, c * per_chunk + used // unit))
+        index = [torch.arange(first[i], first[i] + sizes[i] // unit) for i in range(len(sizes))]
         if inputs:
             stacked = tuple(torch.stack(parts) for parts in zip(*inputs))
         else:  # a microbatch without images: no chunk, the shapes of one

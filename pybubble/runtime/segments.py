@@ -60,6 +60,15 @@ class Piece:
     """The piece's forward; its parameters are those of the module it was cut from."""
 
 
+_traces = 0  # encoder forwards traced in this process
+
+
+def traces_made() -> int:
+    """Encoder forwards traced (cut into pieces) in this process so far: a runtime traces once, when
+    it is built, and each step's record counts those made during the step (none expected)."""
+    return _traces
+
+
 def _first_tensor(out) -> torch.Tensor:
     """The encoder's output: a tensor, or the first tensor of a tuple or a Hugging Face ModelOutput
     (``last_hidden_state``)."""
@@ -124,6 +133,8 @@ def trace_encoder(encoder: nn.Module, example: Sequence[torch.Tensor], dtype: to
     def forward(p, b, *inputs):
         return _first_tensor(functional_call(encoder, {**p, **b}, inputs))
 
+    global _traces
+    _traces += 1
     try:
         with _module_labels(encoder, current):
             gm = make_fx(forward, tracing_mode="real")(params, buffers, *example)

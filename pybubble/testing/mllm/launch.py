@@ -16,6 +16,7 @@ from pathlib import Path
 from ...placement.run_report import run_report
 from ...runtime import exit_rank, launch, run_rank
 from ...runtime.cuda import serialised_streams_note
+from .model import PACKED_KINDS
 from .job import backend, check_args, chunks_of, config, mode_args, parse_args, planning_config
 from .trainer import train
 from .unsplit import reference_checksum, reference_varying
@@ -27,7 +28,8 @@ def report(args: argparse.Namespace, every: list[dict]) -> dict:
            "chunks": chunks_of(args), "pp": args.pp, "dp": args.dp, "dp_wrap": args.dp_wrap if args.dp > 1 else None,
            "launcher": "torchrun" if args.torchrun else "launch", "size": args.size, "device": args.device}
     return run_report(every, run, tp=args.tp, one_clock=args.device != "cuda",
-                      chunk_tiles=None if args.data == "fixed" else config(args).chunk_tiles)
+                      chunk_tiles=None if args.data == "fixed" else 1 if args.encoder in PACKED_KINDS
+                      else config(args).chunk_tiles)
 
 
 def finish(args: argparse.Namespace, figures: dict[str, list[dict]]) -> dict:

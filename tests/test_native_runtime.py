@@ -1,0 +1,189 @@
+"""Native-resolution encoders in the runtime: images of any size packed into chunks of a fixed
+number of patches (pybubble.runtime.packed), their layout as tensors, so that the pieces traced once
+serve every step; transformers' own Qwen2.5-VL vision tower trained by the runtime in every mode
+(the test trainer's --encoder qwen2_5_vl) to the parameters of the tower run unsplit; data in
+pixels (files and the native mix) and its refusals. Real gloo processes (tiny models, 3 steps)
+beside the unit tests of the parts."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pybubble.data.files import read_samples
+from pybubble.data.mix import NativeMixSpec, native_mix
+from pybubble.data.pixels import PROCESSORS, patches
+
+torch = pytest.importorskip("torch")
+
+from pybubble.runtime.packed import pack_images, packed_batch  # noqa: E402
+
+PLACEMENTS = ("megatron", "coarse", "pybubble")
+NATIVE = Path(__file__).resolve().parent / "data" / "native_sizes.jsonl"
+"""Eight samples, four per step of the tiny size (the file replays in order): images of 8 sizes from
+28 x 28 to 448 x 672 pixels (one or two per sample), a text-only sample and a 16-frame video."""
+QWEN = ("--encoder", "qwen2_5_vl", "--data-file", NATIVE)
+PP2 = ("--ranks", 2, *QWEN)
+DP2 = ("--dp", 2, "--pp", 1, *QWEN)
+DP2_PP2 = ("--dp", 2, "--pp", 2, *QWEN)
+RUNS = {PP2: PLACEMENTS, DP2: PLACEMENTS, DP2_PP2: PLACEMENTS,
+        **{(*args, "--balance", "off"): ("pybubble",) for args in (PP2, DP2, DP2_PP2)},
+        ("--ranks", 2, "--encoder", "qwen2_5_vl", "--data", "mix"): ("pybubble",)}
+TRAINER_RUNS = list(RUNS.items())
+
+
+def qwen_vision():
+    """pybubble.testing.mllm.qwen_vision, or a skip where transformers has no Qwen2.5-VL layout helpers."""
+    from pybubble.testing.mllm.vision_libraries import import_vision_libraries
+
+    import_vision_libraries()
+    try:
+        import transformers.vision_utils  # noqa: F401
+        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"transformers without Qwen2.5-VL's vision_utils: {e}")
+    from pybubble.testing.mllm import qwen_vision as module
+
+    return module
+
+
+# -- the parts ---------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=64), max_size=30), st.integers(min_value=64, max_value=200))
+def test_images_are_packed_once_each_within_chunks(sizes, size):
+    chunks = pack_images(sizes, size)
+    assert sorted(i for c in chunks for i in c) == list(range(len(sizes)))
+    assert all(c and sum(sizes[i] for i in c) <= size for c in chunks)
+    assert len(chunks) >= -(-sum(sizes) // size)
+    # first-fit decreasing: no chunk but the last could take the next chunk's smallest image
+    for a, b in zip(chunks, chunks[1:]):
+        assert size - sum(sizes[i] for i in a) < min(sizes[i] for i in b)
+
+
+def test_an_image_larger_than_a_chunk_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"microbatch 1: images\[2\]: 300 patches, but a chunk holds 256"):
+        pack_images([4, 8, 300], 256, "microbatch 1: images")
+
+
+def test_packed_chunks_give_transformers_own_tower_tokens_of_every_microbatch():
+    qv = qwen_vision()
+    torch.manual_seed(0)
+    tower, reference = qv.qwen_tower(16, 2, 2, 8), qv.qwen_tower(16, 2, 2, 8, "sdpa")
+    reference.load_state_dict(tower.state_dict())
+    from pybubble.runtime.packed import PackedEncoder
+
+    encoder = PackedEncoder(qv.PackedQwenVision(tower, 128))
+    grids = [[(1, 4, 4), (1, 8, 8), (1, 4, 6), (2, 4, 4), (1, 4, 4)], [], [(1, 6, 8)]]
+    g = torch.Generator().manual_seed(1)
+    pixels = [[torch.randn(t * h * w, 1176, generator=g) for t, h, w in mb] for mb in grids]
+    batch, packs = packed_batch(pixels, grids, patches=128, width=1176, layout=encoder.encoder.layout)
+    assert batch.tiles == [2, 0, 1] and batch.images == [[1, 1], [], [1]]  # chunks: the units balancing moves
+    assert all(t.shape[1:] == u.shape[1:] for x in batch.inputs for t, u in zip(x, batch.inputs[0]))  # one shape
+    for k, mb in enumerate(grids):
+        if mb:
+            got = packs[k].tokens(encoder(*batch.inputs[k]))
+            want = reference(torch.cat(pixels[k]), grid_thw=torch.tensor(mb)).pooler_output
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_batch_refuses_pixels_that_do_not_match_their_grid():
+    with pytest.raises(ValueError, match=r"microbatch 0 image 1 has shape \(15, 6\), its grid \(1, 4, 4\) has 16"):
+        packed_batch([[torch.zeros(16, 6), torch.zeros(15, 6)]], [[(1, 4, 4), (1, 4, 4)]], patches=64, width=6,
+                     layout=lambda grids: ())
+    with pytest.raises(ValueError, match="patches: 66 is not a multiple of the merge's 4"):
+        packed_batch([[]], [[]], patches=66, width=6, layout=lambda grids: ())
+
+
+# -- data in pixels ----------------------------------------------------------------------------
+def test_a_data_file_in_pixels_gives_each_image_its_grid_and_tokens():
+    samples = read_samples(NATIVE)
+    qwen = PROCESSORS["qwen2_5_vl"]
+    assert samples.images.tolist() == [1, 1, 0, 2, 1, 1, 1, 2]
+    assert [tuple(g) for g in samples.grids[:2]] == [(1, 4, 4), (1, 32, 48)]  # 28 x 28 is resized up to 56 x 56
+    assert tuple(samples.grids[4]) == (8, 8, 12)  # 16 frames of 112 x 168: 8 temporal patches
+    assert samples.tiles.tolist() == [qwen.tokens(tuple(g)) for g in samples.grids]
+    assert samples.tokens().tolist() == (samples.text + samples.sample_tiles).tolist()  # a tile is one token
+    taken = samples.take(np.array([4, 0]))
+    assert taken.grids.tolist() == [samples.grids[4].tolist(), samples.grids[0].tolist()]
+
+
+@pytest.mark.parametrize("lines, kwargs, message", [
+    (['{"images": [[0, 28]]}'], {}, r"line 1: images\[0\]: height: 0 is not a positive integer"),
+    (['{"images": [[28, 6000]]}'], {}, r"line 1: images\[0\]: 28 x 6000 pixels: aspect ratio 214.286, over"),
+    (['{"videos": [[112, 112]]}'], {}, r"line 1: videos\[0\]: \[112, 112\] is not \[frames, height, width\]"),
+    (['{"images": [[28, 28]]}', '{"tiles": [2]}'], {}, r"line 2: a sample in tiles in a file of samples in pixels"),
+    (['{"images": [[448, 672]]}'], {"max_patches": 1024}, r"line 1: image 0: grid \(1, 32, 48\) of 1536 patches"),
+    (['{"images": [[448, 672]], "text": 10}'], {"max_tokens": 390},
+     r"line 1: tokens: 10 text \+ 384 image tokens = 394, more than the limit of 390"),
+])
+def test_bad_lines_in_pixels_are_refused_naming_the_line(tmp_path, lines, kwargs, message):
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=message):
+        read_samples(path, **kwargs)
+
+
+def test_the_native_mix_is_drawn_from_its_seed_by_the_processors_rules():
+    a, b = native_mix(64, seed=3), native_mix(64, seed=3)
+    assert a.grids.tolist() == b.grids.tolist() and a.text.tolist() == b.text.tolist()
+    assert native_mix(64, seed=4).grids.tolist() != a.grids.tolist()
+    assert a.tiles.tolist() == [PROCESSORS["qwen2_5_vl"].tokens(tuple(g)) for g in a.grids]
+    small = native_mix(64, seed=3, spec=NativeMixSpec(scale=0.25))
+    assert max(patches(tuple(g)) for g in small.grids) < max(patches(tuple(g)) for g in a.grids)
+    with pytest.raises(ValueError, match="sizes: probabilities sum to"):
+        NativeMixSpec(sizes=((28, 28, 0.5),))
+
+
+@pytest.mark.parametrize("lines, args, message", [
+    (['{"images": [[28, 28]], "text": 1}', '{"images": [[-5, 28]]}'], (),
+     r"line 2: images[0]: height: -5 is not a positive integer"),
+    (['{"images": [[28, 5700]]}'], (), "line 1: images[0]: 28 x 5700 pixels: aspect ratio 203.571"),
+    (['{"images": [[448, 672], [448, 336]], "text": 5}'], (),
+     "line 1: tokens: 5 text + 576 image tokens = 581, more than the limit of 520"),
+    (['{"images": [[448, 672]]}'], ("--chunk-patches", 1024),
+     "line 1: image 0: grid (1, 32, 48) of 1536 patches, more than the limit of 1024"),
+    (['{"images": [[28, 28]]', '{"text": 2}'], (), "line 1: not JSON"),
+    (['{"tiles": [2]}'], (), "samples in tiles, but the encoder takes pixels"),
+])
+def test_bad_data_in_pixels_exits_2_with_one_line_naming_the_line(trainer_main, tmp_path, lines, args, message):
+    path = tmp_path / "samples.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    code, err = trainer_main("--size", "tiny", "--encoder", "qwen2_5_vl", "--data-file", path, *args)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and message in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--encoder", "qwen2_5_vl"], "error: encoder: 'qwen2_5_vl' takes images at native resolution: give --data mix or "
+                                  "--data-file"),
+    (["--data", "mix", "--encoder", "qwen2_5_vl", "--chunk-patches", "6"],
+     "error: chunk_patches: 6 is not a multiple of the merger's 4"),
+    (["--data", "mix", "--chunk-patches", "64"], "error: chunk_patches: 64 is not >= 1 with a native-resolution encoder"),
+])
+def test_bad_native_options_exit_2_with_one_line(trainer_main, args, message):
+    code, err = trainer_main(*args)
+    assert code == 2
+    assert err.strip().startswith(message)
+
+
+# -- the runtime, on real processes ----------------------------------------------------------------
+@pytest.mark.parametrize("args", list(RUNS), ids=("pp2", "dp2", "dp2 x pp2", "pp2 unbalanced", "dp2 unbalanced",
+                                                  "dp2 x pp2 unbalanced", "pp2 mix"))
+def test_every_mode_ends_with_the_parameters_of_the_tower_run_unsplit(trainer_reports, args):
+    reports = trainer_reports(*args, modes=RUNS[args])
+    for mode, report in reports.items():
+        assert report["param_checksum"] == pytest.approx(report["reference_checksum"], rel=1e-6), mode
+        assert report["encoder"] == "qwen2_5_vl"
+
+
+@pytest.mark.parametrize("args", [PP2, DP2, DP2_PP2], ids=("pp2", "dp2", "dp2 x pp2"))
+def test_the_pieces_are_traced_once_and_every_step_runs_in_chunks_of_their_shape(trainer_reports, args):
+    reports = trainer_reports(*args, modes=RUNS[args])
+    for mode, report in reports.items():
+        assert report["traces"] == [[0, 0, 0]] * len(report["traces"]), mode  # no rank traced during a step
+        data = report["data"]
+        assert data["chunk_tiles"] == 1  # a chunk of packed patches is the pieces' unit
+        for rank_tiles, rank_chunks in zip(data["tiles"], data["chunks"]):
+            assert rank_tiles == rank_chunks and any(sum(step) for step in rank_tiles)

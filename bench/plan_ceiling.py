@@ -7,7 +7,7 @@ feeding the same LLM microbatch), and coarse's plan of the same chunks. Then, by
 what a coarse launch measured over each of them: the ceiling of the bench's "vs coarse" ratio
 that a better plan or a split chain could reach, at the launch's measured costs.
 
-    python bench/plan_ceiling.py [--data mix] [--data-file FILE] [--steps 8] [--ranks 2] [--dp 2]
+    python bench/plan_ceiling.py [--data mix] [--data-file FILE] [--steps 8] [--ranks 2] [--dp 2] [--encoder qwen2_5_vl]
     python bench/plan_ceiling.py --reports runtime_modes.json   # every launch of a runtime_modes --out
 
 With several data-parallel replicas (``--dp 2 --pp 1``) the question is the balance's: per settled
@@ -130,7 +130,7 @@ def print_balance(reports: dict) -> list[dict]:
 
 def launch(a: argparse.Namespace, mode: str, balance: str = "on") -> dict:
     args = mllm.parse_args(["--ranks", str(a.ranks), "--steps", str(a.steps), "--mode", mode, "--data", a.data,
-                            "--dp", str(a.dp), "--balance", balance]
+                            "--dp", str(a.dp), "--balance", balance, "--encoder", a.encoder]
                            + (["--data-file", a.data_file] if a.data_file else []))
     mllm.check_args(args)
     return mllm.launch_job(args)
@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--data", default="mix", help="mix (the trainer's --data)")
     p.add_argument("--data-file", help="replay these samples (JSON lines, the trainer's --data-file)")
+    p.add_argument("--encoder", default="vit", help=f"the trainer's --encoder: {', '.join(mllm.ENCODER_KINDS)}")
     p.add_argument("--budget", type=float, default=200.0, help="CP-SAT's budget per step (deterministic units)")
     p.add_argument("--out", help="write the figures (JSON) here")
     a = p.parse_args(argv)

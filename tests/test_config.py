@@ -75,3 +75,31 @@ def test_zbv_runs_two_chunks_per_stage():
     assert load_config(doc).llm_plan.vpp == 2
     with pytest.raises(ValueError, match="llm_plan.vpp: 3, but zbv runs 2 chunks per stage"):
         load_config({**BASE, "llm_plan": {"dp": 48, "pp": 8, "tp": 8, "vpp": 3, "schedule": "zbv"}})
+
+
+def test_a_native_resolution_encoder_is_given_its_images_by_size():
+    from pybubble.config.processors import PROCESSORS, patches
+
+    doc = copy.deepcopy(BASE)
+    doc["encoders"] = [{"preset": "vit-22b", "image": [448, 672], "images": 3},
+                       {"preset": "vit-22b", "image": [16, 112, 168], "processor": "qwen2_vl"}]
+    image, video = load_config(doc).encoders
+    assert image.model.tokens == patches(PROCESSORS["qwen2_5_vl"].grid(448, 672)) == 1536
+    assert image.images_per_sample == 3 and image.tokens_per_sample == 3 * 1536
+    assert video.model.tokens == 8 * 8 * 12 and video.images_per_sample == 1  # 16 frames: 8 temporal patches
+
+
+@pytest.mark.parametrize("encoder, message", [
+    ({"image": [0, 28]}, r"encoders\[0\].image: height: 0 is not a positive integer"),
+    ({"image": [28, 6000]}, r"encoders\[0\].image: 28 x 6000 pixels: aspect ratio 214.286, over"),
+    ({"image": [28, 28], "tokens_per_sample": 8}, r"encoders\[0\].tokens_per_sample: beside image: give the images"),
+    ({"image": "448x672"}, r"encoders\[0\].image: '448x672' is not \[height, width\]"),
+    ({"image": [28, 28], "processor": "clip"}, r"encoders\[0\].processor: 'clip' is not one of"),
+    ({"images": 2}, r"encoders\[0\].image: missing"),
+    ({"image": [28, 28], "images": 0}, r"encoders\[0\].images: 0 is not a positive integer"),
+])
+def test_bad_images_by_size_name_the_key(encoder, message):
+    doc = copy.deepcopy(BASE)
+    doc["encoders"] = [{"preset": "vit-22b", **encoder}]
+    with pytest.raises(ValueError, match=message):
+        load_config(doc)

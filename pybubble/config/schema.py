@@ -16,7 +16,10 @@ memory_gb: 80
 ```
 
 The encoder load is one field, ``tokens_per_sample`` of each encoder (a whole number of images of
-the model's ``tokens``): everything that needs it (cost model, memory model, planner, dynamic
+the model's ``tokens``), or, for a native-resolution encoder, images by size: ``image: [h, w]``
+(pixels; ``[frames, h, w]`` for a video), ``images: N`` per sample (default 1) and ``processor``
+(default ``qwen2_5_vl``, :data:`~pybubble.config.processors.PROCESSORS`), whose rules give the
+image's patches, the model's ``tokens``. Everything that needs it (cost model, memory model, planner, dynamic
 workloads, MFU) reads it through :attr:`Encoder.images_per_sample` and :meth:`Config.encoder_images`.
 """
 
@@ -33,6 +36,7 @@ from .checks import flag, integer, known_keys, mapping, one_of, positive, positi
 from .documents import naming, read_yaml
 from .limits import MAX_BATCH, MAX_GPUS, MAX_LAYERS, MAX_MICROBATCHES, MAX_TOKENS
 from .models import EncoderConfig, LLMConfig
+from .processors import PROCESSORS, patches
 
 GPUS = ("h100", "h200", "a100-80gb", "cpu")
 """GPU kinds a config may name (the cost model's hardware)."""
@@ -240,13 +244,15 @@ class Config:
 _LLM_KEYS = ("preset", "name", "layers", "hidden", "heads", "head_dim", "kv_heads", "ffn_hidden",
              "activation", "vocab", "seq_len")
 _ENCODER_KEYS = ("preset", "name", "layers", "hidden", "heads", "head_dim", "ffn_hidden", "activation",
-                 "tokens", "tokens_per_sample", "frozen")
+                 "tokens", "tokens_per_sample", "frozen", "image", "images", "processor")
+_BY_SIZE = ("image", "images", "processor")
+"""An encoder's images by size (native resolution) instead of ``tokens`` and ``tokens_per_sample``."""
 
 
 def _model(section: Mapping[str, Any], where: str, kind: str) -> Any:
     keys = _LLM_KEYS if kind == "llm" else _ENCODER_KEYS
     known_keys(section, keys, where)
-    shape = {k: v for k, v in section.items() if k not in ("preset", "tokens_per_sample", "frozen")}
+    shape = {k: v for k, v in section.items() if k not in ("preset", "tokens_per_sample", "frozen", *_BY_SIZE)}
     try:
         if "preset" in section:
             base = presets.llm(section["preset"]) if kind == "llm" else presets.encoder(section["preset"])
@@ -259,6 +265,27 @@ def _model(section: Mapping[str, Any], where: str, kind: str) -> Any:
         return LLMConfig(**shape) if kind == "llm" else EncoderConfig(**shape)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def _by_size(section: Mapping[str, Any], where: str, model: EncoderConfig) -> tuple[EncoderConfig, int]:
+    """An encoder given its images by size: the model with its ``tokens``, the image's patches by
+    the processor's rules, and the tokens per sample."""
+    given = [k for k in ("tokens", "tokens_per_sample") if k in section]
+    if given:
+        raise ValueError(f"{where}.{given[0]}: beside image: give the images by size or by tokens, not both")
+    name = section.get("processor", "qwen2_5_vl")
+    if name not in PROCESSORS:
+        raise ValueError(f"{where}.processor: {shown(name)} is not one of {', '.join(PROCESSORS)}")
+    size = required(section, "image", where)
+    if not isinstance(size, list) or len(size) not in (2, 3):
+        raise ValueError(f"{where}.image: {shown(size)} is not [height, width] or [frames, height, width] (pixels)")
+    *frames, height, width = size
+    tokens = patches(PROCESSORS[name].grid(height, width, *frames, where=f"{where}.image"))
+    images = positive_int(section.get("images", 1), f"{where}.images")
+    try:
+        return replace(model, tokens=tokens), images * tokens
+    except ValueError as e:
+        raise ValueError(f"{where}.image: {e}") from None
 
 
 def load_config(source: str | os.PathLike[str] | Mapping[str, Any]) -> Config:
@@ -296,9 +323,12 @@ def _config(doc: Mapping[str, Any], source: str) -> Config:
         if not isinstance(e, Mapping):
             raise ValueError(f"{where}: expected a mapping, got {type(e).__name__}")
         model = _model(e, where, "encoder")
+        per_sample = None
+        if any(k in e for k in _BY_SIZE):
+            model, per_sample = _by_size(e, where, model)
         try:
             encoders.append(Encoder(model=model, frozen=e.get("frozen", False),
-                                    tokens_per_sample=_value(e, "tokens_per_sample", where, model.tokens)))
+                                    tokens_per_sample=per_sample or _value(e, "tokens_per_sample", where, model.tokens)))
         except ValueError as err:
             raise ValueError(f"{where}.{err}") from None
     tr = _section(doc, "training")

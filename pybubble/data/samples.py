@@ -96,8 +96,10 @@ class Samples:
 
     def to_batch(self, tokens_per_tile: int = TOKENS_PER_TILE) -> Batch:
         """The samples as a :class:`Batch`: each image's encoder tokens (its tiles times
-        `tokens_per_tile`) and each sample's LLM tokens."""
-        per_image = self.tiles * (1 if self.grids is not None else integer(tokens_per_tile, "tokens_per_tile", minimum=1))
+        `tokens_per_tile`; with :attr:`grids`, its patches, the encoder's sequence before the merger)
+        and each sample's LLM tokens."""
+        per_image = (self.grids.prod(axis=1) if self.grids is not None  # native resolution: its patches
+                     else self.tiles * integer(tokens_per_tile, "tokens_per_tile", minimum=1))
         return Batch(image_tokens=np.split(per_image, np.cumsum(self.images)[:-1]), llm_tokens=self.tokens(tokens_per_tile))
 
     def pack(self, microbatches: int, sequence_length: int | None,

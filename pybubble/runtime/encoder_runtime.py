@@ -297,8 +297,7 @@ class EncoderRuntime:
         p = self.pipeline
         sync_s = timed_grad_sync(self.encoder, work.plan, p.rank, p.ranks, self.groups.pp, self.dp_group,
                                  self.measured.now, mean=self.dp_reduce == "mean", to=self._grads_to)
-        self._record(work, data, tp, start, plan_s, sync_s, own_s, met_s, waits_s)
-        self.records[-1].traces = traces_made() - traced
+        self._record(work, data, tp, start, plan_s, sync_s, own_s, met_s, waits_s, traces_made() - traced)
         return result
 
     def _start(self, plan: RankPlan, data: StepData, clock: _Clock) -> tuple[EncoderStep, float, tuple[float, float]]:
@@ -317,14 +316,14 @@ class EncoderRuntime:
         return work, start, (meet_s, wait_s)
 
     def _record(self, work: EncoderStep, data: StepData, tp: TensorParallelWaits, start: float, plan_s: float,
-                sync_s: float | None, own_s: float, met_s: float, waits_s: tuple[float, float]) -> None:
+                sync_s: float | None, own_s: float, met_s: float, waits_s: tuple[float, float], traces: int) -> None:
         """The step's figures kept for the next plan and its :class:`~pybubble.placement.records.StepRecord`."""
         with record_function(names.region("setup")):
             sync = float("nan") if sync_s is None else sync_s
             self.measured.last_sample = work.sample(self.pipeline.stages, sync, own_s, met_s, tp.stats).vector()
         self.records.append(step_record(work, data, tp, self._layout, start=start, plan_s=plan_s, sync_s=sync_s,
                                         meet_s=waits_s[0], wait_s=waits_s[1], chunk_tiles=self.chunk_tiles,
-                                        moves=self.moves, data_parallel=self.data_parallel is not None))
+                                        moves=self.moves, data_parallel=self.data_parallel is not None, traces=traces))
         work.close()
         self._layout = None
         self.steps, self.measured.returned = self.steps + 1, time.perf_counter()
@@ -412,7 +411,7 @@ def run_step(work: EncoderStep, schedule: Any, stages: Sequence[Any], dp_waits: 
 
 def step_record(work: EncoderStep, data: StepData, tp: TensorParallelWaits, layout: SlotLayout | None, *,
                 start: float, plan_s: float, sync_s: float | None, meet_s: float, wait_s: float, chunk_tiles: int,
-                moves: ReplicaMoves | None, data_parallel: bool) -> StepRecord:
+                moves: ReplicaMoves | None, data_parallel: bool, traces: int = 0) -> StepRecord:
     """The :class:`~pybubble.placement.records.StepRecord` of the step ``work`` ran."""
     stats = work.filler.stats
     return StepRecord(
@@ -425,7 +424,8 @@ def step_record(work: EncoderStep, data: StepData, tp: TensorParallelWaits, layo
         chunks=data.chains.chunk_counts(chunk_tiles), encoder_s=work.encoder_s(),
         llm_s=sum(work.filler.progress.op_busy_s),
         imbalance=None if moves is None else (moves.imbalance(False), moves.imbalance(True)),
-        layout=None if layout is None else LayoutFigures(layout.name, layout.given_tiles, layout.slot_tiles))
+        layout=None if layout is None else LayoutFigures(layout.name, layout.given_tiles, layout.slot_tiles),
+        traces=traces)
 
 
 __all__ = ["EncoderRuntime", "StepData", "step_data", "check_packing", "output_of", "run_step", "step_record"]

@@ -73,8 +73,11 @@ class VisionProcessor:
         return t * rows * cols // (self.merge * self.merge)
 
 
-PROCESSORS = {"qwen2_vl": VisionProcessor(), "qwen2_5_vl": VisionProcessor()}
-"""The processors by the model family that uses them (Qwen2-VL and Qwen2.5-VL share theirs)."""
+PROCESSORS = {"qwen2_vl": VisionProcessor(), "qwen2_5_vl": VisionProcessor(),
+              "qwen3_5": VisionProcessor(patch=16, min_pixels=65536, max_pixels=16777216)}
+"""The processors by the model family that uses them: Qwen2-VL and Qwen2.5-VL share theirs
+(transformers' defaults); Qwen3.5 (torchtitan's ``models/qwen3_5``): 16-pixel patches and the pixel
+budget of torchtitan's qwen3_5 data config (256 x 256 to 4096 x 4096 pixels)."""
 
 
 def patches(grid: tuple[int, int, int]) -> int:

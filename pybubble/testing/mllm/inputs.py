@@ -17,7 +17,8 @@ from ...data.samples import Samples
 from ...runtime import EncoderBatch, EncoderRuntime
 from ...runtime.packed import PackedMicrobatch, packed_batch
 from .job import data_samples
-from .model import PACKED_KINDS, PATCH_VALUES, ModelConfig, encoder_tokens, image_side
+from ...config.processors import PROCESSORS
+from .model import PACKED_KINDS, PATCH_VALUES, PROCESSOR_OF, ModelConfig, encoder_tokens, image_side
 
 
 def make_batch(cfg: ModelConfig, step: int, kind: str = "vit") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -48,8 +49,8 @@ def step_samples(args: Any, cfg: ModelConfig, step: int) -> Samples:
     its order, from its start again when they run out (shuffle the file to replay a distribution)."""
     n = cfg.microbatches * cfg.microbatch_size
     if args.data == "mix" and args.encoder in PACKED_KINDS:
-        return native_mix(n, seed=cfg.seed * 100003 + step,
-                          spec=NativeMixSpec(base=example_mix(cfg), scale=NATIVE_SCALE))
+        return native_mix(n, seed=cfg.seed * 100003 + step, spec=NativeMixSpec(base=example_mix(cfg), scale=NATIVE_SCALE),
+                          processor=PROCESSORS[PROCESSOR_OF[args.encoder]])
     if args.data == "mix":
         return mix(n, seed=cfg.seed * 100003 + step, spec=example_mix(cfg))
     samples = data_samples(args)
@@ -64,7 +65,7 @@ def sample_row(cfg: ModelConfig, kind: str, step: int, i: int, tiles: int, text:
     each text position, -100 elsewhere)."""
     g = torch.Generator().manual_seed((cfg.seed * 100003 + step) * 65537 + i)
     if kind in PACKED_KINDS:
-        pixels = [torch.randn(int(np.prod(grid)), PATCH_VALUES, generator=g) for grid in grids]
+        pixels = [torch.randn(int(np.prod(grid)), PATCH_VALUES[kind], generator=g) for grid in grids]
     else:
         shape = (cfg.patches, 3 * cfg.patch * cfg.patch) if kind == "vit" else (3, image_side(cfg), image_side(cfg))
         pixels = torch.randn(tiles, *shape, generator=g)
@@ -130,7 +131,7 @@ def packed_step(cfg: ModelConfig, kind: str, step: int, samples: Samples, mine: 
     slot = [range(k * rows, (k + 1) * rows) for k in range(m)]
     batch, packs = packed_batch([[x for r in rs for x in parts[r][0]] for rs in slot],
                                 [[tuple(map(int, g)) for r in rs for g in grids[mine[r]]] for rs in slot],
-                                patches=cfg.chunk_patches, width=PATCH_VALUES, layout=runtime.encoder.encoder.layout)
+                                patches=cfg.chunk_patches, width=PATCH_VALUES[kind], layout=runtime.encoder.encoder.layout)
     return StepInput(encoder=batch, tokens=torch.stack([p[1] for p in parts]), image_len=torch.as_tensor(tiles),
                      targets=torch.stack([p[2] for p in parts]), text_tokens=int(samples.text.sum()), packs=packs)
 

@@ -16,7 +16,8 @@ from ...data.files import read_samples
 from ...data.samples import Samples
 from ...placement.step_placement import PLACEMENTS
 from .faults import FAULTS
-from .model import ENCODER_KINDS, NATIVE_SIZES, PACKED_KINDS, SIZES, VARYING_SIZES, ModelConfig, encoder_tokens
+from ...config.processors import PROCESSORS
+from .model import ENCODER_KINDS, NATIVE_SIZES, PACKED_KINDS, PROCESSOR_OF, SIZES, VARYING_SIZES, ModelConfig, encoder_tokens
 
 
 DATA = ("fixed", "mix", "file")
@@ -236,6 +237,12 @@ def check_data(args: argparse.Namespace) -> None:
                          f"({', '.join(PACKED_KINDS)})")
     if args.chunk_patches % 4:
         raise ValueError(f"chunk_patches: {args.chunk_patches} is not a multiple of the merger's 4")
+    if args.encoder == "titan_vit":
+        try:
+            import torchtitan.models.qwen3_5.vision_encoder  # noqa: F401
+        except ImportError as e:
+            raise ValueError(f"encoder: 'titan_vit' needs torchtitan's qwen3_5 model ({e}); install torchtitan and "
+                             "flash-linear-attention (see .ci/titan)") from None
     if args.encoder in PACKED_KINDS and args.data == "fixed":
         raise ValueError(f"encoder: {args.encoder!r} takes images at native resolution: give --data mix or "
                          "--data-file")
@@ -316,15 +323,15 @@ def data_samples(args: argparse.Namespace) -> Samples:
     """The samples of ``--data-file``, within the size's limits (read once per file and limits)."""
     cfg = config(args)
     if args.encoder in PACKED_KINDS:  # in pixels: each image within a chunk, each sample within the sequence
-        return _read(args.data_file, 1, None, cfg.seq_len, cfg.chunk_patches)
-    return _read(args.data_file, encoder_tokens(cfg, args.encoder), cfg.max_tiles, cfg.seq_len, None)
+        return _read(args.data_file, 1, None, cfg.seq_len, cfg.chunk_patches, PROCESSOR_OF[args.encoder])
+    return _read(args.data_file, encoder_tokens(cfg, args.encoder), cfg.max_tiles, cfg.seq_len, None, None)
 
 
 @functools.lru_cache(maxsize=8)
-def _read(path: str, tokens_per_tile: int, max_tiles: int | None, max_tokens: int, max_patches: int | None
-          ) -> Samples:
+def _read(path: str, tokens_per_tile: int, max_tiles: int | None, max_tokens: int, max_patches: int | None,
+          processor: str | None) -> Samples:
     samples = read_samples(path, tokens_per_tile=tokens_per_tile, max_tiles=max_tiles, max_tokens=max_tokens,
-                           max_patches=max_patches)
+                           max_patches=max_patches, processor=None if processor is None else PROCESSORS[processor])
     if (samples.grids is not None) != (max_patches is not None):
         raise ValueError(f"{path}: samples in {'pixels' if samples.grids is not None else 'tiles'}, but the encoder "
                          f"takes {'tiles (--encoder vit or timm)' if max_patches is None else 'pixels'}")

@@ -16,12 +16,15 @@ from torch import nn
 from .vision_libraries import import_vision_libraries
 
 
-ENCODER_KINDS = ("vit", "timm", "clip", "qwen2_5_vl")
-PACKED_KINDS = ("qwen2_5_vl",)
-"""The native-resolution encoders: images of any size, packed into chunks of ``chunk_patches``
-patches (:mod:`pybubble.runtime.packed`); a tile is one LLM token (a merged patch)."""
-PATCH_VALUES = 3 * 2 * 14 * 14
-"""Values of one of Qwen2.5-VL's patches: 3 channels, 2 frames, 14 x 14 pixels."""
+ENCODER_KINDS = ("vit", "timm", "clip", "qwen2_5_vl", "titan_vit")
+PACKED_KINDS = ("qwen2_5_vl", "titan_vit")
+"""The native-resolution encoders (transformers' Qwen2.5-VL tower, torchtitan's Qwen3.5 encoder):
+images of any size, packed into chunks of ``chunk_patches`` patches (:mod:`pybubble.runtime.packed`);
+a tile is one LLM token (a merged patch)."""
+PATCH_VALUES = {"qwen2_5_vl": 3 * 2 * 14 * 14, "titan_vit": 3 * 2 * 16 * 16}
+"""Values of one patch: 3 channels, 2 frames, 14 x 14 (Qwen2.5-VL) or 16 x 16 pixels (Qwen3.5)."""
+PROCESSOR_OF = {"qwen2_5_vl": "qwen2_5_vl", "titan_vit": "qwen3_5"}
+"""The processor (:data:`pybubble.config.processors.PROCESSORS`) whose rules size each encoder's images."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -179,6 +182,13 @@ def build_encoder(cfg: ModelConfig, kind: str = "vit") -> nn.Module:
     torch.manual_seed(cfg.seed)
     if kind in PACKED_KINDS:
         from ...runtime.packed import PackedEncoder
+
+        if kind == "titan_vit":
+            from ...integrations.torchtitan.packed_vision import PackedTitanVision
+            from .titan_vision import titan_tower
+
+            return PackedEncoder(PackedTitanVision(titan_tower(cfg.enc_dim, cfg.enc_layers, cfg.enc_heads, cfg.llm_dim,
+                                                               cfg.seed), cfg.chunk_patches))
         from .qwen_vision import PackedQwenVision
 
         return PackedEncoder(PackedQwenVision(seeded_qwen_tower(cfg), cfg.chunk_patches))
@@ -204,6 +214,20 @@ def build_encoder(cfg: ModelConfig, kind: str = "vit") -> nn.Module:
         raise ValueError(f"encoder: {kind!r} is not one of {', '.join(ENCODER_KINDS)}")
     head = [nn.Linear(cfg.enc_dim, cfg.llm_dim)] + ([TokenPool(cfg.pool)] if cfg.pool > 1 else [])
     return nn.Sequential(tower, *head)
+
+
+def unpacked_encoder(cfg: ModelConfig, kind: str) -> tuple[nn.Module, object]:
+    """A native-resolution encoder unpacked, as its library runs it (the weights of
+    :func:`build_encoder`'s): the module, and the function of a microbatch's images (each its
+    patches) and their grids that gives their tokens in order (transformers' tower with its own
+    attention on ``grid_thw``; torchtitan's forward on a padded batch)."""
+    if kind == "titan_vit":
+        from .titan_vision import titan_tower, unpacked
+
+        tower = titan_tower(cfg.enc_dim, cfg.enc_layers, cfg.enc_heads, cfg.llm_dim, cfg.seed)
+        return tower, unpacked(tower)
+    tower = seeded_qwen_tower(cfg, "sdpa")
+    return tower, lambda images, grids: tower(torch.cat(images), grid_thw=torch.tensor(grids)).pooler_output
 
 
 def seeded_qwen_tower(cfg: ModelConfig, attention: str | None = None) -> nn.Module:

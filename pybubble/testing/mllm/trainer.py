@@ -157,7 +157,7 @@ def build_runtime(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig, 
         images, _, _ = make_batch(cfg, 0, args.encoder)
         example = replica_slice(images, cfg, args.dp, parts.dp_rank)[:cfg.microbatch_size // args.dp]
     elif args.encoder in PACKED_KINDS:  # one chunk (of padding: its layout is an input, not part of the trace)
-        example = (torch.zeros(1, cfg.chunk_patches, PATCH_VALUES),
+        example = (torch.zeros(1, cfg.chunk_patches, PATCH_VALUES[args.encoder]),
                    *(t[None] for t in parts.encoder.encoder.layout([])))
     else:
         example = sample_row(cfg, args.encoder, 0, 0, cfg.chunk_tiles, 0)[0]

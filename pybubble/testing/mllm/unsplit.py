@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from .inputs import loss_fn, make_batch, packed_loss, sample_row, step_samples
-from .model import PACKED_KINDS, ModelConfig, build_encoder, build_stages, checksum, encoder_tokens, seeded_qwen_tower
+from .model import PACKED_KINDS, ModelConfig, build_encoder, build_stages, checksum, encoder_tokens, unpacked_encoder
 
 
 def reference_checksum(cfg: ModelConfig, ranks: int, steps: int, kind: str = "vit") -> float:
@@ -39,9 +39,8 @@ def reference_varying(args: Any, cfg: ModelConfig) -> float:
     given order: the parameters every mode and balance must reach."""
     kind = args.encoder
     encoder, stages = build_encoder(cfg, kind), build_stages(cfg, args.pp, kind, packed=True)
-    if kind in PACKED_KINDS:  # transformers' own tower and attention on each microbatch's images, unpacked
-        tower = seeded_qwen_tower(cfg, "sdpa")
-        encoder = lambda images, grids: tower(torch.cat(images), grid_thw=torch.tensor(grids)).pooler_output
+    if kind in PACKED_KINDS:  # the encoder's library's own forward on each microbatch's images, unpacked
+        tower, encoder = unpacked_encoder(cfg, kind)
     modules = (tower if kind in PACKED_KINDS else encoder, *stages)
     opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=cfg.lr)
     scale = [0.0]

@@ -96,6 +96,20 @@ def test_packed_batch_refuses_pixels_that_do_not_match_their_grid():
         packed_batch([[]], [[]], patches=66, width=6, layout=lambda grids: ())
 
 
+def test_a_packed_layout_refuses_a_batch_of_fewer_chunks_than_its_slots_fill():
+    from pybubble.placement.slots import SlotLayout
+    from pybubble.runtime import EncoderBatch
+
+    layout = SlotLayout.as_given([300, 100, 0, 20], 2, per_chunk=256)  # slots of 400 and 20 patches
+    assert layout.slot_tiles == [400, 20] and layout.fewest_chunks == [2, 1]
+    example = (torch.zeros(1, 8),)
+    ok = EncoderBatch([torch.zeros(2, 8), torch.zeros(1, 8)])
+    assert ok.problem(example, 2, layout) is None
+    short = EncoderBatch([torch.zeros(1, 8), torch.zeros(1, 8)])
+    assert short.problem(example, 2, layout) == ("batch: chunks per microbatch [1, 1], fewer than the layout lay_out "
+                                                 "chose ('given') fills, [2, 1]")
+
+
 # -- data in pixels ----------------------------------------------------------------------------
 def test_a_data_file_in_pixels_gives_each_image_its_grid_and_tokens():
     samples = read_samples(NATIVE)
@@ -176,6 +190,16 @@ def test_every_mode_ends_with_the_parameters_of_the_tower_run_unsplit(trainer_re
     for mode, report in reports.items():
         assert report["param_checksum"] == pytest.approx(report["reference_checksum"], rel=1e-6), mode
         assert report["encoder"] == "qwen2_5_vl"
+
+
+def test_balance_lays_the_samples_out_by_their_patches(trainer_reports):
+    balanced = trainer_reports(*PP2, modes=RUNS[PP2])
+    assert balanced["pybubble"]["data"]["layout"][0] == "given"  # step 0: no costs measured yet
+    assert set(balanced["pybubble"]["data"]["layout"][1:]) - {"given"}  # later: a balanced layout
+    for mode in ("megatron", "coarse"):  # the baselines run the samples as given
+        assert balanced[mode]["data"]["layout"] == ["given"] * 3
+    off = trainer_reports(*PP2, "--balance", "off", modes=("pybubble",))["pybubble"]["data"]
+    assert off["layout"] == ["given"] * 3 and off["slot_imbalance_run"] == off["slot_imbalance_given"]
 
 
 @pytest.mark.parametrize("args", [PP2, DP2, DP2_PP2], ids=("pp2", "dp2", "dp2 x pp2"))

@@ -33,12 +33,16 @@ class SlotLayout:
     """Each sample's encoder work, in tiles (int64)."""
     slots: int
     """The step's slots (the schedule's microbatches)."""
+    per_chunk: int | None = None
+    """Packed chunks (native-resolution encoders, :mod:`pybubble.runtime.packed`): ``tiles`` count
+    each sample's patches, ``per_chunk`` of them fill one chunk; None: ``tiles`` are tiles."""
 
     @classmethod
-    def as_given(cls, tiles: Sequence[int] | np.ndarray, slots: int) -> SlotLayout:
+    def as_given(cls, tiles: Sequence[int] | np.ndarray, slots: int, per_chunk: int | None = None) -> SlotLayout:
         """The samples in their given slots."""
         t = _tiles(tiles, slots)
-        return cls(name=GIVEN, slot=np.arange(t.size, dtype=np.int64) // (t.size // slots), tiles=t, slots=slots)
+        return cls(name=GIVEN, slot=np.arange(t.size, dtype=np.int64) // (t.size // slots), tiles=t, slots=slots,
+                   per_chunk=per_chunk)
 
     @property
     def rows(self) -> int:
@@ -54,6 +58,11 @@ class SlotLayout:
     def slot_tiles(self) -> list[int]:
         """Tiles per slot, as laid out."""
         return np.bincount(self.slot, weights=self.tiles, minlength=self.slots).astype(int).tolist()
+
+    @property
+    def fewest_chunks(self) -> list[int]:
+        """Per slot, the fewest chunks its work fills (packed: its patches over a chunk's; else its tiles)."""
+        return [-(-t // (self.per_chunk or 1)) for t in self.slot_tiles]
 
     @property
     def given_tiles(self) -> list[int]:
@@ -85,14 +94,19 @@ def _tiles(tiles: Sequence[int] | np.ndarray, slots: int) -> np.ndarray:
 
 
 def choose_layout(tiles: Sequence[int] | np.ndarray, slots: int, predict: Callable[[np.ndarray], float],
-                  room: np.ndarray | None = None, chunk_tiles: int | None = None) -> SlotLayout:
+                  room: np.ndarray | None = None, chunk_tiles: int | None = None,
+                  per_chunk: int | None = None) -> SlotLayout:
     """The layout of :func:`~pybubble.schedule.balance.row_layouts` (samples of ``tiles``, ``slots``
     slots, ``room``: the last plan's room per slot, ``chunk_tiles``: the encoder's chunk) whose step
-    ``predict(tiles per slot)`` says is shortest (the first of equals, in row_layouts' order)."""
+    ``predict(tiles per slot)`` says is shortest (the first of equals, in row_layouts' order); with
+    ``per_chunk`` (packed chunks), ``tiles`` are patches, ``per_chunk`` of them a chunk, and
+    ``predict`` takes chunks per slot (the fewest each slot's patches fill)."""
     t = _tiles(tiles, slots)
-    layouts = row_layouts(t, slots, t.size // slots, room, chunk_tiles)
-    name = min(layouts, key=lambda n: predict(np.bincount(layouts[n], weights=t, minlength=slots)))
-    return SlotLayout(name=name, slot=layouts[name], tiles=t, slots=slots)
+    unit = per_chunk or 1
+    layouts = row_layouts(t, slots, t.size // slots, room, per_chunk or chunk_tiles)
+    name = min(layouts, key=lambda n: predict(-(-np.bincount(layouts[n], weights=t, minlength=slots).astype(np.int64)
+                                               // unit)))
+    return SlotLayout(name=name, slot=layouts[name], tiles=t, slots=slots, per_chunk=per_chunk)
 
 
 __all__ = ["GIVEN", "SlotLayout", "choose_layout"]

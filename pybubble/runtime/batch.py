@@ -166,9 +166,12 @@ class EncoderBatch:
                 if t.shape[1:] != e.shape[1:] or t.dtype != e.dtype:
                     return (f"batch: microbatch {k}'s input {i} has tiles of shape {tuple(t.shape[1:])} "
                             f"({t.dtype}), the encoder's pieces take {tuple(e.shape[1:])} ({e.dtype})")
-        if layout is not None and self.tiles != layout.slot_tiles:
+        if layout is not None and layout.per_chunk is None and self.tiles != layout.slot_tiles:
             return (f"batch: tiles per microbatch {self.tiles}, but the layout lay_out chose ({layout.name!r}) has "
                     f"{layout.slot_tiles}")
+        if layout is not None and any(c < f for c, f in zip(self.tiles, layout.fewest_chunks)):
+            return (f"batch: chunks per microbatch {self.tiles}, fewer than the layout lay_out chose "
+                    f"({layout.name!r}) fills, {layout.fewest_chunks}")
         return None
 
     def chunk_counts(self, size: int) -> list[int]:

@@ -250,20 +250,14 @@ class EncoderRuntime:
             self._step_mode, self.costs, self.microbatches, self.pipeline.table,
             chunk_counts(Packing.of(tiles, pack).packed, self.chunk_tiles))
 
-    def lay_out(self, sample_tiles: Sequence[int] | np.ndarray) -> SlotLayout:
+    def lay_out(self, sample_tiles: Sequence[int] | np.ndarray, per_chunk: int | None = None) -> SlotLayout:
         """The next step's samples over the LLM's slots: ``sample_tiles``, each sample's tiles in the
-        trainer's order (``len / microbatches`` per slot, sample i given slot ``i // rows``). With
-        ``options.balance.slots`` and costs measured, the layout predicted shortest
-        (:func:`~pybubble.placement.slots.choose_layout`, the last plan's room per slot), else the
-        given one. The trainer runs its samples in ``layout.order``; the step's record names it."""
-        if self.options.balance.slots and self.costs is not None:
-            problem = self.placement.problem if self.placement is not None else None
-            layout = choose_layout(sample_tiles, self.microbatches, self.predict,
-                                   None if problem is None else deadline_gaps(problem), self.chunk_tiles)
-        else:
-            layout = SlotLayout.as_given(sample_tiles, self.microbatches)
-        self._layout = layout
-        return layout
+        trainer's order (``len / microbatches`` per slot, sample i given slot ``i // rows``; packed
+        chunks: its patches, ``per_chunk`` of them a chunk). With ``options.balance.slots`` and costs
+        measured, the layout predicted shortest (:func:`slot_layout`), else the given one. The
+        trainer runs its samples in ``layout.order``; the step's record names it."""
+        self._layout = slot_layout(self, sample_tiles, per_chunk)
+        return self._layout
 
     def step(self, encoder_input: EncoderBatch | torch.Tensor | Sequence[torch.Tensor], *args: Any,
              **kwargs: Any) -> Any:
@@ -360,6 +354,18 @@ class EncoderRuntime:
 
 
 
+def slot_layout(runtime: EncoderRuntime, sample_tiles: Sequence[int] | np.ndarray, per_chunk: int | None
+                ) -> SlotLayout:
+    """The layout :meth:`EncoderRuntime.lay_out` takes: with ``options.balance.slots`` and costs
+    measured, the one :meth:`EncoderRuntime.predict` says is shortest
+    (:func:`~pybubble.placement.slots.choose_layout`, the last plan's room per slot), else the given one."""
+    if not (runtime.options.balance.slots and runtime.costs is not None):
+        return SlotLayout.as_given(sample_tiles, runtime.microbatches, per_chunk)
+    problem = runtime.placement.problem if runtime.placement is not None else None
+    return choose_layout(sample_tiles, runtime.microbatches, runtime.predict,
+                         None if problem is None else deadline_gaps(problem), runtime.chunk_tiles, per_chunk)
+
+
 def step_data(batch: EncoderBatch, replica_balance: ReplicaBalance | None, pack: int | None) -> StepData:
     """The step's encoder work balanced over the replicas (with a ``replica_balance``:
     :func:`~pybubble.runtime.replicas.move_work`) and packed (``pack``: the chunk's tiles, with
@@ -428,4 +434,4 @@ def step_record(work: EncoderStep, data: StepData, tp: TensorParallelWaits, layo
         traces=traces)
 
 
-__all__ = ["EncoderRuntime", "StepData", "step_data", "check_packing", "output_of", "run_step", "step_record"]
+__all__ = ["EncoderRuntime", "StepData", "slot_layout", "step_data", "check_packing", "output_of", "run_step", "step_record"]

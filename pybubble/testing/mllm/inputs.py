@@ -120,19 +120,22 @@ def replica_step(args: Any, cfg: ModelConfig, step: int, replica: int, runtime: 
 
 def packed_step(cfg: ModelConfig, kind: str, step: int, samples: Samples, mine: np.ndarray,
                 runtime: EncoderRuntime) -> StepInput:
-    """A native-resolution encoder's share of a step, its samples in their given slots: each slot's
-    images packed into chunks of the pieces' patches (:func:`~pybubble.runtime.packed.packed_batch`,
-    the tower's :class:`~pybubble.testing.mllm.qwen_vision.QwenLayout`)."""
+    """A native-resolution encoder's share of a step: its samples laid out over the slots by their
+    patches (:meth:`~pybubble.runtime.EncoderRuntime.lay_out` with ``per_chunk``), each slot's images
+    packed into chunks of the pieces' patches (:func:`~pybubble.runtime.packed.packed_batch`, the
+    encoder's layout tensors)."""
     m = cfg.microbatches
     rows = len(mine) // m
     tiles, text = samples.sample_tiles[mine], samples.text[mine]
     grids = np.split(samples.grids, np.cumsum(samples.images)[:-1])  # each sample's images' grids
-    parts = [sample_row(cfg, kind, step, int(i), int(tiles[r]), int(text[r]), grids[i]) for r, i in enumerate(mine)]
+    layout = runtime.lay_out([int(grids[i].prod(axis=1).sum()) for i in mine], per_chunk=cfg.chunk_patches)
+    run = layout.order
+    parts = [sample_row(cfg, kind, step, int(mine[r]), int(tiles[r]), int(text[r]), grids[mine[r]]) for r in run]
     slot = [range(k * rows, (k + 1) * rows) for k in range(m)]
     batch, packs = packed_batch([[x for r in rs for x in parts[r][0]] for rs in slot],
-                                [[tuple(map(int, g)) for r in rs for g in grids[mine[r]]] for rs in slot],
+                                [[tuple(map(int, g)) for r in rs for g in grids[mine[run[r]]]] for rs in slot],
                                 patches=cfg.chunk_patches, width=PATCH_VALUES[kind], layout=runtime.encoder.encoder.layout)
-    return StepInput(encoder=batch, tokens=torch.stack([p[1] for p in parts]), image_len=torch.as_tensor(tiles),
+    return StepInput(encoder=batch, tokens=torch.stack([p[1] for p in parts]), image_len=torch.as_tensor(tiles[run]),
                      targets=torch.stack([p[2] for p in parts]), text_tokens=int(samples.text.sum()), packs=packs)
 
 

@@ -165,8 +165,7 @@ def build_runtime(parts: RankParts, args: argparse.Namespace, cfg: ModelConfig, 
     options = RuntimeOptions(
         mode=args.mode, microbatches=cfg.microbatches, trace=bool(os.environ.get("PYBUBBLE_TRACE")),
         pieces=PieceOptions(min_s=None if args.piece_ms is None else args.piece_ms / 1e3),
-        balance=BalanceOptions(slots=balanced(args) and args.encoder not in PACKED_KINDS,
-                               replicas=balanced(args) and args.dp > 1,
+        balance=BalanceOptions(slots=balanced(args), replicas=balanced(args) and args.dp > 1,
                                pack_chunks=balanced(args) and args.pp == 1))
     runtime = EncoderRuntime(parts.encoder, stage=stage, schedule=parts.schedule, example=example, groups=parts.mesh,
                              options=options, device=parts.device)

@@ -88,6 +88,39 @@ def test_packed_chunks_give_transformers_own_tower_tokens_of_every_microbatch():
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+class _ReadsItsLayout(torch.nn.Module):
+    """transformers' Qwen2.5-VL tower with its own attention: it splits the sequence by Python lengths
+    read from ``cu_seqlens``, so a trace would serve the traced layout only."""
+
+    def __init__(self, tower):
+        super().__init__()
+        self.tower = tower
+
+    def forward(self, pixels, position_ids, cu_seqlens, window_index, cu_window_seqlens):
+        return self.tower(pixels, grid_thw=None, position_ids=position_ids, cu_seqlens=cu_seqlens,
+                          window_index=window_index, cu_window_seqlens=cu_window_seqlens, max_seqlen=128,
+                          max_window_seqlen=128).pooler_output
+
+
+def test_an_encoder_that_reads_its_layout_as_values_is_refused_by_the_runtime(world_of_one):
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from pybubble.runtime import EncoderRuntime
+    from pybubble.runtime.packed import PackedEncoder, check_traceable
+
+    qv = qwen_vision()
+    torch.manual_seed(0)
+    good = PackedEncoder(qv.PackedQwenVision(qv.qwen_tower(16, 1, 2, 8), 128))
+    example = (torch.zeros(1, 128, 1176), *(t[None] for t in good.encoder.layout([(1, 4, 4), (1, 8, 8)])))
+    check_traceable(good, example)  # block attention from tensors: one trace serves every layout
+    bad = PackedEncoder(_ReadsItsLayout(qv.qwen_tower(16, 1, 2, 8, "sdpa")))
+    with pytest.raises(ValueError, match=r"encoder: its layout inputs are read as Python values.*sdpa_attention"):
+        check_traceable(bad, example)
+    stage = PipelineStage(torch.nn.Linear(4, 4), 0, 1, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"encoder: its layout inputs are read as Python values"):
+        EncoderRuntime(bad, stage=stage, schedule=Schedule1F1B(stage, 2, loss_fn=lambda y, t: y.sum()), example=example)
+
+
 def test_packed_batch_refuses_pixels_that_do_not_match_their_grid():
     with pytest.raises(ValueError, match=r"microbatch 0 image 1 has shape \(15, 6\), its grid \(1, 4, 4\) has 16"):
         packed_batch([[torch.zeros(16, 6), torch.zeros(15, 6)]], [[(1, 4, 4), (1, 4, 4)]], patches=64, width=6,

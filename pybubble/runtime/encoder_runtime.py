@@ -53,6 +53,7 @@ from .pipelining import fill_pipeline_waits
 from .profile import check_piece_s
 from .replicas import MovedWork, ReplicaBalance, ReplicaMoves
 from .schedule_shape import PipelineShape
+from .packed import PackedEncoder, check_traceable
 from .segments import MicrobatchRun, split_into_pieces, traces_made
 from .step_costs import StepCosts
 from .tensor_parallel import fill_tp_waits
@@ -192,6 +193,8 @@ class EncoderRuntime:
         """One chunk of encoder input: the pieces' fixed shape (its dim 0: the tiles of a chunk)."""
         self.chunk_tiles = int(self.example[0].shape[0])
         """Tiles of one chunk: the encoder's pieces run on this many at a time."""
+        if isinstance(encoder, PackedEncoder):  # its layout comes in as tensors: none may be read as a value
+            check_traceable(encoder, self.example)
         self.kernels = self.pieces = split_into_pieces(encoder, self.example, self.options.compute_dtype)
         """The encoder cut before each kernel; :attr:`pieces` merges them at the profile."""
         self.piece_s = check_piece_s(self.options.pieces.min_s, self.mode)

@@ -98,7 +98,8 @@ class PackedEncoder(nn.Module):
     chunks): it takes the layout as tensors and reads no Python value of it (no ``.item()``, no
     ``.tolist()``, no lengths from a tensor); its attention is masked from those tensors (a chunk's
     padding is a block of its own); its output rows come in the images' order, the padding's last;
-    nothing mixes chunks (no batch norm in training mode)."""
+    nothing mixes chunks (no batch norm in training mode). :func:`check_traceable` refuses an
+    encoder that reads its layout's values; :class:`~pybubble.runtime.EncoderRuntime` calls it."""
 
     def __init__(self, encoder: nn.Module):
         super().__init__()
@@ -107,6 +108,26 @@ class PackedEncoder(nn.Module):
     def forward(self, pixels: torch.Tensor, *layout: torch.Tensor) -> torch.Tensor:
         """The chunks' tokens (chunks x tokens per chunk x width)."""
         return torch.stack([self.encoder(pixels[i], *(t[i] for t in layout)) for i in range(pixels.shape[0])])
+
+
+def check_traceable(encoder: nn.Module, example: Sequence[torch.Tensor]) -> None:
+    """Refuses (ValueError naming the reason) a packed encoder that reads a value of its inputs as a
+    Python number (``.item()``, ``.tolist()``, a length taken from a tensor): traced on real
+    tensors it would bake the example's layout into its pieces, and every other step would run the
+    example's. The check traces it once with fake tensors (``make_fx``'s fake mode), where no such
+    value exists."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.func import functional_call
+
+    state = {**dict(encoder.named_parameters()), **dict(encoder.named_buffers())}
+    try:
+        make_fx(lambda s, *x: functional_call(encoder, s, x), tracing_mode="fake")(state, *example)
+    except Exception as e:  # what a trace without values cannot follow
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = next((line.strip() for line in str(e).splitlines() if line.strip().startswith("Caused by")), "")
+        raise ValueError(f"encoder: its layout inputs are read as Python values, so one trace would serve one "
+                         f"layout only (see pybubble.runtime.packed.PackedEncoder for what an encoder must "
+                         f"satisfy): {type(e).__name__}: {first}{' ' + where if where else ''}") from None
 
 
 def packed_batch(pixels: Sequence[Sequence[torch.Tensor]], grids: Sequence[Sequence[Grid]], *, patches: int,
@@ -147,5 +168,5 @@ def packed_batch(pixels: Sequence[Sequence[torch.Tensor]], grids: Sequence[Seque
     return EncoderBatch(batch, [[1] * t[0].shape[0] for t in batch]), packs
 
 
-__all__ = ["Grid", "Layout", "PackedEncoder", "PackedMicrobatch", "chunk_patches", "grid_patches", "pack_images",
+__all__ = ["Grid", "Layout", "PackedEncoder", "PackedMicrobatch", "check_traceable", "chunk_patches", "grid_patches", "pack_images",
            "packed_batch"]

@@ -13,7 +13,9 @@ that a better plan or a split chain could reach, at the launch's measured costs.
 With several data-parallel replicas (``--dp 2 --pp 1``) the question is the balance's: per settled
 step, the chunks of the busiest replica (what the step waits for) against the fewest any move of
 tiles between the replicas allows (every tile's replica free: the step's tiles over the replicas,
-in chunks), for pybubble and for ``--balance off``.
+in chunks), and against the mean over the replicas (the fractional bound, at least one chunk), for
+pybubble and for ``--balance off``. A native-resolution encoder's tile is a chunk of packed patches,
+all of one cost: its replicas' encoder costs are whole chunks.
 
 Without ``--reports`` it launches the test trainer once per mode (pybubble.testing.mllm, tp 1; its
 first two steps profile and adapt and are left out): coarse and pybubble, and with ``--dp``
@@ -108,7 +110,8 @@ def balance_figures(report: dict, step: int) -> dict:
     tiles = sum(sum(rank[step]) for rank in data["tiles"]) * replicas // ranks
     size = data["chunk_tiles"]
     return {"step": step, "tiles": tiles, "busiest_chunks": max(sum(rank[step]) for rank in data["chunks"]),
-            "fewest_chunks": -(-tiles // (replicas * size)), "measured_s": report["step_times_s"][step]}
+            "fewest_chunks": -(-tiles // (replicas * size)), "mean_chunks": max(tiles / (replicas * size), 1.0),
+            "measured_s": report["step_times_s"][step]}
 
 
 def print_balance(reports: dict) -> list[dict]:
@@ -123,8 +126,12 @@ def print_balance(reports: dict) -> list[dict]:
         if mine:
             at = sum(x["busiest_chunks"] == x["fewest_chunks"] for x in mine)
             over = sum(x["busiest_chunks"] - x["fewest_chunks"] for x in mine)
+            near = sum(x["busiest_chunks"] <= 1.05 * x["mean_chunks"] for x in mine)
+            worst = max(x["busiest_chunks"] / x["mean_chunks"] for x in mine)
             print(f"{name:<10} busiest replica at the fewest chunks in {at} of {len(mine)} steps, {over} chunk(s) "
-                  f"over them in all; median step {statistics.median(x['measured_s'] for x in mine) * 1e3:.1f} ms")
+                  f"over them in all; within 5% of the mean over the replicas (at least one chunk) in {near} of "
+                  f"{len(mine)} (at most {worst:.3f}x it); median step "
+                  f"{statistics.median(x['measured_s'] for x in mine) * 1e3:.1f} ms")
     return rows
 
 

@@ -18,6 +18,7 @@ its figures. The prediction is the median of the runtime's per-step predictions.
         [--schedule 1f1b|interleaved_1f1b|zbv|...] [--chunks V] [--piece-ms MS] [--out runtime_modes.json]
     python bench/runtime_modes.py --tp 2    # one stage tensor-parallel over the 2 ranks: the TP waits
     python bench/runtime_modes.py --data mix [--data-file FILE] [--dp 2 --pp 1]
+    python bench/runtime_modes.py --encoder qwen2_5_vl --data mix [--chunk-patches N]   # native resolution
 
 With varying data (``--data mix`` or ``--data-file``) a fourth launch per round runs pybubble
 with ``--balance off`` (``unbalanced``: re-planned every step, the samples as given, each replica
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pp", type=int, default=0, help="pipeline stages (default: ranks / dp / tp)")
     p.add_argument("--data", default="fixed", help="fixed or mix (the trainer's --data)")
     p.add_argument("--data-file", help="replay these samples (JSON lines, the trainer's --data-file)")
+    p.add_argument("--chunk-patches", type=int, default=0,
+                   help="native-resolution encoders: patches of a chunk (the trainer's --chunk-patches; default the size's)")
     p.add_argument("--piece-ms", type=float, help="pybubble's pieces (the trainer's --piece-ms; default automatic)")
     p.add_argument("--out", help="write every launch's report (JSON) here")
     a = p.parse_args(argv)
@@ -136,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "--chunks", str(a.chunks), "--tp", str(a.tp), "--dp", str(a.dp),
                                     "--pp", str(a.pp), "--data", a.data, "--balance", balance]
                                    + (["--data-file", a.data_file] if a.data_file else [])
-                                   + ([] if a.piece_ms is None else ["--piece-ms", str(a.piece_ms)]))
+                                   + ([] if a.piece_ms is None else ["--piece-ms", str(a.piece_ms)])
+                                   + (["--chunk-patches", str(a.chunk_patches)] if a.chunk_patches else []))
             try:
                 mllm.check_args(args)
                 rep = mllm.launch_job(args)

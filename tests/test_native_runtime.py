@@ -39,11 +39,7 @@ def qwen_vision():
     from pybubble.testing.mllm.vision_libraries import import_vision_libraries
 
     import_vision_libraries()
-    try:
-        import transformers.vision_utils  # noqa: F401
-        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl  # noqa: F401
-    except ImportError as e:
-        pytest.skip(f"transformers without Qwen2.5-VL's vision_utils: {e}")
+    pytest.importorskip("transformers.vision_utils", reason="transformers without Qwen2.5-VL's vision_utils")
     from pybubble.testing.mllm import qwen_vision as module
 
     return module

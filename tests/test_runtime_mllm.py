@@ -189,7 +189,7 @@ def test_a_failing_rank_ends_every_rank_within_the_timeout(trainer_cli):
     (["--mode", "coarse,megatron,coarse"], "error: mode: 'coarse,megatron,coarse' names a mode twice"),
     (["--ranks", 1], "error: ranks: 1 is not >= 2"),
     (["--size", "huge"], "error: size: 'huge' is not one of small, tiny"),
-    (["--encoder", "resnet"], "error: encoder: 'resnet' is not one of vit, timm, clip"),
+    (["--encoder", "resnet"], "error: encoder: 'resnet' is not one of vit, timm, clip, qwen2_5_vl, titan_vit"),
     (["--fail-rank", 5], "error: fail_rank: 5 is not a rank (< 2)"),
     (["--device", "tpu"], "error: device: 'tpu' is not one of cpu, cuda"),
     (["--ranks", 4, "--size", "tiny"], "error: pp: 4 exceeds the 2 microbatches of size 'tiny'"),

@@ -47,6 +47,8 @@ class Problem:
     def num_tasks(self) -> int: ...
     @property
     def num_microbatches(self) -> int: ...
+    def with_tasks(self, tasks: TaskArrays) -> Problem:
+        """This problem's bubbles (windows shared, not copied) with other tasks, checked."""
     def arrays(self) -> dict[str, Any]:
         """{"horizon": float, "compute_free": {"offset", "start", "end"}, "link_free": {...},
         "forward_needed": array, "grad_ready": array, "tasks": {"lane", ..., "after"}}"""

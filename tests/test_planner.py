@@ -273,6 +273,13 @@ def test_optimus_is_the_search_with_whole_microbatches_on_the_configs_schedule(d
     assert both.best.step_time <= both.optimus.step_time
     assert both.best.step_time <= planner.search(step).best.step_time
     assert planner.search(step).optimus is None
+    # the plans whose partitions no other plan's pruned hold best_partition's result (the report's spread feature)
+    for searched in both.plans:
+        if searched.partition_known:
+            alone = planner.best_partition(step, searched.plan)
+            assert (alone is None) == (searched.partition is None)
+            if alone is not None:
+                assert (searched.partition.step_time, searched.partition.partition) == (alone.step_time, alone.partition)
 
 
 def test_prefetch_runs_a_frozen_encoders_next_forwards_in_this_step():

@@ -175,3 +175,21 @@ def test_fuzzed_core_arrays_never_crash(seed, data):
     except ValueError:
         return
     assert pybubble.validate(p, pybubble.schedule_problem(p)) == []
+
+
+def test_with_tasks_shares_the_bubbles_and_checks_the_tasks():
+    from pybubble.problem.arrays import ProblemArrays, Tasks
+    from pybubble.schedule.scheduler import schedule_problem
+
+    problem = random_problem(3)
+    a = problem.arrays()
+    empty = pybubble.Problem.from_arrays(ProblemArrays(horizon=a.horizon, compute_free=a.compute_free,
+                                                       link_free=a.link_free, forward_needed=a.forward_needed,
+                                                       grad_ready=a.grad_ready, tasks=Tasks.empty()), problem.lane_names)
+    again = empty.with_tasks(a.tasks)
+    assert again.to_dict() == problem.to_dict() and again.lane_names == problem.lane_names
+    assert schedule_problem(again).step_time == schedule_problem(problem).step_time
+    bad = copy.copy(a.tasks)
+    bad.lane = np.full(len(a.tasks), problem.num_lanes)
+    with pytest.raises(ValueError, match=r"tasks\[0\]\.lane: "):
+        empty.with_tasks(bad)

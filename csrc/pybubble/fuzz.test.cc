@@ -163,7 +163,7 @@ TEST(Fuzz, ProblemSchedulerAndValidator) {
     const bool ok = accepts([&] {
       const Problem p(in);
       Scheduler sched(p);
-      for (Policy pol : {Policy::kGreedy, Policy::kCoarse}) expect_valid(p.fields(), sched.run(pol), round);
+      for (Policy pol : {Policy::kGreedy, Policy::kCoarse}) expect_valid(p.input(), sched.run(pol), round);
       std::vector<double> start;
       first_fit_floor(p, start);
       EXPECT_EQ(start.size(), static_cast<size_t>(p.num_tasks()));
@@ -171,7 +171,7 @@ TEST(Fuzz, ProblemSchedulerAndValidator) {
       const std::vector<double> d = r.numbers(r.near(p.num_tasks()), 0.0, 20.0);
       accepts([&] {
         const Schedule& s = sched.run(Policy::kGreedy, &d);
-        ProblemInput with = p.fields();
+        ProblemInput with = p.input();
         with.duration = d;
         expect_valid(with, s, round);
       });
@@ -297,7 +297,7 @@ TEST(Fuzz, GeneratedProblems) {
     s.seed = static_cast<uint64_t>(r.integer(0, 1000));
     const bool ok = accepts([&] {
       const Problem p(synthetic_problem(s));
-      expect_valid(p.fields(), schedule(p, Policy::kGreedy), round);
+      expect_valid(p.input(), schedule(p, Policy::kGreedy), round);
     });
     return ok;
   }), 50);

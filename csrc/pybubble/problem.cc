@@ -77,7 +77,37 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
     }
     if (gr < fn) fail(f() + ".grad_ready: " + format_number(gr) + " is before forward_needed " + format_number(fn));
   }
+  compute_free_ = std::make_shared<const WindowSet>(std::move(in_.compute_free));
+  link_free_ = std::make_shared<const WindowSet>(std::move(in_.link_free));
+  in_.compute_free = WindowSet{};
+  in_.link_free = WindowSet{};
+  index_tasks();
+}
 
+Problem::Problem(const Problem& like, ProblemInput tasks) : compute_free_(like.compute_free_), link_free_(like.link_free_) {
+  in_.horizon = like.in_.horizon;
+  in_.num_lanes = like.in_.num_lanes;
+  in_.forward_needed = like.in_.forward_needed;
+  in_.grad_ready = like.in_.grad_ready;
+  in_.lane = std::move(tasks.lane);
+  in_.microbatch = std::move(tasks.microbatch);
+  in_.duration = std::move(tasks.duration);
+  in_.resource = std::move(tasks.resource);
+  in_.phase = std::move(tasks.phase);
+  in_.after_offset = std::move(tasks.after_offset);
+  in_.after = std::move(tasks.after);
+  index_tasks();
+}
+
+ProblemInput Problem::input() const {
+  ProblemInput out = in_;
+  out.compute_free = *compute_free_;
+  out.link_free = *link_free_;
+  return out;
+}
+
+void Problem::index_tasks() {
+  const size_t m = in_.forward_needed.size();
   const size_t n = in_.duration.size();
   check_count(static_cast<int64_t>(n), kMaxTasks, "tasks", "tasks");
   check_count(static_cast<int64_t>(in_.after.size()), kMaxPredecessors, "predecessors", "tasks.after");
@@ -92,7 +122,7 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
   resource_.resize(n);
   phase_.resize(n);
   for (size_t i = 0; i < n; ++i) {
-    poll_cancel();
+    if ((i & 1023) == 0) poll_cancel(1024);  // a thread-local read per task would cost more than the checks
     const auto f = [&] { return "tasks[" + format_number(i) + "]"; };
     if (in_.lane[i] < 0 || in_.lane[i] >= in_.num_lanes) {
       fail(f() + ".lane: " + format_number(in_.lane[i]) + " is not in [0, " +
@@ -118,9 +148,13 @@ Problem::Problem(ProblemInput in) : in_(std::move(in)) {
   pred_off_.assign(n + 1, 0);
   pred_.resize(in_.after.size());
   std::vector<int64_t> succ_count(n, 0);
+  int64_t work = 0;  // polled every 1024 units or so, as above
   for (size_t i = 0; i < n; ++i) {
     const int64_t b = in_.after_offset[i], e = in_.after_offset[i + 1];
-    poll_cancel(1 + e - b);
+    if ((work += 1 + e - b) >= 1024) {
+      poll_cancel(work);
+      work = 0;
+    }
     for (int64_t q = b; q < e; ++q) {
       const int64_t p = in_.after[static_cast<size_t>(q)];
       const auto f = [&] { return "tasks[" + format_number(i) + "].after[" + format_number(q - b) + "]"; };

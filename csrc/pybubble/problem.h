@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "pybubble/limits.h"
@@ -68,14 +69,22 @@ class Problem {
   /// Checks `in` and builds the indexes. Throws std::invalid_argument naming the first bad field
   /// in the JSON's terms, e.g. "tasks[17].after[0]: 23 is not < 17".
   explicit Problem(ProblemInput in);
+  /// `like`'s horizon, lanes, windows and microbatches with the tasks of `tasks` (its other fields
+  /// are ignored): the windows are shared, not copied or checked again, the tasks checked as the
+  /// constructor above checks them. For many problems on the same bubbles (a search's candidates).
+  Problem(const Problem& like, ProblemInput tasks);
 
   double horizon() const { return in_.horizon; }
   int32_t num_lanes() const { return static_cast<int32_t>(in_.num_lanes); }
   int32_t num_tasks() const { return static_cast<int32_t>(in_.duration.size()); }
   int32_t num_microbatches() const { return static_cast<int32_t>(in_.forward_needed.size()); }
   /// The windows of resource r (kCompute -> compute_free, kComm -> link_free).
-  const WindowSet& windows(int r) const { return r == kCompute ? in_.compute_free : in_.link_free; }
+  const WindowSet& windows(int r) const { return r == kCompute ? *compute_free_ : *link_free_; }
+  /// The horizon, lanes, microbatches and tasks as given; its compute_free and link_free are
+  /// empty (the windows are windows(r), shared between the problems made `like` this one).
   const ProblemInput& fields() const { return in_; }
+  /// A copy of every field, the windows included (to build a changed problem from).
+  ProblemInput input() const;
 
   int32_t lane(int32_t t) const { return lane_[t]; }
   int32_t microbatch(int32_t t) const { return microbatch_[t]; }
@@ -98,7 +107,11 @@ class Problem {
   }
 
  private:
-  ProblemInput in_;
+  /// Checks the tasks of in_ against its lanes and microbatches and builds their indexes.
+  void index_tasks();
+
+  ProblemInput in_;  // windows moved out into compute_free_ and link_free_
+  std::shared_ptr<const WindowSet> compute_free_, link_free_;
   std::vector<int32_t> lane_, microbatch_;
   std::vector<uint8_t> resource_, phase_;
   std::vector<int64_t> pred_off_, succ_off_, mb_off_;

@@ -40,6 +40,35 @@ std::string error_of(const ProblemInput& in) {
   return "";
 }
 
+TEST(Problem, WithOtherTasksSharesTheWindowsAndChecksTheTasks) {
+  const Problem base(two_tasks());
+  ProblemInput tasks;  // one forward task of 7 us; its other fields are ignored
+  tasks.horizon = 1.0;
+  tasks.lane = {0};
+  tasks.microbatch = {0};
+  tasks.duration = {7.0};
+  tasks.resource = {kCompute};
+  tasks.phase = {kFwd};
+  tasks.after_offset = {0, 0};
+  const Problem p(base, tasks);
+  EXPECT_EQ(p.num_tasks(), 1);
+  EXPECT_EQ(p.horizon(), 100.0);
+  EXPECT_EQ(&p.windows(kCompute), &base.windows(kCompute));  // shared, not copied
+  EXPECT_TRUE(p.fields().compute_free.start.empty());
+  const ProblemInput full = p.input();  // the windows come back with input()
+  EXPECT_EQ(full.compute_free.start, std::vector<double>{10.0});
+  EXPECT_EQ(full.forward_needed, std::vector<double>{50.0});
+  EXPECT_EQ(Problem(full).num_tasks(), 1);
+  EXPECT_EQ(schedule(p, Policy::kGreedy).step_time, schedule(Problem(full), Policy::kGreedy).step_time);
+  tasks.lane = {1};
+  try {
+    Problem bad(base, tasks);
+    ADD_FAILURE() << "a task on lane 1 of 1 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()), "tasks[0].lane: 1 is not in [0, 1)");
+  }
+}
+
 TEST(Problem, AcceptsAValidProblemAndIndexesIt) {
   Problem p(two_tasks());
   EXPECT_EQ(p.num_tasks(), 2);

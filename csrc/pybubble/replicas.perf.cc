@@ -27,7 +27,7 @@ void BM_ReplicaSchedules(benchmark::State& state) {
   ReplicaSchedules out;
   all.run(scale.data(), replicas, out);
   // Benchmarks also check their result: replica 0 valid for its durations.
-  ProblemInput in = p.fields();
+  ProblemInput in = p.input();
   for (int32_t t = 0; t < p.num_tasks(); ++t) in.duration[static_cast<size_t>(t)] *= scale[static_cast<size_t>(p.microbatch(t))];
   if (!validate(Problem(std::move(in)), out.schedule(0)).empty()) state.SkipWithError("invalid schedule");
   for (auto _ : state) {

@@ -63,7 +63,7 @@ TEST(ReplicaScheduler, EachReplicaIsTheSchedulerOnItsOwnDurations) {
             EXPECT_GE(out.seconds[static_cast<size_t>(k)], 0.0);
             if (policy == Policy::kGreedy && threads == 1) ++(got.step_time > p.horizon() ? grown : hidden);
             if (k == 0 && threads == 1) {
-              ProblemInput in = p.fields();
+              ProblemInput in = p.input();
               in.duration = d;
               EXPECT_TRUE(validate(Problem(std::move(in)), got).empty()) << "seed " << seed;
             }

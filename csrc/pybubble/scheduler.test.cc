@@ -118,7 +118,7 @@ TEST(Scheduler, FixedAssignmentFeedsEachMicrobatchItsOwnAndStaysValid) {
     for (const Policy policy : {Policy::kGreedy, Policy::kCoarse}) {
       const Schedule s = sched.run(policy, &d, true);
       for (size_t j = 0; j < s.assignment.size(); ++j) EXPECT_EQ(s.assignment[j], static_cast<int64_t>(j));
-      ProblemInput in = p.fields();
+      ProblemInput in = p.input();
       in.duration = d;
       Problem scaled(std::move(in));
       EXPECT_TRUE(validate(scaled, s).empty()) << "seed " << seed;

@@ -96,7 +96,7 @@ ProblemInput fold_copies(const Problem& p, int32_t copies) {
     throw std::invalid_argument("copies: the problem is not " + format_number(copies) + " copies of one problem");
   }
   const ProblemInput& f = p.fields();
-  if (copies == 1) return f;
+  if (copies == 1) return p.input();
   const int32_t n = p.num_tasks(), groups = n / copies;
   std::vector<int32_t> leads;
   for (int32_t r = 0; r < n; r += copies) leads.push_back(p.lane(r));

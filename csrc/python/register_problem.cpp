@@ -42,7 +42,23 @@ ProblemInput read_problem(py::handle arrays) {
   return in;
 }
 
-py::dict write_problem(const ProblemInput& f) {
+// The tasks of `tasks` (a Python object with the attributes lane, microbatch, resource, phase,
+// after_offset, after and duration, e.g. a pybubble Tasks), named "tasks.<name>" in messages.
+ProblemInput read_tasks(py::handle tasks) {
+  ProblemInput in;
+  const std::string group = "tasks";
+#define PYBUBBLE_READ_TASKS(grp, name, type, member, limit, limit_name, extra)                            \
+  if (group == #grp) {                                                                                    \
+    in.member = read_array<type>(read_attr(tasks, #name, field_name(#grp, #name)), field_name(#grp, #name), \
+                                 {pybubble::limit, limit_name, extra});                                   \
+  }
+  PYBUBBLE_PROBLEM_ARRAYS(PYBUBBLE_READ_TASKS)
+#undef PYBUBBLE_READ_TASKS
+  return in;
+}
+
+py::dict write_problem(const Problem& p) {
+  const ProblemInput& f = p.fields();
   py::dict out;
   out["horizon"] = f.horizon;
   auto group_dict = [&out](const char* group) -> py::dict {
@@ -53,6 +69,14 @@ py::dict write_problem(const ProblemInput& f) {
 #define PYBUBBLE_WRITE(group, name, type, member, limit, limit_name, extra) group_dict(#group)[#name] = to_array(f.member);
   PYBUBBLE_PROBLEM_ARRAYS(PYBUBBLE_WRITE)
 #undef PYBUBBLE_WRITE
+  // The windows are the problem's own (fields() leaves them out: they may be shared).
+  for (int r = 0; r < 2; ++r) {
+    const pybubble::WindowSet& w = p.windows(r);
+    py::dict d = out[r == pybubble::kCompute ? "compute_free" : "link_free"].cast<py::dict>();
+    d["offset"] = to_array(w.offset);
+    d["start"] = to_array(w.start);
+    d["end"] = to_array(w.end);
+  }
   return out;
 }
 
@@ -74,7 +98,17 @@ void register_problem(py::module_& m) {
       .def_property_readonly("num_lanes", &Problem::num_lanes)
       .def_property_readonly("num_tasks", &Problem::num_tasks)
       .def_property_readonly("num_microbatches", &Problem::num_microbatches)
-      .def("arrays", [](const Problem& p) { return write_problem(p.fields()); },
+      .def(
+          "with_tasks",
+          [](const Problem& self, py::handle tasks) {
+            ProblemInput in = read_tasks(tasks);
+            return without_gil([&] { return std::make_unique<Problem>(self, std::move(in)); });
+          },
+          py::arg("tasks"),
+          "A problem on this one's bubbles (horizon, lanes, windows, microbatches: shared, not copied or checked "
+          "again) with the tasks of `tasks` (`lane`, `microbatch`, `resource`, `phase`, `after_offset`, `after`, "
+          "`duration` as attributes), checked as the constructor checks them.")
+      .def("arrays", [](const Problem& p) { return write_problem(p); },
            "The problem's arrays as a nested dict with the constructor's names ({'horizon': float, "
            "'compute_free': {'offset', 'start', 'end'}, 'link_free': {...}, 'forward_needed', 'grad_ready', "
            "'tasks': {...}}).");

@@ -70,6 +70,9 @@ class _PlanLayouts:
         self.whole: Candidate | None = None
         self.seen: set[tuple[int, ...]] = set()
         self.counts = {"scheduled": 0, "bound_pruned": 0, "memory_pruned": 0}
+        self.whole_alone = whole_incumbent is not None
+        """Whether :attr:`whole` is the plan's best partition as :func:`best_partition` finds it: no
+        partition was pruned by another plan's (only by this plan's best partition)."""
 
     def beaten(self, bound: float, whole: bool = False) -> bool:
         """Whether no layout whose bound is `bound` can beat the incumbent or the plan's best (with
@@ -78,7 +81,10 @@ class _PlanLayouts:
         if whole and self.whole_incumbent is not None:
             incumbent, own = self.whole_incumbent, self.whole
         mine = (own.step_time, self.rank) if own is not None else (math.inf, self.rank)
-        return (bound, self.rank) >= min(incumbent(), mine)
+        pruned = (bound, self.rank) >= min(incumbent(), mine)
+        if pruned and whole and (bound, self.rank) < mine:
+            self.whole_alone = False
+        return pruned
 
     def keep(self, cand: Candidate) -> None:
         """Keeps `cand` when it is the plan's best so far."""
@@ -156,6 +162,15 @@ def best_layouts(space: PlanSpace, microbatches: int, incumbent: Incumbent, stat
     `whole_incumbent`, the partitions are pruned against it (the best partition of the plans so far)
     and the plan's best partition only, so that the second is exact whatever the spread layouts
     reach: the search with partitions only (``spread=False``) would find the same."""
+    best, whole, _ = plan_layouts(space, microbatches, incumbent, stats, lock, spread, rank, whole_incumbent)
+    return best, whole
+
+
+def plan_layouts(space: PlanSpace, microbatches: int, incumbent: Incumbent, stats: SearchStats,
+                  lock: threading.Lock, spread: bool = True, rank: int = 0,
+                  whole_incumbent: Incumbent | None = None) -> tuple[Candidate | None, Candidate | None, bool]:
+    """:func:`best_layouts`, and whether its best partition is :func:`best_partition`'s for the plan
+    (with `whole_incumbent`: when no other plan's partition pruned any of its partitions)."""
     layouts = _PlanLayouts(space, incumbent, rank, whole_incumbent)
     if spread:
         layouts.spread()
@@ -164,7 +179,7 @@ def best_layouts(space: PlanSpace, microbatches: int, incumbent: Incumbent, stat
         stats.scheduled += layouts.counts["scheduled"]
         stats.bound_pruned += layouts.counts["bound_pruned"]
         stats.memory_pruned += layouts.counts["memory_pruned"]
-    return layouts.best, layouts.whole
+    return layouts.best, layouts.whole, layouts.whole_alone
 
 
 def best_partition(step: LLMStep, plan: EncoderPlan) -> Candidate | None:
@@ -175,4 +190,5 @@ def best_partition(step: LLMStep, plan: EncoderPlan) -> Candidate | None:
                        spread=False)
 
 
-__all__ = ["EXHAUSTIVE", "Incumbent", "SearchStats", "best_layout", "best_layouts", "best_partition", "compositions"]
+__all__ = ["EXHAUSTIVE", "Incumbent", "SearchStats", "best_layout", "best_layouts", "best_partition", "compositions",
+           "plan_layouts"]

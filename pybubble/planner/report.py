@@ -307,7 +307,10 @@ def features(found: Search) -> list[Feature]:
     best, out = found.best, []
     step = best.step or found.step
     if any(best.spread):
-        without = best_partition(step, best.plan)
+        searched = next((p for p in found.plans if p.plan == best.plan), None) if step is found.step else None
+        # the optimus search's best partition of the plan, when it is best_partition's (the same search)
+        without = searched.partition if searched is not None and searched.partition_known else \
+            best_partition(step, best.plan)
         out.append(Feature(name="spread", uses=f"{_spread_words(*best.spread)} spread over every encoder pipeline",
                            step_without=without.step_time if without else None,
                            without="the same encoder plan with whole microbatches"))

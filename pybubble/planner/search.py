@@ -48,7 +48,7 @@ from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline
 from .bound import StepBound
 from .candidate import Candidate, encoder_plans, encoder_problem, encoder_tp_ok, encoder_work
-from .partitions import EXHAUSTIVE, SearchStats, best_layouts, best_partition, compositions
+from .partitions import EXHAUSTIVE, SearchStats, plan_layouts, best_partition, compositions
 from .space import SHARE_STEPS, PlanSpace, edge_windows, without_prefetch
 from .warmup import WarmupTried, tune_warmup, warmup_variants
 
@@ -66,6 +66,12 @@ class PlanSearched:
     not, no layout of the plan fits and the bound does not count)."""
     best: Candidate | None = None
     """Its best candidate, or None when the bounds pruned it or nothing of it fits in memory."""
+    partition: Candidate | None = None
+    """With ``search(optimus=True)`` and :attr:`partition_known`: its best partition of whole
+    microbatches, :func:`best_partition`'s (None: no partition fits in memory)."""
+    partition_known: bool = False
+    """Whether :attr:`partition` is the plan's :func:`best_partition` on the searched step: the
+    optimus search ran the plan's partitions with no other plan's partition pruning any of them."""
 
 
 
@@ -186,10 +192,13 @@ class _PlanRuns:
         r = self.rank[id(space)]
         whole_incumbent = self.whole_incumbent if self.optimus else None
         best = whole = None
+        alone = False
         pruned = (space.plan_bound(microbatches), r) >= (whole_incumbent or self.incumbent)()
         if not pruned:
-            best, whole = best_layouts(space, microbatches, self.incumbent, self.stats, self.lock, spread=self.spread,
-                                       rank=r, whole_incumbent=whole_incumbent)
+            best, whole, alone = plan_layouts(space, microbatches, self.incumbent, self.stats, self.lock,
+                                               spread=self.spread, rank=r, whole_incumbent=whole_incumbent)
+        searched = self.searched[id(space)]
+        searched.partition, searched.partition_known = (whole, True) if self.optimus and alone else (None, False)
         best = _or_coarse(space, best, base, fits, r, self.incumbent)
         whole = _or_coarse(space, whole, base, fits, r, self.whole_incumbent) if self.optimus else None
         with self.lock:

@@ -17,6 +17,7 @@ import numpy as np
 from ..costs.memory import GB
 from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline, Windows
+from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem, prefetched_needs
 from ..schedule.scheduler import schedule_problem
@@ -83,6 +84,16 @@ class PlanSpace:
         """GPU time of one microbatch's compute (us: kernel time times its TP group's GPUs)."""
         self.states_fit = self.memory([0] * plan.pipelines) <= self.memory_limit
         """Whether the LLM and the encoders' model states fit (no activations held)."""
+        self._bubbles: Problem | None = None
+
+    @property
+    def bubbles(self) -> Problem:
+        """The problem of every bubble with no task: each layout's problem is this one with its
+        tasks (:meth:`Problem.with_tasks`: the windows checked once, shared by every candidate)."""
+        if self._bubbles is None:
+            self._bubbles = Problem.on_timeline(self.step.timeline, Tasks.empty(), self.plan.lanes_per_stage,
+                                                self.windows, prefetch=self.prefetch)
+        return self._bubbles
 
     def plan_bound(self, microbatches: int) -> float:
         """A lower bound on the step of any schedule of this plan: the work that fits in no bubble
@@ -100,7 +111,7 @@ class PlanSpace:
     def moves(self, cand: Candidate, donors: int = 2, receivers: int = 3) -> list[tuple[int, ...]]:
         """Partitions one microbatch away from `cand`'s: from the pipelines whose lanes run most
         encoder work outside the step to those that run least (the guided neighbourhood)."""
-        t = cand.problem.arrays().tasks
+        t = self.work.tasks(cand.partition)  # its problem's tasks, without copying its windows back
         start, dur, lane = cand.schedule.start, t.duration, t.lane
         outside = np.clip(np.minimum(start + dur, 0.0) - start, 0.0, None)
         outside += np.clip(start + dur - np.maximum(start, self.horizon), 0.0, None)
@@ -129,9 +140,11 @@ class PlanSpace:
         """`partition` scheduled by the greedy filler into every bubble, or with `coarse` into the
         leading and trailing ones only (its problem then has those windows alone); `memory`: its
         :meth:`memory`, when known already."""
-        windows = (self.edges, self.windows[1]) if coarse else self.windows
-        problem = Problem.on_timeline(self.step.timeline, self.work.tasks(partition), self.plan.lanes_per_stage,
-                                      windows, prefetch=0 if coarse else self.prefetch)
+        if coarse:
+            problem = Problem.on_timeline(self.step.timeline, self.work.tasks(partition), self.plan.lanes_per_stage,
+                                          (self.edges, self.windows[1]), prefetch=0)
+        else:
+            problem = self.bubbles.with_tasks(self.work.tasks(partition))
         return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule_problem(problem),
                          memory_bytes=self.memory(partition) if memory is None else memory, bound=self.step_bound,
                          step=self.step)
@@ -140,8 +153,7 @@ class PlanSpace:
                          memory: float | None = None) -> Candidate:
         """`layout` (:meth:`EncoderWork.layout_tasks`) scheduled by the greedy filler into every
         bubble; its `partition` counts the whole microbatches per pipeline."""
-        problem = Problem.on_timeline(self.step.timeline, self.work.layout_tasks(layout), self.plan.lanes_per_stage,
-                                      self.windows, prefetch=self.prefetch)
+        problem = self.bubbles.with_tasks(self.work.layout_tasks(layout))
         partition = [sum(1 for p in layout if p == i) for i in range(self.plan.pipelines)]
         return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
                          memory_bytes=self.layout_memory(layout) if memory is None else memory, spread=spread,
@@ -208,8 +220,7 @@ class PlanSpace:
 
     def in_every_bubble(self, cand: Candidate) -> Candidate:
         """A coarse candidate with the problem of every bubble (its schedule is valid there too)."""
-        problem = Problem.on_timeline(self.step.timeline, self.work.tasks(cand.partition), self.plan.lanes_per_stage,
-                                      self.windows, prefetch=self.prefetch)
+        problem = self.bubbles.with_tasks(self.work.tasks(cand.partition))
         return Candidate(plan=cand.plan, partition=cand.partition, problem=problem, schedule=cand.schedule,
                          memory_bytes=cand.memory_bytes, bound=cand.bound, step=cand.step)
 

@@ -87,6 +87,13 @@ class Problem:
         """The problem's arrays (a copy the caller may change)."""
         return ProblemArrays.from_core(self.core.arrays())
 
+    def with_tasks(self, tasks: Tasks | Sequence[Mapping[str, Any]]) -> "Problem":
+        """The problem of `tasks` (as :meth:`on_timeline` takes them) in this problem's bubbles: the
+        same horizon, lanes, windows and microbatches, shared with it by the core (not copied or
+        checked again), the tasks checked. Many problems on one step's bubbles (a search's
+        candidates) are built this way at the cost of their tasks alone."""
+        return Problem(self.core.with_tasks(Tasks.coerce(tasks)), self.lane_names)
+
     def with_durations(self, durations: np.ndarray) -> "Problem":
         """The same problem with new task durations (checked)."""
         a = self.arrays()

@@ -117,7 +117,33 @@ def test_a_data_file_is_replayed_and_a_bad_line_named(tmp_path, config):
     assert r.returncode == 2
     assert r.stderr.strip() == f"error: {data} line 2: tiles[1]: 0 is not a positive integer"
     r = run(config, "--replicas", 2, cwd=tmp_path)
-    assert r.returncode == 2 and "replicas: modelled with --data mix or --data-file only" in r.stderr
+    assert r.returncode == 2 and "replicas: modelled with --data mix, native or --data-file only" in r.stderr
+
+
+def test_native_resolution_images_cost_their_attention_over_their_own_patches(tmp_path, config):
+    """Samples in pixels (a file, or --data native): each image costs the encoder's time on a
+    sequence of its own patches, so past the sizes where kernels are latency-bound one image of 4x
+    the patches costs more than 4 small ones (attention); tiles cost the first encoder's image each."""
+    from pybubble.config.schema import load_config
+    from pybubble.costs.roofline import CostModel
+    from pybubble.data.samples import Samples
+    from pybubble.planner.sample_costs import encoder_time, image_costs
+
+    cfg = load_config(config)
+    costs = CostModel(cfg.cluster.gpu)
+    enc = cfg.encoders[0]
+    pixels = Samples(tiles=[4096, 1024, 1024, 1024, 1024], images=[1, 4], text=[0, 0],
+                     grids=[[1, 128, 128]] + [[1, 64, 64]] * 4)  # the same patches: 16384 each sample
+    big, *small = image_costs(pixels, cfg.encoders, costs)
+    assert big == encoder_time(enc.model, 16384, costs) and small[0] == encoder_time(enc.model, 4096, costs)
+    assert big > sum(small) > 0  # attention over one image of 16384 patches
+    tiles = Samples(tiles=[3, 1], images=[2], text=[0])
+    assert image_costs(tiles, cfg.encoders, costs).tolist() == [3 * encoder_time(enc.model, enc.model.tokens, costs),
+                                                               encoder_time(enc.model, enc.model.tokens, costs)]
+    out = tmp_path / "native.json"
+    r = run(config, "--data", "native", "--steps", 2, "--candidates", 1, "--json", out, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["data"] == "native"
 
 
 def test_replicas_wait_for_the_slowest_at_the_collective(tmp_path, config):

@@ -28,10 +28,10 @@ def add_options(p: Parser) -> None:
     p.add_argument("--budget-ms", type=float, default=10.0, metavar="MS", help="time budget of one plan choice, ms")
     add_plot(p, "the chart of step times per mode")
     add_json(p, "the run (pybubble.dynamic/1 JSON)")
-    add_data_options(p, ("workload", "mix"), default="workload",
+    add_data_options(p, ("workload", "mix", "native"), default="workload",
                      file_use="drawn with replacement, over data-parallel replicas like --data mix")
     p.add_argument("--replicas", type=int, metavar="N",
-                   help="data-parallel replicas modelled with --data mix or --data-file (default: the config's dp)")
+                   help="data-parallel replicas modelled with --data mix, native or --data-file (default: the config's dp)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas is not None:
         integer(args.replicas, "replicas", minimum=1)
         if data_name(args) == "workload":
-            raise ValueError("replicas: modelled with --data mix or --data-file only")
+            raise ValueError("replicas: modelled with --data mix, native or --data-file only")
     config = load_config(args.config)
     data = data_source(args, tokens_per_tile=config.encoders[0].model.tokens)
     with progress_bar(f"{args.steps} batches", total=args.steps) as update:

@@ -128,8 +128,13 @@ class NativeMixSpec:
         positive_int(self.video_size[1], "video_size[1]")
         finite(self.scale, "scale", minimum=1e-9)
 
-    def draw(self, count: int, rng: np.random.Generator, processor) -> Samples:
-        """`count` samples from the mix, their images' grids and tokens by `processor`'s rules."""
+    def draw(self, count: int, rng: np.random.Generator, processor=None) -> Samples:
+        """`count` samples from the mix, their images' grids and tokens by `processor`'s rules
+        (default Qwen2.5-VL's)."""
+        if processor is None:
+            from ..config.processors import PROCESSORS
+
+            processor = PROCESSORS["qwen2_5_vl"]
         b = self.base
         n = integer(count, "count", minimum=0)
         kind = rng.choice(4, size=n, p=[b.text_only, b.single_image, b.multi_image, b.video])
@@ -152,7 +157,4 @@ class NativeMixSpec:
 def native_mix(count: int, *, seed: int = 0, spec: NativeMixSpec | None = None, processor=None) -> Samples:
     """`count` samples of the open-VLM mix at native resolution (:class:`NativeMixSpec`; `processor`
     default Qwen2.5-VL's), reproducible from `seed`."""
-    from .pixels import PROCESSORS
-
-    return (spec or NativeMixSpec()).draw(count, np.random.default_rng(integer(seed, "seed", minimum=0)),
-                                          processor if processor is not None else PROCESSORS["qwen2_5_vl"])
+    return (spec or NativeMixSpec()).draw(count, np.random.default_rng(integer(seed, "seed", minimum=0)), processor)

@@ -15,18 +15,19 @@ import argparse
 from collections.abc import Sequence
 
 from .files import read_samples
-from .mix import MixSpec
+from .mix import MixSpec, NativeMixSpec
 from .samples import TOKENS_PER_TILE, Samples
 
 SOURCES = {
     "workload": "images per sample from the config (one replica, as before)",
     "fixed": "one image per sample, the same shape every step",
     "mix": "an open VLM's training mix as tiles over data-parallel replicas (docs/dynamic.md)",
+    "native": "the same mix at native resolution, images in pixels over data-parallel replicas (docs/dynamic.md)",
 }
 """The named data sources --data offers, each with what it means wherever it is offered (its help):
 ``workload``, the config's synthetic token workload (:mod:`pybubble.data.workloads`); ``fixed``,
 one image per sample, the same shape every step; ``mix``, the seeded open-VLM mix
-(:mod:`pybubble.data.mix`)."""
+(:mod:`pybubble.data.mix`); ``native``, that mix at native resolution (:class:`~pybubble.data.mix.NativeMixSpec`)."""
 DATA_FILE = 'JSON lines, one sample each: {"tiles": [t1, t2, ...], "text": N}'
 """What --data-file reads (:func:`pybubble.data.files.read_samples`), the start of its help."""
 FILE_SOURCE = "file"
@@ -55,7 +56,8 @@ def data_name(args: argparse.Namespace) -> str:
 
 
 def data_source(args: argparse.Namespace, *, tokens_per_tile: int = TOKENS_PER_TILE, max_tiles: int | None = None,
-                max_tokens: int | None = None, mix: MixSpec | None = None) -> MixSpec | Samples | None:
+                max_tokens: int | None = None, mix: MixSpec | None = None
+                ) -> MixSpec | NativeMixSpec | Samples | None:
     """The source the parsed options name: the data file's samples with --data-file (read with
     `tokens_per_tile`, `max_tiles` and `max_tokens`: :func:`~pybubble.data.files.read_samples`), `mix`
     (default: ``MixSpec()``) with ``--data mix``, and None with ``workload`` or ``fixed`` (the data
@@ -66,4 +68,6 @@ def data_source(args: argparse.Namespace, *, tokens_per_tile: int = TOKENS_PER_T
                             max_tokens=max_tokens)
     if name == "mix":
         return mix if mix is not None else MixSpec()
+    if name == "native":
+        return NativeMixSpec()
     return None

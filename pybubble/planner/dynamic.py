@@ -49,10 +49,10 @@ from ..schedule.scheduler import Schedule
 from ..viz.steps import save_step_chart
 from .candidate import Candidate
 from .search import search
-from ..data.mix import MixSpec
+from ..data.mix import MixSpec, NativeMixSpec
 from ..data.samples import Samples
 from ..data.workloads import Batch, WorkloadSpec, batches
-from .sample_costs import WORK_ORDERS, encoder_time, llm_time, microbatch_loads, sample_costs, work_orders
+from .sample_costs import WORK_ORDERS, image_costs, llm_time, microbatch_loads, sample_costs, work_orders
 
 DYNAMIC_FORMAT = "pybubble.dynamic/1"
 """The format key of a dynamic run's document."""
@@ -239,7 +239,7 @@ class DynamicRun:
 
 def run(config: Config, *, steps: int, seed: int = 0, k: int = 4, budget: float = 0.010,
         spec: WorkloadSpec | None = None, costs: CostModel | None = None,
-        progress: Callable[[int], None] | None = None, data: MixSpec | Samples | None = None,
+        progress: Callable[[int], None] | None = None, data: MixSpec | NativeMixSpec | Samples | None = None,
         replicas: int | None = None) -> DynamicRun:
     """Draws `steps` batches for the config (``global_batch / dp`` samples each) and runs every
     mode on them; `progress(i)` is called after batch i. With `data` (MLLM samples: a mix to draw
@@ -349,42 +349,45 @@ class _Meeting:
                 "balance_dp_took": np.array(self.dp_took)}
 
 
-def _run_replicas(meet: _Meeting, config: Config, costs: CostModel, data: MixSpec | Samples, *, steps: int,
+def _run_replicas(meet: _Meeting, config: Config, costs: CostModel, data: MixSpec | NativeMixSpec | Samples, *,
+                  steps: int,
                   seed: int, replicas: int, progress: Callable[[int], None] | None) -> None:
     """Each step: samples for every replica, the modes of :data:`MODES` on each replica (the step: the
     slowest one's), and ``balanced_dp``. A tile costs the summed encoders' time on one image of the first
-    encoder's tokens (tiles run one by one, InternVL-style); a sample's LLM cost is its tokens
-    (text plus that many per tile) at the per-token cost of a full training sequence."""
+    encoder's tokens (tiles run one by one, InternVL-style); a native-resolution image (samples with
+    grids) the summed encoders' time on a sequence of its own patches (attention over the image: its
+    cost grows faster than its area); a sample's LLM cost is its tokens (text plus that many per
+    tile, or its images' tokens) at the per-token cost of a full training sequence."""
     m, micro = meet.microbatches, config.training.micro_batch
     n = m * micro
     tokens_per_tile = config.encoders[0].model.tokens
-    tile = sum(encoder_time(e.model, e.model.tokens, costs, frozen=e.frozen, recompute=config.training.recompute)
-               for e in config.encoders)
+
     seq = config.training.seq_len
     per_token = llm_time(config.llm, seq, costs, recompute=config.training.recompute) / seq
     rng = np.random.default_rng(integer(seed, "seed", minimum=0))
     draws = [data.draw(replicas * n, rng) for _ in range(steps)]
-    meet.mean = float(np.mean([d.tiles.sum() * tile for d in draws])) / (replicas * m)
+    costs_of = [image_costs(d, config.encoders, costs, recompute=config.training.recompute) for d in draws]
+    meet.mean = float(np.mean([c.sum() for c in costs_of])) / (replicas * m)
     meet.out["balanced_dp"] = []
     meet.wait = {mode: [] for mode in REPLICA_MODES}
-    meet.extra = {"data": "mix" if isinstance(data, MixSpec) else "file", "replicas": replicas}
+    meet.extra = {"data": "mix" if isinstance(data, MixSpec) else "native" if isinstance(data, NativeMixSpec)
+                  else "file", "replicas": replicas}
     owner = np.repeat(np.arange(replicas), n)
     room = deadline_gaps(meet.best.problem)
     with ReplicaScheduler(meet.best.problem) as each:
-        for i, d in enumerate(draws):
-            _step_replicas(meet, each, d, tile=tile, tokens_per_tile=tokens_per_tile, per_token=per_token,
+        for i, (d, image_cost) in enumerate(zip(draws, costs_of)):
+            _step_replicas(meet, each, d, image_cost, tokens_per_tile=tokens_per_tile, per_token=per_token,
                            owner=owner, room=room, replicas=replicas)
             if progress is not None:
                 progress(i)
 
 
-def _step_replicas(meet: _Meeting, each: ReplicaScheduler, d: Samples, *, tile: float, tokens_per_tile: int,
+def _step_replicas(meet: _Meeting, each: ReplicaScheduler, d: Samples, image_cost: np.ndarray, *, tokens_per_tile: int,
                    per_token: float, owner: np.ndarray, room: np.ndarray, replicas: int) -> None:
     """One step of :func:`_run_replicas`: every mode on every replica, each mode's step the slowest
     replica's (:func:`data_parallel_step`), the replicas' wait and imbalance kept."""
     m = meet.microbatches
     n = owner.size // replicas
-    image_cost = d.tiles * tile
     tokens = d.tokens(tokens_per_tile)
     c = np.stack([np.bincount(d.image_sample, weights=image_cost, minlength=len(d)), tokens * per_token], axis=1)
     per_mode: dict[str, list[float]] = {mode: [] for mode in REPLICA_MODES}

@@ -62,6 +62,20 @@ def encoder_time(encoder: EncoderConfig, tokens: int, costs: CostModel, *, tp: i
     return encoder.layers * t
 
 
+def image_costs(samples, encoders, costs: CostModel, *, recompute: str = "none") -> np.ndarray:
+    """Each image's encoder time (us) of `samples` (a :class:`~pybubble.data.samples.Samples`), summed
+    over `encoders` (the config's, each with its ``model`` and ``frozen``): a tile is one image of
+    the first encoder's ``tokens`` (tiles run one by one, InternVL-style); a native-resolution image
+    (with ``grids``) is one sequence of its own patches, so its attention grows faster than its area."""
+    @lru_cache(maxsize=None)
+    def image(tokens: int) -> float:
+        return sum(encoder_time(e.model, tokens, costs, frozen=e.frozen, recompute=recompute) for e in encoders)
+
+    if samples.grids is None:
+        return samples.tiles * image(encoders[0].model.tokens)
+    return np.array([image(int(p)) for p in samples.grids.prod(axis=1)], dtype=np.float64)
+
+
 def llm_time(llm: LLMConfig, tokens: int, costs: CostModel, *, tp: int = 1, recompute: str = "none") -> float:
     """The LLM's time on one sequence of `tokens` tokens (us): all layers, forward plus backward."""
     return llm.layers * (costs.layer_time(llm, 1, tokens, tp=tp, phase="fwd")

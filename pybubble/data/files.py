@@ -77,7 +77,7 @@ class _Lines:
             raise ValueError(f"{where}: tiles: missing (or images and videos in pixels)")
         counts, grids = [], []
         if mine == "pixels":
-            grids, words = pixel_sample(doc, where, self.processor)
+            grids = pixel_sample(doc, where, self.processor)[0]
             counts = [self.processor.tokens(g) for g in grids]
         elif mine == "tiles":
             counts = [positive_int(t, f"{where}: tiles[{i}]") for i, t in enumerate(array(doc["tiles"], f"{where}: tiles"))]

@@ -62,7 +62,7 @@ class SlotLayout:
     @property
     def fewest_chunks(self) -> list[int]:
         """Per slot, the fewest chunks its work fills (packed: its patches over a chunk's; else its tiles)."""
-        return [-(-t // (self.per_chunk or 1)) for t in self.slot_tiles]
+        return fewest_chunks(np.asarray(self.slot_tiles), self.per_chunk).tolist()
 
     @property
     def given_tiles(self) -> list[int]:
@@ -93,6 +93,13 @@ def _tiles(tiles: Sequence[int] | np.ndarray, slots: int) -> np.ndarray:
     return t.astype(np.int64)
 
 
+def fewest_chunks(slot_tiles: np.ndarray, per_chunk: int | None) -> np.ndarray:
+    """Per slot, the fewest chunks its ``slot_tiles`` fill (int64): packed chunks (``per_chunk``), its
+    patches over a chunk's, rounded up; else its tiles."""
+    t = np.asarray(slot_tiles).astype(np.int64)
+    return t if per_chunk is None else -(-t // per_chunk)
+
+
 def choose_layout(tiles: Sequence[int] | np.ndarray, slots: int, predict: Callable[[np.ndarray], float],
                   room: np.ndarray | None = None, chunk_tiles: int | None = None,
                   per_chunk: int | None = None) -> SlotLayout:
@@ -102,11 +109,10 @@ def choose_layout(tiles: Sequence[int] | np.ndarray, slots: int, predict: Callab
     ``per_chunk`` (packed chunks), ``tiles`` are patches, ``per_chunk`` of them a chunk, and
     ``predict`` takes chunks per slot (the fewest each slot's patches fill)."""
     t = _tiles(tiles, slots)
-    unit = per_chunk or 1
     layouts = row_layouts(t, slots, t.size // slots, room, per_chunk or chunk_tiles)
-    name = min(layouts, key=lambda n: predict(-(-np.bincount(layouts[n], weights=t, minlength=slots).astype(np.int64)
-                                               // unit)))
+    name = min(layouts, key=lambda n: predict(fewest_chunks(np.bincount(layouts[n], weights=t, minlength=slots),
+                                                            per_chunk)))
     return SlotLayout(name=name, slot=layouts[name], tiles=t, slots=slots, per_chunk=per_chunk)
 
 
-__all__ = ["GIVEN", "SlotLayout", "choose_layout"]
+__all__ = ["GIVEN", "SlotLayout", "choose_layout", "fewest_chunks"]

@@ -350,8 +350,7 @@ class _Meeting:
 
 
 def _run_replicas(meet: _Meeting, config: Config, costs: CostModel, data: MixSpec | NativeMixSpec | Samples, *,
-                  steps: int,
-                  seed: int, replicas: int, progress: Callable[[int], None] | None) -> None:
+                  steps: int, seed: int, replicas: int, progress: Callable[[int], None] | None) -> None:
     """Each step: samples for every replica, the modes of :data:`MODES` on each replica (the step: the
     slowest one's), and ``balanced_dp``. A tile costs the summed encoders' time on one image of the first
     encoder's tokens (tiles run one by one, InternVL-style); a native-resolution image (samples with
@@ -361,7 +360,6 @@ def _run_replicas(meet: _Meeting, config: Config, costs: CostModel, data: MixSpe
     m, micro = meet.microbatches, config.training.micro_batch
     n = m * micro
     tokens_per_tile = config.encoders[0].model.tokens
-
     seq = config.training.seq_len
     per_token = llm_time(config.llm, seq, costs, recompute=config.training.recompute) / seq
     rng = np.random.default_rng(integer(seed, "seed", minimum=0))

@@ -23,6 +23,7 @@ an encoder of it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -59,17 +60,26 @@ def use_segment_attention(encoder: nn.Module) -> nn.Module:
     return encoder
 
 
-def interpolation_weights(side: int, height: int, width: int, merge: int, taps: int = 4
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+@functools.lru_cache(maxsize=256)
+def interpolation_weights(side: int, height: int, width: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The entries of a ``side x side`` table each of ``height x width`` positions reads, in
     torchtitan's block order (``merge x merge`` groups), and their weights: bilinear with aligned
-    corners, as torchtitan interpolates its learned position table (the interpolation of the
-    identity: exact weights); ``(height * width, taps)`` each."""
-    eye = torch.eye(side * side, dtype=torch.float64).reshape(1, side * side, side, side)
-    w = F.interpolate(eye, size=[height, width], mode="bilinear", align_corners=True)[0]  # (side², h, w)
-    w = w.permute(1, 2, 0).reshape(height // merge, merge, width // merge, merge, -1).permute(0, 2, 1, 3, 4)
-    weights, index = w.reshape(height * width, -1).topk(taps, dim=-1)
-    return index, weights
+    corners, as torchtitan interpolates its learned position table, from the interpolation of the
+    identity along each axis (bilinear is the product of the two axes' weights); ``(height * width,
+    4)`` each, shared between calls (not to be written)."""
+    def axis(n: int) -> tuple[torch.Tensor, torch.Tensor]:  # per position, its 2 entries and weights
+        eye = torch.eye(side, dtype=torch.float64).reshape(1, side, side, 1)
+        w = F.interpolate(eye, size=[n, 1], mode="bilinear", align_corners=True)[0, :, :, 0].T  # (n, side)
+        weights, index = w.topk(min(2, side), dim=-1)
+        return F.pad(index, (0, 2 - index.shape[1])), F.pad(weights, (0, 2 - weights.shape[1]))
+
+    (row, row_w), (col, col_w) = axis(height), axis(width)
+    index = row[:, None, :, None] * side + col[None, :, None, :]
+    weight = row_w[:, None, :, None] * col_w[None, :, None, :]
+
+    def block_order(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(height // merge, merge, width // merge, merge, 4).permute(0, 2, 1, 3, 4).reshape(-1, 4)
+    return block_order(index), block_order(weight)
 
 
 class PackedTitanVision(nn.Module):
@@ -83,6 +93,7 @@ class PackedTitanVision(nn.Module):
         self.encoder, self.patches = use_segment_attention(encoder), patches
         self.merge = encoder.spatial_merge_size
         self.side = encoder.num_grid_per_side
+        self._ropes: dict[tuple[int, int, int], torch.Tensor] = {}
 
     def forward(self, pixels: torch.Tensor, pos_index: torch.Tensor, pos_weight: torch.Tensor,
                 rope_cache: torch.Tensor, segments: torch.Tensor) -> torch.Tensor:
@@ -101,30 +112,31 @@ class PackedTitanVision(nn.Module):
     def layout(self, grids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
         """The layout tensors of a chunk of ``grids`` (in order from its start; the rest padding):
         each patch's table entries and weights, its rotary cache (torchtitan's), its segment."""
-        device = self.encoder.pos_embed.device
         index = torch.zeros(self.patches, 4, dtype=torch.long)
         weight = torch.zeros(self.patches, 4, dtype=torch.float32)
         segments = torch.full((self.patches,), -1, dtype=torch.long)
-        rope = None
+        some = self._rope(1, self.merge, self.merge)
+        rope = some.new_zeros(self.patches, *some.shape[1:])
+        rope[..., : some.shape[-1] // 2] = 1.0  # the padding's: cos 1, sin 0 (no rotation)
         at = 0
         for i, (t, h, w) in enumerate(tuple(map(int, g)) for g in grids):
             n = t * h * w
             idx, wt = interpolation_weights(self.side, h, w, self.merge)
             index[at:at + n], weight[at:at + n] = idx.repeat(t, 1), wt.float().repeat(t, 1)
-            with torch.no_grad():
-                cache = self.encoder.compute_position_embeddings([[t, h, w]], n)[1][0]
-            if rope is None:
-                rope = torch.zeros(self.patches, *cache.shape[1:], dtype=cache.dtype)
-                rope[:, ..., : cache.shape[-1] // 2] = 1.0  # the padding's: cos 1, sin 0 (no rotation)
-            rope[at:at + n] = cache.cpu()
+            rope[at:at + n] = self._rope(t, h, w)
             segments[at:at + n] = i
             at += n
-        if rope is None:  # no image: every patch padding
+        return tuple(x.to(self.encoder.pos_embed.device) for x in (index, weight, rope, segments))
+
+    def _rope(self, t: int, h: int, w: int) -> torch.Tensor:
+        """torchtitan's rotary cache of an image of grid ``(t, h, w)`` (one row a patch; kept for the
+        last 256 grids: it depends on the grid only)."""
+        if (t, h, w) not in self._ropes:
+            if len(self._ropes) >= 256:
+                self._ropes.clear()
             with torch.no_grad():
-                cache = self.encoder.compute_position_embeddings([[1, self.merge, self.merge]], self.merge ** 2)[1][0]
-            rope = torch.zeros(self.patches, *cache.shape[1:], dtype=cache.dtype)
-            rope[..., : cache.shape[-1] // 2] = 1.0
-        return tuple(t.to(device) for t in (index, weight, rope, segments))
+                self._ropes[t, h, w] = self.encoder.compute_position_embeddings([[t, h, w]], t * h * w)[1][0].cpu()
+        return self._ropes[t, h, w]
 
 
 __all__ = ["PackedTitanVision", "SegmentAttention", "interpolation_weights", "use_segment_attention"]

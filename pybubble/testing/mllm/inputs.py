@@ -103,9 +103,9 @@ def replica_step(args: Any, cfg: ModelConfig, step: int, replica: int, runtime: 
     samples = step_samples(args, cfg, step)
     m, rows = cfg.microbatches, cfg.microbatch_size // args.dp
     mine = np.arange(replica * m * rows, (replica + 1) * m * rows)
-    tiles, text = samples.sample_tiles[mine], samples.text[mine]
     if args.encoder in PACKED_KINDS:
         return packed_step(cfg, args.encoder, step, samples, mine, runtime)
+    tiles, text = samples.sample_tiles[mine], samples.text[mine]
     layout = runtime.lay_out(tiles)
     run = layout.order
     parts = [sample_row(cfg, args.encoder, step, int(mine[i]), int(tiles[i]), int(text[i])) for i in run]

@@ -38,10 +38,12 @@ def reference_varying(args: Any, cfg: ModelConfig) -> float:
     """The same training on varying data in one process, unsplit, the step's samples in their
     given order: the parameters every mode and balance must reach."""
     kind = args.encoder
-    encoder, stages = build_encoder(cfg, kind), build_stages(cfg, args.pp, kind, packed=True)
+    stages = build_stages(cfg, args.pp, kind, packed=True)
     if kind in PACKED_KINDS:  # the encoder's library's own forward on each microbatch's images, unpacked
         tower, encoder = unpacked_encoder(cfg, kind)
-    modules = (tower if kind in PACKED_KINDS else encoder, *stages)
+    else:
+        tower = encoder = build_encoder(cfg, kind)
+    modules = (tower, *stages)
     opt = torch.optim.SGD([p for m in modules for p in m.parameters()], lr=cfg.lr)
     scale = [0.0]
     loss, per_tile = packed_loss(scale), encoder_tokens(cfg, kind)

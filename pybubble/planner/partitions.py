@@ -152,25 +152,18 @@ def best_layout(space: PlanSpace, microbatches: int, incumbent: Incumbent,
     candidate to beat, the plan's `rank` breaking ties between equal steps (the lower wins), so the
     threads' timing does not decide between plans that tie (often at their bound). Adds what it
     scheduled and pruned to `stats` (under `lock`)."""
-    return best_layouts(space, microbatches, incumbent, stats, lock, spread=spread, rank=rank)[0]
-
-
-def best_layouts(space: PlanSpace, microbatches: int, incumbent: Incumbent, stats: SearchStats,
-                 lock: threading.Lock, spread: bool = True, rank: int = 0,
-                 whole_incumbent: Incumbent | None = None) -> tuple[Candidate | None, Candidate | None]:
-    """:func:`best_layout` and the plan's best partition of whole microbatches. With
-    `whole_incumbent`, the partitions are pruned against it (the best partition of the plans so far)
-    and the plan's best partition only, so that the second is exact whatever the spread layouts
-    reach: the search with partitions only (``spread=False``) would find the same."""
-    best, whole, _ = plan_layouts(space, microbatches, incumbent, stats, lock, spread, rank, whole_incumbent)
-    return best, whole
+    return plan_layouts(space, microbatches, incumbent, stats, lock, spread=spread, rank=rank)[0]
 
 
 def plan_layouts(space: PlanSpace, microbatches: int, incumbent: Incumbent, stats: SearchStats,
-                  lock: threading.Lock, spread: bool = True, rank: int = 0,
-                  whole_incumbent: Incumbent | None = None) -> tuple[Candidate | None, Candidate | None, bool]:
-    """:func:`best_layouts`, and whether its best partition is :func:`best_partition`'s for the plan
-    (with `whole_incumbent`: when no other plan's partition pruned any of its partitions)."""
+                 lock: threading.Lock, spread: bool = True, rank: int = 0,
+                 whole_incumbent: Incumbent | None = None) -> tuple[Candidate | None, Candidate | None, bool]:
+    """:func:`best_layout`, the plan's best partition of whole microbatches, and whether that
+    partition is :func:`best_partition`'s for the plan. With `whole_incumbent`, the partitions are
+    pruned against it (the best partition of the plans so far) and the plan's best partition only,
+    so that the second is exact whatever the spread layouts reach: the search with partitions only
+    (``spread=False``) would find the same; the third says whether no other plan's partition
+    pruned any of its partitions (then it is :func:`best_partition`'s)."""
     layouts = _PlanLayouts(space, incumbent, rank, whole_incumbent)
     if spread:
         layouts.spread()
@@ -190,5 +183,4 @@ def best_partition(step: LLMStep, plan: EncoderPlan) -> Candidate | None:
                        spread=False)
 
 
-__all__ = ["EXHAUSTIVE", "Incumbent", "SearchStats", "best_layout", "best_layouts", "best_partition", "compositions",
-           "plan_layouts"]
+__all__ = ["EXHAUSTIVE", "Incumbent", "SearchStats", "best_layout", "best_partition", "compositions", "plan_layouts"]

@@ -143,3 +143,26 @@ def test_free_before_counts_whole_and_open_windows():
     got = w.free_before(np.array([0.0, 2.0, 4.0, 6.0, 20.0]))
     assert got.tolist() == [[0, 1, 2, 3, 6], [0, 0, 0, 0, 0], [0, 2, 4, 6, 10]]
     assert (w.free_before(np.array([1e9]))[:, 0] == w.free_time()).all()
+
+
+def _paths_by_hand(t) -> tuple[float, float, float, float]:
+    """The longest forward and backward paths (all tasks, then compute tasks only), walked in Python."""
+    full, comp, best = {}, {}, [0.0, 0.0, 0.0, 0.0]
+    for i in range(len(t)):
+        ph = int(t.phase[i])
+        preds = [int(p) for p in t.after[t.after_offset[i]:t.after_offset[i + 1]] if t.phase[p] == ph]
+        full[i] = max((full[p] for p in preds), default=0.0) + float(t.duration[i])
+        comp[i] = max((comp[p] for p in preds), default=0.0) + (float(t.duration[i]) if t.resource[i] == 0 else 0.0)
+        best[ph], best[2 + ph] = max(best[ph], full[i]), max(best[2 + ph], comp[i])
+    return tuple(best)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_the_cores_longest_paths_equal_a_walk_by_hand(spaces, data):
+    from pybubble.planner.bound import _longest_paths
+
+    space = data.draw(st.sampled_from(spaces))
+    images = [data.draw(st.integers(1, n)) for n in space.work.images]
+    t = space.work.microbatch_tasks(data.draw(st.integers(0, space.plan.pipelines - 1)), images)
+    assert _longest_paths(t) == pytest.approx(_paths_by_hand(t), rel=1e-12)

@@ -3,6 +3,7 @@ no input crashes the core."""
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,3 +194,37 @@ def test_with_tasks_shares_the_bubbles_and_checks_the_tasks():
     bad.lane = np.full(len(a.tasks), problem.num_lanes)
     with pytest.raises(ValueError, match=r"tasks\[0\]\.lane: "):
         empty.with_tasks(bad)
+
+
+def test_joined_blocks_are_the_partition_tasks_given_whole():
+    """A partition's problem joined from its pipelines' one-microbatch blocks is the problem of
+    ``EncoderWork.tasks(partition)``: the same arrays, the same schedule; bad joins are refused."""
+    from pybubble.llm.step import LLMStep
+    from pybubble.planner.candidate import encoder_plans
+    from pybubble.problem.arrays import Tasks
+    from pybubble.planner.space import PlanSpace
+    from pybubble.schedule.scheduler import schedule_problem
+
+    cfg = pybubble.load_config(Path(__file__).resolve().parent.parent / "examples" / "quickstart.yaml")
+    step = LLMStep.of(cfg)
+    plan = max(encoder_plans(cfg), key=lambda p: p.pipelines)
+    space = PlanSpace(step, plan)
+    m = cfg.microbatches
+    for partition in ([m] + [0] * (plan.pipelines - 1), [0] * (plan.pipelines - 1) + [m],
+                      [m // plan.pipelines] * (plan.pipelines - 1) + [m - m // plan.pipelines * (plan.pipelines - 1)]):
+        joined = space.partition_problem(partition)
+        whole = space.bubbles.with_tasks(space.work.tasks(partition))
+        assert joined.to_dict() == whole.to_dict()
+        assert np.array_equal(schedule_problem(joined).start, schedule_problem(whole).start)
+    blocks = [space.bubbles.with_tasks(space.work.microbatch_tasks(i)) for i in range(plan.pipelines)]
+    with pytest.raises(ValueError, match=r"counts\[0\]: -1 is negative"):
+        space.bubbles.joined(blocks[:1], [-1])
+    with pytest.raises(ValueError, match=rf"counts: {m + 1} microbatches or more, the problem has {m}"):
+        space.bubbles.joined(blocks[:1], [m + 1])
+    other = pybubble.Problem.on_timeline(step.timeline, Tasks.empty(), plan.lanes_per_stage, space.windows)
+    with pytest.raises(ValueError, match=r"blocks\[0\]: not a problem on these bubbles"):
+        space.bubbles.joined([other.with_tasks(space.work.microbatch_tasks(0))], [1])
+    with pytest.raises(ValueError, match=r"blocks: .* is not a list of Problem"):
+        space.bubbles.joined(["x"], [1])
+    with pytest.raises(ValueError, match=rf"partition: {plan.pipelines + 1} entries"):
+        space.partition_problem([1] * (plan.pipelines + 1))

@@ -4,6 +4,7 @@
 #include "pybubble/checks.h"
 #include "pybubble/message.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -97,6 +98,89 @@ Problem::Problem(const Problem& like, ProblemInput tasks) : compute_free_(like.c
   in_.after_offset = std::move(tasks.after_offset);
   in_.after = std::move(tasks.after);
   index_tasks();
+}
+
+Problem::Problem(const Problem& like, const std::vector<const Problem*>& blocks, const std::vector<int64_t>& counts)
+    : compute_free_(like.compute_free_), link_free_(like.link_free_) {
+  in_.horizon = like.in_.horizon;
+  in_.num_lanes = like.in_.num_lanes;
+  in_.forward_needed = like.in_.forward_needed;
+  in_.grad_ready = like.in_.grad_ready;
+  if (blocks.size() != counts.size()) {
+    fail("counts: " + format_number(counts.size()) + " counts for " + format_number(blocks.size()) + " blocks");
+  }
+  const int64_t m = static_cast<int64_t>(in_.forward_needed.size());
+  int64_t copies = 0, n = 0, preds = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const Problem& blk = *blocks[b];
+    const auto f = [&] { return "blocks[" + format_number(b) + "]"; };
+    if (blk.compute_free_ != compute_free_ || blk.link_free_ != link_free_ || blk.in_.horizon != in_.horizon ||
+        blk.in_.forward_needed != in_.forward_needed || blk.in_.grad_ready != in_.grad_ready) {
+      fail(f() + ": not a problem on these bubbles (make it with_tasks of them)");
+    }
+    if (blk.num_tasks() > 0 && blk.mb_off_[2] != blk.num_tasks()) fail(f() + ": holds tasks of a microbatch other than 0");
+    if (counts[b] < 0) fail("counts[" + format_number(b) + "]: " + format_number(counts[b]) + " is negative");
+    copies += counts[b];
+    if (copies > m) {
+      fail("counts: " + format_number(copies) + " microbatches or more, the problem has " + format_number(m));
+    }
+    n += counts[b] * blk.num_tasks();
+    preds += counts[b] * static_cast<int64_t>(blk.pred_.size());
+    check_count(n, kMaxTasks, "tasks", "tasks");
+    check_count(preds, kMaxPredecessors, "predecessors", "tasks.after");
+  }
+  const size_t un = static_cast<size_t>(n);
+  for (auto* v : {&in_.lane, &in_.microbatch, &in_.resource, &in_.phase}) v->resize(un);
+  in_.duration.resize(un);
+  in_.after_offset.resize(un + 1);
+  in_.after.resize(static_cast<size_t>(preds));
+  lane_.resize(un);
+  microbatch_.resize(un);
+  resource_.resize(un);
+  phase_.resize(un);
+  pred_off_.resize(un + 1);
+  pred_.resize(static_cast<size_t>(preds));
+  succ_off_.resize(un + 1);
+  mb_off_.assign(static_cast<size_t>(2 * m + 1), 0);
+  mb_tasks_.resize(un);
+  int64_t succs = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) succs += counts[b] * static_cast<int64_t>(blocks[b]->succ_.size());
+  succ_.resize(static_cast<size_t>(succs));
+  pred_off_[0] = succ_off_[0] = in_.after_offset[0] = 0;
+  size_t at = 0, at_pred = 0, at_succ = 0;  // where the next copy's tasks, predecessors and successors go
+  int32_t j = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const Problem& blk = *blocks[b];
+    const size_t bn = static_cast<size_t>(blk.num_tasks());
+    const size_t fwd = static_cast<size_t>(blk.mb_off_[1]);  // the block's forward tasks, then its backward
+    for (int64_t c = 0; c < counts[b]; ++c, ++j) {
+      poll_cancel(static_cast<int64_t>(bn));
+      const int32_t o = static_cast<int32_t>(at);
+      const int64_t po = static_cast<int64_t>(at_pred), so = static_cast<int64_t>(at_succ);
+      std::copy_n(blk.in_.lane.begin(), bn, in_.lane.begin() + at);
+      std::copy_n(blk.in_.resource.begin(), bn, in_.resource.begin() + at);
+      std::copy_n(blk.in_.phase.begin(), bn, in_.phase.begin() + at);
+      std::copy_n(blk.in_.duration.begin(), bn, in_.duration.begin() + at);
+      std::fill_n(in_.microbatch.begin() + at, bn, j);
+      std::copy_n(blk.lane_.begin(), bn, lane_.begin() + at);
+      std::copy_n(blk.resource_.begin(), bn, resource_.begin() + at);
+      std::copy_n(blk.phase_.begin(), bn, phase_.begin() + at);
+      std::fill_n(microbatch_.begin() + at, bn, j);
+      for (size_t i = 1; i <= bn; ++i) pred_off_[at + i] = po + blk.pred_off_[i];
+      std::copy_n(pred_off_.begin() + at + 1, bn, in_.after_offset.begin() + at + 1);
+      for (size_t i = 1; i <= bn; ++i) succ_off_[at + i] = so + blk.succ_off_[i];
+      for (size_t i = 0; i < bn; ++i) mb_tasks_[at + i] = o + blk.mb_tasks_[i];
+      for (size_t q = 0; q < blk.pred_.size(); ++q) pred_[at_pred + q] = o + blk.pred_[q];
+      std::copy_n(pred_.begin() + at_pred, blk.pred_.size(), in_.after.begin() + at_pred);
+      for (size_t q = 0; q < blk.succ_.size(); ++q) succ_[at_succ + q] = o + blk.succ_[q];
+      mb_off_[static_cast<size_t>(2 * j + 1)] = static_cast<int64_t>(at + fwd);
+      mb_off_[static_cast<size_t>(2 * j + 2)] = static_cast<int64_t>(at + bn);
+      at += bn;
+      at_pred += blk.pred_.size();
+      at_succ += blk.succ_.size();
+    }
+  }
+  for (int64_t k = 2 * j + 1; k <= 2 * m; ++k) mb_off_[static_cast<size_t>(k)] = static_cast<int64_t>(at);
 }
 
 ProblemInput Problem::input() const {
@@ -199,6 +283,29 @@ void Problem::index_tasks() {
     mb_tasks_[static_cast<size_t>(pos[static_cast<size_t>(2 * microbatch_[i] + phase_[i])]++)] =
         static_cast<int32_t>(i);
   }
+}
+
+std::array<double, 4> longest_paths(const Problem& p) {
+  const int32_t n = p.num_tasks();
+  std::vector<double> full(static_cast<size_t>(n)), compute(static_cast<size_t>(n));
+  std::array<double, 4> best{0.0, 0.0, 0.0, 0.0};
+  for (int32_t t = 0; t < n; ++t) {
+    if ((t & 1023) == 0) poll_cancel(1024);
+    const uint8_t ph = p.phase(t);
+    double f = 0.0, c = 0.0;
+    for (const int32_t* q = p.pred_begin(t); q != p.pred_end(t); ++q) {  // ids below t: known already
+      if (p.phase(*q) == ph) {
+        f = std::max(f, full[static_cast<size_t>(*q)]);
+        c = std::max(c, compute[static_cast<size_t>(*q)]);
+      }
+    }
+    const double d = p.duration(t);
+    full[static_cast<size_t>(t)] = f + d;
+    compute[static_cast<size_t>(t)] = c + (p.resource(t) == kCompute ? d : 0.0);
+    best[ph] = std::max(best[ph], full[static_cast<size_t>(t)]);
+    best[2 + ph] = std::max(best[2 + ph], compute[static_cast<size_t>(t)]);
+  }
+  return best;
 }
 
 }  // namespace pybubble

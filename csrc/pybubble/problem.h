@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -73,6 +74,14 @@ class Problem {
   /// are ignored): the windows are shared, not copied or checked again, the tasks checked as the
   /// constructor above checks them. For many problems on the same bubbles (a search's candidates).
   Problem(const Problem& like, ProblemInput tasks);
+  /// `like`'s bubbles with the tasks of `blocks` one after another: block b, a problem on the same
+  /// bubbles (made `like` them) whose tasks all belong to microbatch 0, repeated counts[b] times,
+  /// each copy a microbatch of its own, numbered from 0 in order, its task ids and predecessors
+  /// shifted into place. The blocks' tasks were checked when they were made, so a joined problem
+  /// costs copying them alone (a search's candidates, each a partition of the same microbatches).
+  /// Throws std::invalid_argument when a block is on other bubbles or holds another microbatch, a
+  /// count is negative, or the copies exceed the microbatches or the limits on tasks.
+  Problem(const Problem& like, const std::vector<const Problem*>& blocks, const std::vector<int64_t>& counts);
 
   double horizon() const { return in_.horizon; }
   int32_t num_lanes() const { return static_cast<int32_t>(in_.num_lanes); }
@@ -117,5 +126,11 @@ class Problem {
   std::vector<int64_t> pred_off_, succ_off_, mb_off_;
   std::vector<int32_t> pred_, succ_, mb_tasks_;
 };
+
+/// The longest dependency paths by duration through `p`'s forward tasks and through its backward
+/// tasks (a predecessor of the other phase does not count): counting every task, then counting
+/// compute tasks only (communication as 0). Returns {forward, backward, forward compute, backward
+/// compute} (us).
+std::array<double, 4> longest_paths(const Problem& p);
 
 }  // namespace pybubble

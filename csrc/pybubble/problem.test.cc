@@ -69,6 +69,102 @@ TEST(Problem, WithOtherTasksSharesTheWindowsAndChecksTheTasks) {
   }
 }
 
+// Tasks of microbatch 0 on lane `lane`: a forward chain of `fwd` tasks, then a backward chain of
+// `bwd` after the last forward; durations 1, 2, 3, ...
+ProblemInput chain_tasks(int64_t lane, int fwd, int bwd) {
+  ProblemInput t;
+  t.after_offset = {0};
+  for (int i = 0; i < fwd + bwd; ++i) {
+    t.lane.push_back(lane);
+    t.microbatch.push_back(0);
+    t.duration.push_back(1.0 + i);
+    t.resource.push_back(i % 3 == 2 ? kComm : kCompute);
+    t.phase.push_back(i < fwd ? kFwd : kBwd);
+    if (i > 0) t.after.push_back(i - 1);
+    t.after_offset.push_back(static_cast<int64_t>(t.after.size()));
+  }
+  return t;
+}
+
+std::string join_error(const Problem& base, const std::vector<const Problem*>& blocks, const std::vector<int64_t>& counts) {
+  try {
+    Problem p(base, blocks, counts);
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Problem, JoinedBlocksEqualTheirTasksGivenWhole) {
+  ProblemInput in = two_tasks();
+  in.num_lanes = 2;
+  in.compute_free = {{0, 1, 2}, {10.0, 5.0}, {20.0, 90.0}};
+  in.link_free = {{0, 1, 1}, {0.0}, {100.0}};
+  in.forward_needed = {50.0, 55.0, 60.0, 70.0};
+  in.grad_ready = {60.0, 65.0, 70.0, 80.0};
+  const Problem base(in);
+  const Problem a(base, chain_tasks(0, 2, 1)), b(base, chain_tasks(1, 3, 4));
+  const Problem joined(base, {&a, &b, &a}, {1, 2, 0});
+  // The same tasks given whole: a once, then b twice, each copy a microbatch of its own.
+  ProblemInput whole;
+  whole.after_offset = {0};
+  int64_t j = 0;
+  for (const auto& [block, copies] : {std::pair{&a, 1}, std::pair{&b, 2}}) {
+    for (int c = 0; c < copies; ++c, ++j) {
+      const ProblemInput& f = block->fields();
+      const int64_t first = static_cast<int64_t>(whole.lane.size());
+      for (size_t i = 0; i < f.lane.size(); ++i) {
+        whole.lane.push_back(f.lane[i]);
+        whole.microbatch.push_back(j);
+        whole.duration.push_back(f.duration[i]);
+        whole.resource.push_back(f.resource[i]);
+        whole.phase.push_back(f.phase[i]);
+        for (int64_t q = f.after_offset[i]; q < f.after_offset[i + 1]; ++q) whole.after.push_back(first + f.after[static_cast<size_t>(q)]);
+        whole.after_offset.push_back(static_cast<int64_t>(whole.after.size()));
+      }
+    }
+  }
+  const Problem given(base, whole);
+  ASSERT_EQ(joined.num_tasks(), given.num_tasks());
+  const ProblemInput &x = joined.fields(), &y = given.fields();
+  EXPECT_EQ(x.lane, y.lane);
+  EXPECT_EQ(x.microbatch, y.microbatch);
+  EXPECT_EQ(x.duration, y.duration);
+  EXPECT_EQ(x.resource, y.resource);
+  EXPECT_EQ(x.phase, y.phase);
+  EXPECT_EQ(x.after_offset, y.after_offset);
+  EXPECT_EQ(x.after, y.after);
+  EXPECT_EQ(&joined.windows(kComm), &base.windows(kComm));
+  for (int32_t t = 0; t < given.num_tasks(); ++t) {
+    EXPECT_EQ(std::vector<int32_t>(joined.pred_begin(t), joined.pred_end(t)), std::vector<int32_t>(given.pred_begin(t), given.pred_end(t)));
+    EXPECT_EQ(std::vector<int32_t>(joined.succ_begin(t), joined.succ_end(t)), std::vector<int32_t>(given.succ_begin(t), given.succ_end(t)));
+    EXPECT_EQ(joined.lane(t), given.lane(t));
+    EXPECT_EQ(joined.microbatch(t), given.microbatch(t));
+  }
+  for (int32_t m = 0; m < 4; ++m) {
+    for (int ph : {kFwd, kBwd}) {
+      EXPECT_EQ(std::vector<int32_t>(joined.tasks_begin(m, ph), joined.tasks_end(m, ph)),
+                std::vector<int32_t>(given.tasks_begin(m, ph), given.tasks_end(m, ph)));
+    }
+  }
+  for (Policy pol : {Policy::kGreedy, Policy::kCoarse}) {
+    Scheduler s1(joined), s2(given);
+    EXPECT_EQ(s1.run(pol).start, s2.run(pol).start);
+    EXPECT_TRUE(validate(joined, s1.run(pol)).empty());
+  }
+  // Refused: a block on other bubbles, of another microbatch, a negative count, too many copies.
+  const Problem other(two_tasks());
+  EXPECT_EQ(join_error(base, {&other}, {1}), "blocks[0]: not a problem on these bubbles (make it with_tasks of them)");
+  ProblemInput second = chain_tasks(0, 1, 0);
+  second.microbatch = {1};
+  const Problem of_one(base, second);
+  EXPECT_EQ(join_error(base, {&a, &of_one}, {1, 1}), "blocks[1]: holds tasks of a microbatch other than 0");
+  EXPECT_EQ(join_error(base, {&a}, {-1}), "counts[0]: -1 is negative");
+  EXPECT_EQ(join_error(base, {&a, &b}, {3, 2}), "counts: 5 microbatches or more, the problem has 4");
+  EXPECT_EQ(join_error(base, {&a}, {1, 1}), "counts: 2 counts for 1 blocks");
+  EXPECT_EQ(Problem(base, {}, {}).num_tasks(), 0);
+}
+
 TEST(Problem, AcceptsAValidProblemAndIndexesIt) {
   Problem p(two_tasks());
   EXPECT_EQ(p.num_tasks(), 2);

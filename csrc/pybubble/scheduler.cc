@@ -20,7 +20,37 @@ Policy parse_policy(const std::string& name) {
   throw std::invalid_argument("policy: " + quote_capped(name) + " is not one of greedy, coarse");
 }
 
+namespace {
+/// The buffers of the last scheduler destroyed on this thread, for the next one made here.
+struct SpareBuffers {
+  bool held = false;
+  Buffer<int32_t> key, fwd_key;
+  Buffer<double> end, probe_mark, bw_start, bw_end;
+};
+thread_local SpareBuffers spare;
+}  // namespace
+
+Scheduler::~Scheduler() {
+  if (spare.held) return;
+  spare.key = std::move(key_);
+  spare.fwd_key = std::move(fwd_key_);
+  spare.end = std::move(end_);
+  spare.probe_mark = std::move(probe_mark_);
+  spare.bw_start = std::move(bw_start_);
+  spare.bw_end = std::move(bw_end_);
+  spare.held = true;
+}
+
 Scheduler::Scheduler(const Problem& problem) : p_(problem) {
+  if (spare.held) {  // sized below: only growth touches new memory
+    key_ = std::move(spare.key);
+    fwd_key_ = std::move(spare.fwd_key);
+    end_ = std::move(spare.end);
+    probe_mark_ = std::move(spare.probe_mark);
+    bw_start_ = std::move(spare.bw_start);
+    bw_end_ = std::move(spare.bw_end);
+    spare.held = false;
+  }
   const size_t n = static_cast<size_t>(p_.num_tasks());
   const size_t m = static_cast<size_t>(p_.num_microbatches());
   keys_ = 2 * p_.num_lanes();

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pybubble/problem.h"
@@ -32,12 +34,40 @@ struct Schedule {
   double shift_back = 0.0;            ///< how far the step grows after the horizon
 };
 
+/// A vector whose new elements are default-initialised (left as they are for numbers): the
+/// scheduler's buffers are written before they are read, so sizing them costs no pass over memory.
+template <typename T>
+struct DefaultInit : std::allocator<T> {
+  template <typename U>
+  struct rebind {
+    using other = DefaultInit<U>;
+  };
+  DefaultInit() = default;
+  template <typename U>
+  DefaultInit(const DefaultInit<U>&) noexcept {}
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
+};
+template <typename T>
+using Buffer = std::vector<T, DefaultInit<T>>;
+
 /// Schedules one problem, many times if needed (online rescheduling with new durations).
 /// All memory is allocated in the constructor; `run` allocates nothing per task.
 class Scheduler {
  public:
   /// Keeps a reference to `problem`, which must outlive the scheduler.
   explicit Scheduler(const Problem& problem);
+  /// Hands its largest buffers to the next scheduler made on this thread (a search makes one per
+  /// candidate: their memory is reused, not allocated and faulted in again).
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
 
   /// Schedules with the problem's own durations, or with `durations` (num_tasks values, each
   /// finite and >= 0, else std::invalid_argument). The result stays valid until the next run.
@@ -73,24 +103,24 @@ class Scheduler {
   const double* dur_ = nullptr;
   double* start_ = nullptr;  // where the starts go: the result's or a caller's (place)
   int32_t keys_ = 0;  // 2 * num_lanes: one cursor per (lane, resource)
-  std::vector<int32_t> key_;  // per task: 2 lane + resource
+  Buffer<int32_t> key_;  // per task: 2 lane + resource
   std::vector<uint8_t> local_pred_, local_succ_;  // per task: its predecessors / successors all on its key
   double first_start_ = 0.0, last_end_ = 0.0;  // min(0, starts) and max(horizon, ends) so far
-  std::vector<double> end_;
+  Buffer<double> end_;
   std::vector<Cursor> cursor_, saved_;
   std::vector<uint8_t> inside_;           // task placed inside the step
   std::vector<int64_t> fwd_first_;        // forward positions >= this run inside the step
   std::vector<int64_t> bwd_last_;         // backward positions < this run inside the step
   std::vector<double> probe_time_;        // per key, during a probe
-  std::vector<double> probe_mark_;        // per task, during a probe (start or end)
+  Buffer<double> probe_mark_;            // per task, during a probe (start or end)
   std::vector<double> finish_;
   std::vector<int32_t> order_;
   // Windows for backward tasks: the problem's windows less the forward tasks placed in them.
   // CSR over keys (2 l + r).
   std::vector<int64_t> bw_off_;
-  std::vector<double> bw_start_, bw_end_;
+  Buffer<double> bw_start_, bw_end_;
   std::vector<int64_t> fwd_key_off_;  // forward tasks per key, (microbatch, id) order: CSR
-  std::vector<int32_t> fwd_key_;
+  Buffer<int32_t> fwd_key_;
   Schedule out_;
 };
 

@@ -108,6 +108,33 @@ void register_problem(py::module_& m) {
           "A problem on this one's bubbles (horizon, lanes, windows, microbatches: shared, not copied or checked "
           "again) with the tasks of `tasks` (`lane`, `microbatch`, `resource`, `phase`, `after_offset`, `after`, "
           "`duration` as attributes), checked as the constructor checks them.")
+      .def(
+          "joined",
+          [](const Problem& self, py::handle blocks, py::handle counts) {
+            if (!py::isinstance<py::sequence>(blocks) || py::isinstance<py::str>(blocks)) {
+              throw py::value_error("blocks: not a list of _core.Problem");
+            }
+            std::vector<const Problem*> bs;
+            for (size_t b = 0; b < py::len(blocks); ++b) {
+              bs.push_back(&read_bound<Problem>(blocks[py::int_(b)], "blocks[" + std::to_string(b) + "]",
+                                                "_core.Problem"));
+            }
+            std::vector<int64_t> cs = read_array<int64_t>(counts, "counts", {pybubble::kMaxMicrobatches, "microbatches"});
+            return without_gil([&] { return std::make_unique<Problem>(self, bs, cs); });
+          },
+          py::arg("blocks"), py::arg("counts"),
+          "A problem on this one's bubbles whose tasks are `blocks` (problems made with_tasks of these bubbles, "
+          "every task of microbatch 0) one after another, block b repeated counts[b] times, each copy a "
+          "microbatch of its own numbered from 0: the blocks' checked tasks copied, not checked again.")
+      .def(
+          "longest_paths",
+          [](const Problem& self) {
+            const auto b = without_gil([&] { return pybubble::longest_paths(self); });
+            return py::make_tuple(b[0], b[1], b[2], b[3]);
+          },
+          "The longest dependency paths by duration through the forward tasks and through the backward tasks "
+          "(predecessors of the other phase do not count): (forward, backward, forward compute, backward "
+          "compute), the last two counting compute tasks only.")
       .def("arrays", [](const Problem& p) { return write_problem(p); },
            "The problem's arrays as a nested dict with the constructor's names ({'horizon': float, "
            "'compute_free': {'offset', 'start', 'end'}, 'link_free': {...}, 'forward_needed', 'grad_ready', "

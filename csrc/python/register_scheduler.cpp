@@ -22,7 +22,9 @@ py::tuple as_tuple(const pybubble::Schedule& s) {
 void register_scheduler(py::module_& m) {
   py::class_<Scheduler>(m, "Scheduler", "Schedules one problem, again and again with new durations.")
       .def(py::init([](py::handle problem) {
-             return std::make_unique<Scheduler>(read_bound<Problem>(problem, "problem", "_core.Problem"));
+             const Problem& p = read_bound<Problem>(problem, "problem", "_core.Problem");
+             // Its indexes and buffers are plain C++ over the problem: other threads run meanwhile.
+             return without_gil([&] { return std::make_unique<Scheduler>(p); });
            }),
            py::arg("problem"), py::keep_alive<1, 2>())
       .def(

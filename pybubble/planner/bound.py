@@ -38,9 +38,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..config.checks import positive_int, real_array
-from ..llm.timeline import Timeline
+from ..llm.timeline import Timeline, Windows
 from ..problem.encoder import EncoderWork
-from ..problem.problem import prefetched_needs
+from ..problem.arrays import ProblemArrays, Tasks
+from ..problem.problem import Problem, prefetched_needs
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -87,26 +88,17 @@ class StepBound:
         return self.step_time / self.horizon - 1.0 if self.horizon > 0 else 0.0
 
 
-def _longest_paths(tasks: object) -> tuple[float, float, float, float]:
+def _longest_paths(tasks: Tasks) -> tuple[float, float, float, float]:
     """The longest paths by duration through the forward and the backward tasks (ids in
     topological order): counting every task, then counting compute tasks only (communication as 0).
-    Returns (forward, backward, forward compute, backward compute)."""
-    phase = tasks.phase.tolist()  # type: ignore[attr-defined]
-    dur = tasks.duration.tolist()  # type: ignore[attr-defined]
-    compute = (tasks.resource == 0).tolist()  # type: ignore[attr-defined]
-    off, after = tasks.after_offset.tolist(), tasks.after.tolist()  # type: ignore[attr-defined]
-    full, comp = [0.0] * len(dur), [0.0] * len(dur)
-    best = [0.0, 0.0, 0.0, 0.0]
-    for t, ph in enumerate(phase):
-        f = c = 0.0
-        for p in after[off[t]:off[t + 1]]:
-            if phase[p] == ph:
-                f, c = max(f, full[p]), max(c, comp[p])
-        full[t] = f + dur[t]
-        comp[t] = c + (dur[t] if compute[t] else 0.0)
-        best[ph] = max(best[ph], full[t])
-        best[2 + ph] = max(best[2 + ph], comp[t])
-    return best[0], best[1], best[2], best[3]
+    Returns (forward, backward, forward compute, backward compute). The core walks them, as a
+    problem of these tasks with no bubble."""
+    lanes = int(tasks.lane.max()) + 1 if len(tasks) else 1
+    none = Windows(offset=np.zeros(lanes + 1, np.int64), start=np.zeros(0), end=np.zeros(0))
+    m = int(tasks.microbatch.max()) + 1 if len(tasks) else 1
+    problem = Problem.from_arrays(ProblemArrays(horizon=0.0, compute_free=none, link_free=none,
+                                                forward_needed=np.zeros(m), grad_ready=np.zeros(m), tasks=tasks))
+    return problem.core.longest_paths()
 
 
 def encoder_load(work: EncoderWork, scale: np.ndarray | None = None, microbatches: int | None = None) -> EncoderLoad:

@@ -30,6 +30,7 @@ from ..config.schema import Config, LLMPlan
 from ..costs.memory import GB
 from ..llm.step import LLMStep, even_split, wgrad_share
 from ..llm.timeline import Timeline, Windows
+from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem
 from ..schedule.scheduler import schedule_problem
@@ -272,8 +273,9 @@ def _separate_option(step: LLMStep, pp_enc: int, tp_enc: int, n: int, extra: int
     if memory > config.memory_gb * GB:
         return None
     whole = Windows.whole(pp_enc * n, 0.0, timeline.step_time)
-    problem = Problem.on_timeline(timeline, work.tasks(partition), windows=(whole, whole),
+    bubbles = Problem.on_timeline(timeline, Tasks.empty(), windows=(whole, whole),
                                   lane_names=[f"enc{e}.lane{i}" for e in range(pp_enc) for i in range(n)])
+    problem = work.problem(bubbles, partition)
     cand = Candidate(plan=plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
                      memory_bytes=memory)
     return Separate(plan=plan, candidate=cand, extra_gpus=extra)

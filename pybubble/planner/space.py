@@ -95,6 +95,11 @@ class PlanSpace:
                                                 self.windows, prefetch=self.prefetch)
         return self._bubbles
 
+    def partition_problem(self, partition: Sequence[int]) -> Problem:
+        """The problem of `partition` in every bubble (:meth:`EncoderWork.problem`: the pipelines'
+        one-microbatch blocks, checked once, copied per microbatch)."""
+        return self.work.problem(self.bubbles, partition)
+
     def plan_bound(self, microbatches: int) -> float:
         """A lower bound on the step of any schedule of this plan: the work that fits in no bubble
         spread over every lane, or :attr:`step_bound` when the config's microbatches are meant."""
@@ -111,8 +116,8 @@ class PlanSpace:
     def moves(self, cand: Candidate, donors: int = 2, receivers: int = 3) -> list[tuple[int, ...]]:
         """Partitions one microbatch away from `cand`'s: from the pipelines whose lanes run most
         encoder work outside the step to those that run least (the guided neighbourhood)."""
-        t = self.work.tasks(cand.partition)  # its problem's tasks, without copying its windows back
-        start, dur, lane = cand.schedule.start, t.duration, t.lane
+        lane, dur = self.work.lanes_durations(cand.partition)  # its problem's tasks' (ids in the same order)
+        start = cand.schedule.start
         outside = np.clip(np.minimum(start + dur, 0.0) - start, 0.0, None)
         outside += np.clip(start + dur - np.maximum(start, self.horizon), 0.0, None)
         per_lane = np.bincount(lane, weights=outside, minlength=len(self.free))
@@ -144,7 +149,7 @@ class PlanSpace:
             problem = Problem.on_timeline(self.step.timeline, self.work.tasks(partition), self.plan.lanes_per_stage,
                                           (self.edges, self.windows[1]), prefetch=0)
         else:
-            problem = self.bubbles.with_tasks(self.work.tasks(partition))
+            problem = self.partition_problem(partition)
         return Candidate(plan=self.plan, partition=list(partition), problem=problem, schedule=schedule_problem(problem),
                          memory_bytes=self.memory(partition) if memory is None else memory, bound=self.step_bound,
                          step=self.step)
@@ -220,7 +225,7 @@ class PlanSpace:
 
     def in_every_bubble(self, cand: Candidate) -> Candidate:
         """A coarse candidate with the problem of every bubble (its schedule is valid there too)."""
-        problem = self.bubbles.with_tasks(self.work.tasks(cand.partition))
+        problem = self.partition_problem(cand.partition)
         return Candidate(plan=cand.plan, partition=cand.partition, problem=problem, schedule=cand.schedule,
                          memory_bytes=cand.memory_bytes, bound=cand.bound, step=cand.step)
 

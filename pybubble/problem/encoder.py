@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from ..costs.roofline import CostModel
 from ..llm.step import even_split
 from .arrays import Tasks
 from .template import microbatch_template
+
+if TYPE_CHECKING:
+    from .problem import Problem
 
 
 @dataclass(kw_only=True, slots=True)
@@ -120,6 +123,7 @@ class EncoderWork:
         self._bytes: tuple[np.ndarray, list[np.ndarray], np.ndarray] | None = None
         self._blocks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._spread_blocks: dict[tuple[tuple[int, ...], ...], dict[str, np.ndarray]] = {}
+        self._problem_blocks: dict[int, tuple[Problem, list[Problem]]] = {}
 
     @property
     def images(self) -> tuple[int, ...]:
@@ -192,13 +196,37 @@ class EncoderWork:
             raise ValueError(f"partition: {len(partition)} entries, the plan has {plan.pipelines} encoder pipelines")
         return [integer(n, f"partition[{i}]", minimum=0) for i, n in enumerate(partition)]
 
-    def tasks(self, partition: Sequence[int]) -> Tasks:
-        """The tasks of a partition (microbatches numbered pipeline by pipeline)."""
+    def check_partition(self, partition: Sequence[int]) -> list[int]:
+        """`partition` checked: one count of microbatches per pipeline, their tasks within the
+        limit (ValueError naming the field)."""
         partition = self._partition(partition)
         sizes = [len(self._pipeline_template(i)["tag"]) * n for i, n in enumerate(partition)]
         if sum(sizes) > MAX_TASKS:
             raise ValueError(f"partition: {sum(partition):,} encoder microbatches make {sum(sizes):,} kernel tasks, "
                              f"more than the limit of {MAX_TASKS:,}")
+        return partition
+
+    def lanes_durations(self, partition: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The lane and the duration of each task of :meth:`tasks` (same order), without the rest."""
+        blocks = [self._block(i, n) for i, n in enumerate(self.check_partition(partition)) if n > 0]
+        if not blocks:
+            return np.zeros(0, np.int64), np.zeros(0)
+        return np.concatenate([b["lane"] for b in blocks]), np.concatenate([b["duration"] for b in blocks])
+
+    def problem(self, bubbles: Problem, partition: Sequence[int]) -> Problem:
+        """The problem of `partition`'s tasks (:meth:`tasks`) on `bubbles` (a problem of those
+        bubbles with no task): each pipeline's one-microbatch tasks are checked once on them, as a
+        block (kept for the next partition on the same bubbles), and the core copies the blocks
+        once per microbatch (:meth:`Problem.joined`), with nothing checked again."""
+        held = self._problem_blocks.get(id(bubbles))
+        if held is None or held[0] is not bubbles:
+            held = self._problem_blocks[id(bubbles)] = (
+                bubbles, [bubbles.with_tasks(self.microbatch_tasks(i)) for i in range(self.plan.pipelines)])
+        return bubbles.joined(held[1], self.check_partition(partition))
+
+    def tasks(self, partition: Sequence[int]) -> Tasks:
+        """The tasks of a partition (microbatches numbered pipeline by pipeline)."""
+        partition = self.check_partition(partition)
         return _joined([self._block(i, n) for i, n in enumerate(partition) if n > 0],
                        [n for n in partition if n > 0])
 

@@ -94,6 +94,18 @@ class Problem:
         candidates) are built this way at the cost of their tasks alone."""
         return Problem(self.core.with_tasks(Tasks.coerce(tasks)), self.lane_names)
 
+    def joined(self, blocks: Sequence["Problem"], counts: Sequence[int]) -> "Problem":
+        """The problem, on this problem's bubbles, of `blocks` (problems made :meth:`with_tasks` of
+        these bubbles, each the tasks of one microbatch, microbatch 0) one after another, block b
+        repeated ``counts[b]`` times, each copy a microbatch of its own numbered from 0: the blocks'
+        tasks were checked once, and a joined problem costs copying them (a search's partitions).
+        ValueError for a block on other bubbles or of another microbatch, a negative count, or more
+        copies than microbatches."""
+        if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) \
+                or not all(isinstance(b, Problem) for b in blocks):
+            raise ValueError(f"blocks: {shown(blocks)} is not a list of Problem")
+        return Problem(self.core.joined([b.core for b in blocks], np.asarray(counts, np.int64)), self.lane_names)
+
     def with_durations(self, durations: np.ndarray) -> "Problem":
         """The same problem with new task durations (checked)."""
         a = self.arrays()

@@ -52,3 +52,33 @@ def test_encoder_lane_bytes_grow_with_the_partition_and_frozen_keeps_weights_onl
     assert a.sum() == pytest.approx(b.sum())  # no activations kept
     enc = cfg.encoders[0].model
     assert a.sum() == pytest.approx(2 * enc.params_per_layer * enc.layers * 4)  # 2 bytes x 4 pipelines' copies
+
+
+def _peak_by_hand(timeline, held):
+    """The peak per rank walked op by op in Python: F takes, the op that frees (W where the table
+    splits one off, else B or I) gives back; at equal times the frees first."""
+    split = {(o.rank, o.chunk, o.microbatch) for o in timeline.ops if o.kind == "W"}
+    events = {r: [] for r in range(timeline.ranks)}
+    for o in timeline.ops:
+        w = float(held[o.rank, o.chunk])
+        if o.kind == "F":
+            events[o.rank].append((o.start, w))
+        elif o.kind == "W" or (o.kind in ("B", "I") and (o.rank, o.chunk, o.microbatch) not in split):
+            events[o.rank].append((o.end, -w))
+    peak = np.zeros(timeline.ranks)
+    for r, ev in events.items():
+        now = 0.0
+        for _, delta in sorted(ev):
+            now += delta
+            peak[r] = max(peak[r], now)
+    return peak
+
+
+@pytest.mark.parametrize("schedule,chunks", [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1),
+                                             ("zbv", 2)])
+def test_activation_peak_equals_a_walk_by_hand(schedule, chunks):
+    rng = np.random.default_rng(7)
+    tl = simulate_pipeline(schedule, ranks=4, microbatches=8, chunks=chunks, fwd=1.0, bwd=2.0,
+                           wgrad=1.0 if schedule in ("zb_h1", "zbv") else None)
+    held = rng.uniform(1.0, 3.0, (4, chunks))
+    assert np.array_equal(activation_peak(tl, held), _peak_by_hand(tl, held))

@@ -35,7 +35,7 @@ from ..config.checks import integer, one_of, positive_int, shown
 from ..config.schema import Config, LLMPlan
 from ..costs.memory import activation_bytes, encoder_layer_bytes, recompute_bytes, state_bytes
 from ..costs.roofline import CostModel, stream_schedule
-from .tables import Table, build_table, interleaved_1f1b, interleaved_warmup
+from .tables import ACTION_KINDS, Table, build_table, interleaved_1f1b, interleaved_warmup
 from .timeline import Timeline, Windows, simulate_pipeline
 
 GRAD_BYTES = 4
@@ -46,21 +46,23 @@ def activation_peak(timeline: Timeline, held: np.ndarray) -> np.ndarray:
     """Per pipeline rank, the peak activation bytes over the step: ``held[rank, chunk]`` bytes are
     taken when a forward F of that chunk starts and given back when the backward that frees them
     ends (W where the table splits one off, else B or I)."""
-    ops = timeline.ops
-    split = {(o.rank, o.chunk, o.microbatch) for o in ops if o.kind == "W"}
+    o = timeline.op_columns
+    kind = np.asarray(ACTION_KINDS)[o["kind"]]
+    rank, w = o["rank"], np.asarray(held, np.float64)[o["rank"], o["chunk"]]
+    key = (rank * (int(o["chunk"].max(initial=0)) + 1) + o["chunk"]) * (int(o["microbatch"].max(initial=0)) + 1) \
+        + o["microbatch"]
+    take = kind == "F"
+    free = (kind == "W") | (np.isin(kind, ("B", "I")) & ~np.isin(key, key[kind == "W"]))
+    ranks = np.concatenate([rank[take], rank[free]])
+    times = np.concatenate([o["start"][take], o["end"][free]])
+    deltas = np.concatenate([w[take], -w[free]])
+    order = np.lexsort((deltas, times, ranks))  # per rank, by time; at equal times the frees (negative) first
+    ranks, deltas = ranks[order], deltas[order]
     peak = np.zeros(timeline.ranks)
-    events: dict[int, list[tuple[float, float]]] = {r: [] for r in range(timeline.ranks)}
-    for o in ops:
-        w = float(held[o.rank, o.chunk])
-        if o.kind == "F":
-            events[o.rank].append((o.start, w))
-        elif o.kind == "W" or (o.kind in ("B", "I") and (o.rank, o.chunk, o.microbatch) not in split):
-            events[o.rank].append((o.end, -w))
-    for r, ev in events.items():
-        now = 0.0
-        for _, delta in sorted(ev):  # at equal times the frees (negative) come first
-            now += delta
-            peak[r] = max(peak[r], now)
+    bounds = np.searchsorted(ranks, np.arange(timeline.ranks + 1))
+    for r in range(timeline.ranks):  # a running sum per rank, in order, as the events come
+        if bounds[r + 1] > bounds[r]:
+            peak[r] = max(0.0, float(np.cumsum(deltas[bounds[r]:bounds[r + 1]]).max()))
     return peak
 
 

@@ -141,6 +141,14 @@ class Timeline:
             a["op_microbatch"].tolist(), a["op_start"].tolist(), a["op_end"].tolist())]
 
     @property
+    def op_columns(self) -> dict[str, np.ndarray]:
+        """Every action as :attr:`ops` gives them, by column (copies): ``rank``, ``chunk``,
+        ``stage``, ``kind`` (the index of its letter in ``ACTION_KINDS``), ``microbatch``, ``start``
+        and ``end``: for work over all of them at once."""
+        a = self._arrays
+        return {name: a[f"op_{name}"].copy() for name in ("rank", "chunk", "stage", "kind", "microbatch", "start", "end")}
+
+    @property
     def bubbles(self) -> list[Bubble]:
         """Every compute-idle interval, sorted by start within each rank."""
         a = self._arrays

@@ -33,11 +33,11 @@ def edge_windows(timeline: Timeline) -> Windows:
     """Per rank, the compute-free windows before its first LLM action starts and after its last one
     ends: the bubbles that coarse-grained exploitation fills (the DP all-gather and PP warm-up; the PP
     cool-down and DP reduce-scatter)."""
+    o = timeline.op_columns
     first = np.full(timeline.ranks, np.inf)
     last = np.full(timeline.ranks, -np.inf)
-    for op in timeline.ops:
-        first[op.rank] = min(first[op.rank], op.start)
-        last[op.rank] = max(last[op.rank], op.end)
+    np.minimum.at(first, o["rank"], o["start"])
+    np.maximum.at(last, o["rank"], o["end"])
     free = timeline.compute_free
     rank = np.repeat(np.arange(free.lanes), np.diff(free.offset))
     keep = (free.end <= first[rank]) | (free.start >= last[rank])

@@ -124,6 +124,8 @@ class EncoderWork:
         self._blocks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._spread_blocks: dict[tuple[tuple[int, ...], ...], dict[str, np.ndarray]] = {}
         self._problem_blocks: dict[int, tuple[Problem, list[Problem]]] = {}
+        self._pipeline_tasks: list[int] | None = None
+        """Tasks of one microbatch on each pipeline (once asked)."""
 
     @property
     def images(self) -> tuple[int, ...]:
@@ -200,9 +202,11 @@ class EncoderWork:
         """`partition` checked: one count of microbatches per pipeline, their tasks within the
         limit (ValueError naming the field)."""
         partition = self._partition(partition)
-        sizes = [len(self._pipeline_template(i)["tag"]) * n for i, n in enumerate(partition)]
-        if sum(sizes) > MAX_TASKS:
-            raise ValueError(f"partition: {sum(partition):,} encoder microbatches make {sum(sizes):,} kernel tasks, "
+        if self._pipeline_tasks is None:
+            self._pipeline_tasks = [len(self._pipeline_template(i)["tag"]) for i in range(self.plan.pipelines)]
+        total = sum(t * n for t, n in zip(self._pipeline_tasks, partition))
+        if total > MAX_TASKS:
+            raise ValueError(f"partition: {sum(partition):,} encoder microbatches make {total:,} kernel tasks, "
                              f"more than the limit of {MAX_TASKS:,}")
         return partition
 

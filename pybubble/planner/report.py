@@ -25,6 +25,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -352,10 +353,14 @@ def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], Non
     non-colocated layout on it (with `costs`, default: the config's cost model and calibration)."""
     t0 = time.perf_counter()
     step = LLMStep.of(config, costs)
-    found = search(step, workers=workers, progress=progress, optimus=True)
+    with ThreadPoolExecutor(max_workers=1) as beside:
+        # The Megatron-LM layouts and the non-colocated one do not depend on the search: with more
+        # than one worker they are simulated beside it (its scheduling runs without the GIL).
+        others = beside.submit(_others, step) if workers > 1 else None
+        found = search(step, workers=workers, progress=progress, optimus=True)
+        mega, balanced, sep = others.result() if others is not None else _others(step)
     coarse, optimus, limit = found.coarse, found.optimus, config.memory_gb * GB
-    baselines = {"megatron": megatron(step.with_plan(config.baseline_plan("megatron"))),
-                 "megatron_balanced": megatron_balanced(step.with_plan(config.baseline_plan("megatron_balanced"))),
+    baselines = {"megatron": mega, "megatron_balanced": balanced,
                  "coarse": Baseline(name="coarse", step_time=coarse.step_time, memory_bytes=coarse.memory_bytes,
                                     layout=f"encoder before/after the LLM's work; {describe(coarse)}",
                                     memory_limit=limit)}
@@ -363,9 +368,17 @@ def plan(config: Config, *, workers: int = 2, progress: Callable[[int, int], Non
         baselines["optimus"] = Baseline(name="optimus", step_time=optimus.step_time, memory_bytes=optimus.memory_bytes,
                                         layout=f"Optimus as published: whole microbatches, the config's schedule; "
                                                f"{describe(optimus)}", memory_limit=limit)
-    chosen, used, sep = choose(found.best, baselines), features(found), separate(step)
+    chosen, used = choose(found.best, baselines), features(found)
     return PlanReport(config=config, search=found, baselines=baselines, separate=sep,
                       planner_seconds=time.perf_counter() - t0, chosen=chosen, features=used)
+
+
+def _others(step: LLMStep) -> tuple[Baseline, Baseline, Separate]:
+    """The layouts that do not depend on the search: Megatron-LM's two (each on its own LLM plan)
+    and the encoder on GPUs of its own."""
+    config = step.config
+    return (megatron(step.with_plan(config.baseline_plan("megatron"))),
+            megatron_balanced(step.with_plan(config.baseline_plan("megatron_balanced"))), separate(step))
 
 
 def choose(best: Candidate, baselines: dict[str, Baseline]) -> str:

@@ -175,6 +175,15 @@ TEST(Fuzz, ProblemSchedulerAndValidator) {
         with.duration = d;
         expect_valid(with, s, round);
       });
+      // Its longest paths; copies of it joined (refused unless its tasks are all of microbatch 0).
+      const auto paths = longest_paths(p);
+      EXPECT_TRUE(std::all_of(paths.begin(), paths.end(), [](double x) { return x >= 0.0; })) << "round " << round;
+      const std::vector<int64_t> counts = r.integers(r.near(1), -1, p.num_microbatches() + 1);
+      accepts([&] {
+        const Problem joined(p, std::vector<const Problem*>(counts.size(), &p), counts);
+        Scheduler js(joined);
+        expect_valid(joined.input(), js.run(Policy::kGreedy), round);
+      });
       // Any schedule: violations or a refusal of its shape, nothing else.
       Schedule any;
       any.start = r.numbers(r.near(p.num_tasks()), -50.0, 150.0);

@@ -152,7 +152,8 @@ Problem::Problem(const Problem& like, const std::vector<const Problem*>& blocks,
   for (size_t b = 0; b < blocks.size(); ++b) {
     const Problem& blk = *blocks[b];
     const size_t bn = static_cast<size_t>(blk.num_tasks());
-    const size_t fwd = static_cast<size_t>(blk.mb_off_[1]);  // the block's forward tasks, then its backward
+    // The block's forward tasks, then its backward (a block of no task may have no microbatch to index).
+    const size_t fwd = bn == 0 ? 0 : static_cast<size_t>(blk.mb_off_[1]);
     for (int64_t c = 0; c < counts[b]; ++c, ++j) {
       poll_cancel(static_cast<int64_t>(bn));
       const int32_t o = static_cast<int32_t>(at);

@@ -163,6 +163,12 @@ TEST(Problem, JoinedBlocksEqualTheirTasksGivenWhole) {
   EXPECT_EQ(join_error(base, {&a, &b}, {3, 2}), "counts: 5 microbatches or more, the problem has 4");
   EXPECT_EQ(join_error(base, {&a}, {1, 1}), "counts: 2 counts for 1 blocks");
   EXPECT_EQ(Problem(base, {}, {}).num_tasks(), 0);
+  // A block of no task still counts its copies as microbatches.
+  const Problem none(base, chain_tasks(0, 0, 0));
+  const Problem after_two(base, {&none, &a}, {2, 1});
+  EXPECT_EQ(after_two.fields().microbatch, std::vector<int64_t>(3, 2));
+  EXPECT_EQ(after_two.tasks_end(1, kBwd) - after_two.tasks_begin(0, kFwd), 0);
+  EXPECT_EQ(after_two.tasks_end(2, kFwd) - after_two.tasks_begin(2, kFwd), 2);
 }
 
 TEST(Problem, AcceptsAValidProblemAndIndexesIt) {

@@ -124,8 +124,7 @@ class EncoderWork:
         self._blocks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._spread_blocks: dict[tuple[tuple[int, ...], ...], dict[str, np.ndarray]] = {}
         self._problem_blocks: dict[int, tuple[Problem, list[Problem]]] = {}
-        self._pipeline_tasks: list[int] | None = None
-        """Tasks of one microbatch on each pipeline (once asked)."""
+        self._pipeline_tasks: list[int] | None = None  # tasks of one microbatch on each pipeline
 
     @property
     def images(self) -> tuple[int, ...]:
@@ -213,15 +212,13 @@ class EncoderWork:
     def lanes_durations(self, partition: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """The lane and the duration of each task of :meth:`tasks` (same order), without the rest."""
         blocks = [self._block(i, n) for i, n in enumerate(self.check_partition(partition)) if n > 0]
-        if not blocks:
-            return np.zeros(0, np.int64), np.zeros(0)
-        return np.concatenate([b["lane"] for b in blocks]), np.concatenate([b["duration"] for b in blocks])
+        return (np.concatenate([np.zeros(0, np.int64)] + [b["lane"] for b in blocks]),
+                np.concatenate([np.zeros(0)] + [b["duration"] for b in blocks]))
 
     def problem(self, bubbles: Problem, partition: Sequence[int]) -> Problem:
-        """The problem of `partition`'s tasks (:meth:`tasks`) on `bubbles` (a problem of those
-        bubbles with no task): each pipeline's one-microbatch tasks are checked once on them, as a
-        block (kept for the next partition on the same bubbles), and the core copies the blocks
-        once per microbatch (:meth:`Problem.joined`), with nothing checked again."""
+        """The problem of `partition`'s tasks (:meth:`tasks`) on `bubbles` (a problem with no task):
+        each pipeline's one-microbatch tasks checked once on them as a block (kept for the next
+        partition), copied by the core once per microbatch (:meth:`Problem.joined`)."""
         held = self._problem_blocks.get(id(bubbles))
         if held is None or held[0] is not bubbles:
             held = self._problem_blocks[id(bubbles)] = (

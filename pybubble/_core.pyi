@@ -1,5 +1,6 @@
 """Type stubs for pybubble's C++ extension."""
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -49,6 +50,11 @@ class Problem:
     def num_microbatches(self) -> int: ...
     def with_tasks(self, tasks: TaskArrays) -> Problem:
         """This problem's bubbles (windows shared, not copied) with other tasks, checked."""
+    def joined(self, blocks: Sequence[Problem], counts: npt.ArrayLike) -> Problem:
+        """This problem's bubbles with the tasks of `blocks` (with_tasks of these bubbles, every task
+        of microbatch 0), block b repeated counts[b] times, each copy a microbatch of its own."""
+    def longest_paths(self) -> tuple[float, float, float, float]:
+        """The longest forward and backward paths by duration, then by compute tasks only."""
     def arrays(self) -> dict[str, Any]:
         """{"horizon": float, "compute_free": {"offset", "start", "end"}, "link_free": {...},
         "forward_needed": array, "grad_ready": array, "tasks": {"lane", ..., "after"}}"""

@@ -189,18 +189,10 @@ class EncoderWork:
             self._blocks[key] = block
         return self._blocks[key]
 
-    def _partition(self, partition: Sequence[int]) -> list[int]:
-        plan = self.plan
-        if isinstance(partition, (str, bytes)) or not isinstance(partition, (Sequence, np.ndarray)):
-            raise ValueError(f"partition: {shown(partition)} is not a list of microbatch counts")
-        if len(partition) != plan.pipelines:
-            raise ValueError(f"partition: {len(partition)} entries, the plan has {plan.pipelines} encoder pipelines")
-        return [integer(n, f"partition[{i}]", minimum=0) for i, n in enumerate(partition)]
-
     def check_partition(self, partition: Sequence[int]) -> list[int]:
         """`partition` checked: one count of microbatches per pipeline, their tasks within the
         limit (ValueError naming the field)."""
-        partition = self._partition(partition)
+        partition = _counts(partition, self.plan.pipelines)
         if self._pipeline_tasks is None:
             self._pipeline_tasks = [len(self._pipeline_template(i)["tag"]) for i in range(self.plan.pipelines)]
         total = sum(t * n for t, n in zip(self._pipeline_tasks, partition))
@@ -329,7 +321,7 @@ class EncoderWork:
         TP group under `partition` (every microbatch of a pipeline held at once: bubble scheduling
         may run all forwards before the first backward), and under full recomputation the largest
         layer's activations rebuilt during its backward."""
-        counts = np.array(self._partition(partition), np.float64)
+        counts = np.array(_counts(partition, self.plan.pipelines), np.float64)
         return self._bytes_held(np.tile(counts, (len(self._images), 1)))
 
     def layout_bytes(self, layout: Sequence[int | Sequence[int]]) -> np.ndarray:
@@ -341,6 +333,17 @@ class EncoderWork:
             for i, images in enumerate(self.split_images(self._share(placement, f"layout[{j}]"))):
                 held[:, i] += np.array(images, np.float64) / np.array(self._images, np.float64)
         return self._bytes_held(held)
+
+
+def _counts(partition: Sequence[int], pipelines: int) -> list[int]:
+    """`partition` checked: one count of microbatches >= 0 for each of `pipelines` (ValueError naming the field)."""
+    if isinstance(partition, (str, bytes)) or not isinstance(partition, (Sequence, np.ndarray)):
+        raise ValueError(f"partition: {shown(partition)} is not a list of microbatch counts")
+    if len(partition) != pipelines:
+        raise ValueError(f"partition: {len(partition)} entries, the plan has {pipelines} encoder pipelines")
+    if all(type(n) is int and n >= 0 for n in partition):  # a search's own partitions: nothing to name
+        return list(partition)
+    return [integer(n, f"partition[{i}]", minimum=0) for i, n in enumerate(partition)]
 
 
 def _per_encoder(encoders: EncoderConfig | Sequence[EncoderConfig], frozen: bool | Sequence[bool],

@@ -181,6 +181,11 @@ class _Free:
     def get(self, k: int) -> tuple[list[float], list[float]]:
         return self.lists[k]
 
+    def take(self, k: int, fit: tuple[int, float], d: float) -> None:
+        """Takes [fit[1], fit[1] + d) out of key k's free interval fit[0]."""
+        S, E = self.mut(k)
+        _take(S, E, fit[0], fit[1], d)
+
     def mut(self, k: int) -> tuple[list[float], list[float]]:
         if k not in self.own:
             S, E = self.lists[k]
@@ -207,22 +212,28 @@ def _merged(wins) -> tuple[list[float], list[float]]:
 class _Holes(_Twin):
     """The reference scheduler's algorithm, every cursor replaced by the free intervals left."""
 
-    def fwd_in_step(self, j: int, first: int, free: _Free) -> _Free | None:
-        """j's forward tasks from position `first` on, each in the earliest free interval after its
-        predecessors, ending by forward_needed[j]; the new free lists, or None."""
+    def _in_step(self, j: int, ph: int, order: list[int], free: _Free) -> _Free | None:
+        """j's tasks of phase `ph` in `order`, each in its free list: forward in the earliest
+        interval after its predecessors ending by forward_needed[j], backward in the latest before
+        its successors starting at or after grad_ready; the new free lists, or None (none placed)."""
         trial = free.trial()
-        key, dur = self.key, self.dur
-        for t in self.tasks[(j, 0)][first:]:
-            ready = max([0.0] + [self.end[p] for p in self.preds[t] if self.inside[p]])
-            S, E = trial.get(key[t])
-            fit = _earliest(S, E, ready, dur[t], self.fn[self.assignment[j]])
+        for t in order:
+            if ph == 0:
+                ready = max([0.0] + [self.end[p] for p in self.preds[t] if self.inside[p]])
+                fit = _earliest(*trial.get(self.key[t]), ready, self.dur[t], self.fn[self.assignment[j]])
+            else:
+                late = min([self.horizon] + [self.start[s] for s in self.succs[t] if self.inside[s]])
+                fit = _latest(*trial.get(self.key[t]), late, self.dur[t], self.gr[self.assignment[j]])
             if fit is None:
-                self._drop(j, 0)
+                self._drop(j, ph)
                 return None
-            S, E = trial.mut(key[t])
-            _take(S, E, fit[0], fit[1], dur[t])
+            trial.take(self.key[t], fit, self.dur[t])
             self._place(t, fit[1])
         return trial
+
+    def fwd_in_step(self, j: int, first: int, free: _Free) -> _Free | None:
+        """j's forward tasks from position `first` on (:meth:`_in_step`)."""
+        return self._in_step(j, 0, self.tasks[(j, 0)][first:], free)
 
     def fwd_suffix_alap(self, j: int, free: _Free) -> tuple[int, _Free, dict[int, float]]:
         """The longest suffix of j's forward that fits, tasks backwards, each in the latest free
@@ -238,28 +249,13 @@ class _Holes(_Twin):
             fit = _latest(S, E, late, self.dur[t], 0.0)
             if fit is None:
                 return i + 1, trial, pstart
-            S, E = trial.mut(self.key[t])
-            _take(S, E, fit[0], fit[1], self.dur[t])
+            trial.take(self.key[t], fit, self.dur[t])
             pstart[t] = fit[1]
         return 0, trial, pstart
 
     def bwd_in_step(self, j: int, last: int, free: _Free) -> _Free | None:
-        """j's backward tasks before position `last`, backwards, each in the latest free interval
-        before its successors, starting at or after grad_ready; the new free lists, or None."""
-        trial = free.trial()
-        key, dur = self.key, self.dur
-        ready = self.gr[self.assignment[j]]
-        for t in reversed(self.tasks[(j, 1)][:last]):
-            late = min([self.horizon] + [self.start[s] for s in self.succs[t] if self.inside[s]])
-            S, E = trial.get(key[t])
-            fit = _latest(S, E, late, dur[t], ready)
-            if fit is None:
-                self._drop(j, 1)
-                return None
-            S, E = trial.mut(key[t])
-            _take(S, E, fit[0], fit[1], dur[t])
-            self._place(t, fit[1])
-        return trial
+        """j's backward tasks before position `last`, backwards (:meth:`_in_step`)."""
+        return self._in_step(j, 1, list(reversed(self.tasks[(j, 1)][:last])), free)
 
     def bwd_prefix_asap(self, j: int, free: _Free) -> tuple[int, _Free, dict[int, float]]:
         """The longest prefix of j's backward that fits, tasks forwards, each in the earliest free
@@ -274,8 +270,7 @@ class _Holes(_Twin):
             fit = _earliest(S, E, early, self.dur[t], self.horizon)
             if fit is None:
                 return i, trial, pend
-            S, E = trial.mut(self.key[t])
-            _take(S, E, fit[0], fit[1], self.dur[t])
+            trial.take(self.key[t], fit, self.dur[t])
             pend[t] = fit[1] + self.dur[t]
         return len(ts), trial, pend
 

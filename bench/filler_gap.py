@@ -112,16 +112,19 @@ def _take(S: list[float], E: list[float], i: int, s: float, d: float) -> None:
     """Takes [s, s + d) out of free interval i."""
     if d <= 0.0:
         return
-    a, b = S[i], E[i]
+    S[i:i + 1], E[i:i + 1] = _rest(S[i], E[i], s, s + d)
+
+
+def _rest(a: float, b: float, s: float, e: float) -> tuple[list[float], list[float]]:
+    """Free interval [a, b) less [s, e): the starts and ends of what is left (slivers dropped)."""
     ps, pe = [], []
     if s - a > SLIVER:
         ps.append(a)
         pe.append(s)
-    if b - (s + d) > SLIVER:
-        ps.append(s + d)
+    if b - e > SLIVER:
+        ps.append(e)
         pe.append(b)
-    S[i:i + 1] = ps
-    E[i:i + 1] = pe
+    return ps, pe
 
 
 def _remove(S: list[float], E: list[float], s: float, e: float) -> None:
@@ -132,14 +135,7 @@ def _remove(S: list[float], E: list[float], s: float, e: float) -> None:
         if E[i] <= s:
             i += 1
             continue
-        a, b = S[i], E[i]
-        ps, pe = [], []
-        if s - a > SLIVER:
-            ps.append(a)
-            pe.append(s)
-        if b - e > SLIVER:
-            ps.append(e)
-            pe.append(b)
+        ps, pe = _rest(S[i], E[i], s, e)
         S[i:i + 1] = ps
         E[i:i + 1] = pe
         i += len(ps)
@@ -310,6 +306,18 @@ class _Holes(_Twin):
                 self._place(t, pend[t] - self.dur[t])
         return trial, last
 
+    @staticmethod
+    def _each(order, whole_first, done, one, free, reached):
+        """`one(j, free, partial)` for each microbatch of `order` not `done` (whole ones first when
+        `whole_first`); where it placed something, the free lists and ``reached[j]`` it gives."""
+        for partial in ([False, True] if whole_first else [True]):
+            for j in order:
+                if not done(j):
+                    got = one(j, free, partial)
+                    if got is not None:
+                        free, reached[j] = got
+        return free
+
     def run(self, fwd: str = "asap", bwd: str = "alap", whole_first: bool = False,
             cursor_outside: bool = False, assignment=None) -> Schedule:
         """`fwd`: "asap" (the greedy's: microbatches by increasing forward_needed, each whole as
@@ -328,13 +336,8 @@ class _Holes(_Twin):
         if assignment is not None:
             self.assignment = [int(k) for k in assignment]
         order = sorted(range(m), key=lambda j: (self.fn[self.assignment[j]], j), reverse=fwd == "alap")
-        for partial in ([False, True] if whole_first else [True]):
-            for j in order:
-                if fwd_first[j] == 0:
-                    continue
-                got = self.fwd_one(j, free, fwd, partial)
-                if got is not None:
-                    free, fwd_first[j] = got
+        free = self._each(order, whole_first, lambda j: fwd_first[j] == 0,
+                          lambda j, f, partial: self.fwd_one(j, f, fwd, partial), free, fwd_first)
         # the forward not inside: latest first, each as late as its successors allow, into the
         # free lists with (-inf, 0) added
         for k in free.lists:
@@ -368,13 +371,8 @@ class _Holes(_Twin):
                     del S[0], E[0]
         order = sorted(range(m), key=lambda j: (self.gr[self.assignment[j]], j), reverse=bwd == "alap")
         bwd_last = [0] * m
-        for partial in ([False, True] if whole_first else [True]):
-            for j in order:
-                if bwd_last[j] == len(self.tasks[(j, 1)]):
-                    continue
-                got = self.bwd_one(j, free, bwd, partial)
-                if got is not None:
-                    free, bwd_last[j] = got
+        free = self._each(order, whole_first, lambda j: bwd_last[j] == len(self.tasks[(j, 1)]),
+                          lambda j, f, partial: self.bwd_one(j, f, bwd, partial), free, bwd_last)
         for k in free.lists:
             S, E = free.mut(k)
             if S and E[-1] >= self.horizon:

@@ -24,12 +24,14 @@ def encoder_tp_ok(config: Config, tp: int) -> bool:
     return all(splits_heads(e.model, tp) for e in config.encoders)
 
 
-def encoder_work(step: LLMStep, plan: EncoderPlan, separate: bool = False) -> EncoderWork:
-    """The config's encoders under `plan`: colocated on the LLM's GPUs, or on GPUs of their own."""
+def encoder_work(step: LLMStep, plan: EncoderPlan, separate: bool = False, like: EncoderWork | None = None
+                 ) -> EncoderWork:
+    """The config's encoders under `plan`: colocated on the LLM's GPUs, or on GPUs of their own
+    (`like`: :class:`EncoderWork`'s)."""
     config = step.config
     return EncoderWork([e.model for e in config.encoders], plan=plan, micro_batch=config.encoder_images,
                        costs=step.costs, frozen=[e.frozen for e in config.encoders], separate=separate,
-                       recompute=config.training.recompute)
+                       recompute=config.training.recompute, like=like)
 
 
 def encoder_problem(step: LLMStep, plan: EncoderPlan, partition: Sequence[int]) -> Problem:

@@ -31,7 +31,7 @@ from ..costs.memory import GB
 from ..llm.step import LLMStep, even_split, wgrad_share
 from ..llm.timeline import Timeline, Windows
 from ..problem.arrays import Tasks
-from ..problem.encoder import EncoderPlan
+from ..problem.encoder import EncoderPlan, EncoderWork
 from ..problem.problem import Problem
 from ..schedule.scheduler import schedule_problem
 from .candidate import Candidate, encoder_tp_ok, encoder_work
@@ -209,10 +209,11 @@ def separate(step: LLMStep) -> Separate:
     ``ceil(k / n) - 1`` more passes through the slowest stage; the backward likewise)."""
     config, gpus = step.config, step.config.cluster.gpus
     best: Separate | None = None
+    works: dict[tuple[int, int], EncoderWork] = {}  # per stages and TP: its layer costs and templates, shared
     for bound, pp_enc, tp_enc, n, extra in sorted(_separate_options(step)):
         if best is not None and bound >= best.step_time * (gpus + best.extra_gpus):
             break  # every option left is bounded no better
-        option = _separate_option(step, pp_enc, tp_enc, n, extra)
+        option = _separate_option(step, pp_enc, tp_enc, n, extra, works)
         if option is None:
             continue
         if best is None or option.step_time * (gpus + extra) < best.step_time * (gpus + best.extra_gpus):
@@ -262,13 +263,15 @@ def _separate_options(step: LLMStep) -> list[tuple[float, int, int, int, int]]:
     return options
 
 
-def _separate_option(step: LLMStep, pp_enc: int, tp_enc: int, n: int, extra: int) -> Separate | None:
+def _separate_option(step: LLMStep, pp_enc: int, tp_enc: int, n: int, extra: int,
+                     works: dict[tuple[int, int], EncoderWork]) -> Separate | None:
     """One non-colocated option scheduled: `n` pipelines of `pp_enc` x `tp_enc` GPUs, an even
-    partition, every lane free the whole step; None when it does not fit in memory."""
+    partition, every lane free the whole step; None when it does not fit in memory (`works`: the
+    options' works so far by stages and TP, whose costs and templates this one shares)."""
     config, timeline = step.config, step.timeline
     plan = EncoderPlan(pp_enc=pp_enc, tp_enc=tp_enc, pp_llm=pp_enc, tp_llm=tp_enc * n)
     partition = even_split(config.microbatches, n)
-    work = encoder_work(step, plan, separate=True)
+    work = works[pp_enc, tp_enc] = encoder_work(step, plan, separate=True, like=works.get((pp_enc, tp_enc)))
     memory = float(work.lane_bytes(partition).max())
     if memory > config.memory_gb * GB:
         return None

@@ -100,7 +100,8 @@ class EncoderWork:
     ``pp_enc`` for the LLM rank 0 lane that returns the gradient), and :meth:`tasks` lays out a
     partition with NumPy: a partition costs microseconds, not a Python loop over tasks.
 
-    Arguments as :func:`encoder_tasks` (without the partition). ``separate=True`` places the
+    Arguments as :func:`encoder_tasks` (without the partition); ``like``: a work of the same encoders,
+    costs and stages under another count of pipelines, whose per-layer costs and templates it shares. ``separate=True`` places the
     encoder on GPUs of its own (non-colocated): the plan's "LLM ranks" are then the encoder's own
     GPU groups, every pipeline sends its output to the LLM and receives the gradient on its last
     stage's lane.
@@ -109,7 +110,7 @@ class EncoderWork:
     def __init__(self, encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
                  micro_batch: int | Sequence[int], costs: CostModel, tokens: int | None = None,
                  frozen: bool | Sequence[bool] = False, sequence_parallel: bool = False,
-                 separate: bool = False, recompute: str = "none"):
+                 separate: bool = False, recompute: str = "none", like: EncoderWork | None = None):
         models, flags, images = _per_encoder(encoders, frozen, micro_batch)
         self.plan = plan
         """The encoder plan."""
@@ -121,6 +122,10 @@ class EncoderWork:
         self._flags = flags
         self._templates: dict[tuple[bool, tuple[int, ...]], dict[str, np.ndarray]] = {}
         self._bytes: tuple[np.ndarray, list[np.ndarray], np.ndarray] | None = None
+        key = (plan.pp_enc, plan.tp_enc, self._images, separate, flags, tokens, sequence_parallel, recompute, models)
+        if like is not None and like._costs is costs and like._key == key:  # another count of pipelines
+            self._layer_costs, self._templates = like._layer_costs, like._templates
+        self._key = key
         self._blocks: dict[tuple[int, int], dict[str, np.ndarray]] = {}
         self._spread_blocks: dict[tuple[tuple[int, ...], ...], dict[str, np.ndarray]] = {}
         self._problem_blocks: dict[int, tuple[Problem, list[Problem]]] = {}
@@ -235,29 +240,13 @@ class EncoderWork:
             raise ValueError(f"images: {shown(images)} holds no image")
         return out
 
-    def _share(self, placement: int | Sequence[int], where: str) -> tuple[int, ...]:
-        """A microbatch's placement as its share per pipeline: a pipeline index (the whole microbatch
-        there) or one non-negative weight per pipeline, not all zero."""
-        m = self.plan.pipelines
-        if isinstance(placement, (int, np.integer)) and not isinstance(placement, bool):
-            i = integer(placement, where, minimum=0, maximum=m - 1)
-            return tuple(int(k == i) for k in range(m))
-        if isinstance(placement, (str, bytes)) or not isinstance(placement, (Sequence, np.ndarray)) \
-                or len(placement) != m:
-            raise ValueError(f"{where}: {shown(placement)} is neither a pipeline nor a share for each of the {m} "
-                             "encoder pipelines")
-        share = tuple(integer(w, f"{where}[{i}]", minimum=0) for i, w in enumerate(placement))
-        if not any(share):
-            raise ValueError(f"{where}: {shown(placement)} gives the microbatch to no pipeline")
-        return share
-
     def split_images(self, share: Sequence[int]) -> list[tuple[int, ...]]:
         """Per pipeline, the images of each encoder that a microbatch spread by `share` (one weight
         per pipeline) gives it: each encoder's images in proportion to the weights, whole images by
         largest remainder (ties to the last pipelines, which sit on the later LLM stages: those idle
         longest at the start and the end of the step). A tile or image is the unit: its layers run
         on one lane, its output goes to LLM stage 0 and its gradient comes back from there."""
-        share = self._share(list(share), "share")
+        share = _share(list(share), self.plan.pipelines, "share")
         w = np.array(share, np.float64)
         per_encoder = []
         for n in self._images:
@@ -286,7 +275,7 @@ class EncoderWork:
         :meth:`split_images`). Microbatches are numbered in the layout's order."""
         if isinstance(layout, (str, bytes)) or not isinstance(layout, (Sequence, np.ndarray)):
             raise ValueError(f"layout: {shown(layout)} is not a list of placements")
-        shares = [self._share(p, f"layout[{j}]") for j, p in enumerate(layout)]
+        shares = [_share(p, self.plan.pipelines, f"layout[{j}]") for j, p in enumerate(layout)]
         total = sum(sum(len(self._pipeline_template(i, images)["tag"]) for i, images in
                         enumerate(self.split_images(sh)) if any(images)) for sh in dict.fromkeys(shares))
         if total > MAX_TASKS:  # the distinct placements alone: checked before the whole layout is built
@@ -300,7 +289,7 @@ class EncoderWork:
     def layout_images(self, layout: Sequence[int | Sequence[int]]) -> np.ndarray:
         """Per task of :meth:`layout_tasks` (same order), the images of each encoder its piece holds
         (tasks x encoders): a whole microbatch's tasks hold all of them."""
-        blocks = [self._spread_block(self._share(p, f"layout[{j}]")) for j, p in enumerate(layout)]
+        blocks = [self._spread_block(_share(p, self.plan.pipelines, f"layout[{j}]")) for j, p in enumerate(layout)]
         return np.concatenate([b["images"] for b in blocks]) if blocks else np.zeros((0, len(self._images)), np.int64)
 
     def _lane_bytes_terms(self) -> tuple[np.ndarray, list[np.ndarray], np.ndarray]:
@@ -330,9 +319,26 @@ class EncoderWork:
         of every microbatch at once; the rebuilt layer counts in full on a pipeline with any piece."""
         held = np.zeros((len(self._images), self.plan.pipelines))
         for j, placement in enumerate(layout):
-            for i, images in enumerate(self.split_images(self._share(placement, f"layout[{j}]"))):
+            for i, images in enumerate(self.split_images(_share(placement, self.plan.pipelines, f"layout[{j}]"))):
                 held[:, i] += np.array(images, np.float64) / np.array(self._images, np.float64)
         return self._bytes_held(held)
+
+
+def _share(placement: int | Sequence[int], pipelines: int, where: str) -> tuple[int, ...]:
+    """A microbatch's placement as its share per pipeline: a pipeline index (the whole microbatch
+    there) or one non-negative weight per pipeline, not all zero."""
+    m = pipelines
+    if isinstance(placement, (int, np.integer)) and not isinstance(placement, bool):
+        i = integer(placement, where, minimum=0, maximum=m - 1)
+        return tuple(int(k == i) for k in range(m))
+    if isinstance(placement, (str, bytes)) or not isinstance(placement, (Sequence, np.ndarray)) \
+            or len(placement) != m:
+        raise ValueError(f"{where}: {shown(placement)} is neither a pipeline nor a share for each of the {m} "
+                         "encoder pipelines")
+    share = tuple(integer(w, f"{where}[{i}]", minimum=0) for i, w in enumerate(placement))
+    if not any(share):
+        raise ValueError(f"{where}: {shown(placement)} gives the microbatch to no pipeline")
+    return share
 
 
 def _counts(partition: Sequence[int], pipelines: int) -> list[int]:

@@ -110,7 +110,7 @@ Problem::Problem(const Problem& like, const std::vector<const Problem*>& blocks,
     fail("counts: " + format_number(counts.size()) + " counts for " + format_number(blocks.size()) + " blocks");
   }
   const int64_t m = static_cast<int64_t>(in_.forward_needed.size());
-  int64_t copies = 0, n = 0, preds = 0;
+  int64_t copies = 0, n = 0, preds = 0, succs = 0;
   for (size_t b = 0; b < blocks.size(); ++b) {
     const Problem& blk = *blocks[b];
     const auto f = [&] { return "blocks[" + format_number(b) + "]"; };
@@ -118,7 +118,9 @@ Problem::Problem(const Problem& like, const std::vector<const Problem*>& blocks,
         blk.in_.forward_needed != in_.forward_needed || blk.in_.grad_ready != in_.grad_ready) {
       fail(f() + ": not a problem on these bubbles (make it with_tasks of them)");
     }
-    if (blk.num_tasks() > 0 && blk.mb_off_[2] != blk.num_tasks()) fail(f() + ": holds tasks of a microbatch other than 0");
+    if (blk.num_tasks() > 0 && blk.mb_off_[2] != blk.num_tasks()) {
+      fail(f() + ": holds tasks of a microbatch other than 0");
+    }
     if (counts[b] < 0) fail("counts[" + format_number(b) + "]: " + format_number(counts[b]) + " is negative");
     copies += counts[b];
     if (copies > m) {
@@ -126,6 +128,7 @@ Problem::Problem(const Problem& like, const std::vector<const Problem*>& blocks,
     }
     n += counts[b] * blk.num_tasks();
     preds += counts[b] * static_cast<int64_t>(blk.pred_.size());
+    succs += counts[b] * static_cast<int64_t>(blk.succ_.size());
     check_count(n, kMaxTasks, "tasks", "tasks");
     check_count(preds, kMaxPredecessors, "predecessors", "tasks.after");
   }
@@ -143,8 +146,6 @@ Problem::Problem(const Problem& like, const std::vector<const Problem*>& blocks,
   succ_off_.resize(un + 1);
   mb_off_.assign(static_cast<size_t>(2 * m + 1), 0);
   mb_tasks_.resize(un);
-  int64_t succs = 0;
-  for (size_t b = 0; b < blocks.size(); ++b) succs += counts[b] * static_cast<int64_t>(blocks[b]->succ_.size());
   succ_.resize(static_cast<size_t>(succs));
   pred_off_[0] = succ_off_[0] = in_.after_offset[0] = 0;
   size_t at = 0, at_pred = 0, at_succ = 0;  // where the next copy's tasks, predecessors and successors go

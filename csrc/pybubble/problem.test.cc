@@ -86,7 +86,8 @@ ProblemInput chain_tasks(int64_t lane, int fwd, int bwd) {
   return t;
 }
 
-std::string join_error(const Problem& base, const std::vector<const Problem*>& blocks, const std::vector<int64_t>& counts) {
+std::string join_error(const Problem& base, const std::vector<const Problem*>& blocks,
+                       const std::vector<int64_t>& counts) {
   try {
     Problem p(base, blocks, counts);
   } catch (const std::invalid_argument& e) {
@@ -119,7 +120,9 @@ TEST(Problem, JoinedBlocksEqualTheirTasksGivenWhole) {
         whole.duration.push_back(f.duration[i]);
         whole.resource.push_back(f.resource[i]);
         whole.phase.push_back(f.phase[i]);
-        for (int64_t q = f.after_offset[i]; q < f.after_offset[i + 1]; ++q) whole.after.push_back(first + f.after[static_cast<size_t>(q)]);
+        for (int64_t q = f.after_offset[i]; q < f.after_offset[i + 1]; ++q) {
+          whole.after.push_back(first + f.after[static_cast<size_t>(q)]);
+        }
         whole.after_offset.push_back(static_cast<int64_t>(whole.after.size()));
       }
     }
@@ -136,8 +139,10 @@ TEST(Problem, JoinedBlocksEqualTheirTasksGivenWhole) {
   EXPECT_EQ(x.after, y.after);
   EXPECT_EQ(&joined.windows(kComm), &base.windows(kComm));
   for (int32_t t = 0; t < given.num_tasks(); ++t) {
-    EXPECT_EQ(std::vector<int32_t>(joined.pred_begin(t), joined.pred_end(t)), std::vector<int32_t>(given.pred_begin(t), given.pred_end(t)));
-    EXPECT_EQ(std::vector<int32_t>(joined.succ_begin(t), joined.succ_end(t)), std::vector<int32_t>(given.succ_begin(t), given.succ_end(t)));
+    EXPECT_EQ(std::vector<int32_t>(joined.pred_begin(t), joined.pred_end(t)),
+              std::vector<int32_t>(given.pred_begin(t), given.pred_end(t)));
+    EXPECT_EQ(std::vector<int32_t>(joined.succ_begin(t), joined.succ_end(t)),
+              std::vector<int32_t>(given.succ_begin(t), given.succ_end(t)));
     EXPECT_EQ(joined.lane(t), given.lane(t));
     EXPECT_EQ(joined.microbatch(t), given.microbatch(t));
   }

@@ -119,7 +119,8 @@ void register_problem(py::module_& m) {
               bs.push_back(&read_bound<Problem>(blocks[py::int_(b)], "blocks[" + std::to_string(b) + "]",
                                                 "_core.Problem"));
             }
-            std::vector<int64_t> cs = read_array<int64_t>(counts, "counts", {pybubble::kMaxMicrobatches, "microbatches"});
+            std::vector<int64_t> cs =
+                read_array<int64_t>(counts, "counts", {pybubble::kMaxMicrobatches, "microbatches"});
             return without_gil([&] { return std::make_unique<Problem>(self, bs, cs); });
           },
           py::arg("blocks"), py::arg("counts"),

@@ -146,7 +146,8 @@ class Timeline:
         ``stage``, ``kind`` (the index of its letter in ``ACTION_KINDS``), ``microbatch``, ``start``
         and ``end``: for work over all of them at once."""
         a = self._arrays
-        return {name: a[f"op_{name}"].copy() for name in ("rank", "chunk", "stage", "kind", "microbatch", "start", "end")}
+        names = ("rank", "chunk", "stage", "kind", "microbatch", "start", "end")
+        return {name: a[f"op_{name}"].copy() for name in names}
 
     @property
     def bubbles(self) -> list[Bubble]:

@@ -100,11 +100,11 @@ class EncoderWork:
     ``pp_enc`` for the LLM rank 0 lane that returns the gradient), and :meth:`tasks` lays out a
     partition with NumPy: a partition costs microseconds, not a Python loop over tasks.
 
-    Arguments as :func:`encoder_tasks` (without the partition); ``like``: a work of the same encoders,
-    costs and stages under another count of pipelines, whose per-layer costs and templates it shares. ``separate=True`` places the
-    encoder on GPUs of its own (non-colocated): the plan's "LLM ranks" are then the encoder's own
-    GPU groups, every pipeline sends its output to the LLM and receives the gradient on its last
-    stage's lane.
+    Arguments as :func:`encoder_tasks` (without the partition); ``like``: a work of the same
+    encoders, costs and stages under another count of pipelines, whose per-layer costs and templates
+    it shares. ``separate=True`` places the encoder on GPUs of its own (non-colocated): the plan's
+    "LLM ranks" are then the encoder's own GPU groups, every pipeline sends its output to the LLM
+    and receives the gradient on its last stage's lane.
     """
 
     def __init__(self, encoders: EncoderConfig | Sequence[EncoderConfig], *, plan: EncoderPlan,
@@ -324,10 +324,9 @@ class EncoderWork:
         return self._bytes_held(held)
 
 
-def _share(placement: int | Sequence[int], pipelines: int, where: str) -> tuple[int, ...]:
-    """A microbatch's placement as its share per pipeline: a pipeline index (the whole microbatch
-    there) or one non-negative weight per pipeline, not all zero."""
-    m = pipelines
+def _share(placement: int | Sequence[int], m: int, where: str) -> tuple[int, ...]:
+    """A microbatch's placement as its share per pipeline of the `m`: a pipeline index (the whole
+    microbatch there) or one non-negative weight per pipeline, not all zero."""
     if isinstance(placement, (int, np.integer)) and not isinstance(placement, bool):
         i = integer(placement, where, minimum=0, maximum=m - 1)
         return tuple(int(k == i) for k in range(m))
@@ -342,7 +341,8 @@ def _share(placement: int | Sequence[int], pipelines: int, where: str) -> tuple[
 
 
 def _counts(partition: Sequence[int], pipelines: int) -> list[int]:
-    """`partition` checked: one count of microbatches >= 0 for each of `pipelines` (ValueError naming the field)."""
+    """`partition` checked: one count of microbatches >= 0 for each of `pipelines` (ValueError
+    naming the field)."""
     if isinstance(partition, (str, bytes)) or not isinstance(partition, (Sequence, np.ndarray)):
         raise ValueError(f"partition: {shown(partition)} is not a list of microbatch counts")
     if len(partition) != pipelines:

@@ -104,7 +104,7 @@ class Problem:
         if isinstance(blocks, (str, bytes)) or not isinstance(blocks, Sequence) \
                 or not all(isinstance(b, Problem) for b in blocks):
             raise ValueError(f"blocks: {shown(blocks)} is not a list of Problem")
-        return Problem(self.core.joined([b.core for b in blocks], np.asarray(counts, np.int64)), self.lane_names)
+        return Problem(self.core.joined([b.core for b in blocks], counts), self.lane_names)
 
     def with_durations(self, durations: np.ndarray) -> "Problem":
         """The same problem with new task durations (checked)."""

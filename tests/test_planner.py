@@ -265,7 +265,7 @@ def test_optimus_is_the_search_with_whole_microbatches_on_the_configs_schedule(d
     cfg = load_config(doc)
     step = LLMStep.of(cfg)
     both = planner.search(step, optimus=True, workers=2)
-    whole = planner.search(step, spread=False, warmup=False, workers=1)
+    whole = planner.search(step, spread=False, warmup=False, refill=False, workers=1)
     assert both.optimus is not None and both.optimus.step_time == whole.best.step_time
     assert both.optimus.layout is None and both.optimus.step is step and sum(both.optimus.partition) == cfg.microbatches
     assert pybubble.validate(both.optimus.problem, both.optimus.schedule) == []
@@ -313,3 +313,29 @@ def test_prefetch_needs_frozen_encoders_and_enough_microbatches():
         load_config({**frozen, "training": {**frozen["training"], "prefetch": 9}})
     with pytest.raises(ValueError, match="training.prefetch: -1"):
         load_config({**frozen, "training": {**frozen["training"], "prefetch": -1}})
+
+
+def test_the_search_refills_its_best_plans_with_the_holes_filler():
+    from pathlib import Path
+
+    from pybubble.schedule.scheduler import schedule_problem
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "optimus" / "dual_1.yaml")
+    found = planner.search(LLMStep.of(cfg))
+    steps = [c.step_time for c in found.top]
+    assert steps == sorted(steps)
+    refilled = 0
+    for rank, cand in enumerate(found.top):
+        greedy = schedule_problem(cand.problem).step_time
+        if cand.policy == "holes":  # only the best REFILL plans, and only where it is shorter
+            refilled += 1
+            holes = schedule_problem(cand.problem, "holes")
+            np.testing.assert_array_equal(cand.schedule.start, holes.start)
+            assert holes.step_time < greedy
+        else:
+            assert cand.policy == "greedy" and cand.step_time == greedy
+        assert pybubble.validate(cand.problem, cand.schedule) == []
+    assert 0 < refilled <= planner.REFILL
+    # the greedy left dual_1 3.5% above its bound; the holes filler brings it within 2%
+    assert found.best.policy == "holes" and found.best.step_time <= 1.02 * found.bound.step_time
+    assert any(p.best is found.best for p in found.plans)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 import pybubble
 from pybubble.problem.generated import random_problem, synthetic
+from pybubble.testing.holes import ORDERS, Holes, reference_holes
 from pybubble.testing.reference import reference_schedule
 
 random_problems = st.builds(
@@ -26,7 +27,7 @@ settings.register_profile("pybubble", deadline=None, suppress_health_check=[Heal
 settings.load_profile("pybubble")
 
 
-@given(problems, st.sampled_from(["greedy", "coarse"]))
+@given(problems, st.sampled_from(["greedy", "coarse", "holes"]))
 @settings(max_examples=150)
 def test_every_schedule_is_valid(problem, policy):
     sched = pybubble.schedule_problem(problem, policy)
@@ -42,15 +43,35 @@ def test_greedy_is_never_worse_than_coarse(problem):
     assert pybubble.schedule_problem(problem).step_time <= pybubble.schedule_problem(problem, "coarse").step_time
 
 
-@given(problems, st.sampled_from(["greedy", "coarse"]))
-@settings(max_examples=100)
+@given(problems, st.sampled_from(["greedy", "coarse", "holes"]))
+@settings(max_examples=150)
 def test_core_equals_reference(problem, policy):
     core = pybubble.schedule_problem(problem, policy)
-    ref = reference_schedule(problem, policy)
+    ref = reference_holes(problem) if policy == "holes" else reference_schedule(problem, policy)
     np.testing.assert_array_equal(core.start, ref.start)
     np.testing.assert_array_equal(core.assignment, ref.assignment)
     assert core.step_time == ref.step_time
     assert core.shift_front == ref.shift_front and core.shift_back == ref.shift_back
+
+
+@given(problems)
+@settings(max_examples=100)
+def test_holes_is_the_best_of_its_orders_and_never_worse_than_coarse(problem):
+    holes = pybubble.schedule_problem(problem, "holes")
+    orders = [Holes(problem).run(late, early).step_time for late, early in ORDERS]
+    assert holes.step_time == min(orders)
+    assert holes.step_time <= pybubble.schedule_problem(problem, "coarse").step_time
+
+
+@given(problems, st.floats(0.0, 3.0))
+@settings(max_examples=60)
+def test_holes_takes_new_durations(problem, scale):
+    durations = problem.arrays().tasks.duration * scale
+    core = pybubble._core.Scheduler(problem.core)
+    sched = pybubble.schedule.scheduler.from_core(core.run("holes", durations))
+    with_durations = pybubble.load_problem({**problem.to_dict(), "tasks": [
+        {**t, "duration": float(d)} for t, d in zip(problem.to_dict()["tasks"], durations)]})
+    assert pybubble.validate(with_durations, sched) == []
 
 
 @given(problems)

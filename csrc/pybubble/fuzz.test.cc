@@ -163,17 +163,19 @@ TEST(Fuzz, ProblemSchedulerAndValidator) {
     const bool ok = accepts([&] {
       const Problem p(in);
       Scheduler sched(p);
-      for (Policy pol : {Policy::kGreedy, Policy::kCoarse}) expect_valid(p.input(), sched.run(pol), round);
+      for (Policy pol : {Policy::kGreedy, Policy::kCoarse, Policy::kHoles}) expect_valid(p.input(), sched.run(pol), round);
       std::vector<double> start;
       first_fit_floor(p, start);
       EXPECT_EQ(start.size(), static_cast<size_t>(p.num_tasks()));
       // New durations of any length and value.
       const std::vector<double> d = r.numbers(r.near(p.num_tasks()), 0.0, 20.0);
       accepts([&] {
-        const Schedule& s = sched.run(Policy::kGreedy, &d);
-        ProblemInput with = p.input();
-        with.duration = d;
-        expect_valid(with, s, round);
+        for (Policy pol : {Policy::kGreedy, Policy::kHoles}) {
+          const Schedule& s = sched.run(pol, &d);
+          ProblemInput with = p.input();
+          with.duration = d;
+          expect_valid(with, s, round);
+        }
       });
       // Its longest paths; copies of it joined (refused unless its tasks are all of microbatch 0).
       const auto paths = longest_paths(p);

@@ -152,7 +152,7 @@ TEST(Problem, JoinedBlocksEqualTheirTasksGivenWhole) {
                 std::vector<int32_t>(given.tasks_begin(m, ph), given.tasks_end(m, ph)));
     }
   }
-  for (Policy pol : {Policy::kGreedy, Policy::kCoarse}) {
+  for (Policy pol : {Policy::kGreedy, Policy::kCoarse, Policy::kHoles}) {
     Scheduler s1(joined), s2(given);
     EXPECT_EQ(s1.run(pol).start, s2.run(pol).start);
     EXPECT_TRUE(validate(joined, s1.run(pol)).empty());
@@ -269,7 +269,7 @@ TEST(Problem, FuzzedInputsNeverCrash) {
     try {
       Problem p(std::move(in));
       ++accepted;
-      for (Policy pol : {Policy::kGreedy, Policy::kCoarse}) {
+      for (Policy pol : {Policy::kGreedy, Policy::kCoarse, Policy::kHoles}) {
         const auto v = validate(p, schedule(p, pol));
         EXPECT_TRUE(v.empty()) << "round " << round << ": " << v.front();
       }

@@ -42,7 +42,7 @@ TEST(ReplicaScheduler, EachReplicaIsTheSchedulerOnItsOwnDurations) {
     const int64_t replicas = 5;
     const std::vector<double> scale = scales(replicas, p.num_microbatches(), seed);
     Scheduler one(p);
-    for (const Policy policy : {Policy::kGreedy, Policy::kCoarse}) {
+    for (const Policy policy : {Policy::kGreedy, Policy::kCoarse, Policy::kHoles}) {
       for (const bool fixed : {true, false}) {
         for (const int32_t threads : {1, 2, 3}) {
           ReplicaScheduler all(p, threads, policy, fixed);

@@ -2,6 +2,7 @@
 
 #include "pybubble/cancel.h"
 #include "pybubble/checks.h"
+#include "pybubble/free_intervals.h"
 #include "pybubble/message.h"
 
 #include <algorithm>
@@ -17,7 +18,8 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 Policy parse_policy(const std::string& name) {
   if (name == "greedy") return Policy::kGreedy;
   if (name == "coarse") return Policy::kCoarse;
-  throw std::invalid_argument("policy: " + quote_capped(name) + " is not one of greedy, coarse");
+  if (name == "holes") return Policy::kHoles;
+  throw std::invalid_argument("policy: " + quote_capped(name) + " is not one of greedy, coarse, holes");
 }
 
 namespace {
@@ -447,6 +449,10 @@ void Scheduler::place(Policy policy, const double* durations, bool fixed_assignm
   const int32_t m = p_.num_microbatches();
   dur_ = durations;
   start_ = start;
+  if (policy == Policy::kHoles) {
+    place_holes(fixed_assignment);
+    return;
+  }
   const bool greedy = policy == Policy::kGreedy;
   first_start_ = 0.0;
   last_end_ = p_.horizon();

@@ -11,6 +11,8 @@
 
 namespace pybubble {
 
+class FreeIntervals;
+
 /// How tasks are placed.
 enum class Policy : uint8_t {
   /// Every forward task before the LLM starts (packed as late as possible before 0), every
@@ -20,9 +22,16 @@ enum class Policy : uint8_t {
   /// fits there, else the longest run of its kernels that fits (forward: the last kernels, in
   /// microbatch order; backward: the first kernels, in decreasing order of grad_ready).
   kGreedy = 1,
+  /// The greedy's rules with every cursor replaced by the free intervals left on its lane and
+  /// resource (FreeIntervals): a task goes into the earliest (forward) or latest (backward) free
+  /// interval that holds it, so later microbatches use the time earlier ones passed over; the parts
+  /// outside the step too. Three orders, the shortest step kept (ties: the first): the greedy's;
+  /// forwards by decreasing forward_needed, each its longest suffix that fits as late as possible;
+  /// that and backwards by increasing grad_ready, each its longest prefix as early as possible.
+  kHoles = 2,
 };
 
-/// Parses "coarse" or "greedy"; throws std::invalid_argument for anything else.
+/// Parses "coarse", "greedy" or "holes"; throws std::invalid_argument for anything else.
 Policy parse_policy(const std::string& name);
 
 /// A pybubble.schedule/1: task start times in the LLM frame and the microbatch assignment.
@@ -98,6 +107,16 @@ class Scheduler {
   int64_t backward_prefix(int32_t j);
   void place_backward_back(int32_t j);
   void finish();
+  // Policy::kHoles (holes.cc): each order into `alt_`, the shortest step kept in `start_`.
+  void place_holes(bool fixed_assignment);
+  double fill_holes(bool forward_late, bool backward_early, bool fixed_assignment);
+  int64_t holes_forward(int32_t j, bool late);
+  bool holes_forward_in_step(int32_t j, int64_t first);
+  int64_t holes_forward_suffix(int32_t j, bool keep);
+  int64_t holes_backward(int32_t j, bool early);
+  bool holes_backward_in_step(int32_t j, int64_t last);
+  int64_t holes_backward_prefix(int32_t j, bool keep);
+  void holes_outside();
 
   const Problem& p_;
   const double* dur_ = nullptr;
@@ -122,6 +141,9 @@ class Scheduler {
   std::vector<int64_t> fwd_key_off_;  // forward tasks per key, (microbatch, id) order: CSR
   Buffer<int32_t> fwd_key_;
   Schedule out_;
+  std::unique_ptr<FreeIntervals> free_;  // made on the first run of Policy::kHoles
+  Buffer<double> alt_;                   // kHoles: the starts of the order being tried
+  std::vector<int64_t> alt_assignment_;
 };
 
 /// The floor the scheduler's speed is measured against: one pass over the tasks in id order, each

@@ -67,7 +67,8 @@ class Candidate:
     problem: Problem
     """The scheduling problem it gives."""
     schedule: Schedule
-    """The greedy schedule of that problem."""
+    """Its schedule: the greedy filler's, or the holes filler's where the search re-filled it
+    (:attr:`policy`)."""
     memory_bytes: float = 0.0
     """The largest memory of any GPU (bytes)."""
     spread: tuple[int, int] = (0, 0)
@@ -80,6 +81,8 @@ class Candidate:
     """The lower bound of its plan on its LLM step (:mod:`pybubble.planner.bound`)."""
     step: LLMStep | None = None
     """The LLM step it fills (its warm-up may differ from the config's schedule)."""
+    policy: str = "greedy"
+    """The filler that gave :attr:`schedule` (``greedy`` or ``holes``: :func:`pybubble.schedule_problem`)."""
 
     @property
     def step_time(self) -> float:

@@ -22,7 +22,14 @@ its coarse schedule.
 Partitions: all of them when there are few (at most ``EXHAUSTIVE`` compositions of M into m
 parts), otherwise a local search from the even partition that moves one microbatch at a time
 between pipelines, trying the moves in order of their bound, until no move improves the step.
-Plans are searched on a thread pool (the scheduler releases the GIL). Times are microseconds.
+Plans are searched on a thread pool (the scheduler releases the GIL).
+
+Re-fill. The search schedules every layout with the greedy filler (fast: one pass per phase with a
+cursor per lane and resource). At the end the best ``REFILL`` plans' best layouts (by that step) are
+scheduled again with the holes filler (policy ``holes``: the greedy's rules, every task in any free
+interval left, three orders; docs/scheduler.md), unless their step is already their bound, and each
+keeps the shorter schedule. On the Optimus settings the holes filler's best plan is always among the
+greedy's best two (docs/reproduction.md). Times are microseconds.
 
 The parts, each in its module: the plans and what a scheduled layout is
 (:mod:`~pybubble.planner.candidate`), one plan's bounds, memory and scheduling
@@ -38,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config.checks import integer
 from ..config.schema import Config
@@ -46,6 +53,7 @@ from ..costs.memory import GB
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline
+from ..schedule.scheduler import schedule_problem
 from .bound import StepBound
 from .candidate import Candidate, encoder_plans, encoder_problem, encoder_tp_ok, encoder_work
 from .partitions import EXHAUSTIVE, SearchStats, plan_layouts, best_partition, compositions
@@ -244,8 +252,31 @@ def _or_coarse(space: PlanSpace, best: Candidate | None, base: Candidate, fits: 
     return best
 
 
+REFILL = 3
+"""How many of the best plans the search re-fills with the holes filler (see the module docstring)."""
+
+
+def _refilled(top: list[Candidate], workers: int) -> list[Candidate]:
+    """`top` (best first) with its first :data:`REFILL` candidates scheduled again by the holes filler
+    where their step is above their bound, each keeping the shorter schedule, in the same order."""
+    def refill(cand: Candidate) -> Candidate:
+        if cand.bound is not None and cand.step_time <= cand.bound.step_time:
+            return cand
+        holes = schedule_problem(cand.problem, "holes")
+        return replace(cand, schedule=holes, policy="holes") if holes.step_time < cand.step_time else cand
+
+    head = top[:REFILL]
+    if workers > 1 and len(head) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            head = list(pool.map(refill, head))
+    else:
+        head = [refill(c) for c in head]
+    return head + top[REFILL:]
+
+
 def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
-           keep: int = 1, warmup: bool = True, spread: bool = True, optimus: bool = False) -> Search:
+           keep: int = 1, warmup: bool = True, spread: bool = True, optimus: bool = False,
+           refill: bool = True) -> Search:
     """Finds the encoder plan and partition with the shortest step on the LLM step `step` (see the
     module docstring).
 
@@ -254,10 +285,11 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     best `keep` plans are all exact in :attr:`Search.top`. `warmup`: then try the best plan on other
     warm-up depths of the LLM's schedule (:func:`warmup_variants`); its best there replaces it in
     :attr:`Search.top` when shorter. `spread`: try the layouts that spread microbatches over every
-    pipeline (False: partitions of whole microbatches only). `optimus`: also find
+    pipeline (False: partitions of whole microbatches only). `refill`: re-fill the best plans with the
+    holes filler at the end (see the module docstring; False: the greedy's schedules). `optimus`: also find
     :attr:`Search.optimus`, the best partition of whole microbatches on the config's schedule (the
     plans' partitions pruned against the best partition so far, not the best layout: the same step as
-    ``search(step, spread=False, warmup=False)``, the layouts the two share scheduled once); pybubble's
+    ``search(step, spread=False, warmup=False, refill=False)``, the layouts the two share scheduled once); pybubble's
     plan is never longer than it. ValueError when no plan fits the LLM's stages or memory.
     """
     keep = integer(keep, "keep", minimum=1)
@@ -274,6 +306,10 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         tried, tuned = tune_warmup(step, spaces, default_best, runs.stats, spread)
         if tuned is not default_best:
             top[0] = tuned
+    refilled = _refilled(top, workers) if refill else top
+    for searched in runs.searched.values():  # each plan's best as the search leaves it
+        searched.best = next((c for c, old in zip(refilled, top) if old is searched.best), searched.best)
+    top = sorted(refilled, key=lambda c: c.step_time)
     runs.stats.seconds = time.perf_counter() - t0
     fitting = [c for c in runs.coarse if c.memory_bytes <= config.memory_gb * GB] or runs.coarse
     return Search(step=step, best=top[0], coarse=min(fitting, key=lambda c: (c.step_time, c.plan.pp_enc, c.plan.tp_enc)),

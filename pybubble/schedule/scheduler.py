@@ -16,9 +16,9 @@ from ..problem.problem import Problem
 
 SCHEDULE_FORMAT = "pybubble.schedule/1"
 """The format key of a schedule document."""
-POLICIES = ("greedy", "coarse")
-"""How tasks are placed: kernel-level filling of the bubbles, or all forwards before the step and
-all backwards after it."""
+POLICIES = ("greedy", "coarse", "holes")
+"""How tasks are placed: kernel-level filling of the bubbles; all forwards before the step and all
+backwards after it; or the greedy's filling into every free interval left (docs/scheduler.md)."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -82,7 +82,9 @@ def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignme
     """Schedules `problem`'s tasks into its bubbles with the C++ core.
 
     policy: ``greedy`` (default; encoder microbatches moved into the step's windows where they
-    fit) or ``coarse`` (all forwards before the step, all backwards after it).
+    fit), ``coarse`` (all forwards before the step, all backwards after it) or ``holes`` (the
+    greedy's rules, each task in any free interval left on its lane and resource instead of after
+    the lane's last task, in three orders, the shortest kept; slower, never passes over free time).
     fixed_assignment: encoder microbatch j feeds LLM microbatch j (data that varies per
     microbatch: its tasks' durations are those of its own data); by default the LLM microbatches
     take the encoder's microbatches in the order their forwards finish.

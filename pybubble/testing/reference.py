@@ -265,8 +265,11 @@ class _Twin:
 
 
 def reference_schedule(problem: Problem, policy: str = "greedy") -> Schedule:
-    """The same schedule as :func:`pybubble.schedule_problem`, computed in plain Python."""
-    greedy = check_policy(policy) == "greedy"
+    """The same schedule as :func:`pybubble.schedule_problem` with policy ``greedy`` or ``coarse``,
+    computed in plain Python (``holes``: :func:`pybubble.testing.holes.reference_holes`)."""
+    if check_policy(policy) == "holes":
+        raise ValueError("policy: 'holes' has its own reference, pybubble.testing.holes.reference_holes")
+    greedy = policy == "greedy"
     twin = _Twin(problem)
     m = twin.m
     fwd_first = [len(twin.tasks[(j, 0)]) for j in range(m)]  # positions >= this run inside the step

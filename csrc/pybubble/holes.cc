@@ -1,0 +1,298 @@
+// Policy::kHoles: the greedy's rules (scheduler.cc) with every cursor replaced by the free intervals
+// left on its lane and resource. The same algorithm in plain Python: pybubble/testing/holes.py.
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+
+#include "pybubble/cancel.h"
+#include "pybubble/free_intervals.h"
+#include "pybubble/scheduler.h"
+
+namespace pybubble {
+namespace {
+constexpr double kInf = std::numeric_limits<double>::infinity();
+}  // namespace
+
+void Scheduler::place_holes(bool fixed_assignment) {
+  const size_t n = static_cast<size_t>(p_.num_tasks());
+  if (!free_) {
+    std::vector<int64_t> per_key(static_cast<size_t>(keys_), 0);
+    for (size_t t = 0; t < n; ++t) ++per_key[static_cast<size_t>(key_[t])];
+    free_ = std::make_unique<FreeIntervals>(p_, per_key);
+    alt_.resize(n);
+    alt_assignment_.resize(static_cast<size_t>(p_.num_microbatches()));
+  }
+  double* const out = start_;
+  start_ = alt_.data();
+  double best = kInf, front = 0.0, back = 0.0;
+  const bool orders[3][2] = {{false, false}, {true, false}, {true, true}};
+  for (const auto& order : orders) {
+    const double step = fill_holes(order[0], order[1], fixed_assignment);
+    if (step < best) {
+      best = step;
+      std::copy(alt_.begin(), alt_.end(), out);
+      std::copy(out_.assignment.begin(), out_.assignment.end(), alt_assignment_.begin());
+      front = -first_start_;
+      back = last_end_ - p_.horizon();
+    }
+  }
+  start_ = out;
+  std::copy(alt_assignment_.begin(), alt_assignment_.end(), out_.assignment.begin());
+  out_.step_time = best;
+  out_.shift_front = front;
+  out_.shift_back = back;
+}
+
+// One order into start_: forwards (`forward_late`: by decreasing forward_needed, each its longest
+// suffix that fits as late as possible; else by increasing forward_needed, each whole as early as
+// possible, else its longest suffix that fits), the rest of them before; the assignment; backwards
+// (`backward_early`: by increasing grad_ready, each its longest prefix that fits as early as
+// possible; else by decreasing grad_ready, each whole as late as possible, else its longest prefix),
+// the rest after. Returns the step.
+double Scheduler::fill_holes(bool forward_late, bool backward_early, bool fixed_assignment) {
+  const int32_t m = p_.num_microbatches();
+  const int32_t n = p_.num_tasks();
+  const auto& fn = p_.fields().forward_needed;
+  const auto& gr = p_.fields().grad_ready;
+  free_->reset();
+  std::fill(inside_.begin(), inside_.end(), 0);
+  for (int32_t j = 0; j < m; ++j) {
+    out_.assignment[static_cast<size_t>(j)] = j;
+    order_[static_cast<size_t>(j)] = j;
+  }
+  std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+    const double fa = fn[static_cast<size_t>(a)], fb = fn[static_cast<size_t>(b)];
+    return forward_late ? (fa > fb || (fa == fb && a > b)) : (fa < fb || (fa == fb && a < b));
+  });
+  for (int32_t i = 0; i < m; ++i) {
+    const int32_t j = order_[static_cast<size_t>(i)];
+    const int64_t count = p_.tasks_end(j, kFwd) - p_.tasks_begin(j, kFwd);
+    poll_cancel(1 + 4 * count);  // up to two tries and two probes
+    fwd_first_[static_cast<size_t>(j)] = count > 0 ? holes_forward(j, forward_late) : 0;
+  }
+  free_->open_front();
+  for (int32_t j = m - 1; j >= 0; --j) {
+    const int32_t* b = p_.tasks_begin(j, kFwd);
+    for (const int32_t* it = b + fwd_first_[static_cast<size_t>(j)]; it != b;) {
+      const int32_t t = *--it;
+      double late = fn[static_cast<size_t>(j)];
+      for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) late = std::min(late, start_[*q]);
+      double s = 0.0;
+      const int32_t k = key_[static_cast<size_t>(t)];
+      const int64_t w = free_->latest(k, late, dur_[t], -kInf, &s);
+      if (w < 0) throw std::logic_error("holes: no free time before a forward task's successors");
+      free_->take(k, w, s, dur_[t]);
+      start_[t] = s;
+      end_[static_cast<size_t>(t)] = s + dur_[t];
+      inside_[static_cast<size_t>(t)] = s >= 0.0;
+    }
+  }
+  free_->close_front();
+  free_->forget();
+  choose_assignment(fixed_assignment);
+  for (int32_t j = 0; j < m; ++j) order_[static_cast<size_t>(j)] = j;
+  std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
+    const double ga = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(a)])];
+    const double gb = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(b)])];
+    return backward_early ? (ga < gb || (ga == gb && a < b)) : (ga > gb || (ga == gb && a > b));
+  });
+  for (int32_t i = 0; i < m; ++i) {
+    const int32_t j = order_[static_cast<size_t>(i)];
+    const int64_t count = p_.tasks_end(j, kBwd) - p_.tasks_begin(j, kBwd);
+    poll_cancel(1 + 4 * count);
+    bwd_last_[static_cast<size_t>(j)] = count > 0 ? holes_backward(j, backward_early) : 0;
+  }
+  holes_outside();
+  first_start_ = 0.0;
+  last_end_ = p_.horizon();
+  for (int32_t t = 0; t < n; ++t) {
+    first_start_ = std::min(first_start_, start_[t]);
+    last_end_ = std::max(last_end_, end_[static_cast<size_t>(t)]);
+  }
+  return last_end_ - first_start_;
+}
+
+// Microbatch j's forward inside the step (see fill_holes); returns the first position inside (the
+// task count when none is).
+int64_t Scheduler::holes_forward(int32_t j, bool late) {
+  const int64_t count = p_.tasks_end(j, kFwd) - p_.tasks_begin(j, kFwd);
+  if (late) return holes_forward_suffix(j, true);
+  if (holes_forward_in_step(j, 0)) return 0;
+  const int64_t f = holes_forward_suffix(j, false);
+  if (f == count) return count;
+  if (holes_forward_in_step(j, f)) return f;
+  return holes_forward_suffix(j, true);  // the probe's own placement: it fits
+}
+
+// Forward tasks of microbatch j from position `first` on, in id order, each in the earliest free
+// interval after its predecessors inside the step (and 0), ending by forward_needed[j]. Returns
+// false, with nothing kept, when one does not fit.
+bool Scheduler::holes_forward_in_step(int32_t j, int64_t first) {
+  const double deadline = p_.fields().forward_needed[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+  const size_t mark = free_->mark();
+  for (const int32_t* it = p_.tasks_begin(j, kFwd) + first; it != p_.tasks_end(j, kFwd); ++it) {
+    const int32_t t = *it;
+    double ready = 0.0;
+    for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+      if (inside_[static_cast<size_t>(*q)]) ready = std::max(ready, end_[static_cast<size_t>(*q)]);
+    }
+    double s = 0.0;
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int64_t w = free_->earliest(k, ready, dur_[t], deadline, &s);
+    if (w < 0) {
+      free_->undo(mark);
+      for (const int32_t* q = p_.tasks_begin(j, kFwd); q != p_.tasks_end(j, kFwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
+      return false;
+    }
+    free_->take(k, w, s, dur_[t]);
+    start_[t] = s;
+    end_[static_cast<size_t>(t)] = s + dur_[t];
+    inside_[static_cast<size_t>(t)] = 1;
+  }
+  free_->forget();
+  return true;
+}
+
+// The first position of the longest suffix of microbatch j's forward that fits inside the step: the
+// tasks backwards, each in the latest free interval from 0 that ends by forward_needed[j] and by
+// its successors' starts. `keep`: that suffix placed so (nothing when none fits); else nothing kept.
+int64_t Scheduler::holes_forward_suffix(int32_t j, bool keep) {
+  const double deadline = p_.fields().forward_needed[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+  const size_t mark = free_->mark();
+  const int32_t* const b = p_.tasks_begin(j, kFwd);
+  const int32_t* const e = p_.tasks_end(j, kFwd);
+  const int32_t* it = e;
+  while (it != b) {
+    const int32_t t = it[-1];
+    double late = deadline;
+    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+      late = std::min(late, probe_mark_[static_cast<size_t>(*q)]);
+    }
+    double s = 0.0;
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int64_t w = free_->latest(k, late, dur_[t], 0.0, &s);
+    if (w < 0) break;
+    free_->take(k, w, s, dur_[t]);
+    probe_mark_[static_cast<size_t>(t)] = s;
+    --it;
+  }
+  const int64_t first = it - b;
+  if (!keep || it == e) {
+    free_->undo(mark);
+    return first;
+  }
+  free_->forget();
+  for (; it != e; ++it) {
+    const int32_t t = *it;
+    start_[t] = probe_mark_[static_cast<size_t>(t)];
+    end_[static_cast<size_t>(t)] = start_[t] + dur_[t];
+    inside_[static_cast<size_t>(t)] = 1;
+  }
+  return first;
+}
+
+// Microbatch j's backward inside the step (see fill_holes); returns the count of its first tasks
+// inside.
+int64_t Scheduler::holes_backward(int32_t j, bool early) {
+  const int64_t count = p_.tasks_end(j, kBwd) - p_.tasks_begin(j, kBwd);
+  if (early) return holes_backward_prefix(j, true);
+  if (holes_backward_in_step(j, count)) return count;
+  const int64_t last = holes_backward_prefix(j, false);
+  if (last == 0) return 0;
+  if (holes_backward_in_step(j, last)) return last;
+  return holes_backward_prefix(j, true);
+}
+
+// Backward tasks of microbatch j before position `last`, in decreasing id order, each in the latest
+// free interval before its successors inside the step (and the horizon), starting at or after the
+// grad_ready of the LLM microbatch it feeds. Returns false, with nothing kept, when one does not fit.
+bool Scheduler::holes_backward_in_step(int32_t j, int64_t last) {
+  const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+  const size_t mark = free_->mark();
+  const int32_t* const b = p_.tasks_begin(j, kBwd);
+  for (const int32_t* it = b + last; it != b;) {
+    const int32_t t = *--it;
+    double late = p_.horizon();
+    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+      if (inside_[static_cast<size_t>(*q)]) late = std::min(late, start_[*q]);
+    }
+    double s = 0.0;
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int64_t w = free_->latest(k, late, dur_[t], ready, &s);
+    if (w < 0) {
+      free_->undo(mark);
+      for (const int32_t* q = b; q != p_.tasks_end(j, kBwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
+      return false;
+    }
+    free_->take(k, w, s, dur_[t]);
+    start_[t] = s;
+    end_[static_cast<size_t>(t)] = s + dur_[t];
+    inside_[static_cast<size_t>(t)] = 1;
+  }
+  free_->forget();
+  return true;
+}
+
+// The length of the longest prefix of microbatch j's backward that fits inside the step: the tasks
+// forwards, each in the earliest free interval from grad_ready and its backward predecessors' ends,
+// ending by the horizon. `keep`: that prefix placed so; else nothing kept.
+int64_t Scheduler::holes_backward_prefix(int32_t j, bool keep) {
+  const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+  const size_t mark = free_->mark();
+  const int32_t* const b = p_.tasks_begin(j, kBwd);
+  const int32_t* const e = p_.tasks_end(j, kBwd);
+  const int32_t* it = b;
+  for (; it != e; ++it) {
+    const int32_t t = *it;
+    double early = ready;
+    for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+      if (p_.phase(*q) == kBwd) early = std::max(early, probe_mark_[static_cast<size_t>(*q)]);
+    }
+    double s = 0.0;
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int64_t w = free_->earliest(k, early, dur_[t], p_.horizon(), &s);
+    if (w < 0) break;
+    free_->take(k, w, s, dur_[t]);
+    probe_mark_[static_cast<size_t>(t)] = s + dur_[t];
+  }
+  const int64_t count = it - b;
+  if (!keep || count == 0) {
+    free_->undo(mark);
+    return count;
+  }
+  free_->forget();
+  for (const int32_t* q = b; q != it; ++q) {
+    const int32_t t = *q;
+    start_[t] = probe_mark_[static_cast<size_t>(t)] - dur_[t];
+    end_[static_cast<size_t>(t)] = start_[t] + dur_[t];
+    inside_[static_cast<size_t>(t)] = 1;
+  }
+  return count;
+}
+
+// The backward tasks not inside the step, microbatches in increasing order, tasks in increasing id
+// order, each in the earliest free interval after its predecessors and grad_ready, the time after
+// the horizon free.
+void Scheduler::holes_outside() {
+  const auto& gr = p_.fields().grad_ready;
+  free_->open_back();
+  for (int32_t j = 0; j < p_.num_microbatches(); ++j) {
+    const double ready = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+    for (const int32_t* it = p_.tasks_begin(j, kBwd) + bwd_last_[static_cast<size_t>(j)]; it != p_.tasks_end(j, kBwd); ++it) {
+      const int32_t t = *it;
+      double early = ready;
+      for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) early = std::max(early, end_[static_cast<size_t>(*q)]);
+      double s = 0.0;
+      const int32_t k = key_[static_cast<size_t>(t)];
+      const int64_t w = free_->earliest(k, early, dur_[t], kInf, &s);
+      if (w < 0) throw std::logic_error("holes: no free time after a backward task's predecessors");
+      free_->take(k, w, s, dur_[t]);
+      start_[t] = s;
+      end_[static_cast<size_t>(t)] = s + dur_[t];
+    }
+  }
+  free_->forget();
+}
+
+}  // namespace pybubble

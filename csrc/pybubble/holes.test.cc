@@ -1,0 +1,51 @@
+#include <gtest/gtest.h>
+
+#include "pybubble/scheduler.h"
+#include "pybubble/synthetic.h"
+#include "pybubble/validate.h"
+
+namespace pybubble {
+namespace {
+
+// The holes policy on generated pipelines: valid, and shorter than the greedy more often than longer
+// (it is a heuristic too: not shorter on every problem).
+TEST(Holes, ValidAndShorterThanGreedyMoreOftenThanLonger) {
+  int shorter = 0, longer = 0;
+  for (uint64_t seed = 0; seed < 30; ++seed) {
+    SyntheticSpec spec;
+    spec.stages = 2 + static_cast<int32_t>(seed % 3);
+    spec.microbatches = 4 + static_cast<int32_t>(seed % 5);
+    spec.encoder_scale = 1.0 + static_cast<double>(seed % 4);
+    spec.seed = seed;
+    const Problem p(synthetic_problem(spec));
+    Scheduler s(p);
+    const Schedule holes = s.run(Policy::kHoles);
+    EXPECT_TRUE(validate(p, holes).empty()) << "seed " << seed;
+    const double greedy = s.run(Policy::kGreedy).step_time;
+    shorter += holes.step_time < greedy;
+    longer += holes.step_time > greedy;
+  }
+  EXPECT_GT(shorter, longer);
+}
+
+TEST(Holes, RerunsGiveTheSameScheduleAndNewDurationsAreHonoured) {
+  SyntheticSpec spec;
+  spec.microbatches = 6;
+  const Problem p(synthetic_problem(spec));
+  Scheduler s(p);
+  const Schedule first = s.run(Policy::kHoles);
+  const Schedule again = s.run(Policy::kHoles);
+  EXPECT_EQ(first.start, again.start);
+  EXPECT_EQ(first.step_time, again.step_time);
+  const ProblemInput given = p.input();
+  std::vector<double> d(given.duration.begin(), given.duration.end());
+  for (double& x : d) x *= 1.5;
+  const Schedule& longer = s.run(Policy::kHoles, &d);
+  ProblemInput in = p.input();
+  in.duration = d;
+  EXPECT_TRUE(validate(Problem(std::move(in)), longer).empty());
+  EXPECT_EQ(Scheduler(p).run(Policy::kHoles).start, first.start);
+}
+
+}  // namespace
+}  // namespace pybubble

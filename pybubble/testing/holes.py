@@ -1,0 +1,284 @@
+"""The holes filler (policy ``holes``) in plain Python: slow and obvious, a twin of the C++ core's
+``csrc/pybubble/holes.cc``, which must give exactly the same schedule (the differential tests).
+
+The greedy's rules (:mod:`~pybubble.testing.reference`) with every cursor replaced by the free
+intervals left on its (lane, resource): a task goes into the earliest (forward) or latest (backward)
+free interval that holds it, so a later microbatch uses the time an earlier one passed over. Pieces
+shorter than :data:`SLIVER` are dropped. In one order:
+
+1. Forward inside the step: microbatches by increasing ``(forward_needed, j)``, each whole (tasks in
+   id order, each in the earliest free interval after its predecessors inside the step and 0,
+   ending by forward_needed), else its longest suffix that fits (a probe: tasks backwards, each in
+   the latest free interval from 0 ending by forward_needed and its successors' starts), placed as
+   early as possible, else as the probe placed it. ``late``: by decreasing ``(forward_needed, j)``,
+   each its longest suffix as the probe places it.
+2. The other forward tasks: microbatches in decreasing order, tasks in decreasing id order, each in
+   the latest free interval ending by forward_needed and its successors' starts, (-inf, 0) free.
+3. The assignment, as the greedy's.
+4. Backward inside the step: microbatches by decreasing ``(grad_ready, j)``, each whole (tasks in
+   decreasing id order, each in the latest free interval before its successors inside the step and
+   the horizon, from grad_ready), else its longest prefix that fits (a probe: tasks forwards, each in
+   the earliest free interval from grad_ready and its backward predecessors' ends, ending by the
+   horizon) placed as late as possible, else as the probe placed it. ``early``: by increasing
+   ``(grad_ready, j)``, each its longest prefix as the probe places it.
+5. The other backward tasks: microbatches in increasing order, tasks in increasing id order, each in
+   the earliest free interval after its predecessors and grad_ready, (horizon, inf) free.
+
+The policy runs three orders, (greedy's, greedy's), (late, greedy's) and (late, early), and keeps the
+shortest step (ties: the first).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+from ..problem.problem import Problem
+from ..schedule.scheduler import Schedule
+from .reference import _Twin
+
+SLIVER = 1e-9
+"""Free pieces shorter than this (us) are dropped."""
+ORDERS = ((False, False), (True, False), (True, True))
+"""(forward late, backward early) of each order the policy tries, in the order tried."""
+
+
+def earliest(S: list[float], E: list[float], ready: float, d: float, limit: float) -> tuple[int, float] | None:
+    """The first free interval that holds a task of length d starting at or after `ready` and ending
+    by `limit`: (index, start), or None."""
+    i = bisect.bisect_left(E, ready)
+    while i < len(S):
+        s = max(ready, S[i])
+        if s + d > limit:
+            return None
+        if s + d <= E[i]:
+            return i, s
+        i += 1
+    return None
+
+
+def latest(S: list[float], E: list[float], late: float, d: float, floor: float) -> tuple[int, float] | None:
+    """The last free interval that holds a task of length d ending by `late` and starting at or
+    after `floor`: (index, start), or None."""
+    i = bisect.bisect_right(S, late) - 1
+    while i >= 0:
+        s = min(late, E[i]) - d
+        if s < floor:
+            return None
+        if s >= S[i]:
+            return i, s
+        i -= 1
+    return None
+
+
+def rest(a: float, b: float, s: float, e: float) -> tuple[list[float], list[float]]:
+    """Free interval [a, b) less [s, e): the starts and ends of what is left (slivers dropped)."""
+    ps, pe = [], []
+    if s - a > SLIVER:
+        ps.append(a)
+        pe.append(s)
+    if b - e > SLIVER:
+        ps.append(e)
+        pe.append(b)
+    return ps, pe
+
+
+def take(S: list[float], E: list[float], i: int, s: float, d: float) -> None:
+    """Takes [s, s + d) out of free interval i (nothing when d is not > 0)."""
+    if d > 0.0:
+        S[i:i + 1], E[i:i + 1] = rest(S[i], E[i], s, s + d)
+
+
+def merged(wins) -> tuple[list[float], list[float]]:
+    """Sorted windows (start, end) as free intervals, those that touch merged."""
+    S: list[float] = []
+    E: list[float] = []
+    for a, b in wins:
+        if S and a <= E[-1]:
+            E[-1] = max(E[-1], b)
+        else:
+            S.append(a)
+            E.append(b)
+    return S, E
+
+
+class Free:
+    """Per key, free intervals (two sorted lists); a trial copies a key's lists when it first
+    changes them."""
+
+    def __init__(self, lists: dict[int, tuple[list[float], list[float]]]):
+        self.lists = lists
+        self.own: set[int] = set(lists)
+
+    def trial(self) -> Free:
+        """A trial on these lists: they stay as they are until it is kept (used in their place)."""
+        f = Free(dict(self.lists))
+        f.own = set()
+        return f
+
+    def get(self, k: int) -> tuple[list[float], list[float]]:
+        """Key k's lists, to read."""
+        return self.lists[k]
+
+    def take(self, k: int, fit: tuple[int, float], d: float) -> None:
+        """Takes [fit[1], fit[1] + d) out of key k's free interval fit[0]."""
+        take(*self.mut(k), fit[0], fit[1], d)
+
+    def mut(self, k: int) -> tuple[list[float], list[float]]:
+        """Key k's lists, to change (copied first when they are shared)."""
+        if k not in self.own:
+            S, E = self.lists[k]
+            self.lists[k] = (list(S), list(E))
+            self.own.add(k)
+        return self.lists[k]
+
+
+class Holes(_Twin):
+    """One problem as the holes filler places it in one order (:meth:`run`)."""
+
+    def _in_step(self, j: int, ph: int, order: list[int], free: Free) -> Free | None:
+        """j's tasks of phase `ph` in `order`, each in its free list: forward in the earliest
+        interval after its predecessors ending by forward_needed, backward in the latest before its
+        successors starting at or after grad_ready; the new free lists, or None (none placed)."""
+        trial = free.trial()
+        for t in order:
+            if ph == 0:
+                ready = max([0.0] + [self.end[p] for p in self.preds[t] if self.inside[p]])
+                fit = earliest(*trial.get(self.key[t]), ready, self.dur[t], self.fn[self.assignment[j]])
+            else:
+                late = min([self.horizon] + [self.start[s] for s in self.succs[t] if self.inside[s]])
+                fit = latest(*trial.get(self.key[t]), late, self.dur[t], self.gr[self.assignment[j]])
+            if fit is None:
+                self._drop(j, ph)
+                return None
+            trial.take(self.key[t], fit, self.dur[t])
+            self._place(t, fit[1])
+        return trial
+
+    def fwd_suffix(self, j: int, free: Free) -> tuple[int, Free, dict[int, float]]:
+        """The probe of j's longest forward suffix that fits: (first position, free lists with it
+        placed, starts)."""
+        trial = free.trial()
+        ts = self.tasks[(j, 0)]
+        pstart: dict[int, float] = {}
+        for i in reversed(range(len(ts))):
+            t = ts[i]
+            late = min([self.fn[self.assignment[j]]] + [pstart[q] for q in self.succs[t]])
+            fit = latest(*trial.get(self.key[t]), late, self.dur[t], 0.0)
+            if fit is None:
+                return i + 1, trial, pstart
+            trial.take(self.key[t], fit, self.dur[t])
+            pstart[t] = fit[1]
+        return 0, trial, pstart
+
+    def bwd_prefix(self, j: int, free: Free) -> tuple[int, Free, dict[int, float]]:
+        """The probe of j's longest backward prefix that fits: (count, free lists with it placed,
+        ends)."""
+        trial = free.trial()
+        ts = self.tasks[(j, 1)]
+        ready = self.gr[self.assignment[j]]
+        pend: dict[int, float] = {}
+        for i, t in enumerate(ts):
+            early = max([ready] + [pend[q] for q in self.preds[t] if q in pend])
+            fit = earliest(*trial.get(self.key[t]), early, self.dur[t], self.horizon)
+            if fit is None:
+                return i, trial, pend
+            trial.take(self.key[t], fit, self.dur[t])
+            pend[t] = fit[1] + self.dur[t]
+        return len(ts), trial, pend
+
+    def fwd_one(self, j: int, free: Free, late: bool) -> tuple[Free, int] | None:
+        """Step 1 for microbatch j: (free lists, first position inside), or None."""
+        n = len(self.tasks[(j, 0)])
+        if not late:
+            trial = self._in_step(j, 0, self.tasks[(j, 0)], free)
+            if trial is not None:
+                return trial, 0
+        f, probe, pstart = self.fwd_suffix(j, free)
+        if f == n:
+            return None
+        trial = None if late else self._in_step(j, 0, self.tasks[(j, 0)][f:], free)
+        if trial is None:  # the probe's own placement: it fits
+            trial = probe
+            for t in self.tasks[(j, 0)][f:]:
+                self._place(t, pstart[t])
+        return trial, f
+
+    def bwd_one(self, j: int, free: Free, early: bool) -> tuple[Free, int] | None:
+        """Step 4 for microbatch j: (free lists, count inside), or None."""
+        ts = self.tasks[(j, 1)]
+        if not early:
+            trial = self._in_step(j, 1, list(reversed(ts)), free)
+            if trial is not None:
+                return trial, len(ts)
+        last, probe, pend = self.bwd_prefix(j, free)
+        if last == 0:
+            return None
+        trial = None if early else self._in_step(j, 1, list(reversed(ts[:last])), free)
+        if trial is None:
+            trial = probe
+            for t in ts[:last]:
+                self._place(t, pend[t] - self.dur[t])
+        return trial, last
+
+    def run(self, fwd_late: bool, bwd_early: bool) -> Schedule:
+        """Steps 1-5 in one order (see the module docstring)."""
+        m = self.m
+        free = Free({k: merged(w) for k, w in self.windows.items()})
+        fwd_first = [len(self.tasks[(j, 0)]) for j in range(m)]
+        for j in sorted(range(m), key=lambda j: (self.fn[j], j), reverse=fwd_late):
+            if fwd_first[j] and (got := self.fwd_one(j, free, fwd_late)) is not None:
+                free, fwd_first[j] = got
+        for S, E in (free.mut(k) for k in list(free.lists)):
+            if S and S[0] <= 0.0:
+                S[0] = -math.inf
+            else:
+                S.insert(0, -math.inf)
+                E.insert(0, 0.0)
+        for j in reversed(range(m)):
+            for t in reversed(self.tasks[(j, 0)][:fwd_first[j]]):
+                late = min([self.fn[self.assignment[j]]] + [self.start[s] for s in self.succs[t]])
+                S, E = free.mut(self.key[t])
+                i, s = latest(S, E, late, self.dur[t], -math.inf)
+                take(S, E, i, s, self.dur[t])
+                self.start[t], self.end[t] = s, s + self.dur[t]
+                self.inside[t] = s >= 0.0
+        for S, E in (free.mut(k) for k in list(free.lists)):
+            if S and S[0] == -math.inf:
+                if E[0] > 0.0:
+                    S[0] = 0.0
+                else:
+                    del S[0], E[0]
+        self.assign()
+        bwd_last = [0] * m
+        for j in sorted(range(m), key=lambda j: (self.gr[self.assignment[j]], j), reverse=not bwd_early):
+            if self.tasks[(j, 1)] and (got := self.bwd_one(j, free, bwd_early)) is not None:
+                free, bwd_last[j] = got
+        for S, E in (free.mut(k) for k in list(free.lists)):
+            if S and E[-1] >= self.horizon:
+                E[-1] = math.inf
+            else:
+                S.append(self.horizon)
+                E.append(math.inf)
+        for j in range(m):
+            ready = self.gr[self.assignment[j]]
+            for t in self.tasks[(j, 1)][bwd_last[j]:]:
+                early = max([ready] + [self.end[p] for p in self.preds[t]])
+                S, E = free.mut(self.key[t])
+                i, s = earliest(S, E, early, self.dur[t], math.inf)
+                take(S, E, i, s, self.dur[t])
+                self.start[t], self.end[t] = s, s + self.dur[t]
+        return self.schedule()
+
+
+def reference_holes(problem: Problem) -> Schedule:
+    """The same schedule as ``pybubble.schedule_problem(problem, "holes")``, in plain Python."""
+    best = None
+    for fwd_late, bwd_early in ORDERS:
+        sched = Holes(problem).run(fwd_late, bwd_early)
+        if best is None or sched.step_time < best.step_time:
+            best = sched
+    return best
+
+
+__all__ = ["ORDERS", "SLIVER", "Free", "Holes", "earliest", "latest", "merged", "reference_holes", "rest", "take"]

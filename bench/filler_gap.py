@@ -32,6 +32,10 @@ filler (``pybubble.planner.space.schedule_problem``, patched in this process onl
 ``portfolio``, so that the layout is chosen under the better filler; and, cheaper, re-fills each
 plan's best layout of the shipped search.
 
+Since the shipped search re-fills its best plans with ``holes`` (policy ``holes`` in the core, the
+same algorithm; ``pybubble.planner.search.REFILL``), its "greedy (shipped)" rows of the settings are
+``holes`` where that was shorter; the figures in bench/results/filler_gap.txt predate it.
+
 Every schedule is checked with :func:`pybubble.validate`; a schedule that does not validate is
 reported as such and not counted. Bounds: the plan's (``Candidate.bound``, the planner's fluid bound;
 for the settings the search's ``bound``), and a per-candidate one computed here (``lane bound``):
@@ -63,6 +67,8 @@ from pybubble.llm.step import LLMStep
 from pybubble.planner.search import search
 from pybubble.problem.problem import Problem
 from pybubble.schedule.scheduler import Schedule, schedule_problem
+from pybubble.testing.holes import Free as _Free, Holes, earliest as _earliest, latest as _latest, merged as _merged
+from pybubble.testing.holes import SLIVER, rest as _rest, take as _take
 from pybubble.testing.reference import _Twin
 
 # the small instances of bench/plan_gap.py
@@ -70,62 +76,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plan_gap import SHAPES, candidates, instance
 
 INF = math.inf
-SLIVER = 1e-9
-"""Free pieces shorter than this (us) are dropped."""
 
 SETTINGS = ["weak_a", "weak_b", "weak_c", "weak_d", "dual_1", "dual_2", "dual_3", "a100_vit3b_gpt11b"]
 """The examples/optimus settings above 2% of their bound (docs/reproduction.md)."""
 
 
 # ---------------------------------------------------------------------------------------------
-# Free intervals of one (lane, resource): two sorted lists, starts and ends.
-
-def _earliest(S: list[float], E: list[float], ready: float, d: float, limit: float) -> tuple[int, float] | None:
-    """The first free interval that holds a task of length d starting at or after `ready` and ending
-    by `limit`: (index, start), or None."""
-    i = bisect.bisect_left(E, ready)
-    while i < len(S):
-        s = max(ready, S[i])
-        if s + d > limit:
-            return None
-        if s + d <= E[i]:
-            return i, s
-        i += 1
-    return None
-
-
-def _latest(S: list[float], E: list[float], late: float, d: float, floor: float) -> tuple[int, float] | None:
-    """The last free interval that holds a task of length d ending by `late` and starting at or
-    after `floor`: (index, start), or None."""
-    i = bisect.bisect_right(S, late) - 1
-    while i >= 0:
-        s = min(late, E[i]) - d
-        if s < floor:
-            return None
-        if s >= S[i]:
-            return i, s
-        i -= 1
-    return None
-
-
-def _take(S: list[float], E: list[float], i: int, s: float, d: float) -> None:
-    """Takes [s, s + d) out of free interval i."""
-    if d <= 0.0:
-        return
-    S[i:i + 1], E[i:i + 1] = _rest(S[i], E[i], s, s + d)
-
-
-def _rest(a: float, b: float, s: float, e: float) -> tuple[list[float], list[float]]:
-    """Free interval [a, b) less [s, e): the starts and ends of what is left (slivers dropped)."""
-    ps, pe = [], []
-    if s - a > SLIVER:
-        ps.append(a)
-        pe.append(s)
-    if b - e > SLIVER:
-        ps.append(e)
-        pe.append(b)
-    return ps, pe
-
+# Free intervals of one (lane, resource): two sorted lists, starts and ends (pybubble.testing.holes's),
+# and what the justify pass adds to them.
 
 def _remove(S: list[float], E: list[float], s: float, e: float) -> None:
     """Takes [s, e) out of whatever free intervals it meets (a placed task's time, which may
@@ -162,113 +120,20 @@ def _give(S: list[float], E: list[float], s: float, d: float) -> None:
         E.insert(i, e)
 
 
-class _Free:
-    """Per key, free intervals; copy on write for trials."""
-
-    def __init__(self, lists: dict[int, tuple[list[float], list[float]]]):
-        self.lists = lists
-        self.own: set[int] = set(lists)
-
-    def trial(self) -> _Free:
-        f = _Free(dict(self.lists))
-        f.own = set()
-        return f
-
-    def get(self, k: int) -> tuple[list[float], list[float]]:
-        return self.lists[k]
-
-    def take(self, k: int, fit: tuple[int, float], d: float) -> None:
-        """Takes [fit[1], fit[1] + d) out of key k's free interval fit[0]."""
-        S, E = self.mut(k)
-        _take(S, E, fit[0], fit[1], d)
-
-    def mut(self, k: int) -> tuple[list[float], list[float]]:
-        if k not in self.own:
-            S, E = self.lists[k]
-            self.lists[k] = (list(S), list(E))
-            self.own.add(k)
-        return self.lists[k]
-
-
-def _merged(wins) -> tuple[list[float], list[float]]:
-    S: list[float] = []
-    E: list[float] = []
-    for a, b in wins:
-        if S and a <= E[-1]:
-            E[-1] = max(E[-1], b)
-        else:
-            S.append(a)
-            E.append(b)
-    return S, E
-
-
 # ---------------------------------------------------------------------------------------------
 # Prototype 1: the greedy with free lists instead of cursors.
 
-class _Holes(_Twin):
-    """The reference scheduler's algorithm, every cursor replaced by the free intervals left."""
-
-    def _in_step(self, j: int, ph: int, order: list[int], free: _Free) -> _Free | None:
-        """j's tasks of phase `ph` in `order`, each in its free list: forward in the earliest
-        interval after its predecessors ending by forward_needed[j], backward in the latest before
-        its successors starting at or after grad_ready; the new free lists, or None (none placed)."""
-        trial = free.trial()
-        for t in order:
-            if ph == 0:
-                ready = max([0.0] + [self.end[p] for p in self.preds[t] if self.inside[p]])
-                fit = _earliest(*trial.get(self.key[t]), ready, self.dur[t], self.fn[self.assignment[j]])
-            else:
-                late = min([self.horizon] + [self.start[s] for s in self.succs[t] if self.inside[s]])
-                fit = _latest(*trial.get(self.key[t]), late, self.dur[t], self.gr[self.assignment[j]])
-            if fit is None:
-                self._drop(j, ph)
-                return None
-            trial.take(self.key[t], fit, self.dur[t])
-            self._place(t, fit[1])
-        return trial
+class _Holes(Holes):
+    """The package's holes filler (:class:`pybubble.testing.holes.Holes`: the reference scheduler's
+    algorithm, every cursor replaced by the free intervals left), with the options of this study."""
 
     def fwd_in_step(self, j: int, first: int, free: _Free) -> _Free | None:
-        """j's forward tasks from position `first` on (:meth:`_in_step`)."""
+        """j's forward tasks from position `first` on (:meth:`Holes._in_step`)."""
         return self._in_step(j, 0, self.tasks[(j, 0)][first:], free)
 
-    def fwd_suffix_alap(self, j: int, free: _Free) -> tuple[int, _Free, dict[int, float]]:
-        """The longest suffix of j's forward that fits, tasks backwards, each in the latest free
-        interval by forward_needed[j] and before its successors: (first position, free lists with
-        it placed, starts)."""
-        trial = free.trial()
-        ts = self.tasks[(j, 0)]
-        pstart: dict[int, float] = {}
-        for i in reversed(range(len(ts))):
-            t = ts[i]
-            late = min([self.fn[self.assignment[j]]] + [pstart[q] for q in self.succs[t]])
-            S, E = trial.get(self.key[t])
-            fit = _latest(S, E, late, self.dur[t], 0.0)
-            if fit is None:
-                return i + 1, trial, pstart
-            trial.take(self.key[t], fit, self.dur[t])
-            pstart[t] = fit[1]
-        return 0, trial, pstart
-
     def bwd_in_step(self, j: int, last: int, free: _Free) -> _Free | None:
-        """j's backward tasks before position `last`, backwards (:meth:`_in_step`)."""
+        """j's backward tasks before position `last`, backwards (:meth:`Holes._in_step`)."""
         return self._in_step(j, 1, list(reversed(self.tasks[(j, 1)][:last])), free)
-
-    def bwd_prefix_asap(self, j: int, free: _Free) -> tuple[int, _Free, dict[int, float]]:
-        """The longest prefix of j's backward that fits, tasks forwards, each in the earliest free
-        interval from grad_ready, after its predecessors, ending by the horizon."""
-        trial = free.trial()
-        ts = self.tasks[(j, 1)]
-        ready = self.gr[self.assignment[j]]
-        pend: dict[int, float] = {}
-        for i, t in enumerate(ts):
-            early = max([ready] + [pend[q] for q in self.preds[t] if q in pend])
-            S, E = trial.get(self.key[t])
-            fit = _earliest(S, E, early, self.dur[t], self.horizon)
-            if fit is None:
-                return i, trial, pend
-            trial.take(self.key[t], fit, self.dur[t])
-            pend[t] = fit[1] + self.dur[t]
-        return len(ts), trial, pend
 
     def fwd_one(self, j: int, free: _Free, mode: str, partial: bool) -> tuple[_Free, int] | None:
         """Microbatch j's forward inside the step ("asap": whole as early as possible, else its
@@ -279,7 +144,7 @@ class _Holes(_Twin):
             trial = self.fwd_in_step(j, 0, free)
             if trial is not None or not partial:
                 return None if trial is None else (trial, 0)
-        f, probe, pstart = self.fwd_suffix_alap(j, free)
+        f, probe, pstart = self.fwd_suffix(j, free)
         if f == n or (f > 0 and not partial):
             return None
         trial = self.fwd_in_step(j, f, free) if mode == "asap" else None
@@ -296,7 +161,7 @@ class _Holes(_Twin):
             trial = self.bwd_in_step(j, n, free)
             if trial is not None or not partial:
                 return None if trial is None else (trial, n)
-        last, probe, pend = self.bwd_prefix_asap(j, free)
+        last, probe, pend = self.bwd_prefix(j, free)
         if last == 0 or (last < n and not partial):
             return None
         trial = self.bwd_in_step(j, last, free) if mode == "alap" else None

@@ -113,6 +113,22 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool fixed_
   return last_end_ - first_start_;
 }
 
+// Task t inside the step from `s`, taken out of free interval w of its key.
+void Scheduler::holes_place(int32_t t, int64_t w, double s) {
+  free_->take(key_[static_cast<size_t>(t)], w, s, dur_[t]);
+  start_[t] = s;
+  end_[static_cast<size_t>(t)] = s + dur_[t];
+  inside_[static_cast<size_t>(t)] = 1;
+}
+
+// Undoes a failed try of microbatch j's tasks of phase ph: the free intervals as at `mark`, none of
+// those tasks inside. Returns false (the try's result).
+bool Scheduler::holes_drop(int32_t j, int ph, size_t mark) {
+  free_->undo(mark);
+  for (const int32_t* q = p_.tasks_begin(j, ph); q != p_.tasks_end(j, ph); ++q) inside_[static_cast<size_t>(*q)] = 0;
+  return false;
+}
+
 // Microbatch j's forward inside the step (see fill_holes); returns the first position inside (the
 // task count when none is).
 int64_t Scheduler::holes_forward(int32_t j, bool late) {
@@ -140,15 +156,8 @@ bool Scheduler::holes_forward_in_step(int32_t j, int64_t first) {
     double s = 0.0;
     const int32_t k = key_[static_cast<size_t>(t)];
     const int64_t w = free_->earliest(k, ready, dur_[t], deadline, &s);
-    if (w < 0) {
-      free_->undo(mark);
-      for (const int32_t* q = p_.tasks_begin(j, kFwd); q != p_.tasks_end(j, kFwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
-      return false;
-    }
-    free_->take(k, w, s, dur_[t]);
-    start_[t] = s;
-    end_[static_cast<size_t>(t)] = s + dur_[t];
-    inside_[static_cast<size_t>(t)] = 1;
+    if (w < 0) return holes_drop(j, kFwd, mark);
+    holes_place(t, w, s);
   }
   free_->forget();
   return true;
@@ -220,15 +229,8 @@ bool Scheduler::holes_backward_in_step(int32_t j, int64_t last) {
     double s = 0.0;
     const int32_t k = key_[static_cast<size_t>(t)];
     const int64_t w = free_->latest(k, late, dur_[t], ready, &s);
-    if (w < 0) {
-      free_->undo(mark);
-      for (const int32_t* q = b; q != p_.tasks_end(j, kBwd); ++q) inside_[static_cast<size_t>(*q)] = 0;
-      return false;
-    }
-    free_->take(k, w, s, dur_[t]);
-    start_[t] = s;
-    end_[static_cast<size_t>(t)] = s + dur_[t];
-    inside_[static_cast<size_t>(t)] = 1;
+    if (w < 0) return holes_drop(j, kBwd, mark);
+    holes_place(t, w, s);
   }
   free_->forget();
   return true;

@@ -117,6 +117,8 @@ class Scheduler {
   bool holes_backward_in_step(int32_t j, int64_t last);
   int64_t holes_backward_prefix(int32_t j, bool keep);
   void holes_outside();
+  void holes_place(int32_t t, int64_t w, double s);
+  bool holes_drop(int32_t j, int ph, size_t mark);
 
   const Problem& p_;
   const double* dur_ = nullptr;

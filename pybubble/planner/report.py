@@ -34,6 +34,7 @@ from ..costs.kernels import layer_flops
 from ..costs.memory import GB
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep
+from ..schedule.scheduler import schedule_problem
 from ..viz.gantt import save_gantt
 from ..viz.chrome_trace import save_trace
 from .layouts import Baseline, Separate, megatron, megatron_balanced, separate
@@ -326,6 +327,10 @@ def features(found: Search) -> list[Feature]:
                                                f"(LLM alone then {step.timeline.step_time / 1e3:,.1f} ms)",
                            step_without=found.default_best.step_time,
                            without="the best plan on the config's own schedule"))
+    if best.policy == "holes":
+        out.append(Feature(name="holes", uses="the holes filler (each kernel in any free interval left on its lane)",
+                           step_without=schedule_problem(best.problem).step_time,
+                           without="the greedy filler's schedule of the same layout"))
     return out
 
 

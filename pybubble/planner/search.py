@@ -256,22 +256,19 @@ REFILL = 3
 """How many of the best plans the search re-fills with the holes filler (see the module docstring)."""
 
 
-def _refilled(top: list[Candidate], workers: int) -> list[Candidate]:
-    """`top` (best first) with its first :data:`REFILL` candidates scheduled again by the holes filler
-    where their step is above their bound, each keeping the shorter schedule, in the same order."""
+def _refilled(cands: list[Candidate], workers: int) -> list[Candidate]:
+    """Each of `cands` scheduled again by the holes filler where its step is above its bound, keeping
+    the shorter schedule, in the same order."""
     def refill(cand: Candidate) -> Candidate:
         if cand.bound is not None and cand.step_time <= cand.bound.step_time:
             return cand
         holes = schedule_problem(cand.problem, "holes")
         return replace(cand, schedule=holes, policy="holes") if holes.step_time < cand.step_time else cand
 
-    head = top[:REFILL]
-    if workers > 1 and len(head) > 1:
+    if workers > 1 and len(cands) > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            head = list(pool.map(refill, head))
-    else:
-        head = [refill(c) for c in head]
-    return head + top[REFILL:]
+            return list(pool.map(refill, cands))
+    return [refill(c) for c in cands]
 
 
 def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
@@ -306,10 +303,17 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         tried, tuned = tune_warmup(step, spaces, default_best, runs.stats, spread)
         if tuned is not default_best:
             top[0] = tuned
-    refilled = _refilled(top, workers) if refill else top
-    for searched in runs.searched.values():  # each plan's best as the search leaves it
-        searched.best = next((c for c, old in zip(refilled, top) if old is searched.best), searched.best)
-    top = sorted(refilled, key=lambda c: c.step_time)
+    if refill:  # the best plans, and the best plan on the config's schedule when a warm-up beat it
+        olds = top[:REFILL] + ([default_best] if top[0] is not default_best else [])
+        news = _refilled(olds, workers)
+        now = {id(old): new for old, new in zip(olds, news)}
+        for searched in runs.searched.values():  # each plan's best as the search leaves it
+            searched.best = now.get(id(searched.best), searched.best)
+        default_best = now[id(default_best)]
+        head = news[:len(top[:REFILL])]
+        if default_best.step_time <= head[0].step_time:  # the warm-up no longer wins
+            head[0] = default_best
+        top = sorted(head + top[REFILL:], key=lambda c: c.step_time)
     runs.stats.seconds = time.perf_counter() - t0
     fitting = [c for c in runs.coarse if c.memory_bytes <= config.memory_gb * GB] or runs.coarse
     return Search(step=step, best=top[0], coarse=min(fitting, key=lambda c: (c.step_time, c.plan.pp_enc, c.plan.tp_enc)),

@@ -63,7 +63,7 @@ def test_plan_json_has_exactly_the_promised_keys(quickstart):
                        "lower_bound_s", "hidden_fraction", "mfu"}
     # what the plan uses, each with the step without it: never shorter than the plan's
     names = [f["name"] for f in pb["features"]]
-    assert set(names) <= {"spread", "warmup"} and len(names) == len(set(names))
+    assert set(names) <= {"spread", "warmup", "holes"} and len(names) == len(set(names))
     assert all(set(f) == {"name", "uses", "without", "step_without_s"} for f in pb["features"])
     assert ("spread" in names) == (pb["spread"] is not None) and ("warmup" in names) == (pb["warmup"] is not None)
     assert all(f["step_without_s"] is None or f["step_without_s"] >= pb["step_time_s"] for f in pb["features"])

@@ -12,9 +12,10 @@ from pybubble.costs.roofline import CostModel
 from pybubble.llm.step import LLMStep
 from pybubble.llm.timeline import simulate_pipeline
 from pybubble.planner import search as planner
-from pybubble.planner.bound import EncoderLoad, encoder_load, step_bound
+from pybubble.planner.bound import EncoderLoad, encoder_load, layout_bound, step_bound
 from pybubble.planner.space import PlanSpace
 from pybubble.problem.encoder import EncoderPlan, EncoderWork
+from pybubble.problem.generated import random_problem, synthetic
 
 SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
          "encoders": [{"preset": "vit-l-14", "tokens_per_sample": 4 * 257}],
@@ -166,3 +167,41 @@ def test_the_cores_longest_paths_equal_a_walk_by_hand(spaces, data):
     images = [data.draw(st.integers(1, n)) for n in space.work.images]
     t = space.work.microbatch_tasks(data.draw(st.integers(0, space.plan.pipelines - 1)), images)
     assert _longest_paths(t) == pytest.approx(_paths_by_hand(t), rel=1e-12)
+
+
+_layout_problems = st.one_of(
+    st.builds(random_problem, st.integers(0, 2**32 - 1), lanes=st.integers(1, 3), microbatches=st.integers(1, 4),
+              max_windows=st.integers(0, 4), max_fwd=st.integers(1, 4), max_bwd=st.integers(0, 4),
+              horizon=st.sampled_from([10, 100, 1000]), max_duration=st.integers(0, 30)),
+    st.builds(synthetic, stages=st.integers(1, 4), lanes_per_stage=st.integers(1, 2), microbatches=st.integers(1, 6),
+              encoder_layers=st.just(4), kernels_per_layer=st.integers(1, 6), tp_gaps_per_op=st.integers(0, 3),
+              encoder_scale=st.floats(0.0, 8.0), jitter=st.floats(0.0, 0.5), seed=st.integers(0, 1000)))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_layout_problems)
+def test_layout_bound_is_never_above_a_schedule_of_its_problem(problem):
+    bound = layout_bound(problem)
+    assert bound.horizon == problem.horizon and bound.step_time >= problem.horizon
+    assert bound.step_time == problem.horizon + max(bound.front + bound.back, bound.work)
+    for policy in ("greedy", "coarse", "holes"):
+        sched = pybubble.schedule_problem(problem, policy)
+        assert bound.front <= sched.shift_front + 1e-9 * (1 + problem.horizon)
+        assert bound.back <= sched.shift_back + 1e-9 * (1 + problem.horizon)
+        assert bound.step_time <= sched.step_time * (1 + 1e-12) + 1e-9
+
+
+def test_layout_bound_by_hand_on_one_lane():
+    # one lane, compute windows [0, 10) and [20, 30); two microbatches needed at 15 and 40, their
+    # gradients ready at 50 and 45, horizon 60: forwards 8 and 12, backwards 5 and 9
+    doc = {"format": "pybubble.problem/1", "horizon": 60.0,
+           "lanes": [{"name": "l", "compute_free": [[0.0, 10.0], [20.0, 30.0]], "link_free": []}],
+           "microbatches": [{"forward_needed": 15.0, "grad_ready": 50.0}, {"forward_needed": 40.0, "grad_ready": 45.0}],
+           "tasks": [{"id": i, "lane": 0, "duration": d, "resource": "compute", "phase": ph, "microbatch": j,
+                      "after": []} for i, (d, ph, j) in enumerate([(8.0, "fwd", 0), (12.0, "fwd", 1),
+                                                                    (5.0, "bwd", 0), (9.0, "bwd", 1)])]}
+    b = layout_bound(pybubble.load_problem(doc))
+    # forward: the lighter (8) by 15 with 10 free, both (20) by 40 with 20 free: 0 before 0
+    # backward: the lighter (5) after 50 with 0 free, both (14) after 45 with 0 free: 14 after
+    # total: 34 work in 20 free: 14
+    assert (b.front, b.back, b.work, b.step_time) == (0.0, 14.0, 14.0, 74.0)

@@ -60,7 +60,8 @@ def test_plan_json_has_exactly_the_promised_keys(quickstart):
     assert optimus["encoder_plan"]["dp"] == len(optimus["partition"]) * load_config(QUICKSTART).llm_plan.dp
     pb = doc["pybubble"]
     assert set(pb) == {"step_time_s", "layout", "encoder_plan", "partition", "spread", "warmup", "features",
-                       "lower_bound_s", "hidden_fraction", "mfu"}
+                       "lower_bound_s", "layout_bound_s", "hidden_fraction", "mfu"}
+    assert 0 < pb["lower_bound_s"] <= pb["step_time_s"] and 0 < pb["layout_bound_s"] <= pb["step_time_s"]
     # what the plan uses, each with the step without it: never shorter than the plan's
     names = [f["name"] for f in pb["features"]]
     assert set(names) <= {"spread", "warmup", "holes"} and len(names) == len(set(names))

@@ -80,8 +80,11 @@ def _print_setting(path: str, config: Any, report: Any) -> None:
                   f"LLM alone {in_ms(llm_alone)}")
     bound = report.lower_bound
     if bound is not None:
+        own = report.layout_bound
         console.print(f"lower bound {in_ms(bound)} ({bound / llm_alone - 1:+.2%}): no schedule of these encoder plans "
-                      f"in the LLM's bubbles is shorter; pybubble {report.step_time / bound - 1:+.2%} above it")
+                      f"in the LLM's bubbles is shorter; pybubble {report.step_time / bound - 1:+.2%} above it"
+                      + ("" if own is None else f", {report.step_time / own - 1:+.2%} above its layout's own bound "
+                                                f"{in_ms(own)}"))
 
 
 def _print_rows(config: Any, report: Any) -> None:

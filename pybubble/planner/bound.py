@@ -163,6 +163,41 @@ def step_bound(timeline: Timeline, load: EncoderLoad, gpus_per_rank: int, prefet
     return StepBound(step_time=horizon + grow, horizon=horizon, front=front, back=back, work=work)
 
 
+def layout_bound(problem: Problem) -> StepBound:
+    """A lower bound on the step of every schedule of `problem`: one layout, its tasks fixed on their
+    lanes (:class:`StepBound`, ``work`` the least growth from a lane's total work alone).
+
+    For each lane and resource apart (a lane's compute tasks in its compute-free windows, its
+    communication in its link-free ones, kernel boundaries ignored): whichever encoder microbatches
+    feed the first k LLM microbatches, their forward work on the lane, at least the k lightest's,
+    fits in its free time before the k-th smallest forward_needed plus what the step grows before 0;
+    likewise the backward after the k-th largest grad_ready, up to the horizon plus what it grows
+    after; and all its work in its free time plus both. The step grows by the most any lane needs.
+    Tighter than :func:`step_bound` where the layout puts more work on some lanes than the fluid's
+    even spread, looser where it leaves out a dependency: the two bound different things (a plan's
+    every layout; one layout's every schedule), and each holds."""
+    a = problem.arrays()
+    t = a.tasks
+    m, lanes = len(a.forward_needed), a.num_lanes
+    need, ready = np.sort(a.forward_needed), np.sort(a.grad_ready)[::-1]
+    front = back = work = 0.0
+    for res, windows in ((0, a.compute_free), (1, a.link_free)):
+        if m == 0 or windows.lanes == 0:
+            continue
+        per = []
+        for ph in (0, 1):
+            keep = (t.resource == res) & (t.phase == ph)
+            cells = np.bincount(t.lane[keep] * m + t.microbatch[keep], weights=t.duration[keep], minlength=lanes * m)
+            per.append(np.sort(cells.reshape(lanes, m), axis=1))  # each lane's microbatches, lightest first
+        free = windows.free_time()
+        front = max(front, float((np.cumsum(per[0], axis=1) - windows.free_before(need)).max(initial=0.0)))
+        after = free[:, None] - windows.free_before(ready)
+        back = max(back, float((np.cumsum(per[1], axis=1) - after).max(initial=0.0)))
+        work = max(work, float((per[0].sum(axis=1) + per[1].sum(axis=1) - free).max(initial=0.0)))
+    horizon = float(a.horizon)
+    return StepBound(step_time=horizon + max(front + back, work), horizon=horizon, front=front, back=back, work=work)
+
+
 def _fluid(fwd: np.ndarray, bwd: np.ndarray, before: np.ndarray, after: np.ndarray, free: float,
            g: int) -> tuple[float, float, float]:
     """The least growth before 0, after the horizon and in all of the fluid `fwd`, `bwd` (sorted
@@ -177,4 +212,4 @@ def _fluid(fwd: np.ndarray, bwd: np.ndarray, before: np.ndarray, after: np.ndarr
     return front, back, max(0.0, (float(fwd.sum() + bwd.sum()) - g * free) / gpus)
 
 
-__all__ = ["EncoderLoad", "StepBound", "encoder_load", "step_bound"]
+__all__ = ["EncoderLoad", "StepBound", "encoder_load", "layout_bound", "step_bound"]

@@ -38,6 +38,7 @@ from ..schedule.scheduler import schedule_problem
 from ..viz.gantt import save_gantt
 from ..viz.chrome_trace import save_trace
 from .layouts import Baseline, Separate, megatron, megatron_balanced, separate
+from .bound import layout_bound
 from .candidate import Candidate
 from .partitions import best_partition
 from .search import Search, search
@@ -220,6 +221,12 @@ class PlanReport:
         bound = self.search.bound
         return None if bound is None else bound.step_time
 
+    @property
+    def layout_bound(self) -> float | None:
+        """The least step any schedule of pybubble's layout (its tasks on their lanes) can reach (us;
+        :func:`~pybubble.planner.bound.layout_bound`), or None when pybubble adopts a baseline."""
+        return layout_bound(self.best.problem).step_time if self.in_pipeline is None else None
+
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable report as a dict (what :meth:`to_json` writes)."""
         best = self.best
@@ -244,6 +251,7 @@ class PlanReport:
                                        "step_without_s": None if f.step_without is None else f.step_without * 1e-6}
                                       for f in self.features] if bubbles else [],
                          "lower_bound_s": best.bound.step_time * 1e-6 if bubbles and best.bound else None,
+                         "layout_bound_s": self.layout_bound * 1e-6 if bubbles else None,
                          "hidden_fraction": self.hidden_fraction, "mfu": self.mfu(self.step_time)},
             "llm_alone_s": self.llm_alone * 1e-6,
             "lower_bound_s": None if bound is None else bound * 1e-6,

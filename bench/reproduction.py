@@ -213,8 +213,8 @@ def render(results: dict[str, tuple[Figures, Figures]], shipped: str, alternativ
             f"Planner wall time per setting (2 threads, this run): median {statistics.median(seconds):.2f} s, "
             f"max {max(seconds):.2f} s; bench/README.md has the timings taken under the quiet lock.", ""]
     out += ["## The encoder's cost over the LLM alone, and how close any schedule can come", "", BOUND_TEXT, ""]
-    out += table(("config", "LLM alone (s)", "lower bound (s)", "optimus row (s)", "pybubble (s)",
-                  "over the LLM alone: bound / optimus / pybubble", "pybubble over the bound",
+    out += table(("config", "LLM alone (s)", "lower bound (s)", "its layout's bound (s)", "optimus row (s)",
+                  "pybubble (s)", "over the LLM alone: bound / optimus / pybubble", "pybubble over the bound / its layout's",
                   "pybubble's step grows before / after the LLM (its plan's bound: least)", "the plan uses"),
                  [bound_row(name, results[name][0].report) for name in SETTINGS])
     out += ["", "## Remaining gaps and their causes", "", gap_text]
@@ -234,8 +234,10 @@ def bound_row(name: str, report: PlanReport) -> tuple[str, ...]:
     else:
         grows = "-"
     uses = ", ".join(feature.name for feature in report.features) if report.in_pipeline is None else report.chosen
-    return (name, f"{alone * 1e-6:.3f}", f"{bound * 1e-6:.3f}", f"{optimus * 1e-6:.3f}", f"{step * 1e-6:.3f}",
-            f"{pct(bound, alone)} / {pct(optimus, alone)} / {pct(step, alone)}", pct(step, bound), grows, uses or "-")
+    own = report.layout_bound
+    return (name, f"{alone * 1e-6:.3f}", f"{bound * 1e-6:.3f}", "-" if own is None else f"{own * 1e-6:.3f}",
+            f"{optimus * 1e-6:.3f}", f"{step * 1e-6:.3f}", f"{pct(bound, alone)} / {pct(optimus, alone)} / {pct(step, alone)}",
+            f"{pct(step, bound)} / " + ("-" if own is None else pct(step, own)), grows, uses or "-")
 
 
 SETTINGS_TEXT = """\
@@ -276,38 +278,37 @@ docs/planner.md) is the least step any schedule of the encoder plans that fit in
 the LLM step's bubbles, microbatches split by whole images however: it counts the encoder's work
 against the free time, the forward of the microbatches the LLM needs first before it needs them, the
 backward of the last ones after their gradient is ready, and one image's chain of layers; the least
-over the config's schedule and the warm-up depths tried. The optimus row is Optimus as published
-(whole microbatches per encoder pipeline on the config's schedule, `search(step, spread=False,
-warmup=False)`: the steps pybubble planned before its spread layouts and warm-up depths); pybubble's
-row adds them. The last columns say where pybubble's step grows: before the LLM's first work and
-after its last (`shift_front`, `shift_back` of its schedule), beside the least growth the bound of
-its plan allows there. Where the gap stays above 2%, the section after the next says what is known
-of its cause."""
+over the config's schedule and the warm-up depths tried. The layout's bound (`layout_bound_s`) is
+the same conditions on pybubble's own layout, its tasks fixed on their lanes, lane by lane: no
+schedule of that layout is shorter. The optimus row is Optimus as published (whole microbatches per
+encoder pipeline on the config's schedule, the greedy filler: `search(step, spread=False,
+warmup=False, refill=False)`); pybubble's row adds the spread layouts, the warm-up depths and the
+holes filler on its best plans. The last columns say where pybubble's step grows: before the LLM's
+first work and after its last (`shift_front`, `shift_back` of its schedule), beside the least growth
+its plan's bound allows there. Where the gap stays above 2%, the next section says what is known of
+its cause."""
 
 GAP_EVIDENCE = """\
-On each, pybubble's step grows before and after the LLM by more than its plan's bound allows
-(the table above: weak_b 71 / 204 ms against 13 / 77 ms, the A100 setting 103 / 299 ms against
-60 / 239 ms): the encoder's forward of the first microbatches spills before the step and the
-backward of the last ones after it. Which of the plan and the bound is loose was
-measured on small instances of the same shapes, solved exactly (`python bench/plan_gap.py --plans`,
-2026-11-28: PP 2 V 2, 4 microbatches, 4 LLM and 2 encoder layers; CP-SAT on every candidate of at
-most 500 tasks, 30 deterministic units, two workers). Both are. The plan: on fixed layouts the
-greedy filler is 3.1-9.7% above the CP-SAT schedule of the same tasks in the TP 8 LLaMA-70B shape
-(weak_a, weak_b), up to 6.8% in the GPT-175B shape (weak_c, weak_d) and 1.3-9.8% in the TP 2 GPT-11B
-shape (the A100 setting); it places forwards microbatch by microbatch with a cursor that only moves
-forward and backwards in decreasing order of their gradients, so bubble time one microbatch passes
-over is lost to the next. The bound: no schedule of those layouts reaches it. Proven by CP-SAT: the
-optimum is 3.4-4.0% above its plan's bound in the GPT-175B shape, 8.5% in the LLaMA-70B shape
-(PP_enc 2 TP_enc 8, whole microbatches, proven at 60 units) and 9.5% in the GPT-11B shape (PP_enc 2
-TP_enc 2, spread), and CP-SAT's own lower bound of the optimus layout there (109.3 ms) is 8.3% above
-its plan's bound (100.9 ms). The bound counts every bubble as fluid, where the TP gaps of interleaved 1F1B
-(about 0.3-0.5 ms at TP 8, two-thirds of weak_b's free time) take kernels only between the
-encoder's own chain and collectives. Two what-ifs on weak_b rule out the obvious fixes: cutting each
-microbatch into up to 16 one-image pieces (kernels far shorter than the TP gaps) leaves the greedy
-step at 1.68 s or more, and free encoder communication brings it to 1.56 s at best. The stage bound
-(each encoder stage's work on its own ranks) took 0.4-1.4 points off weak_b, weak_d and dual_1-3;
-neither a filler nor a bound that closes the rest to 2% was found in this change."""
-
+What is known of the rest, from small instances of the same shapes solved exactly (`python
+bench/plan_gap.py --plans` and `python bench/filler_gap.py --small`, 2026-11-28: PP 2 V 2, 4
+microbatches, 4 LLM and 2 encoder layers; CP-SAT with 30 deterministic units; results in
+bench/results/filler_gap.txt). The bound: no schedule of those layouts reaches their plan's bound.
+Proven by CP-SAT, the optimum of a layout is 2.3-7.4% above its plan's bound in the GPT-175B shape
+(weak_c, weak_d, dual) and 9.7% in the GPT-11B shape of the A100 setting (PP_enc 2 TP_enc 1, spread),
+and CP-SAT's own lower bound there is up to 9.4% above the plan's (PP_enc 2 TP_enc 2: at least
+113.18 ms against 103.42). The filler: where CP-SAT proved the optimum, the greedy was 0.25-6.8%
+above it, and the shorter of the greedy and the holes filler (docs/scheduler.md: what the search
+now keeps on its best plans) 0.03-0.84%; in the LLaMA-70B shape of weak_a and weak_b, where CP-SAT
+proved none, that pair is from 2.1% below CP-SAT's best schedule to 3.7% above it (the optimus row's
+layout, whose gap is the assignment: every assignment of encoder to LLM microbatches tried brings it
+within 1.0%). Searching the layouts' image shares against the layout's
+bound (one image of a spread microbatch moved between two pipelines at a time, on weak_a and the
+A100 setting) found no layout with a lower bound. What neither bound counts: an encoder stage waiting
+for the one before it (on weak_b's layout, PP_enc 2, its stage-1 lanes use 134 of their 144 ms free
+after the gradients are ready, its stage-0 lanes 59 of 129 ms), and the chain of a piece's kernels
+and its TP collectives through the TP gaps of interleaved 1F1B (about 0.3-0.5 ms at TP 8, two-thirds
+of weak_b's free time; the encoder's collectives cannot run in them, the LLM's own hold the links).
+Neither a filler nor a bound that closes these settings to 2% was found."""
 
 CALIBRATION_TEXT = """\
 One published step time pins one factor, so the fit solves for `compute_factor` (the achieved
@@ -388,11 +389,30 @@ def gaps(results: dict[str, tuple[Figures, Figures]], shipped: Fit, alternative:
         + " at " + " / ".join(str(results[n][0].report.config.cluster.gpus) for n in paper.EFFICIENCY)
         + f" GPUs against the paper's flat ~{paper.MFU_FLAT:.1%}).",
         optimus_text(results),
-        f"**Settings above 2% of the bound: {', '.join(above) or 'none'}.** " + GAP_EVIDENCE,
+        gap_split(results, above),
         "**Planner run time.** Not a gap: pybubble plans each setting in a second or two where Optimus's search "
         "takes 15.1-322.2 s on one core (Table 7); timings taken under the quiet lock are in bench/README.md.",
     ]
     return "\n\n".join(out)
+
+
+def gap_split(results: dict[str, tuple[Figures, Figures]], above: list[str]) -> str:
+    """The settings above 2% of the bound, each gap split at its layout's bound: the layout's part
+    (the layout's bound over the plans' bound) and the schedule's (the step over the layout's bound)."""
+    parts = []
+    for name in above:
+        report = results[name][0].report
+        own = report.layout_bound
+        parts.append(f"{name} {pct(report.step_time, report.lower_bound)}: its layout's bound "
+                     f"{pct(own, report.lower_bound)}, the step {pct(report.step_time, own)} over that" if own is not None else
+                     f"{name} {pct(report.step_time, report.lower_bound)} ({report.chosen}'s layout)")
+    within = [n for n in above if results[n][0].report.layout_bound is not None
+              and results[n][0].report.step_time <= 1.02 * results[n][0].report.layout_bound]
+    return (f"**Settings above 2% of the bound: {', '.join(above) or 'none'}.** Each gap splits at the layout's own "
+            f"bound (the table above): " + "; ".join(parts) + ". "
+            + (f"On {', '.join(within)} the step is within 2% of its layout's bound: what is left there is the layout "
+               f"(how its whole-image pieces spread the work over the lanes against the deadlines) and what the plans' "
+               f"bound leaves out. " if within else "") + GAP_EVIDENCE)
 
 
 def optimus_text(results: dict[str, tuple[Figures, Figures]]) -> str:
@@ -417,7 +437,8 @@ def optimus_text(results: dict[str, tuple[Figures, Figures]]) -> str:
             f"pybubble does not model: no figure there to compare the optimus row's "
             f"{a100.speedup('megatron_balanced', 'optimus'):.3f}x over Megatron-LM balanced with. pybubble's row is "
             f"{(min(pybubble_over) - 1) * 100:.1f}-{(max(pybubble_over) - 1) * 100:.1f}% faster than the optimus row "
-            f"over the settings: spread microbatches and warm-up depths, what the plan uses in the bound table.")
+            f"over the settings: spread microbatches, warm-up depths and the holes filler, what the plan uses in the "
+            f"bound table.")
 
 
 def main() -> int:

@@ -3,7 +3,8 @@
 Prints the median time of each (repeated runs, single thread), the core's ratio to the floor (a
 one-pass first-fit loop in C++ over the same tasks and windows: the least work any scheduler
 filling them does) and to the reference, and checks that core and reference return the same
-schedule. Usage: python bench/scheduler_speed.py [--repeat N]
+schedule; then the same for the holes filler (policy ``holes``) against its reference
+(``pybubble.testing.holes``) and against the greedy. Usage: python bench/scheduler_speed.py [--repeat N]
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 from pybubble import _core, validate
 from pybubble.cli.terminal import progress_bar
 from pybubble.problem.generated import vit22b_sized
+from pybubble.testing.holes import reference_holes
 from pybubble.testing.reference import reference_schedule
 from pybubble.schedule.scheduler import schedule_problem
 
@@ -44,7 +46,9 @@ def main() -> None:
     assert _core.first_fit_floor(problem.core).shape == (problem.num_tasks,)
     # Core and floor interleaved, so that both see the same machine.
     t_core, t_floor = [], []
-    with progress_bar("timing the core, its floor and the reference", total=12) as update:  # between timings only
+    holes, holes_ref = schedule_problem(problem, "holes"), reference_holes(problem)
+    assert np.array_equal(holes.start, holes_ref.start) and validate(problem, holes) == []
+    with progress_bar("timing the core, its floor and the references", total=14) as update:  # between timings only
         for i in range(10):
             t_core.append(median_time(lambda: core.run("greedy"), 5 * args.repeat))
             t_floor.append(median_time(lambda: _core.first_fit_floor(problem.core), 5 * args.repeat))
@@ -54,6 +58,10 @@ def main() -> None:
         update(11)
         t_ref = median_time(lambda: reference_schedule(problem), args.repeat)
         update(12)
+        t_holes = median_time(lambda: core.run("holes"), 5 * args.repeat)
+        update(13)
+        t_holes_ref = median_time(lambda: reference_holes(problem), max(1, args.repeat // 2))
+        update(14)
     print(f"problem: {problem.num_tasks} tasks, {windows} windows, {problem.num_lanes} lanes, "
           f"{problem.num_microbatches} microbatches")
     print(f"core (Scheduler.run, reused)   median {t_core * 1e3:8.3f} ms")
@@ -64,6 +72,9 @@ def main() -> None:
     print(f"speed-up core vs reference: {t_ref / t_core:.0f}x (run), {t_ref / t_api:.0f}x (API call)")
     print(f"step: {fast.step_time / 1e3:.1f} ms greedy vs horizon {problem.horizon / 1e3:.1f} ms, "
           f"hidden {fast.hidden_fraction(problem):.1%}")
+    print(f"holes (Scheduler.run, reused)  median {t_holes * 1e3:8.3f} ms: {t_holes / t_core:.1f}x the greedy, "
+          f"{t_holes_ref / t_holes:.0f}x faster than its reference ({t_holes_ref * 1e3:.0f} ms)")
+    print(f"step: {holes.step_time / 1e3:.1f} ms holes, hidden {holes.hidden_fraction(problem):.1%}")
 
 
 if __name__ == "__main__":

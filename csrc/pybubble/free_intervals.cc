@@ -14,6 +14,7 @@ FreeIntervals::FreeIntervals(const Problem& problem, const std::vector<int64_t>&
   if (tasks_per_key.size() != keys) throw std::logic_error("FreeIntervals: one task count per key");
   base_.resize(keys + 1);
   count_.assign(keys, 0);
+  gap_.assign(keys, 0);
   base_[0] = 0;
   for (size_t k = 0; k < keys; ++k) {
     const WindowSet& ws = p_.windows(static_cast<int>(k % 2));
@@ -43,14 +44,35 @@ void FreeIntervals::reset() {
       }
     }
     count_[k] = n;
+    gap_[k] = n;
   }
 }
 
+namespace {
+// A key's intervals as two sorted runs of the slab, before the gap (`lo`, g of them) and after it
+// (`hi`, n - g): interval i is lo[i] below g, hi[i - g] from g.
+struct Runs {
+  const double* lo;
+  const double* hi;
+  int64_t g, n;
+  double operator[](int64_t i) const { return i < g ? lo[i] : hi[i - g]; }
+  // The first index whose value is >= x (`strict`: > x).
+  int64_t first_from(double x, bool strict) const {
+    const auto past = [&](double v) { return strict ? v > x : v >= x; };
+    if (g > 0 && past(lo[g - 1])) {
+      return (strict ? std::upper_bound(lo, lo + g, x) : std::lower_bound(lo, lo + g, x)) - lo;
+    }
+    return g + ((strict ? std::upper_bound(hi, hi + (n - g), x) : std::lower_bound(hi, hi + (n - g), x)) - hi);
+  }
+};
+}  // namespace
+
 int64_t FreeIntervals::earliest(int32_t k, double ready, double d, double limit, double* start) const {
-  const double* const S = s_.data() + base_[static_cast<size_t>(k)];
-  const double* const E = e_.data() + base_[static_cast<size_t>(k)];
-  const int64_t n = count_[static_cast<size_t>(k)];
-  for (int64_t i = std::lower_bound(E, E + n, ready) - E; i < n; ++i) {
+  const size_t kk = static_cast<size_t>(k);
+  const int64_t n = count_[kk], g = gap_[kk], skip = base_[kk + 1] - base_[kk] - n;
+  const Runs S{s_.data() + base_[kk], s_.data() + base_[kk] + g + skip, g, n};
+  const Runs E{e_.data() + base_[kk], e_.data() + base_[kk] + g + skip, g, n};
+  for (int64_t i = E.first_from(ready, false); i < n; ++i) {
     const double s = std::max(ready, S[i]);
     if (s + d > limit) return -1;
     if (s + d <= E[i]) {
@@ -62,10 +84,11 @@ int64_t FreeIntervals::earliest(int32_t k, double ready, double d, double limit,
 }
 
 int64_t FreeIntervals::latest(int32_t k, double late, double d, double floor, double* start) const {
-  const double* const S = s_.data() + base_[static_cast<size_t>(k)];
-  const double* const E = e_.data() + base_[static_cast<size_t>(k)];
-  const int64_t n = count_[static_cast<size_t>(k)];
-  for (int64_t i = (std::upper_bound(S, S + n, late) - S) - 1; i >= 0; --i) {
+  const size_t kk = static_cast<size_t>(k);
+  const int64_t n = count_[kk], g = gap_[kk], skip = base_[kk + 1] - base_[kk] - n;
+  const Runs S{s_.data() + base_[kk], s_.data() + base_[kk] + g + skip, g, n};
+  const Runs E{e_.data() + base_[kk], e_.data() + base_[kk] + g + skip, g, n};
+  for (int64_t i = S.first_from(late, true) - 1; i >= 0; --i) {
     const double s = std::min(late, E[i]) - d;
     if (s < floor) return -1;
     if (s >= S[i]) {
@@ -76,32 +99,40 @@ int64_t FreeIntervals::latest(int32_t k, double late, double d, double floor, do
   return -1;
 }
 
-void FreeIntervals::insert(int32_t k, int64_t i, double a, double b) {
+void FreeIntervals::move_gap(int32_t k, int64_t i) {
   const size_t kk = static_cast<size_t>(k);
-  const int64_t n = count_[kk];
-  if (base_[kk] + n >= base_[kk + 1]) throw std::logic_error("FreeIntervals: more intervals than room");
+  const int64_t g = gap_[kk], skip = base_[kk + 1] - base_[kk] - count_[kk];
   double* const S = s_.data() + base_[kk];
   double* const E = e_.data() + base_[kk];
-  std::copy_backward(S + i, S + n, S + n + 1);
-  std::copy_backward(E + i, E + n, E + n + 1);
-  S[i] = a;
-  E[i] = b;
-  count_[kk] = n + 1;
+  if (i < g) {  // intervals [i, g) go after the gap
+    std::copy_backward(S + i, S + g, S + g + skip);
+    std::copy_backward(E + i, E + g, E + g + skip);
+  } else if (i > g) {  // intervals [g, i) go before it
+    std::copy(S + g + skip, S + i + skip, S + g);
+    std::copy(E + g + skip, E + i + skip, E + g);
+  }
+  gap_[kk] = i;
+}
+
+void FreeIntervals::insert(int32_t k, int64_t i, double a, double b) {
+  const size_t kk = static_cast<size_t>(k);
+  if (base_[kk] + count_[kk] >= base_[kk + 1]) throw std::logic_error("FreeIntervals: more intervals than room");
+  move_gap(k, i);  // the new interval takes the gap's first slot
+  s_[static_cast<size_t>(base_[kk] + i)] = a;
+  e_[static_cast<size_t>(base_[kk] + i)] = b;
+  gap_[kk] = i + 1;
+  ++count_[kk];
 }
 
 void FreeIntervals::erase(int32_t k, int64_t i) {
   const size_t kk = static_cast<size_t>(k);
-  const int64_t n = count_[kk];
-  double* const S = s_.data() + base_[kk];
-  double* const E = e_.data() + base_[kk];
-  std::copy(S + i + 1, S + n, S + i);
-  std::copy(E + i + 1, E + n, E + i);
-  count_[kk] = n - 1;
+  move_gap(k, i);  // interval i is the first after the gap: the gap takes its slot
+  --count_[kk];
 }
 
 void FreeIntervals::take(int32_t k, int64_t i, double start, double d) {
   if (!(d > 0.0)) return;
-  const size_t at = static_cast<size_t>(base_[static_cast<size_t>(k)] + i);
+  const size_t at = this->at(k, i);
   const double a = s_[at], b = e_[at], end = start + d;
   const bool left = start - a > kSliver, right = b - end > kSliver;
   if (left) {
@@ -124,10 +155,9 @@ void FreeIntervals::undo(size_t mark) {
   while (log_.size() > mark) {
     const Change c = log_.back();
     log_.pop_back();
-    const size_t at = static_cast<size_t>(base_[static_cast<size_t>(c.key)] + c.i);
     switch (c.op) {
-      case kSetStart: s_[at] = c.a; break;
-      case kSetEnd: e_[at] = c.a; break;
+      case kSetStart: s_[at(c.key, c.i)] = c.a; break;
+      case kSetEnd: e_[at(c.key, c.i)] = c.a; break;
       case kInserted: erase(c.key, c.i); break;
       case kErased: insert(c.key, c.i, c.a, c.b); break;
     }
@@ -136,9 +166,9 @@ void FreeIntervals::undo(size_t mark) {
 
 void FreeIntervals::open_front() {
   for (int32_t k = 0; k < static_cast<int32_t>(count_.size()); ++k) {
-    const size_t at = static_cast<size_t>(base_[static_cast<size_t>(k)]);
-    if (count_[static_cast<size_t>(k)] > 0 && s_[at] <= 0.0) {
-      s_[at] = -kInf;
+    const size_t first = at(k, 0);
+    if (count_[static_cast<size_t>(k)] > 0 && s_[first] <= 0.0) {
+      s_[first] = -kInf;
     } else {
       insert(k, 0, -kInf, 0.0);
     }
@@ -147,10 +177,10 @@ void FreeIntervals::open_front() {
 
 void FreeIntervals::close_front() {
   for (int32_t k = 0; k < static_cast<int32_t>(count_.size()); ++k) {
-    const size_t at = static_cast<size_t>(base_[static_cast<size_t>(k)]);
-    if (count_[static_cast<size_t>(k)] > 0 && s_[at] == -kInf) {
-      if (e_[at] > 0.0) {
-        s_[at] = 0.0;
+    const size_t first = at(k, 0);
+    if (count_[static_cast<size_t>(k)] > 0 && s_[first] == -kInf) {
+      if (e_[first] > 0.0) {
+        s_[first] = 0.0;
       } else {
         erase(k, 0);
       }
@@ -162,9 +192,8 @@ void FreeIntervals::open_back() {
   const double horizon = p_.horizon();
   for (int32_t k = 0; k < static_cast<int32_t>(count_.size()); ++k) {
     const int64_t n = count_[static_cast<size_t>(k)];
-    const size_t last = static_cast<size_t>(base_[static_cast<size_t>(k)] + n - 1);
-    if (n > 0 && e_[last] >= horizon) {
-      e_[last] = kInf;
+    if (n > 0 && e_[at(k, n - 1)] >= horizon) {
+      e_[at(k, n - 1)] = kInf;
     } else {
       insert(k, n, horizon, kInf);
     }

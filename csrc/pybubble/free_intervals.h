@@ -13,7 +13,10 @@ namespace pybubble {
 /// Free pieces shorter than this (us) are dropped when a task cuts an interval.
 constexpr double kSliver = 1e-9;
 
-/// Per key (2 lane + resource), the free intervals [start, end) left, in increasing time.
+/// Per key (2 lane + resource), the free intervals [start, end) left, in increasing time. Each key's
+/// intervals sit in a slab of their own with a gap where the last one was cut: the tasks of a chain
+/// cut intervals near each other, so an insertion or erasure moves only what lies between the gap
+/// and it, not the rest of the lane.
 class FreeIntervals {
  public:
   /// Room for `problem`'s windows and, per key, one more interval for each of its
@@ -47,8 +50,8 @@ class FreeIntervals {
   void open_back();
 
   int64_t size(int32_t k) const { return count_[static_cast<size_t>(k)]; }
-  double start(int32_t k, int64_t i) const { return s_[static_cast<size_t>(base_[static_cast<size_t>(k)] + i)]; }
-  double end(int32_t k, int64_t i) const { return e_[static_cast<size_t>(base_[static_cast<size_t>(k)] + i)]; }
+  double start(int32_t k, int64_t i) const { return s_[at(k, i)]; }
+  double end(int32_t k, int64_t i) const { return e_[at(k, i)]; }
 
  private:
   enum Op : uint8_t { kSetStart, kSetEnd, kInserted, kErased };
@@ -58,12 +61,19 @@ class FreeIntervals {
     int64_t i;
     double a, b;  // the old start or end; an erased interval's start and end
   };
+  /// Where interval i of key k lies in the slabs.
+  size_t at(int32_t k, int64_t i) const {
+    const size_t kk = static_cast<size_t>(k);
+    return static_cast<size_t>(base_[kk] + (i < gap_[kk] ? i : i + base_[kk + 1] - base_[kk] - count_[kk]));
+  }
+  void move_gap(int32_t k, int64_t i);
   void insert(int32_t k, int64_t i, double a, double b);
   void erase(int32_t k, int64_t i);
 
   const Problem& p_;
   std::vector<int64_t> base_;   // per key: its first slot; base_[k + 1] - base_[k] slots
   std::vector<int64_t> count_;  // per key: intervals held
+  std::vector<int64_t> gap_;    // per key: the intervals before its gap (the gap fills the free slots)
   Buffer<double> s_, e_;
   std::vector<Change> log_;
 };

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -89,6 +91,68 @@ TEST(FreeIntervals, OpensTheEndsOfTheStep) {
   f.open_back();
   EXPECT_EQ(held(f, 0), (Pieces{{10.0, 30.0}, {50.0, 90.0}, {100.0, kInf}}));
   EXPECT_EQ(held(f, 1), (Pieces{{5.0, kInf}}));  // a window to the horizon merges
+}
+
+// Random cuts and undos against a plain vector of intervals: the slab's gap moves back and forth.
+TEST(FreeIntervals, RandomCutsAndUndosMatchAPlainList) {
+  ProblemInput in = lane();
+  in.horizon = 400.0;
+  in.forward_needed = {400.0};
+  in.grad_ready = {400.0};
+  in.link_free = {{0, 1}, {0.0}, {400.0}};
+  in.compute_free = {{0, 40}, {}, {}};
+  for (int w = 0; w < 40; ++w) {
+    in.compute_free.start.push_back(10.0 * w);
+    in.compute_free.end.push_back(10.0 * w + 7.0);
+  }
+  in.compute_free.offset = {0, 40};
+  const Problem p(in);
+  FreeIntervals f(p, {400, 0});
+  f.reset();
+  Pieces plain = held(f, 0);
+  std::vector<std::pair<size_t, Pieces>> marks;
+  uint64_t x = 12345;
+  const auto next = [&x](uint64_t n) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (x >> 33) % n;
+  };
+  for (int round = 0; round < 2000; ++round) {
+    const uint64_t what = next(10);
+    if (what == 0) {
+      marks.emplace_back(f.mark(), plain);
+    } else if (what == 1 && !marks.empty()) {
+      f.undo(marks.back().first);
+      plain = marks.back().second;
+      marks.pop_back();
+    } else if (!plain.empty()) {
+      const size_t i = next(plain.size());
+      const auto [a, b] = plain[i];
+      const double s = a + (b - a) * static_cast<double>(next(5)) / 4.0;
+      const double d = (b - s) * static_cast<double>(next(5)) / 4.0;
+      f.take(0, static_cast<int64_t>(i), s, d);
+      if (d > 0.0) {
+        Pieces left;
+        if (s - a > kSliver) left.emplace_back(a, s);
+        if (b - (s + d) > kSliver) left.emplace_back(s + d, b);
+        plain.erase(plain.begin() + static_cast<std::ptrdiff_t>(i));
+        plain.insert(plain.begin() + static_cast<std::ptrdiff_t>(i), left.begin(), left.end());
+      }
+    }
+    ASSERT_EQ(held(f, 0), plain) << "round " << round;
+    if (!plain.empty()) {  // the searches see the same intervals
+      double s = 0.0;
+      const double ready = static_cast<double>(next(400));
+      const int64_t e = f.earliest(0, ready, 1.0, 1e9, &s);
+      int64_t want = -1;
+      for (size_t i = 0; i < plain.size(); ++i) {
+        if (plain[i].second >= ready && std::max(ready, plain[i].first) + 1.0 <= plain[i].second) {
+          want = static_cast<int64_t>(i);
+          break;
+        }
+      }
+      ASSERT_EQ(e, want) << "round " << round;
+    }
+  }
 }
 
 }  // namespace

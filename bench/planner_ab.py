@@ -5,7 +5,8 @@ the other for each setting, several rounds; medians per tree and their ratios to
 A tree is `name=PATH`: PATH holds the `pybubble` package with its compiled core (a folder made with
 `pip install --no-deps --target PATH <checkout>`), or `name=installed` for the pybubble this Python
 imports. Each process plans once to warm up, then times `--repeats` plans (wall: perf_counter;
-CPU: process_time, all threads) and gives their medians; the load average is read beside.
+CPU: process_time, all threads) and gives their medians; the load average is read beside. A process
+that imports pybubble from anywhere but its tree's folder stops the run.
 
     python bench/planner_ab.py --tree base=/path/to/old_site --tree new=installed [--rounds 3]
         [--repeats 3] [--settings strong_2048 strong_1536] [--out results/planner.jsonl]
@@ -55,7 +56,11 @@ def run_tree(path: str, setting: str, repeats: int) -> dict:
         env["PYTHONPATH"] = os.pathsep.join([path, site])
         cmd.insert(1, "-S")  # not the installed pybubble's path hooks
     out = subprocess.run(cmd, env=env, cwd="/", capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    d = json.loads(out.stdout.strip().splitlines()[-1])
+    package = d.pop("package")  # checked, not recorded (a path of this machine)
+    if path != "installed" and not package.startswith(os.path.abspath(path)):
+        raise SystemExit(f"--tree {path}: the process imported pybubble from elsewhere")
+    return d
 
 
 def main() -> None:

@@ -339,3 +339,41 @@ def test_the_search_refills_its_best_plans_with_the_holes_filler():
     # the greedy left dual_1 3.5% above its bound; the holes filler brings it within 2%
     assert found.best.policy == "holes" and found.best.step_time <= 1.02 * found.bound.step_time
     assert any(p.best is found.best for p in found.plans)
+
+
+def test_share_out_places_every_image_once_and_only_for_one_stage_plans():
+    from pybubble.planner.refill import share_out
+
+    step = LLMStep.of(load_config(SMALL))
+    spaces = [PlanSpace(step, p) for p in encoder_plans(step.config)]
+    assert any(s.plan.pp_enc == 1 for s in spaces) and any(s.plan.pp_enc > 1 for s in spaces)
+    for space in spaces:
+        layout = share_out(space)
+        if space.plan.pp_enc > 1:
+            assert layout is None
+            continue
+        assert len(layout) == step.config.microbatches
+        images = space.work.images[0]
+        for place in layout:
+            if isinstance(place, int):
+                assert 0 <= place < space.plan.pipelines
+            else:
+                assert len(place) == space.plan.pipelines and min(place) >= 0 and sum(place) == images
+                assert sum(1 for x in place if x) > 1  # one pipeline's would be an int
+        cand = space.layout_candidate(layout, (0, 0))
+        assert pybubble.validate(cand.problem, cand.schedule) == []
+
+
+def test_the_refill_shares_out_weak_bs_one_stage_plan_below_the_search_layouts():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "optimus" / "weak_b.yaml")
+    step = LLMStep.of(cfg)
+    found, plain = planner.search(step), planner.search(step, refill=False)
+    best = found.best
+    # the greedy's best was 13.3% over the bound, the holes filler's 8.8%; the one-stage plan's images
+    # shared out by the program and re-filled: 6.1%
+    assert best.shaped and best.plan.pp_enc == 1 and best.layout is not None and best.spread == (0, 0)
+    assert best.replaced_step is not None and best.step_time < best.replaced_step
+    assert best.step_time < 1.07 * found.bound.step_time < plain.best.step_time
+    assert best.memory_bytes <= cfg.memory_gb * 1024**3 and pybubble.validate(best.problem, best.schedule) == []

@@ -83,6 +83,13 @@ class Candidate:
     """The LLM step it fills (its warm-up may differ from the config's schedule)."""
     policy: str = "greedy"
     """The filler that gave :attr:`schedule` (``greedy`` or ``holes``: :func:`pybubble.schedule_problem`)."""
+    shaped: bool = False
+    """Its layout is the search's re-fill's share-out by a linear program
+    (:func:`pybubble.planner.refill.share_out`), not a spread or partition of the search's."""
+    replaced_step: float | None = None
+    """The step of what the re-fill replaced with it (us): the greedy's schedule of the same layout
+    (:attr:`policy` ``holes``), or the plan's own layout re-filled (:attr:`shaped`); None when the
+    search left it as it found it."""
 
     @property
     def step_time(self) -> float:

@@ -34,7 +34,6 @@ from ..costs.kernels import layer_flops
 from ..costs.memory import GB
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep
-from ..schedule.scheduler import schedule_problem
 from ..viz.gantt import save_gantt
 from ..viz.chrome_trace import save_trace
 from .layouts import Baseline, Separate, megatron, megatron_balanced, separate
@@ -110,14 +109,16 @@ class Feature:
 
     name: str
     """``spread`` (the head and tail microbatches spread over every encoder pipeline), ``warmup``
-    (the LLM's warm-up depth per pipeline rank) or ``prefetch`` (frozen encoders: the next step's
-    first forwards in this step, ``training.prefetch``)."""
+    (the LLM's warm-up depth per pipeline rank), ``prefetch`` (frozen encoders: the next step's
+    first forwards in this step, ``training.prefetch``), ``holes`` (the holes filler's schedule) or
+    ``shaped`` (images shared out by a linear program: :mod:`~pybubble.planner.refill`)."""
     uses: str
     """What the plan does, in words."""
     step_without: float | None
     """The step without it (us): the same plan's best partition on the same LLM step (spread; None
-    when none fits in memory), the search's best on the config's own schedule (warmup), or the same
-    layout with every forward in its own step (prefetch)."""
+    when none fits in memory), the search's best on the config's own schedule (warmup), the same
+    layout with every forward in its own step (prefetch), the greedy's schedule of the same layout
+    (holes), or the plan's own layout re-filled (shaped)."""
     without: str
     """What :attr:`step_without` is, in words."""
 
@@ -335,10 +336,13 @@ def features(found: Search) -> list[Feature]:
                                                f"(LLM alone then {step.timeline.step_time / 1e3:,.1f} ms)",
                            step_without=found.default_best.step_time,
                            without="the best plan on the config's own schedule"))
-    if best.policy == "holes":
+    if best.shaped:
+        out.append(Feature(name="shaped", uses="each microbatch's images shared out over the encoder pipelines by a linear "
+                                               "program against every deadline at once",
+                           step_without=best.replaced_step, without="the plan's own layout, re-filled"))
+    elif best.policy == "holes":
         out.append(Feature(name="holes", uses="the holes filler (each kernel in any free interval left on its lane)",
-                           step_without=schedule_problem(best.problem).step_time,
-                           without="the greedy filler's schedule of the same layout"))
+                           step_without=best.replaced_step, without="the greedy filler's schedule of the same layout"))
     return out
 
 
@@ -346,6 +350,10 @@ def describe(c: Candidate) -> str:
     """A candidate's encoder plan and partition in words."""
     p = c.plan
     words = f"PP_enc {p.pp_enc}, TP_enc {p.tp_enc}, {p.pipelines} encoder pipeline(s) per replica, "
+    if c.shaped:
+        spread = len(c.spread_microbatches)
+        return words + (f"{spread} microbatch(es) shared out over the pipelines by a linear program, the other "
+                        f"{sum(c.partition)} as partition {list(c.partition)}")
     if not any(c.spread):
         return words + f"partition {list(c.partition)}"
     if sum(c.partition) == 0:

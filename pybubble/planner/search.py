@@ -24,12 +24,9 @@ parts), otherwise a local search from the even partition that moves one microbat
 between pipelines, trying the moves in order of their bound, until no move improves the step.
 Plans are searched on a thread pool (the scheduler releases the GIL).
 
-Re-fill. The search schedules every layout with the greedy filler (fast: one pass per phase with a
-cursor per lane and resource). At the end the best ``REFILL`` plans' best layouts (by that step) are
-scheduled again with the holes filler (policy ``holes``: the greedy's rules, every task in any free
-interval left, three orders; docs/scheduler.md), unless their step is already their bound, and each
-keeps the shorter schedule. On the Optimus settings the holes filler's best plan is always among the
-greedy's best two (docs/reproduction.md). Times are microseconds.
+Re-fill (:mod:`~pybubble.planner.refill`): at the end, the best ``REFILL`` plans' best layouts are
+scheduled again with the holes filler (policy ``holes``) and, for plans of one encoder stage, shared
+out anew by a linear program; each keeps the shortest. Times are microseconds.
 
 The parts, each in its module: the plans and what a scheduled layout is
 (:mod:`~pybubble.planner.candidate`), one plan's bounds, memory and scheduling
@@ -45,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from ..config.checks import integer
 from ..config.schema import Config
@@ -53,9 +50,9 @@ from ..costs.memory import GB
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline
-from ..schedule.scheduler import schedule_problem
 from .bound import StepBound
 from .candidate import Candidate, encoder_plans, encoder_problem, encoder_tp_ok, encoder_work
+from .refill import REFILL, refilled
 from .partitions import EXHAUSTIVE, SearchStats, plan_layouts, best_partition, compositions
 from .space import SHARE_STEPS, PlanSpace, edge_windows, without_prefetch
 from .warmup import WarmupTried, tune_warmup, warmup_variants
@@ -252,25 +249,6 @@ def _or_coarse(space: PlanSpace, best: Candidate | None, base: Candidate, fits: 
     return best
 
 
-REFILL = 3
-"""How many of the best plans the search re-fills with the holes filler (see the module docstring)."""
-
-
-def _refilled(cands: list[Candidate], workers: int) -> list[Candidate]:
-    """Each of `cands` scheduled again by the holes filler where its step is above its bound, keeping
-    the shorter schedule, in the same order."""
-    def refill(cand: Candidate) -> Candidate:
-        if cand.bound is not None and cand.step_time <= cand.bound.step_time:
-            return cand
-        holes = schedule_problem(cand.problem, "holes")
-        return replace(cand, schedule=holes, policy="holes") if holes.step_time < cand.step_time else cand
-
-    if workers > 1 and len(cands) > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(refill, cands))
-    return [refill(c) for c in cands]
-
-
 def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
            keep: int = 1, warmup: bool = True, spread: bool = True, optimus: bool = False,
            refill: bool = True) -> Search:
@@ -282,8 +260,9 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     best `keep` plans are all exact in :attr:`Search.top`. `warmup`: then try the best plan on other
     warm-up depths of the LLM's schedule (:func:`warmup_variants`); its best there replaces it in
     :attr:`Search.top` when shorter. `spread`: try the layouts that spread microbatches over every
-    pipeline (False: partitions of whole microbatches only). `refill`: re-fill the best plans with the
-    holes filler at the end (see the module docstring; False: the greedy's schedules). `optimus`: also find
+    pipeline (False: partitions of whole microbatches only, and no shaped layout). `refill`: re-fill
+    the best plans at the end (:mod:`~pybubble.planner.refill`; False: the greedy's schedules of the
+    search's layouts). `optimus`: also find
     :attr:`Search.optimus`, the best partition of whole microbatches on the config's schedule (the
     plans' partitions pruned against the best partition so far, not the best layout: the same step as
     ``search(step, spread=False, warmup=False, refill=False)``, the layouts the two share scheduled once); pybubble's
@@ -305,7 +284,11 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
             top[0] = tuned
     if refill:  # the best plans, and the best plan on the config's schedule when a warm-up beat it
         olds = top[:REFILL] + ([default_best] if top[0] is not default_best else [])
-        news = _refilled(olds, workers)
+        def space_of(c: Candidate) -> PlanSpace:
+            space = next(s for s in spaces if s.plan == c.plan)
+            return space if c.step is None or c.step is step else PlanSpace(c.step, c.plan, like=space)
+
+        news = refilled(olds, space_of, workers, shape=spread)
         now = {id(old): new for old, new in zip(olds, news)}
         for searched in runs.searched.values():  # each plan's best as the search leaves it
             searched.best = now.get(id(searched.best), searched.best)
@@ -321,6 +304,6 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
                   default_best=default_best, optimus=None if whole is None else whole[2])
 
 
-__all__ = ["EXHAUSTIVE", "SHARE_STEPS", "Candidate", "PlanSearched", "Search", "SearchStats", "WarmupTried",
+__all__ = ["EXHAUSTIVE", "REFILL", "SHARE_STEPS", "Candidate", "PlanSearched", "Search", "SearchStats", "WarmupTried",
            "best_partition", "warmup_variants", "without_prefetch", "compositions", "edge_windows", "encoder_plans",
            "encoder_problem", "encoder_tp_ok", "encoder_work", "search"]

@@ -1,0 +1,102 @@
+"""The end of the search: its best plans scheduled again by the holes filler, and their one-stage
+layouts shared out anew by a linear program (Times are microseconds).
+
+The search schedules every layout with the greedy filler (one pass per phase, a cursor per lane and
+resource). Its best :data:`REFILL` plans' best layouts are then scheduled with the holes filler
+(policy ``holes``: the greedy's rules, every task in any free interval left, three orders;
+docs/scheduler.md), unless their step is already their bound, and each keeps the shorter schedule.
+
+A plan of one encoder stage also gets a *shaped* layout (:func:`share_out`): each microbatch's images
+shared out over the encoder pipelines by the linear program that minimises the growth before and
+after the LLM under the conditions of the layout's bound (:func:`~pybubble.planner.bound.layout_bound`:
+on every lane, the forward of the microbatches the LLM needs first before it needs them, the backward
+of the last ones after their gradient is ready, all of it in the free time), microbatch j feeding
+LLM microbatch j, rounded to whole images by largest remainder. The search's spread layouts share
+a microbatch out by the free time before its own deadline; the program weighs every deadline at
+once. It ignores one encoder stage waiting for another, so it is not tried on more stages (there its
+layouts ran 7-33% longer: bench/results/layout_lp.txt). The shaped layout, scheduled with the greedy
+and the holes filler, replaces the plan's when shorter and within memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import numpy as np
+from scipy.optimize import linprog
+
+from ..schedule.scheduler import schedule_problem
+from .candidate import Candidate
+from .space import PlanSpace
+
+REFILL = 3
+"""How many of the search's best plans are re-filled (see the module docstring)."""
+
+
+def share_out(space: PlanSpace) -> list[int | tuple[int, ...]] | None:
+    """The shaped layout of `space`'s plan (see the module docstring): per LLM microbatch, the
+    pipeline that takes every image of its encoder microbatch, or the images per pipeline; None for a
+    plan of more than one encoder stage or of encoders with different image counts."""
+    plan, total = space.plan, space.step.config.microbatches
+    images = set(space.work.images)
+    if plan.pp_enc != 1 or len(images) != 1:
+        return None
+    n, pipes = images.pop(), plan.pipelines
+    work = space.per_phase / n  # (phase, pipeline, lane): one image's compute
+    windows = space.windows[0]
+    free = windows.free_time()
+    before = windows.free_before(space.forward_needed)
+    after = free[:, None] - windows.free_before(space.grad_ready)
+    first = np.tril(np.ones((total, total)))  # row k: microbatches 0..k
+    rows, upper = [], []
+    for lane in range(work.shape[2]):
+        fwd, bwd = work[0, :, lane], work[1, :, lane]
+        rows += [np.hstack([np.kron(first, fwd), -np.ones((total, 1)), np.zeros((total, 1))]),
+                 np.hstack([np.kron(first.T, bwd), np.zeros((total, 1)), -np.ones((total, 1))]),
+                 np.hstack([np.tile(fwd + bwd, total)[None, :], -np.ones((1, 2))])]
+        upper += [before[lane], after[lane], [free[lane]]]
+    cost = np.r_[np.zeros(total * pipes), 1.0, 1.0]  # front + back
+    res = linprog(cost, A_ub=np.vstack(rows), b_ub=np.concatenate(upper),
+                  A_eq=np.hstack([np.kron(np.eye(total), np.ones(pipes)), np.zeros((total, 2))]), b_eq=np.full(total, n),
+                  bounds=(0, None), method="highs")
+    if res.status != 0:
+        return None
+    layout: list[int | tuple[int, ...]] = []
+    for share in res.x[:-2].reshape(total, pipes):
+        got = np.floor(share + 1e-9).astype(np.int64)
+        got[np.argsort(-(share - got), kind="stable")[:n - int(got.sum())]] += 1  # largest remainder
+        held = np.nonzero(got)[0]
+        layout.append(int(held[0]) if len(held) == 1 else tuple(int(g) for g in got))
+    return layout
+
+
+def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace], workers: int,
+             shape: bool = True) -> list[Candidate]:
+    """Each of `cands` re-filled (see the module docstring), in the same order; `space_of(c)` is
+    c's plan on c's LLM step. `shape`: try the shaped layouts (False: whole microbatches stay whole)."""
+    def refill(cand: Candidate) -> Candidate:
+        if cand.bound is not None and cand.step_time <= cand.bound.step_time:
+            return cand
+        holes = schedule_problem(cand.problem, "holes")
+        best = replace(cand, schedule=holes, policy="holes", replaced_step=cand.step_time) \
+            if holes.step_time < cand.step_time else cand
+        space = space_of(cand)
+        layout = share_out(space) if shape else None
+        if layout is not None and space.layout_memory(layout) <= space.memory_limit:
+            shaped = space.layout_candidate(layout, (0, 0))
+            holes = schedule_problem(shaped.problem, "holes")
+            if holes.step_time < shaped.step_time:
+                shaped = replace(shaped, schedule=holes, policy="holes")
+            if shaped.step_time < best.step_time:
+                best = replace(shaped, shaped=True, replaced_step=best.step_time)
+        return best
+
+    if workers > 1 and len(cands) > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(refill, cands))
+    return [refill(c) for c in cands]
+
+
+__all__ = ["REFILL", "refilled", "share_out"]

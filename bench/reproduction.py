@@ -282,8 +282,8 @@ over the config's schedule and the warm-up depths tried. The layout's bound (`la
 the same conditions on pybubble's own layout, its tasks fixed on their lanes, lane by lane: no
 schedule of that layout is shorter. The optimus row is Optimus as published (whole microbatches per
 encoder pipeline on the config's schedule, the greedy filler: `search(step, spread=False,
-warmup=False, refill=False)`); pybubble's row adds the spread layouts, the warm-up depths and the
-holes filler on its best plans. The last columns say where pybubble's step grows: before the LLM's
+warmup=False, refill=False)`); pybubble's row adds the spread layouts, the warm-up depths, the
+holes filler on its best plans and their shaped layouts (docs/planner.md, "Re-fill"). The last columns say where pybubble's step grows: before the LLM's
 first work and after its last (`shift_front`, `shift_back` of its schedule), beside the least growth
 its plan's bound allows there. Where the gap stays above 2%, the next section says what is known of
 its cause."""
@@ -298,17 +298,22 @@ Proven by CP-SAT, the optimum of a layout is 2.3-7.4% above its plan's bound in 
 and CP-SAT's own lower bound there is up to 9.4% above the plan's (PP_enc 2 TP_enc 2: at least
 113.18 ms against 103.42). The filler: where CP-SAT proved the optimum, the greedy was 0.25-6.8%
 above it, and the shorter of the greedy and the holes filler (docs/scheduler.md: what the search
-now keeps on its best plans) 0.03-0.84%; in the LLaMA-70B shape of weak_a and weak_b, where CP-SAT
-proved none, that pair is from 2.1% below CP-SAT's best schedule to 3.7% above it (the optimus row's
-layout, whose gap is the assignment: every assignment of encoder to LLM microbatches tried brings it
-within 1.0%). Searching the layouts' image shares against the layout's
-bound (one image of a spread microbatch moved between two pipelines at a time, on weak_a and the
-A100 setting) found no layout with a lower bound. What neither bound counts: an encoder stage waiting
-for the one before it (on weak_b's layout, PP_enc 2, its stage-1 lanes use 134 of their 144 ms free
-after the gradients are ready, its stage-0 lanes 59 of 129 ms), and the chain of a piece's kernels
-and its TP collectives through the TP gaps of interleaved 1F1B (about 0.3-0.5 ms at TP 8, two-thirds
-of weak_b's free time; the encoder's collectives cannot run in them, the LLM's own hold the links).
-Neither a filler nor a bound that closes these settings to 2% was found."""
+now keeps on its best plans) 0.03-0.84%; in the LLaMA-70B shape of weak_a and weak_b, where CP-SAT proved none, that pair is from
+2.1% below CP-SAT's best schedule to 3.7% above it (the optimus row's layout, whose gap is the
+assignment: every assignment of encoder to LLM microbatches tried brings it within 1.0%). The
+layouts: the best share-out of each microbatch's images over one plan's pipelines, by a linear
+program under the layout bound's conditions with microbatches fed in order (`python
+bench/layout_lp.py`, bench/results/layout_lp.txt), is within 0.01-1.65% of the plans' bound on
+every plan of every setting, so no condition the bound counts stands between it and a layout; that
+program's layouts, rounded to whole images, are what the search now tries on one-stage plans (the
+shaped layouts), and they beat the spread layouts there by 1.4-5.1%. With more encoder stages the
+same share-outs run 1-26% longer than the search's layouts: what neither bound counts is an encoder
+stage waiting for the one before it (on weak_b's two-stage layout its stage-1 lanes use 134 of their
+144 ms free after the gradients are ready, its stage-0 lanes 59 of 129 ms), and the chain of a
+piece's kernels and its TP collectives through the TP gaps of interleaved 1F1B (about 0.3-0.5 ms at
+TP 8, two-thirds of weak_b's free time; the encoder's collectives cannot run in them, the LLM's own
+hold the links). A bound with flow-shop heads and tails (a lane's backward after its later stages'
+work of the same piece) raised weak_b's layout bound by 6-15 ms only. Neither a filler, a layout nor a bound that closes these settings to 2% was found."""
 
 CALIBRATION_TEXT = """\
 One published step time pins one factor, so the fit solves for `compute_factor` (the achieved
@@ -437,8 +442,8 @@ def optimus_text(results: dict[str, tuple[Figures, Figures]]) -> str:
             f"pybubble does not model: no figure there to compare the optimus row's "
             f"{a100.speedup('megatron_balanced', 'optimus'):.3f}x over Megatron-LM balanced with. pybubble's row is "
             f"{(min(pybubble_over) - 1) * 100:.1f}-{(max(pybubble_over) - 1) * 100:.1f}% faster than the optimus row "
-            f"over the settings: spread microbatches, warm-up depths and the holes filler, what the plan uses in the "
-            f"bound table.")
+            f"over the settings: spread microbatches, warm-up depths, the holes filler and shaped layouts, what the plan "
+            f"uses in the bound table.")
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ of the last ones after their gradient is ready, all of it in the free time), mic
 LLM microbatch j, rounded to whole images by largest remainder. The search's spread layouts share
 a microbatch out by the free time before its own deadline; the program weighs every deadline at
 once. It ignores one encoder stage waiting for another, so it is not tried on more stages (there its
-layouts ran 7-33% longer: bench/results/layout_lp.txt). The shaped layout, scheduled with the greedy
+layouts ran 1-26% longer: bench/results/layout_lp.txt). The shaped layout, scheduled with the greedy
 and the holes filler, replaces the plan's when shorter and within memory.
 """
 

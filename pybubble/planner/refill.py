@@ -2,7 +2,8 @@
 layouts shared out anew by a linear program (Times are microseconds).
 
 The search schedules every layout with the greedy filler (one pass per phase, a cursor per lane and
-resource). Its best :data:`REFILL` plans' best layouts are then scheduled with the holes filler
+resource). Its best :data:`REFILL` plans' best layouts (those whose bound is below the best step:
+the others cannot win) are then scheduled with the holes filler
 (policy ``holes``: the greedy's rules, every task in any free interval left, three orders;
 docs/scheduler.md), unless their step is already their bound, and each keeps the shorter schedule.
 
@@ -14,8 +15,10 @@ of the last ones after their gradient is ready, all of it in the free time), mic
 LLM microbatch j, rounded to whole images by largest remainder. The search's spread layouts share
 a microbatch out by the free time before its own deadline; the program weighs every deadline at
 once. It ignores one encoder stage waiting for another, so it is not tried on more stages (there its
-layouts ran 1-26% longer: bench/results/layout_lp.txt). The shaped layout, scheduled with the greedy
-and the holes filler, replaces the plan's when shorter and within memory.
+layouts ran 1-26% longer: bench/results/layout_lp.txt), and it is tried on the first one-stage plan
+of those re-filled only (each costs a linear program, a layout and a holes schedule; on the Optimus
+settings no second one-stage plan's won). The shaped layout, scheduled with the holes filler,
+replaces the plan's when shorter and within memory.
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 import numpy as np
-from scipy.optimize import linprog
 
 from ..schedule.scheduler import schedule_problem
 from .candidate import Candidate
@@ -43,6 +45,8 @@ def share_out(space: PlanSpace) -> list[int | tuple[int, ...]] | None:
     images = set(space.work.images)
     if plan.pp_enc != 1 or len(images) != 1:
         return None
+    from scipy.optimize import linprog  # SciPy loads its own BLAS: only where a program is solved
+
     n, pipes = images.pop(), plan.pipelines
     work = space.per_phase / n  # (phase, pipeline, lane): one image's compute
     windows = space.windows[0]
@@ -75,28 +79,36 @@ def share_out(space: PlanSpace) -> list[int | tuple[int, ...]] | None:
 def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace], workers: int,
              shape: bool = True) -> list[Candidate]:
     """Each of `cands` re-filled (see the module docstring), in the same order; `space_of(c)` is
-    c's plan on c's LLM step. `shape`: try the shaped layouts (False: whole microbatches stay whole)."""
-    def refill(cand: Candidate) -> Candidate:
-        if cand.bound is not None and cand.step_time <= cand.bound.step_time:
-            return cand
-        holes = schedule_problem(cand.problem, "holes")
-        best = replace(cand, schedule=holes, policy="holes", replaced_step=cand.step_time) \
-            if holes.step_time < cand.step_time else cand
-        space = space_of(cand)
-        layout = share_out(space) if shape else None
-        if layout is not None and space.layout_memory(layout) <= space.memory_limit:
-            shaped = space.layout_candidate(layout, (0, 0))
-            holes = schedule_problem(shaped.problem, "holes")
-            if holes.step_time < shaped.step_time:
-                shaped = replace(shaped, schedule=holes, policy="holes")
-            if shaped.step_time < best.step_time:
-                best = replace(shaped, shaped=True, replaced_step=best.step_time)
-        return best
+    c's plan on c's LLM step. `shape`: try the shaped layout of the first candidate of one encoder
+    stage (False: whole microbatches stay whole). The holes schedules and the shaped layout are
+    separate jobs on `workers` threads."""
+    open_ = [i for i, c in enumerate(cands) if c.bound is None or c.step_time > c.bound.step_time]
+    one_stage = next((i for i in open_ if cands[i].plan.pp_enc == 1), None) if shape else None
+    jobs = [job for i in open_ for job in [(i, "holes")] + ([(i, "shaped")] if i == one_stage else [])]
 
-    if workers > 1 and len(cands) > 1:
+    def run(job: tuple[int, str]) -> Candidate | None:
+        i, kind = job
+        cand = cands[i]
+        if kind == "holes":
+            holes = schedule_problem(cand.problem, "holes")
+            return replace(cand, schedule=holes, policy="holes", replaced_step=cand.step_time) \
+                if holes.step_time < cand.step_time else None
+        space = space_of(cand)
+        layout = share_out(space)
+        if layout is None or space.layout_memory(layout) > space.memory_limit:
+            return None
+        return replace(space.layout_candidate(layout, (0, 0), policy="holes"), shaped=True)
+
+    if workers > 1 and len(jobs) > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(refill, cands))
-    return [refill(c) for c in cands]
+            done = list(pool.map(run, jobs))
+    else:
+        done = [run(job) for job in jobs]
+    out = list(cands)
+    for (i, kind), got in zip(jobs, done):  # the holes job of a candidate comes before its shaped one
+        if got is not None and got.step_time < out[i].step_time:
+            out[i] = replace(got, replaced_step=out[i].step_time) if kind == "shaped" else got
+    return out
 
 
 __all__ = ["REFILL", "refilled", "share_out"]

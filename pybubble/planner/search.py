@@ -282,18 +282,21 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         tried, tuned = tune_warmup(step, spaces, default_best, runs.stats, spread)
         if tuned is not default_best:
             top[0] = tuned
-    if refill:  # the best plans, and the best plan on the config's schedule when a warm-up beat it
-        olds = top[:REFILL] + ([default_best] if top[0] is not default_best else [])
+    if refill:  # the best plans that could still beat the best, and the best plan on the config's
+        # schedule when a warm-up depth beat it
+        head = top[:REFILL]
+        olds = [c for c in head if c is top[0] or c.bound is None or c.bound.step_time < top[0].step_time]
+        olds += [default_best] if top[0] is not default_best else []
+
         def space_of(c: Candidate) -> PlanSpace:
             space = next(s for s in spaces if s.plan == c.plan)
             return space if c.step is None or c.step is step else PlanSpace(c.step, c.plan, like=space)
 
-        news = refilled(olds, space_of, workers, shape=spread)
-        now = {id(old): new for old, new in zip(olds, news)}
+        now = {id(old): new for old, new in zip(olds, refilled(olds, space_of, workers, shape=spread))}
         for searched in runs.searched.values():  # each plan's best as the search leaves it
             searched.best = now.get(id(searched.best), searched.best)
-        default_best = now[id(default_best)]
-        head = news[:len(top[:REFILL])]
+        default_best = now.get(id(default_best), default_best)
+        head = [now.get(id(c), c) for c in head]
         if default_best.step_time <= head[0].step_time:  # the warm-up no longer wins
             head[0] = default_best
         top = sorted(head + top[REFILL:], key=lambda c: c.step_time)

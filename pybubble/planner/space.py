@@ -155,14 +155,15 @@ class PlanSpace:
                          step=self.step)
 
     def layout_candidate(self, layout: list[int | tuple[int, ...]], spread: tuple[int, int],
-                         memory: float | None = None) -> Candidate:
-        """`layout` (:meth:`EncoderWork.layout_tasks`) scheduled by the greedy filler into every
-        bubble; its `partition` counts the whole microbatches per pipeline."""
+                         memory: float | None = None, policy: str = "greedy") -> Candidate:
+        """`layout` (:meth:`EncoderWork.layout_tasks`) scheduled into every bubble by the filler
+        `policy` (:func:`~pybubble.schedule.scheduler.schedule_problem`); its `partition` counts the
+        whole microbatches per pipeline."""
         problem = self.bubbles.with_tasks(self.work.layout_tasks(layout))
         partition = [sum(1 for p in layout if p == i) for i in range(self.plan.pipelines)]
-        return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule_problem(problem),
+        return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule_problem(problem, policy),
                          memory_bytes=self.layout_memory(layout) if memory is None else memory, spread=spread,
-                         layout=layout, bound=self.step_bound, step=self.step)
+                         layout=layout, bound=self.step_bound, step=self.step, policy=policy)
 
     def layout_memory(self, layout: list[int | tuple[int, ...]]) -> float:
         """:meth:`memory` of a layout."""

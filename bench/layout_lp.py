@@ -3,10 +3,11 @@ program: the best share-out of each microbatch's images over the encoder pipelin
 against the same conditions as the layout's bound, then that share-out rounded to whole images,
 scheduled and compared with the search's own layout.
 
-For an encoder plan of the search's best three (``search(step).top``), with x[j, i] the images of
-LLM microbatch j's encoder microbatch on pipeline i (a whole microbatch's compute on each lane,
-``PlanSpace.per_phase``, split in proportion), the program minimises front + back subject to, on
-every lane: the forward work of microbatches 0..k ends by forward_needed[k] in the lane's free time
+The program is the planner's own (``pybubble.planner.refill.share_out_program``; the re-fill tries
+it on the first one-stage plan it re-fills). For an encoder plan of the search's best three
+(``search(step).top``), with x[j, i] the images of LLM microbatch j's encoder microbatch on pipeline
+i (a whole microbatch's compute on each lane, ``PlanSpace.per_phase``, split in proportion), the
+program minimises front + back subject to, on every lane: the forward work of microbatches 0..k ends by forward_needed[k] in the lane's free time
 plus front; the backward of k..M-1 after grad_ready[k] plus back; all of it in the free time plus
 both; each microbatch's images all placed. Microbatch j feeds LLM microbatch j and only compute
 counts, so the optimum is that of share-outs fed in order, not a bound for every schedule; with
@@ -14,8 +15,6 @@ one encoder stage it is what the layout's bound (``pybubble.planner.bound.layout
 best such share-out can reach. It ignores one stage waiting for another, which is why it is shown
 for every plan but is a fair layout for one-stage plans only. ``--integral`` solves the whole-image
 program (a MILP, 20 s at most) instead of rounding the fractional one by largest remainder.
-
-Needs SciPy (``pip install scipy``; not a dependency of pybubble).
 
     python bench/layout_lp.py [--integral] [--setting weak_b ...]
 """
@@ -28,61 +27,17 @@ import os
 import sys
 import time
 
-import numpy as np
-
 import pybubble
 from pybubble.config.schema import load_config
 from pybubble.llm.step import LLMStep
 from pybubble.planner.bound import layout_bound
 from pybubble.planner.search import search
+from pybubble.planner.refill import share_out_program
 from pybubble.planner.space import PlanSpace
 from pybubble.schedule.scheduler import schedule_problem
 
-try:
-    from scipy.optimize import Bounds, LinearConstraint, milp
-except ImportError:  # pragma: no cover - a bench script's dependency
-    sys.exit("error: bench/layout_lp.py needs SciPy (pip install scipy)")
-
 SETTINGS = ["weak_a", "weak_b", "weak_c", "weak_d", "dual_1", "dual_2", "dual_3", "a100_vit3b_gpt11b"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def share_out(space: PlanSpace, integral: bool) -> tuple[float, list]:
-    """The program's optimum (us: the horizon plus front + back) and its share-out as a layout
-    (a pipeline's index where one pipeline takes every image, else the images per pipeline)."""
-    work = space.per_phase  # (phase, pipeline, lane): one whole microbatch's compute
-    pipes, total, lanes = space.plan.pipelines, space.step.config.microbatches, work.shape[2]
-    images = space.work.images[0]
-    windows = space.windows[0]
-    before = windows.free_before(space.forward_needed)
-    free = windows.free_time()
-    after = free[:, None] - windows.free_before(space.grad_ready)
-    n = total * pipes + 2  # x[j, i] row by row, then front and back
-    first = np.tril(np.ones((total, total)))  # row k: microbatches 0..k
-    rows, upper = [], []
-    for lane in range(lanes):
-        fwd, bwd = work[0, :, lane] / images, work[1, :, lane] / images
-        rows.append(np.hstack([np.kron(first, fwd), -np.ones((total, 1)), np.zeros((total, 1))]))
-        upper.append(before[lane])
-        rows.append(np.hstack([np.kron(first.T, bwd), np.zeros((total, 1)), -np.ones((total, 1))]))
-        upper.append(after[lane])
-        rows.append(np.hstack([np.tile(fwd + bwd, total)[None, :], -np.ones((1, 2))]))
-        upper.append([free[lane]])
-    whole = np.hstack([np.kron(np.eye(total), np.ones(pipes)), np.zeros((total, 2))])
-    cost = np.zeros(n)
-    cost[-2:] = 1.0
-    res = milp(cost, constraints=[LinearConstraint(np.vstack(rows), -np.inf, np.concatenate(upper)),
-                                  LinearConstraint(whole, images, images)],
-               integrality=np.r_[np.full(n - 2, 1 if integral else 0), 0, 0],
-               bounds=Bounds(np.zeros(n), np.r_[np.full(n - 2, images), np.inf, np.inf]), options={"time_limit": 20})
-    x = res.x[:-2].reshape(total, pipes)
-    layout = []
-    for row in x:
-        got = np.floor(row + 1e-9).astype(int)
-        got[np.argsort(-(row - got), kind="stable")[:images - got.sum()]] += 1  # largest remainder
-        held = np.nonzero(got)[0]
-        layout.append(int(held[0]) if len(held) == 1 else tuple(int(v) for v in got))
-    return space.horizon + float(res.fun), layout
 
 
 def main() -> int:
@@ -102,7 +57,7 @@ def main() -> int:
         for cand in found.top[:3]:
             space = PlanSpace(cand.step, cand.plan)
             t0 = time.process_time()
-            optimum, layout = share_out(space, args.integral)
+            optimum, layout = share_out_program(space, args.integral)
             seconds = time.process_time() - t0
             shaped = space.layout_candidate(layout, (len(layout), 0))
             holes = schedule_problem(shaped.problem, "holes")

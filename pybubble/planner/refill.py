@@ -41,11 +41,22 @@ def share_out(space: PlanSpace) -> list[int | tuple[int, ...]] | None:
     """The shaped layout of `space`'s plan (see the module docstring): per LLM microbatch, the
     pipeline that takes every image of its encoder microbatch, or the images per pipeline; None for a
     plan of more than one encoder stage or of encoders with different image counts."""
+    if space.plan.pp_enc != 1:
+        return None
+    found = share_out_program(space)
+    return None if found is None else found[1]
+
+
+def share_out_program(space: PlanSpace, integral: bool = False) -> tuple[float, list[int | tuple[int, ...]]] | None:
+    """The linear program of :func:`share_out` on any plan of `space`: its optimum (us, the horizon
+    plus the least growth) and its share-out rounded to whole images by largest remainder; None for
+    encoders with different image counts or no solution. `integral`: whole images in the program
+    itself (a mixed-integer program, 20 s at most: ``bench/layout_lp.py``)."""
     plan, total = space.plan, space.step.config.microbatches
     images = set(space.work.images)
-    if plan.pp_enc != 1 or len(images) != 1:
+    if len(images) != 1:
         return None
-    from scipy.optimize import linprog  # SciPy loads its own BLAS: only where a program is solved
+    from scipy.optimize import linprog, milp, Bounds, LinearConstraint  # its own BLAS: only where solved
 
     n, pipes = images.pop(), plan.pipelines
     work = space.per_phase / n  # (phase, pipeline, lane): one image's compute
@@ -62,18 +73,26 @@ def share_out(space: PlanSpace) -> list[int | tuple[int, ...]] | None:
                  np.hstack([np.tile(fwd + bwd, total)[None, :], -np.ones((1, 2))])]
         upper += [before[lane], after[lane], [free[lane]]]
     cost = np.r_[np.zeros(total * pipes), 1.0, 1.0]  # front + back
-    res = linprog(cost, A_ub=np.vstack(rows), b_ub=np.concatenate(upper),
-                  A_eq=np.hstack([np.kron(np.eye(total), np.ones(pipes)), np.zeros((total, 2))]), b_eq=np.full(total, n),
-                  bounds=(0, None), method="highs")
-    if res.status != 0:
-        return None
+    every = np.hstack([np.kron(np.eye(total), np.ones(pipes)), np.zeros((total, 2))])  # each image placed
+    if integral:
+        res = milp(cost, constraints=[LinearConstraint(np.vstack(rows), -np.inf, np.concatenate(upper)),
+                                      LinearConstraint(every, n, n)],
+                   integrality=np.r_[np.ones(total * pipes), 0, 0], options={"time_limit": 20},
+                   bounds=Bounds(np.zeros(len(cost)), np.r_[np.full(total * pipes, n), np.inf, np.inf]))
+        if res.x is None:
+            return None
+    else:
+        res = linprog(cost, A_ub=np.vstack(rows), b_ub=np.concatenate(upper), A_eq=every, b_eq=np.full(total, n),
+                      bounds=(0, None), method="highs")
+        if res.status != 0:
+            return None
     layout: list[int | tuple[int, ...]] = []
     for share in res.x[:-2].reshape(total, pipes):
         got = np.floor(share + 1e-9).astype(np.int64)
         got[np.argsort(-(share - got), kind="stable")[:n - int(got.sum())]] += 1  # largest remainder
         held = np.nonzero(got)[0]
         layout.append(int(held[0]) if len(held) == 1 else tuple(int(g) for g in got))
-    return layout
+    return space.horizon + float(res.fun), layout
 
 
 def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace], workers: int,
@@ -111,4 +130,4 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
     return out
 
 
-__all__ = ["REFILL", "refilled", "share_out"]
+__all__ = ["REFILL", "refilled", "share_out", "share_out_program"]

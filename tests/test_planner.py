@@ -377,3 +377,15 @@ def test_the_refill_shares_out_weak_bs_one_stage_plan_below_the_search_layouts()
     assert best.replaced_step is not None and best.step_time < best.replaced_step
     assert best.step_time < 1.07 * found.bound.step_time < plain.best.step_time
     assert best.memory_bytes <= cfg.memory_gb * 1024**3 and pybubble.validate(best.problem, best.schedule) == []
+
+
+def test_the_whole_image_program_is_never_below_the_fractional_one():
+    from pybubble.planner.refill import share_out_program
+
+    step = LLMStep.of(load_config(SMALL))
+    for space in [PlanSpace(step, p) for p in encoder_plans(step.config)][:3]:
+        fractional, _ = share_out_program(space)
+        whole, layout = share_out_program(space, integral=True)
+        assert space.horizon <= fractional <= whole + 1e-6
+        assert all(sum(p) == space.work.images[0] if isinstance(p, tuple) else 0 <= p < space.plan.pipelines
+                   for p in layout)

@@ -25,7 +25,7 @@ void Scheduler::place_holes(bool fixed_assignment) {
   }
   double* const out = start_;
   start_ = alt_.data();
-  double best = kInf, front = 0.0, back = 0.0;
+  double best = kInf, first = 0.0, last = 0.0;  // the shortest order's step and extremes
   const bool orders[3][2] = {{false, false}, {true, false}, {true, true}};
   for (const auto& order : orders) {
     const double step = fill_holes(order[0], order[1], fixed_assignment);
@@ -33,15 +33,15 @@ void Scheduler::place_holes(bool fixed_assignment) {
       best = step;
       std::copy(alt_.begin(), alt_.end(), out);
       std::copy(out_.assignment.begin(), out_.assignment.end(), alt_assignment_.begin());
-      front = -first_start_;
-      back = last_end_ - p_.horizon();
+      first = first_start_;
+      last = last_end_;
     }
   }
   start_ = out;
   std::copy(alt_assignment_.begin(), alt_assignment_.end(), out_.assignment.begin());
-  out_.step_time = best;
-  out_.shift_front = front;
-  out_.shift_back = back;
+  first_start_ = first;
+  last_end_ = last;
+  finish();
 }
 
 // One order into start_: forwards (`forward_late`: by decreasing forward_needed, each its longest

@@ -114,9 +114,10 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
                 if holes.step_time < cand.step_time else None
         space = space_of(cand)
         layout = share_out(space)
-        if layout is None or space.layout_memory(layout) > space.memory_limit:
+        memory = None if layout is None else space.layout_memory(layout)
+        if memory is None or memory > space.memory_limit:
             return None
-        return replace(space.layout_candidate(layout, (0, 0), policy="holes"), shaped=True)
+        return replace(space.layout_candidate(layout, (0, 0), memory, policy="holes"), shaped=True)
 
     if workers > 1 and len(jobs) > 1:
         with ThreadPoolExecutor(max_workers=workers) as pool:

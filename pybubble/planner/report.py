@@ -143,6 +143,7 @@ class PlanReport:
     features: list[Feature] = field(default_factory=list)
     """What the best encoder plan in the bubbles uses beyond whole microbatches on the config's
     schedule, each with the step without it (:func:`features`)."""
+    _layout_bound: float | None = field(default=None, init=False, repr=False)
 
     @property
     def best(self) -> Candidate:
@@ -225,8 +226,13 @@ class PlanReport:
     @property
     def layout_bound(self) -> float | None:
         """The least step any schedule of pybubble's layout (its tasks on their lanes) can reach (us;
-        :func:`~pybubble.planner.bound.layout_bound`), or None when pybubble adopts a baseline."""
-        return layout_bound(self.best.problem).step_time if self.in_pipeline is None else None
+        :func:`~pybubble.planner.bound.layout_bound`, computed on first use), or None when pybubble
+        adopts a baseline."""
+        if self.in_pipeline is not None:
+            return None
+        if self._layout_bound is None:
+            self._layout_bound = layout_bound(self.best.problem).step_time
+        return self._layout_bound
 
     def to_dict(self) -> dict[str, Any]:
         """The machine-readable report as a dict (what :meth:`to_json` writes)."""

@@ -1,6 +1,6 @@
 """pybubble's runtime on a trainer's own loop: a two-stage pipeline of a tiny model under torchrun,
-with no pybubble helper but the runtime's three calls (marked ``# pybubble``). Everything else is
-torch's: the process group, the pipeline stage and schedule, the optimizer.
+with no pybubble helper but the runtime's three calls (marked ``# pybubble``) and ``exit_rank`` at
+the end. Everything else is torch's: the process group, the pipeline stage and schedule, the optimizer.
 
     python -m torch.distributed.run --nproc-per-node 2 examples/own_loop.py --mode pybubble
 
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-from pybubble.runtime import EncoderRuntime, RuntimeOptions
+from pybubble.runtime import EncoderRuntime, RuntimeOptions, exit_rank
 
 DIM, VOCAB, PATCHES, TEXT, MICROBATCHES, ROWS = 32, 64, 8, 8, 4, 2
 
@@ -94,6 +94,9 @@ def main() -> None:
         encoder_sum = sum(float(p.detach().double().sum()) for p in encoder.parameters())
         print(f"{args.mode}: parameters' sum {float(total) + encoder_sum:.9f}")
     dist.destroy_process_group()
+    # gloo's worker threads can outlive the process group into the interpreter's finalization and
+    # abort the rank there after the training succeeded (exit -6): end the process at once
+    exit_rank(0)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def test_core_equals_reference(problem, policy):
 @settings(max_examples=100)
 def test_holes_is_the_best_of_its_orders_and_never_worse_than_coarse(problem):
     holes = pybubble.schedule_problem(problem, "holes")
-    orders = [Holes(problem).run(late, early).step_time for late, early in ORDERS]
+    orders = [Holes(problem).run(*order).step_time for order in ORDERS]
     assert holes.step_time == min(orders)
     assert holes.step_time <= pybubble.schedule_problem(problem, "coarse").step_time
 
@@ -202,3 +202,24 @@ def test_saved_schedules_have_no_negative_zero(tmp_path):
     for s in (made, sched):
         s.save(tmp_path / "s.json")
         assert "-0.0" not in (tmp_path / "s.json").read_text()
+
+
+@pytest.mark.parametrize("phase", ["fwd", "bwd"])
+def test_holes_interleaves_microbatches_outside_the_step(phase):
+    # one lane, no free time inside the step (horizon 10); two microbatches, each a chain kernel 6 ->
+    # collective 4 -> kernel 6 -> collective 4, needed at 0 (forward) or ready at the horizon
+    # (backward). One chain after the other (the first three orders: the second's kernels do not fit
+    # in the 4 us the first's collectives leave) grows the step by 36; interleaved, each
+    # microbatch's kernels run during the other's collectives: by 28.
+    chain = [(6.0, "compute"), (4.0, "comm"), (6.0, "compute"), (4.0, "comm")]
+    tasks = [{"id": 4 * j + i, "lane": 0, "duration": d, "resource": res, "phase": phase, "microbatch": j,
+              "after": [4 * j + i - 1] if i else []} for j in range(2) for i, (d, res) in enumerate(chain)]
+    doc = {"format": "pybubble.problem/1", "horizon": 10.0, "lanes": [{"name": "l", "compute_free": [], "link_free": []}],
+           "microbatches": [{"forward_needed": 0.0, "grad_ready": 10.0}] * 2, "tasks": tasks}
+    problem = pybubble.load_problem(doc)
+    orders = [Holes(problem).run(*order).step_time for order in ORDERS]
+    assert orders == [46.0, 46.0, 46.0, 38.0]
+    sched = pybubble.schedule_problem(problem, "holes")
+    assert sched.step_time == 38.0 and pybubble.validate(problem, sched) == []
+    assert sched.start.tolist() == ([10.0, 16.0, 22.0, 28.0, 16.0, 22.0, 28.0, 34.0] if phase == "bwd" else
+                                    [-28.0, -20.0, -16.0, -8.0, -22.0, -14.0, -10.0, -4.0])

@@ -1,9 +1,13 @@
 // Policy::kHoles: the greedy's rules (scheduler.cc) with every cursor replaced by the free intervals
 // left on its lane and resource. The same algorithm in plain Python: pybubble/testing/holes.py.
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <queue>
 #include <stdexcept>
+#include <tuple>
+#include <vector>
 
 #include "pybubble/cancel.h"
 #include "pybubble/free_intervals.h"
@@ -12,6 +16,15 @@
 namespace pybubble {
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A task ready to be placed outside the step in an interleaved order: its time bound (latest end of
+// a forward task, earliest start of a backward one), its microbatch and id.
+struct Ready {
+  double time;
+  int32_t j, t;
+  bool operator<(const Ready& o) const { return std::tie(time, j, t) < std::tie(o.time, o.j, o.t); }
+  bool operator>(const Ready& o) const { return o < *this; }
+};
 }  // namespace
 
 void Scheduler::place_holes(bool fixed_assignment) {
@@ -22,13 +35,15 @@ void Scheduler::place_holes(bool fixed_assignment) {
     free_ = std::make_unique<FreeIntervals>(p_, per_key);
     alt_.resize(n);
     alt_assignment_.resize(static_cast<size_t>(p_.num_microbatches()));
+    waiting_.assign(n, 0);
+    rest_.assign(n, 0);
   }
   double* const out = start_;
   start_ = alt_.data();
   double best = kInf, first = 0.0, last = 0.0;  // the shortest order's step and extremes
-  const bool orders[3][2] = {{false, false}, {true, false}, {true, true}};
+  const bool orders[4][3] = {{false, false, false}, {true, false, false}, {true, true, false}, {true, true, true}};
   for (const auto& order : orders) {
-    const double step = fill_holes(order[0], order[1], fixed_assignment);
+    const double step = fill_holes(order[0], order[1], order[2], fixed_assignment);
     if (step < best) {
       best = step;
       std::copy(alt_.begin(), alt_.end(), out);
@@ -49,8 +64,9 @@ void Scheduler::place_holes(bool fixed_assignment) {
 // possible, else its longest suffix that fits), the rest of them before; the assignment; backwards
 // (`backward_early`: by increasing grad_ready, each its longest prefix that fits as early as
 // possible; else by decreasing grad_ready, each whole as late as possible, else its longest prefix),
-// the rest after. Returns the step.
-double Scheduler::fill_holes(bool forward_late, bool backward_early, bool fixed_assignment) {
+// the rest after (`interleave`: the rest of every microbatch at once, holes_front and
+// holes_outside). Returns the step.
+double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interleave, bool fixed_assignment) {
   const int32_t m = p_.num_microbatches();
   const int32_t n = p_.num_tasks();
   const auto& fn = p_.fields().forward_needed;
@@ -72,22 +88,7 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool fixed_
     fwd_first_[static_cast<size_t>(j)] = count > 0 ? holes_forward(j, forward_late) : 0;
   }
   free_->open_front();
-  for (int32_t j = m - 1; j >= 0; --j) {
-    const int32_t* b = p_.tasks_begin(j, kFwd);
-    for (const int32_t* it = b + fwd_first_[static_cast<size_t>(j)]; it != b;) {
-      const int32_t t = *--it;
-      double late = fn[static_cast<size_t>(j)];
-      for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) late = std::min(late, start_[*q]);
-      double s = 0.0;
-      const int32_t k = key_[static_cast<size_t>(t)];
-      const int64_t w = free_->latest(k, late, dur_[t], -kInf, &s);
-      if (w < 0) throw std::logic_error("holes: no free time before a forward task's successors");
-      free_->take(k, w, s, dur_[t]);
-      start_[t] = s;
-      end_[static_cast<size_t>(t)] = s + dur_[t];
-      inside_[static_cast<size_t>(t)] = s >= 0.0;
-    }
-  }
+  holes_front(interleave);
   free_->close_front();
   free_->forget();
   choose_assignment(fixed_assignment);
@@ -103,7 +104,7 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool fixed_
     poll_cancel(1 + 4 * count);
     bwd_last_[static_cast<size_t>(j)] = count > 0 ? holes_backward(j, backward_early) : 0;
   }
-  holes_outside();
+  holes_outside(interleave);
   first_start_ = 0.0;
   last_end_ = p_.horizon();
   for (int32_t t = 0; t < n; ++t) {
@@ -111,6 +112,86 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool fixed_
     last_end_ = std::max(last_end_, end_[static_cast<size_t>(t)]);
   }
   return last_end_ - first_start_;
+}
+
+// The forward tasks not inside the step, each in the latest free interval ending by forward_needed
+// and its successors' starts, (-inf, 0) free: microbatches in decreasing order, tasks in decreasing
+// id order; `interleave`: whichever task has its successors placed and the latest such end next
+// (ties: the larger microbatch, then id), so that microbatches share the time before the step.
+void Scheduler::holes_front(bool interleave) {
+  const int32_t m = p_.num_microbatches();
+  const auto& fn = p_.fields().forward_needed;
+  const auto late_of = [&](int32_t j, int32_t t) {
+    double late = fn[static_cast<size_t>(j)];
+    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) late = std::min(late, start_[*q]);
+    return late;
+  };
+  const auto put = [&](int32_t t, double late) {
+    double s = 0.0;
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int64_t w = free_->latest(k, late, dur_[t], -kInf, &s);
+    if (w < 0) throw std::logic_error("holes: no free time before a forward task's successors");
+    free_->take(k, w, s, dur_[t]);
+    start_[t] = s;
+    end_[static_cast<size_t>(t)] = s + dur_[t];
+    inside_[static_cast<size_t>(t)] = s >= 0.0;
+  };
+  if (!interleave) {
+    for (int32_t j = m - 1; j >= 0; --j) {
+      const int32_t* b = p_.tasks_begin(j, kFwd);
+      for (const int32_t* it = b + fwd_first_[static_cast<size_t>(j)]; it != b;) {
+        const int32_t t = *--it;
+        put(t, late_of(j, t));
+      }
+    }
+    return;
+  }
+  std::priority_queue<Ready> ready;  // the latest end first
+  for_rest(kFwd, [&](int32_t j, int32_t t) {
+    if (waiting_[static_cast<size_t>(t)] == 0) ready.push({late_of(j, t), j, t});
+  });
+  while (!ready.empty()) {
+    const Ready r = ready.top();
+    ready.pop();
+    put(r.t, r.time);
+    for (const int32_t* q = p_.pred_begin(r.t); q != p_.pred_end(r.t); ++q) {
+      if (rest_[static_cast<size_t>(*q)] && --waiting_[static_cast<size_t>(*q)] == 0) {
+        ready.push({late_of(r.j, *q), r.j, *q});
+      }
+    }
+  }
+}
+
+// Calls f(j, t) on every task of phase ph not inside the step (forward: positions before
+// fwd_first_[j]; backward: from bwd_last_[j]) after marking them in rest_ and setting waiting_[t] to
+// the count of those among its same-phase neighbours placed before it (the successors of a forward
+// task, the predecessors of a backward one).
+template <typename F>
+void Scheduler::for_rest(int ph, F&& f) {
+  const int32_t m = p_.num_microbatches();
+  const auto each = [&](auto&& g) {
+    for (int32_t j = 0; j < m; ++j) {
+      const int32_t* b = p_.tasks_begin(j, ph);
+      const int32_t* e = p_.tasks_end(j, ph);
+      if (ph == kFwd) e = b + fwd_first_[static_cast<size_t>(j)];
+      else b += bwd_last_[static_cast<size_t>(j)];
+      for (; b != e; ++b) g(j, *b);
+    }
+  };
+  std::fill(rest_.begin(), rest_.end(), 0);
+  each([&](int32_t, int32_t t) { rest_[static_cast<size_t>(t)] = 1; });
+  each([&](int32_t, int32_t t) {
+    int32_t count = 0;
+    if (ph == kFwd) {
+      for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) count += rest_[static_cast<size_t>(*q)];
+    } else {
+      for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+        count += p_.phase(*q) == kBwd && rest_[static_cast<size_t>(*q)];
+      }
+    }
+    waiting_[static_cast<size_t>(t)] = count;
+  });
+  each(f);
 }
 
 // Task t inside the step from `s`, taken out of free interval w of its key.
@@ -273,25 +354,48 @@ int64_t Scheduler::holes_backward_prefix(int32_t j, bool keep) {
   return count;
 }
 
-// The backward tasks not inside the step, microbatches in increasing order, tasks in increasing id
-// order, each in the earliest free interval after its predecessors and grad_ready, the time after
-// the horizon free.
-void Scheduler::holes_outside() {
+// The backward tasks not inside the step, each in the earliest free interval after its predecessors
+// and grad_ready, the time after the horizon free: microbatches in increasing order, tasks in
+// increasing id order; `interleave`: whichever task has its predecessors placed and the earliest such
+// start next (ties: the smaller microbatch, then id), so that microbatches share the time after it.
+void Scheduler::holes_outside(bool interleave) {
   const auto& gr = p_.fields().grad_ready;
+  const auto early_of = [&](int32_t j, int32_t t) {
+    double early = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+    for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) early = std::max(early, end_[static_cast<size_t>(*q)]);
+    return early;
+  };
+  const auto put = [&](int32_t t, double early) {
+    double s = 0.0;
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int64_t w = free_->earliest(k, early, dur_[t], kInf, &s);
+    if (w < 0) throw std::logic_error("holes: no free time after a backward task's predecessors");
+    free_->take(k, w, s, dur_[t]);
+    start_[t] = s;
+    end_[static_cast<size_t>(t)] = s + dur_[t];
+  };
   free_->open_back();
-  for (int32_t j = 0; j < p_.num_microbatches(); ++j) {
-    const double ready = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
-    for (const int32_t* it = p_.tasks_begin(j, kBwd) + bwd_last_[static_cast<size_t>(j)]; it != p_.tasks_end(j, kBwd); ++it) {
-      const int32_t t = *it;
-      double early = ready;
-      for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) early = std::max(early, end_[static_cast<size_t>(*q)]);
-      double s = 0.0;
-      const int32_t k = key_[static_cast<size_t>(t)];
-      const int64_t w = free_->earliest(k, early, dur_[t], kInf, &s);
-      if (w < 0) throw std::logic_error("holes: no free time after a backward task's predecessors");
-      free_->take(k, w, s, dur_[t]);
-      start_[t] = s;
-      end_[static_cast<size_t>(t)] = s + dur_[t];
+  if (!interleave) {
+    for (int32_t j = 0; j < p_.num_microbatches(); ++j) {
+      const int32_t* e = p_.tasks_end(j, kBwd);
+      for (const int32_t* it = p_.tasks_begin(j, kBwd) + bwd_last_[static_cast<size_t>(j)]; it != e; ++it) {
+        put(*it, early_of(j, *it));
+      }
+    }
+  } else {
+    std::priority_queue<Ready, std::vector<Ready>, std::greater<Ready>> ready;  // the earliest start first
+    for_rest(kBwd, [&](int32_t j, int32_t t) {
+      if (waiting_[static_cast<size_t>(t)] == 0) ready.push({early_of(j, t), j, t});
+    });
+    while (!ready.empty()) {
+      const Ready r = ready.top();
+      ready.pop();
+      put(r.t, r.time);
+      for (const int32_t* q = p_.succ_begin(r.t); q != p_.succ_end(r.t); ++q) {
+        if (rest_[static_cast<size_t>(*q)] && --waiting_[static_cast<size_t>(*q)] == 0) {
+          ready.push({early_of(r.j, *q), r.j, *q});
+        }
+      }
     }
   }
   free_->forget();

@@ -25,9 +25,12 @@ enum class Policy : uint8_t {
   /// The greedy's rules with every cursor replaced by the free intervals left on its lane and
   /// resource (FreeIntervals): a task goes into the earliest (forward) or latest (backward) free
   /// interval that holds it, so later microbatches use the time earlier ones passed over; the parts
-  /// outside the step too. Three orders, the shortest step kept (ties: the first): the greedy's;
+  /// outside the step too. Four orders, the shortest step kept (ties: the first): the greedy's;
   /// forwards by decreasing forward_needed, each its longest suffix that fits as late as possible;
-  /// that and backwards by increasing grad_ready, each its longest prefix as early as possible.
+  /// that and backwards by increasing grad_ready, each its longest prefix as early as possible; that
+  /// with the tasks outside the step interleaved across microbatches (whichever can end latest
+  /// before the step, start earliest after it, next), so one microbatch's kernels run while
+  /// another's collectives do.
   kHoles = 2,
 };
 
@@ -109,14 +112,17 @@ class Scheduler {
   void finish();
   // Policy::kHoles (holes.cc): each order into `alt_`, the shortest step kept in `start_`.
   void place_holes(bool fixed_assignment);
-  double fill_holes(bool forward_late, bool backward_early, bool fixed_assignment);
+  double fill_holes(bool forward_late, bool backward_early, bool interleave, bool fixed_assignment);
+  void holes_front(bool interleave);
+  template <typename F>
+  void for_rest(int ph, F&& f);
   int64_t holes_forward(int32_t j, bool late);
   bool holes_forward_in_step(int32_t j, int64_t first);
   int64_t holes_forward_suffix(int32_t j, bool keep);
   int64_t holes_backward(int32_t j, bool early);
   bool holes_backward_in_step(int32_t j, int64_t last);
   int64_t holes_backward_prefix(int32_t j, bool keep);
-  void holes_outside();
+  void holes_outside(bool interleave);
   void holes_place(int32_t t, int64_t w, double s);
   bool holes_drop(int32_t j, int ph, size_t mark);
 
@@ -146,6 +152,8 @@ class Scheduler {
   std::unique_ptr<FreeIntervals> free_;  // made on the first run of Policy::kHoles
   Buffer<double> alt_;                   // kHoles: the starts of the order being tried
   std::vector<int64_t> alt_assignment_;
+  std::vector<uint8_t> rest_;     // kHoles, interleaved: task not inside the step, placed after it
+  std::vector<int32_t> waiting_;  // kHoles, interleaved: its neighbours of rest_ not yet placed
 };
 
 /// The floor the scheduler's speed is measured against: one pass over the tasks in id order, each

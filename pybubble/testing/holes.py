@@ -14,6 +14,8 @@ shorter than :data:`SLIVER` are dropped. In one order:
    each its longest suffix as the probe places it.
 2. The other forward tasks: microbatches in decreasing order, tasks in decreasing id order, each in
    the latest free interval ending by forward_needed and its successors' starts, (-inf, 0) free.
+   ``interleave``: whichever of them has its successors placed and the latest such end next (ties:
+   the larger ``(j, id)``), so that the microbatches share the time before the step.
 3. The assignment, as the greedy's.
 4. Backward inside the step: microbatches by decreasing ``(grad_ready, j)``, each whole (tasks in
    decreasing id order, each in the latest free interval before its successors inside the step and
@@ -23,14 +25,18 @@ shorter than :data:`SLIVER` are dropped. In one order:
    ``(grad_ready, j)``, each its longest prefix as the probe places it.
 5. The other backward tasks: microbatches in increasing order, tasks in increasing id order, each in
    the earliest free interval after its predecessors and grad_ready, (horizon, inf) free.
+   ``interleave``: whichever of them has its predecessors placed and the earliest such start next
+   (ties: the smaller ``(j, id)``), so that one microbatch's kernels run while another's
+   collectives do.
 
-The policy runs three orders, (greedy's, greedy's), (late, greedy's) and (late, early), and keeps the
-shortest step (ties: the first).
+The policy runs four orders, (greedy's, greedy's), (late, greedy's), (late, early) and (late, early,
+interleaved), and keeps the shortest step (ties: the first).
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 
 from ..problem.problem import Problem
@@ -39,8 +45,8 @@ from .reference import _Twin
 
 SLIVER = 1e-9
 """Free pieces shorter than this (us) are dropped."""
-ORDERS = ((False, False), (True, False), (True, True))
-"""(forward late, backward early) of each order the policy tries, in the order tried."""
+ORDERS = ((False, False, False), (True, False, False), (True, True, False), (True, True, True))
+"""(forward late, backward early, interleave) of each order the policy tries, in the order tried."""
 
 
 def earliest(S: list[float], E: list[float], ready: float, d: float, limit: float) -> tuple[int, float] | None:
@@ -221,7 +227,7 @@ class Holes(_Twin):
                 self._place(t, pend[t] - self.dur[t])
         return trial, last
 
-    def run(self, fwd_late: bool, bwd_early: bool) -> Schedule:
+    def run(self, fwd_late: bool, bwd_early: bool, interleave: bool = False) -> Schedule:
         """Steps 1-5 in one order (see the module docstring)."""
         m = self.m
         free = Free({k: merged(w) for k, w in self.windows.items()})
@@ -235,14 +241,7 @@ class Holes(_Twin):
             else:
                 S.insert(0, -math.inf)
                 E.insert(0, 0.0)
-        for j in reversed(range(m)):
-            for t in reversed(self.tasks[(j, 0)][:fwd_first[j]]):
-                late = min([self.fn[self.assignment[j]]] + [self.start[s] for s in self.succs[t]])
-                S, E = free.mut(self.key[t])
-                i, s = latest(S, E, late, self.dur[t], -math.inf)
-                take(S, E, i, s, self.dur[t])
-                self.start[t], self.end[t] = s, s + self.dur[t]
-                self.inside[t] = s >= 0.0
+        self.front([(j, t) for j in range(m) for t in self.tasks[(j, 0)][:fwd_first[j]]], free, interleave)
         for S, E in (free.mut(k) for k in list(free.lists)):
             if S and S[0] == -math.inf:
                 if E[0] > 0.0:
@@ -260,22 +259,73 @@ class Holes(_Twin):
             else:
                 S.append(self.horizon)
                 E.append(math.inf)
-        for j in range(m):
-            ready = self.gr[self.assignment[j]]
-            for t in self.tasks[(j, 1)][bwd_last[j]:]:
-                early = max([ready] + [self.end[p] for p in self.preds[t]])
-                S, E = free.mut(self.key[t])
-                i, s = earliest(S, E, early, self.dur[t], math.inf)
-                take(S, E, i, s, self.dur[t])
-                self.start[t], self.end[t] = s, s + self.dur[t]
+        self.back([(j, t) for j in range(m) for t in self.tasks[(j, 1)][bwd_last[j]:]], free, interleave)
         return self.schedule()
+
+    def front(self, rest: list[tuple[int, int]], free: Free, interleave: bool) -> None:
+        """Step 2 on `rest`, the (microbatch, task) pairs not inside the step."""
+        def late(j: int, t: int) -> float:
+            return min([self.fn[self.assignment[j]]] + [self.start[s] for s in self.succs[t]])
+
+        def put(t: int, lt: float) -> None:
+            S, E = free.mut(self.key[t])
+            i, s = latest(S, E, lt, self.dur[t], -math.inf)
+            take(S, E, i, s, self.dur[t])
+            self.start[t], self.end[t], self.inside[t] = s, s + self.dur[t], s >= 0.0
+
+        if not interleave:
+            for j, t in reversed(rest):
+                put(t, late(j, t))
+            return
+        left = {t: 0 for _, t in rest}
+        for t in left:
+            left[t] = sum(1 for s in self.succs[t] if s in left)
+        heap = [(-late(j, t), -j, -t) for j, t in rest if left[t] == 0]
+        heapq.heapify(heap)
+        while heap:
+            lt, j, t = heapq.heappop(heap)
+            put(-t, -lt)
+            for p in self.preds[-t]:
+                if p in left:
+                    left[p] -= 1
+                    if left[p] == 0:
+                        heapq.heappush(heap, (-late(-j, p), j, -p))
+
+    def back(self, rest: list[tuple[int, int]], free: Free, interleave: bool) -> None:
+        """Step 5 on `rest`, the (microbatch, task) pairs not inside the step."""
+        def early(j: int, t: int) -> float:
+            return max([self.gr[self.assignment[j]]] + [self.end[p] for p in self.preds[t]])
+
+        def put(t: int, et: float) -> None:
+            S, E = free.mut(self.key[t])
+            i, s = earliest(S, E, et, self.dur[t], math.inf)
+            take(S, E, i, s, self.dur[t])
+            self.start[t], self.end[t] = s, s + self.dur[t]
+
+        if not interleave:
+            for j, t in rest:
+                put(t, early(j, t))
+            return
+        left = {t: 0 for _, t in rest}
+        for t in left:
+            left[t] = sum(1 for p in self.preds[t] if p in left)
+        heap = [(early(j, t), j, t) for j, t in rest if left[t] == 0]
+        heapq.heapify(heap)
+        while heap:
+            et, j, t = heapq.heappop(heap)
+            put(t, et)
+            for q in self.succs[t]:
+                if q in left:
+                    left[q] -= 1
+                    if left[q] == 0:
+                        heapq.heappush(heap, (early(j, q), j, q))
 
 
 def reference_holes(problem: Problem) -> Schedule:
     """The same schedule as ``pybubble.schedule_problem(problem, "holes")``, in plain Python."""
     best = None
-    for fwd_late, bwd_early in ORDERS:
-        sched = Holes(problem).run(fwd_late, bwd_early)
+    for order in ORDERS:
+        sched = Holes(problem).run(*order)
         if best is None or sched.step_time < best.step_time:
             best = sched
     return best

@@ -163,7 +163,7 @@ def step_bound(timeline: Timeline, load: EncoderLoad, gpus_per_rank: int, prefet
     return StepBound(step_time=horizon + grow, horizon=horizon, front=front, back=back, work=work)
 
 
-def layout_bound(problem: Problem) -> StepBound:
+def layout_bound(problem: Problem, assignment: np.ndarray | None = None) -> StepBound:
     """A lower bound on the step of every schedule of `problem`: one layout, its tasks fixed on their
     lanes (:class:`StepBound`, ``work`` the least growth from a lane's total work alone).
 
@@ -175,20 +175,33 @@ def layout_bound(problem: Problem) -> StepBound:
     after; and all its work in its free time plus both. The step grows by the most any lane needs.
     Tighter than :func:`step_bound` where the layout puts more work on some lanes than the fluid's
     even spread, looser where it leaves out a dependency: the two bound different things (a plan's
-    every layout; one layout's every schedule), and each holds."""
+    every layout; one layout's every schedule), and each holds.
+
+    `assignment` (``assignment[j]``: the LLM microbatch that encoder microbatch j feeds, a
+    schedule's): the bound of every schedule with that assignment, each microbatch's own work
+    against its own LLM microbatch's deadline instead of the lightest k's (never lower)."""
     a = problem.arrays()
     t = a.tasks
     m, lanes = len(a.forward_needed), a.num_lanes
-    need, ready = np.sort(a.forward_needed), np.sort(a.grad_ready)[::-1]
+    if assignment is None:
+        need, ready, by_need, by_ready = np.sort(a.forward_needed), np.sort(a.grad_ready)[::-1], None, None
+    else:
+        feeds = np.asarray(assignment, np.int64)
+        if sorted(feeds.tolist()) != list(range(m)):
+            raise ValueError(f"assignment: {feeds.tolist()} is not a permutation of the {m} microbatches")
+        by_need = np.argsort(a.forward_needed[feeds], kind="stable")  # encoder microbatches, needed first first
+        by_ready = np.argsort(-a.grad_ready[feeds], kind="stable")  # ready last first
+        need, ready = a.forward_needed[feeds][by_need], a.grad_ready[feeds][by_ready]
     front = back = work = 0.0
     for res, windows in ((0, a.compute_free), (1, a.link_free)):
         if m == 0 or windows.lanes == 0:
             continue
         per = []
-        for ph in (0, 1):
+        for ph, order in ((0, by_need), (1, by_ready)):
             keep = (t.resource == res) & (t.phase == ph)
-            cells = np.bincount(t.lane[keep] * m + t.microbatch[keep], weights=t.duration[keep], minlength=lanes * m)
-            per.append(np.sort(cells.reshape(lanes, m), axis=1))  # each lane's microbatches, lightest first
+            cells = np.bincount(t.lane[keep] * m + t.microbatch[keep], weights=t.duration[keep],
+                                minlength=lanes * m).reshape(lanes, m)
+            per.append(np.sort(cells, axis=1) if order is None else cells[:, order])  # lightest first, or in order
         free = windows.free_time()
         front = max(front, float((np.cumsum(per[0], axis=1) - windows.free_before(need)).max(initial=0.0)))
         after = free[:, None] - windows.free_before(ready)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import pybubble
 from pybubble.problem.generated import random_problem, synthetic
-from pybubble.testing.holes import ORDERS, Holes, reference_holes
+from pybubble.testing.holes import ORDERS, Holes, orders, reference_holes
 from pybubble.testing.reference import reference_schedule
 
 random_problems = st.builds(
@@ -58,8 +58,8 @@ def test_core_equals_reference(problem, policy):
 @settings(max_examples=100)
 def test_holes_is_the_best_of_its_orders_and_never_worse_than_coarse(problem):
     holes = pybubble.schedule_problem(problem, "holes")
-    orders = [Holes(problem).run(*order).step_time for order in ORDERS]
-    assert holes.step_time == min(orders)
+    steps = [Holes(problem).run(*order).step_time for order in orders(problem)]
+    assert holes.step_time == min(steps)
     assert holes.step_time <= pybubble.schedule_problem(problem, "coarse").step_time
 
 
@@ -217,9 +217,22 @@ def test_holes_interleaves_microbatches_outside_the_step(phase):
     doc = {"format": "pybubble.problem/1", "horizon": 10.0, "lanes": [{"name": "l", "compute_free": [], "link_free": []}],
            "microbatches": [{"forward_needed": 0.0, "grad_ready": 10.0}] * 2, "tasks": tasks}
     problem = pybubble.load_problem(doc)
-    orders = [Holes(problem).run(*order).step_time for order in ORDERS]
-    assert orders == [46.0, 46.0, 46.0, 38.0]
+    assert orders(problem) == ORDERS  # a kernel after its lane's own collective
+    assert [Holes(problem).run(*order).step_time for order in ORDERS] == [46.0, 46.0, 46.0, 38.0]
     sched = pybubble.schedule_problem(problem, "holes")
     assert sched.step_time == 38.0 and pybubble.validate(problem, sched) == []
     assert sched.start.tolist() == ([10.0, 16.0, 22.0, 28.0, 16.0, 22.0, 28.0, 34.0] if phase == "bwd" else
                                     [-28.0, -20.0, -16.0, -8.0, -22.0, -14.0, -10.0, -4.0])
+
+
+def test_holes_interleaves_only_where_a_kernel_follows_its_lanes_collective():
+    # the chain of the test above with its collectives on another lane (sends, not collectives):
+    # nothing to overlap on a lane, the fourth order is not run
+    tasks = [{"id": 2 * j + i, "lane": i, "duration": 4.0, "resource": ("compute", "comm")[i], "phase": "bwd",
+              "microbatch": j, "after": [2 * j] if i else []} for j in range(2) for i in range(2)]
+    doc = {"format": "pybubble.problem/1", "horizon": 10.0,
+           "lanes": [{"name": n, "compute_free": [], "link_free": []} for n in ("a", "b")],
+           "microbatches": [{"forward_needed": 0.0, "grad_ready": 10.0}] * 2, "tasks": tasks}
+    problem = pybubble.load_problem(doc)
+    assert orders(problem) == ORDERS[:3]
+    assert pybubble.schedule_problem(problem, "holes").start.tolist() == reference_holes(problem).start.tolist()

@@ -37,12 +37,20 @@ void Scheduler::place_holes(bool fixed_assignment) {
     alt_assignment_.resize(static_cast<size_t>(p_.num_microbatches()));
     waiting_.assign(n, 0);
     rest_.assign(n, 0);
+    collectives_ = false;  // a lane's kernel after its own collective: what the interleaved order is for
+    for (int32_t t = 0; t < p_.num_tasks() && !collectives_; ++t) {
+      if (p_.resource(t) != kComm) continue;
+      for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+        if (p_.resource(*q) == kCompute && p_.lane(*q) == p_.lane(t)) collectives_ = true;
+      }
+    }
   }
   double* const out = start_;
   start_ = alt_.data();
   double best = kInf, first = 0.0, last = 0.0;  // the shortest order's step and extremes
   const bool orders[4][3] = {{false, false, false}, {true, false, false}, {true, true, false}, {true, true, true}};
   for (const auto& order : orders) {
+    if (order[2] && !collectives_) continue;  // no collective to overlap: the third order again
     const double step = fill_holes(order[0], order[1], order[2], fixed_assignment);
     if (step < best) {
       best = step;

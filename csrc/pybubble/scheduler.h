@@ -30,7 +30,7 @@ enum class Policy : uint8_t {
   /// that and backwards by increasing grad_ready, each its longest prefix as early as possible; that
   /// with the tasks outside the step interleaved across microbatches (whichever can end latest
   /// before the step, start earliest after it, next), so one microbatch's kernels run while
-  /// another's collectives do.
+  /// another's collectives do (only where some lane runs a kernel after its own collective).
   kHoles = 2,
 };
 
@@ -154,6 +154,7 @@ class Scheduler {
   std::vector<int64_t> alt_assignment_;
   std::vector<uint8_t> rest_;     // kHoles, interleaved: task not inside the step, placed after it
   std::vector<int32_t> waiting_;  // kHoles, interleaved: its neighbours of rest_ not yet placed
+  bool collectives_ = false;      // kHoles: some lane runs a kernel after its own collective
 };
 
 /// The floor the scheduler's speed is measured against: one pass over the tasks in id order, each

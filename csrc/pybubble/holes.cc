@@ -72,9 +72,9 @@ void Scheduler::place_holes(bool fixed_assignment) {
 // possible, else its longest suffix that fits), the rest of them before; the assignment; backwards
 // (`backward_early`: by increasing grad_ready, each its longest prefix that fits as early as
 // possible; else by decreasing grad_ready, each whole as late as possible, else its longest prefix),
-// the rest after (`interleave`: the rest of every microbatch at once, holes_front and
+// the rest after (`interleaved`: the rest of every microbatch at once, holes_front and
 // holes_outside). Returns the step.
-double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interleave, bool fixed_assignment) {
+double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interleaved, bool fixed_assignment) {
   const int32_t m = p_.num_microbatches();
   const int32_t n = p_.num_tasks();
   const auto& fn = p_.fields().forward_needed;
@@ -96,7 +96,7 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interl
     fwd_first_[static_cast<size_t>(j)] = count > 0 ? holes_forward(j, forward_late) : 0;
   }
   free_->open_front();
-  holes_front(interleave);
+  holes_front(interleaved);
   free_->close_front();
   free_->forget();
   choose_assignment(fixed_assignment);
@@ -112,7 +112,7 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interl
     poll_cancel(1 + 4 * count);
     bwd_last_[static_cast<size_t>(j)] = count > 0 ? holes_backward(j, backward_early) : 0;
   }
-  holes_outside(interleave);
+  holes_outside(interleaved);
   first_start_ = 0.0;
   last_end_ = p_.horizon();
   for (int32_t t = 0; t < n; ++t) {
@@ -120,54 +120,6 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interl
     last_end_ = std::max(last_end_, end_[static_cast<size_t>(t)]);
   }
   return last_end_ - first_start_;
-}
-
-// The forward tasks not inside the step, each in the latest free interval ending by forward_needed
-// and its successors' starts, (-inf, 0) free: microbatches in decreasing order, tasks in decreasing
-// id order; `interleave`: whichever task has its successors placed and the latest such end next
-// (ties: the larger microbatch, then id), so that microbatches share the time before the step.
-void Scheduler::holes_front(bool interleave) {
-  const int32_t m = p_.num_microbatches();
-  const auto& fn = p_.fields().forward_needed;
-  const auto late_of = [&](int32_t j, int32_t t) {
-    double late = fn[static_cast<size_t>(j)];
-    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) late = std::min(late, start_[*q]);
-    return late;
-  };
-  const auto put = [&](int32_t t, double late) {
-    double s = 0.0;
-    const int32_t k = key_[static_cast<size_t>(t)];
-    const int64_t w = free_->latest(k, late, dur_[t], -kInf, &s);
-    if (w < 0) throw std::logic_error("holes: no free time before a forward task's successors");
-    free_->take(k, w, s, dur_[t]);
-    start_[t] = s;
-    end_[static_cast<size_t>(t)] = s + dur_[t];
-    inside_[static_cast<size_t>(t)] = s >= 0.0;
-  };
-  if (!interleave) {
-    for (int32_t j = m - 1; j >= 0; --j) {
-      const int32_t* b = p_.tasks_begin(j, kFwd);
-      for (const int32_t* it = b + fwd_first_[static_cast<size_t>(j)]; it != b;) {
-        const int32_t t = *--it;
-        put(t, late_of(j, t));
-      }
-    }
-    return;
-  }
-  std::priority_queue<Ready> ready;  // the latest end first
-  for_rest(kFwd, [&](int32_t j, int32_t t) {
-    if (waiting_[static_cast<size_t>(t)] == 0) ready.push({late_of(j, t), j, t});
-  });
-  while (!ready.empty()) {
-    const Ready r = ready.top();
-    ready.pop();
-    put(r.t, r.time);
-    for (const int32_t* q = p_.pred_begin(r.t); q != p_.pred_end(r.t); ++q) {
-      if (rest_[static_cast<size_t>(*q)] && --waiting_[static_cast<size_t>(*q)] == 0) {
-        ready.push({late_of(r.j, *q), r.j, *q});
-      }
-    }
-  }
 }
 
 // Calls f(j, t) on every task of phase ph not inside the step (forward: positions before
@@ -200,6 +152,63 @@ void Scheduler::for_rest(int ph, F&& f) {
     waiting_[static_cast<size_t>(t)] = count;
   });
   each(f);
+}
+
+// The tasks of phase ph not inside the step, each once its neighbours placed before it are
+// (for_rest), the first of `Queue` (a priority queue of Ready, by key_of(j, t)) next, by put(t, key).
+template <typename Queue, typename Key, typename Put>
+void Scheduler::interleave(int ph, Key&& key_of, Put&& put) {
+  Queue ready;
+  for_rest(ph, [&](int32_t j, int32_t t) {
+    if (waiting_[static_cast<size_t>(t)] == 0) ready.push({key_of(j, t), j, t});
+  });
+  while (!ready.empty()) {
+    const Ready r = ready.top();
+    ready.pop();
+    put(r.t, r.time);
+    const int32_t* q = ph == kFwd ? p_.pred_begin(r.t) : p_.succ_begin(r.t);
+    const int32_t* const e = ph == kFwd ? p_.pred_end(r.t) : p_.succ_end(r.t);
+    for (; q != e; ++q) {
+      if (rest_[static_cast<size_t>(*q)] && --waiting_[static_cast<size_t>(*q)] == 0) {
+        ready.push({key_of(r.j, *q), r.j, *q});
+      }
+    }
+  }
+}
+
+// The forward tasks not inside the step, each in the latest free interval ending by forward_needed
+// and its successors' starts, (-inf, 0) free: microbatches in decreasing order, tasks in decreasing
+// id order; `interleaved`: whichever task has its successors placed and the latest such end next
+// (ties: the larger microbatch, then id), so that microbatches share the time before the step.
+void Scheduler::holes_front(bool interleaved) {
+  const int32_t m = p_.num_microbatches();
+  const auto& fn = p_.fields().forward_needed;
+  const auto late_of = [&](int32_t j, int32_t t) {
+    double late = fn[static_cast<size_t>(j)];
+    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) late = std::min(late, start_[*q]);
+    return late;
+  };
+  const auto put = [&](int32_t t, double late) {
+    double s = 0.0;
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int64_t w = free_->latest(k, late, dur_[t], -kInf, &s);
+    if (w < 0) throw std::logic_error("holes: no free time before a forward task's successors");
+    free_->take(k, w, s, dur_[t]);
+    start_[t] = s;
+    end_[static_cast<size_t>(t)] = s + dur_[t];
+    inside_[static_cast<size_t>(t)] = s >= 0.0;
+  };
+  if (!interleaved) {
+    for (int32_t j = m - 1; j >= 0; --j) {
+      const int32_t* b = p_.tasks_begin(j, kFwd);
+      for (const int32_t* it = b + fwd_first_[static_cast<size_t>(j)]; it != b;) {
+        const int32_t t = *--it;
+        put(t, late_of(j, t));
+      }
+    }
+    return;
+  }
+  interleave<std::priority_queue<Ready>>(kFwd, late_of, put);  // the latest end first
 }
 
 // Task t inside the step from `s`, taken out of free interval w of its key.
@@ -364,9 +373,9 @@ int64_t Scheduler::holes_backward_prefix(int32_t j, bool keep) {
 
 // The backward tasks not inside the step, each in the earliest free interval after its predecessors
 // and grad_ready, the time after the horizon free: microbatches in increasing order, tasks in
-// increasing id order; `interleave`: whichever task has its predecessors placed and the earliest such
+// increasing id order; `interleaved`: whichever task has its predecessors placed and the earliest such
 // start next (ties: the smaller microbatch, then id), so that microbatches share the time after it.
-void Scheduler::holes_outside(bool interleave) {
+void Scheduler::holes_outside(bool interleaved) {
   const auto& gr = p_.fields().grad_ready;
   const auto early_of = [&](int32_t j, int32_t t) {
     double early = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
@@ -383,28 +392,15 @@ void Scheduler::holes_outside(bool interleave) {
     end_[static_cast<size_t>(t)] = s + dur_[t];
   };
   free_->open_back();
-  if (!interleave) {
+  if (!interleaved) {
     for (int32_t j = 0; j < p_.num_microbatches(); ++j) {
       const int32_t* e = p_.tasks_end(j, kBwd);
       for (const int32_t* it = p_.tasks_begin(j, kBwd) + bwd_last_[static_cast<size_t>(j)]; it != e; ++it) {
         put(*it, early_of(j, *it));
       }
     }
-  } else {
-    std::priority_queue<Ready, std::vector<Ready>, std::greater<Ready>> ready;  // the earliest start first
-    for_rest(kBwd, [&](int32_t j, int32_t t) {
-      if (waiting_[static_cast<size_t>(t)] == 0) ready.push({early_of(j, t), j, t});
-    });
-    while (!ready.empty()) {
-      const Ready r = ready.top();
-      ready.pop();
-      put(r.t, r.time);
-      for (const int32_t* q = p_.succ_begin(r.t); q != p_.succ_end(r.t); ++q) {
-        if (rest_[static_cast<size_t>(*q)] && --waiting_[static_cast<size_t>(*q)] == 0) {
-          ready.push({early_of(r.j, *q), r.j, *q});
-        }
-      }
-    }
+  } else {  // the earliest start first
+    interleave<std::priority_queue<Ready, std::vector<Ready>, std::greater<Ready>>>(kBwd, early_of, put);
   }
   free_->forget();
 }

@@ -112,17 +112,19 @@ class Scheduler {
   void finish();
   // Policy::kHoles (holes.cc): each order into `alt_`, the shortest step kept in `start_`.
   void place_holes(bool fixed_assignment);
-  double fill_holes(bool forward_late, bool backward_early, bool interleave, bool fixed_assignment);
-  void holes_front(bool interleave);
+  double fill_holes(bool forward_late, bool backward_early, bool interleaved, bool fixed_assignment);
+  void holes_front(bool interleaved);
   template <typename F>
   void for_rest(int ph, F&& f);
+  template <typename Queue, typename Key, typename Put>
+  void interleave(int ph, Key&& key_of, Put&& put);
   int64_t holes_forward(int32_t j, bool late);
   bool holes_forward_in_step(int32_t j, int64_t first);
   int64_t holes_forward_suffix(int32_t j, bool keep);
   int64_t holes_backward(int32_t j, bool early);
   bool holes_backward_in_step(int32_t j, int64_t last);
   int64_t holes_backward_prefix(int32_t j, bool keep);
-  void holes_outside(bool interleave);
+  void holes_outside(bool interleaved);
   void holes_place(int32_t t, int64_t w, double s);
   bool holes_drop(int32_t j, int ph, size_t mark);
 

@@ -12,7 +12,7 @@ from pybubble.costs.roofline import CostModel
 from pybubble.llm.step import LLMStep
 from pybubble.llm.timeline import simulate_pipeline
 from pybubble.planner import search as planner
-from pybubble.planner.bound import EncoderLoad, encoder_load, layout_bound, step_bound
+from pybubble.planner.bound import EncoderLoad, _longest_paths, encoder_load, layout_bound, step_bound
 from pybubble.planner.space import PlanSpace
 from pybubble.problem.encoder import EncoderPlan, EncoderWork
 from pybubble.problem.generated import random_problem, synthetic
@@ -122,6 +122,17 @@ def test_a_kernels_time_per_image_never_grows_with_its_images(preset):
         assert all(a >= b * (1 - 1e-12) for a, b in zip(per_image, per_image[1:]))
 
 
+@pytest.mark.parametrize("preset", ["vit-l-14", "internvit-300m", "vit-22b"])
+def test_a_pieces_paths_never_shrink_as_it_gains_images(preset):
+    # what makes the largest piece's path a lower bound for any split of a microbatch
+    enc = pybubble.presets.encoder(preset)
+    for tp, pp in ((1, 1), (4, 2)):
+        work = EncoderWork(enc, plan=EncoderPlan(pp_enc=pp, tp_enc=tp, pp_llm=2, tp_llm=4), micro_batch=16,
+                           costs=CostModel("h100"))
+        paths = [_longest_paths(work.microbatch_tasks(0, [n])) for n in range(1, 17)]
+        assert all(b[i] >= a[i] for a, b in zip(paths, paths[1:]) for i in range(4))
+
+
 def test_encoder_load_follows_the_plan_and_the_scale():
     step = LLMStep.of(load_config(SMALL))
     plan = EncoderPlan(pp_enc=1, tp_enc=2, pp_llm=4, tp_llm=2)
@@ -130,9 +141,12 @@ def test_encoder_load_follows_the_plan_and_the_scale():
     t = work.microbatch_tasks(0)
     assert one.forward.tolist() == [2 * float(t.duration[(t.resource == 0) & (t.phase == 0)].sum())] * 8
     assert 0 < one.forward_compute <= one.forward_path <= t.duration[t.phase == 0].sum()
-    scaled = encoder_load(work, scale=np.array([0.5, 2.0]))
+    # microbatches alike: some pipeline holds ceil(images / pipelines) of each one's images
+    (n,), pipes = work.images, plan.pipelines
+    assert pipes > 1 and (one.forward_path, one.backward_path) == _longest_paths(work.microbatch_tasks(0, [-(-n // pipes)]))[:2]
+    scaled = encoder_load(work, scale=np.array([0.5, 2.0]))  # microbatches that vary: one image
     assert scaled.backward.tolist() == [one.backward[0] * 0.5, one.backward[0] * 2.0]
-    assert scaled.forward_path == pytest.approx(one.forward_path * 0.5)
+    assert scaled.forward_path == pytest.approx(_longest_paths(work.microbatch_tasks(0, [1]))[0] * 0.5)
     with pytest.raises(ValueError, match="microbatches"):
         encoder_load(work)
 
@@ -161,8 +175,6 @@ def _paths_by_hand(t) -> tuple[float, float, float, float]:
 @settings(max_examples=30, deadline=None)
 @given(st.data())
 def test_the_cores_longest_paths_equal_a_walk_by_hand(spaces, data):
-    from pybubble.planner.bound import _longest_paths
-
     space = data.draw(st.sampled_from(spaces))
     images = [data.draw(st.integers(1, n)) for n in space.work.images]
     t = space.work.microbatch_tasks(data.draw(st.integers(0, space.plan.pipelines - 1)), images)

@@ -16,10 +16,12 @@ most any stage needs):
   runs after the ``k``-th smallest ``grad_ready``, in the free time up to the horizon plus what the
   step grows after it (``back``);
 - **the total**: all the encoder's work fits in the free time of the step grown by ``front + back``;
-- **one image's chain**: a microbatch splits by images (tiles) at most, and one image's layers run
-  one after another, so the first microbatch's forward of one image (its longest dependency path,
-  ``forward_path``) ends by the first deadline, and the last one's backward starts after the last
-  ``grad_ready``.
+- **one piece's chain**: a microbatch splits by images (tiles) at most, one piece per encoder
+  pipeline, and a piece's layers run one after another, so the first microbatch's forward of its
+  largest piece (its longest dependency path, ``forward_path``) ends by the first deadline, and the
+  last one's backward starts after the last ``grad_ready``. The largest piece holds one image at
+  least, and with microbatches alike of one encoder, ``ceil(images / pipelines)`` (some pipeline
+  holds that many); a piece's path never shrinks as it gains images.
 
 The first three are exactly the conditions under which the fluid fits (Hall's condition for jobs
 with windows (-front, F] and [B, horizon + back)); the fourth adds the granularity. The work of a
@@ -53,14 +55,15 @@ class EncoderLoad:
     backward: np.ndarray
     """GPU time of each microbatch's backward compute (zeros for a frozen encoder)."""
     forward_path: float
-    """The longest dependency path of one image's forward (us): the least time any piece takes."""
+    """The longest dependency path of the forward of a microbatch's largest piece (us; see the
+    module docstring): the least time some piece of every microbatch takes."""
     backward_path: float
-    """Likewise for one image's backward."""
+    """Likewise for its backward."""
     forward_compute: float
-    """The longest path of one image's forward counting its compute kernels only (us): the least
-    compute-free time of one rank that any piece needs."""
+    """The longest path of that piece's forward counting its compute kernels only (us): the least
+    compute-free time of one rank that it needs."""
     backward_compute: float
-    """Likewise for one image's backward."""
+    """Likewise for its backward."""
     stage_forward: tuple[float, ...] = (1.0,)
     """Each encoder stage's share of a microbatch's forward compute (they sum to 1)."""
     stage_backward: tuple[float, ...] = (1.0,)
@@ -104,8 +107,9 @@ def _longest_paths(tasks: Tasks) -> tuple[float, float, float, float]:
 def encoder_load(work: EncoderWork, scale: np.ndarray | None = None, microbatches: int | None = None) -> EncoderLoad:
     """The load of `work`'s plan: each microbatch's forward and backward GPU time, `microbatches`
     alike, or scaled by ``scale[j]`` (a batch whose microbatch j costs that many times the
-    microbatch `work` holds); one image's paths (the same for every microbatch: the bound takes
-    the lightest)."""
+    microbatch `work` holds); the paths of a microbatch's largest piece (the same for every
+    microbatch: the bound takes the lightest): ``ceil(images / pipelines)`` images with
+    `microbatches` alike of one encoder, else one image of each encoder."""
     t = work.microbatch_tasks(0)
     compute = t.resource == 0
     tp = work.plan.tp_enc
@@ -113,8 +117,13 @@ def encoder_load(work: EncoderWork, scale: np.ndarray | None = None, microbatche
     bwd = float(t.duration[compute & (t.phase == 1)].sum()) * tp
     if scale is None:
         scale = np.ones(positive_int(microbatches, "microbatches"))
+    else:
+        microbatches = None  # they vary: their pieces may hold one image
     s = real_array(scale, "scale", minimum=0.0)
-    one = work.microbatch_tasks(0, [min(1, n) for n in work.images])
+    pipes = work.plan.pipelines
+    piece = [-(-n // pipes) for n in work.images] if microbatches is not None and len(work.images) == 1 else \
+        [min(1, n) for n in work.images]
+    one = work.microbatch_tasks(0, piece)
     lightest = float(s.min()) if len(s) else 0.0
     paths = [p * lightest for p in _longest_paths(one)]
     lanes = [work.plan.lane(0, e) for e in range(work.plan.pp_enc)]  # pipeline 0's lane of each stage

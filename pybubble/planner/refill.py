@@ -156,8 +156,12 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
         return replace(space.layout_candidate(found[0], (0, 0), memory, policy="holes", problem=found[1]), shaped=True)
 
     if workers > 1 and len(jobs) > 1:
+        # the longest first (the shaped layout: a program, layouts and a schedule; then the largest
+        # problems), so that the threads end together
+        first = sorted(jobs, key=lambda job: (job[1] != "shaped", -cands[job[0]].problem.num_tasks))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            done = list(pool.map(run, jobs))
+            got = dict(zip(first, pool.map(run, first)))
+        done = [got[job] for job in jobs]
     else:
         done = [run(job) for job in jobs]
     out = list(cands)

@@ -324,7 +324,11 @@ count against the first deadlines, which the lightest-k form lets any microbatch
 the front it allows goes from 0 to 20.5 ms (the step's is 27.1). Tried here on the one-stage plans
 and not kept: each piece's chain of layers as a condition of the share-out program (its images'
 path before its deadline and after its gradient: the same optimum, steps at most 0.13% shorter);
-the first or last microbatch spread evenly on top of the share-out (0.6-1.7% longer); a local search
+the first or last microbatch spread evenly on top of the share-out (0.6-1.7% longer); the share-out
+rounded two ways (microbatch by microbatch, and keeping each pipeline's running total within one
+image of the program's), the one with the lower layout bound under its assignment kept (weak_b,
+weak_d, dual_3 0.40 / 0.15 / 0.92% shorter, the bound picking the shorter on all five shaped
+settings, but a100's planning 1.22x c217214's: each rounding builds a layout); a local search
 moving single images between pipelines against the layout's bound under its assignment (that bound
 1.0-1.3% lower on weak_b and weak_d, their steps 0.4-0.5% shorter, their schedules then up to 2.4%
 above it; 0.5-1 s of planning in Python); and as bounds, the per-lane program over every fractional

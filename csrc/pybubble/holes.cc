@@ -140,14 +140,11 @@ void Scheduler::for_rest(int ph, F&& f) {
   };
   std::fill(rest_.begin(), rest_.end(), 0);
   each([&](int32_t, int32_t t) { rest_[static_cast<size_t>(t)] = 1; });
-  each([&](int32_t, int32_t t) {
+  each([&](int32_t, int32_t t) {  // rest_ holds tasks of phase ph only
     int32_t count = 0;
-    if (ph == kFwd) {
-      for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) count += rest_[static_cast<size_t>(*q)];
-    } else {
-      for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
-        count += p_.phase(*q) == kBwd && rest_[static_cast<size_t>(*q)];
-      }
+    const int32_t* q = ph == kFwd ? p_.succ_begin(t) : p_.pred_begin(t);
+    for (const int32_t* const e = ph == kFwd ? p_.succ_end(t) : p_.pred_end(t); q != e; ++q) {
+      count += rest_[static_cast<size_t>(*q)];
     }
     waiting_[static_cast<size_t>(t)] = count;
   });

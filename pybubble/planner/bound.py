@@ -115,14 +115,12 @@ def encoder_load(work: EncoderWork, scale: np.ndarray | None = None, microbatche
     tp = work.plan.tp_enc
     fwd = float(t.duration[compute & (t.phase == 0)].sum()) * tp
     bwd = float(t.duration[compute & (t.phase == 1)].sum()) * tp
-    if scale is None:
+    alike = scale is None  # else the microbatches vary: their pieces may hold one image
+    if alike:
         scale = np.ones(positive_int(microbatches, "microbatches"))
-    else:
-        microbatches = None  # they vary: their pieces may hold one image
     s = real_array(scale, "scale", minimum=0.0)
     pipes = work.plan.pipelines
-    piece = [-(-n // pipes) for n in work.images] if microbatches is not None and len(work.images) == 1 else \
-        [min(1, n) for n in work.images]
+    piece = [-(-n // pipes) for n in work.images] if alike and len(work.images) == 1 else [min(1, n) for n in work.images]
     one = work.microbatch_tasks(0, piece)
     lightest = float(s.min()) if len(s) else 0.0
     paths = [p * lightest for p in _longest_paths(one)]

@@ -280,19 +280,7 @@ class Holes(_Twin):
             for j, t in reversed(rest):
                 put(t, late(j, t))
             return
-        left = {t: 0 for _, t in rest}
-        for t in left:
-            left[t] = sum(1 for s in self.succs[t] if s in left)
-        heap = [(-late(j, t), -j, -t) for j, t in rest if left[t] == 0]
-        heapq.heapify(heap)
-        while heap:
-            lt, j, t = heapq.heappop(heap)
-            put(-t, -lt)
-            for p in self.preds[-t]:
-                if p in left:
-                    left[p] -= 1
-                    if left[p] == 0:
-                        heapq.heappush(heap, (-late(-j, p), j, -p))
+        self._interleaved(rest, self.succs, self.preds, late, put, latest_first=True)
 
     def back(self, rest: list[tuple[int, int]], free: Free, interleave: bool) -> None:
         """Step 5 on `rest`, the (microbatch, task) pairs not inside the step."""
@@ -309,19 +297,28 @@ class Holes(_Twin):
             for j, t in rest:
                 put(t, early(j, t))
             return
+        self._interleaved(rest, self.preds, self.succs, early, put, latest_first=False)
+
+    @staticmethod
+    def _interleaved(rest, waits_on, frees, key, put, latest_first: bool) -> None:
+        """`rest`'s tasks, each once those of `waits_on[t]` among them are placed, the one with the
+        earliest ``key(j, t)`` next (`latest_first`: the latest), ties by ``(j, id)`` the same way,
+        placed by ``put(t, key)``; placing t frees those of ``frees[t]``."""
+        sign = -1 if latest_first else 1
         left = {t: 0 for _, t in rest}
         for t in left:
-            left[t] = sum(1 for p in self.preds[t] if p in left)
-        heap = [(early(j, t), j, t) for j, t in rest if left[t] == 0]
+            left[t] = sum(1 for q in waits_on[t] if q in left)
+        heap = [(sign * key(j, t), sign * j, sign * t) for j, t in rest if left[t] == 0]
         heapq.heapify(heap)
         while heap:
-            et, j, t = heapq.heappop(heap)
-            put(t, et)
-            for q in self.succs[t]:
+            k, j, t = heapq.heappop(heap)
+            j, t = sign * j, sign * t
+            put(t, sign * k)
+            for q in frees[t]:
                 if q in left:
                     left[q] -= 1
                     if left[q] == 0:
-                        heapq.heappush(heap, (early(j, q), j, q))
+                        heapq.heappush(heap, (sign * key(j, q), sign * j, sign * q))
 
 
 def orders(problem: Problem) -> tuple[tuple[bool, bool, bool], ...]:

@@ -115,6 +115,8 @@ class RankPlan:
     """Per encoder microbatch: when its output is predicted at the first stage (None: not planned)."""
     chunks: tuple[int, ...] = ()
     """Per encoder microbatch: the chunks of its input (empty: one each)."""
+    spans: tuple[tuple[int, ...], ...] = ()
+    """Per encoder microbatch: its chunks in spans, run together (empty: one chunk each)."""
     predicted_step_s: float
     """The whole step as predicted."""
 
@@ -153,8 +155,9 @@ class RankPlan:
                               force_until_s=-math.inf if o["force_until_s"] is None else o["force_until_s"])
                     for o in doc["ops"])
         tasks = tuple(PlannedTask(**t) for t in doc["tasks"])
-        rest = {f.name: doc[f.name] for f in fields(cls) if f.name not in ("ops", "tasks", "chunks")}
+        rest = {f.name: doc[f.name] for f in fields(cls) if f.name not in ("ops", "tasks", "chunks", "spans")}
         rest["chunks"] = doc.get("chunks", [])
+        rest["spans"] = tuple(tuple(s) for s in doc.get("spans", []))
         for name in ("producer", "assignment", "output_arrival_s", "chunks"):
             rest[name] = tuple(rest[name])
         return cls(**rest, ops=ops, tasks=tasks)
@@ -184,14 +187,12 @@ def _rank_tasks(plan: Placement, rank: int, costs: MeasuredCosts, names: Sequenc
         needed_at = None
         if plan.start_s is not None and remote:
             needed_at = front + float(plan.timeline.forward_needed[k]) / US - costs.p2p_s
-        for step in range(n * ch):
-            c, i = divmod(step, n)
+        for step, (c, i) in enumerate(plan.chain_steps(j, n, "fwd")):
             start = 0.0 if plan.start_s is None else float(plan.start_s[task_index(n, j, "fwd", step, counts)])
             tasks.append(PlannedTask(chain=j, piece=i, phase="fwd", label=names_.task_label(j, "fwd", names[i]),
                                      duration_s=costs.piece_fwd_s[i], planned_start_s=start, needed_by=k,
                                      needed_at_s=needed_at, host_only=remote and step == n * ch - 1, chunk=c))
-        for step in range(n * ch):
-            c, i = step // n, n - 1 - step % n
+        for step, (c, i) in enumerate(plan.chain_steps(j, n, "bwd")):
             start = (plan.timeline.step_time / US if plan.start_s is None
                      else float(plan.start_s[task_index(n, j, "bwd", step, counts)]))
             tasks.append(PlannedTask(chain=j, piece=i, phase="bwd", label=names_.task_label(j, "bwd", names[i]),
@@ -241,7 +242,7 @@ def rank_plan(plan: Placement, rank: int, costs: MeasuredCosts, piece_names: Seq
                     assignment=tuple(plan.assignment), horizon_s=plan.timeline.step_time / US, shift_front_s=front,
                     tail_gap_s=tail, ops=tuple(ops), tasks=tuple(_rank_tasks(plan, rank, costs, piece_names)),
                     output_arrival_s=tuple(arrival), predicted_step_s=placement_step_s(plan, costs),
-                    chunks=plan.chunks)
+                    chunks=plan.chunks, spans=plan.spans)
 
 
 __all__ = ["FORMAT", "PlannedOp", "PlannedTask", "RankPlan", "rank_plan"]

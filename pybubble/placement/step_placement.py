@@ -111,11 +111,25 @@ def measured_timeline(costs: MeasuredCosts, microbatches: int, encoder_on_first_
         tp_comm = None  # the core's gaps need some compute around each: the ops keep the time, not the gaps
     return simulate_pipeline(table, fwd=fwd, bwd=bwd, wgrad=wgrad, p2p=costs.p2p_s * US, tp_comm=tp_comm)
 
-def piece_tasks(costs: MeasuredCosts, producer: Sequence[int], chunks: Sequence[int] | None = None) -> Tasks:
+def chain_steps(pieces: int, spans: Sequence[int], phase: str) -> list[tuple[int, int]]:
+    """An encoder microbatch's ``phase`` tasks in chain order as (chunk, piece): its chunks in
+    ``spans`` (consecutive chunks run together, their sizes in order: an image across several
+    chunks, whose attention spans them), each span's chunks piece by piece (forwards: pieces in
+    order; backwards: in reverse), the spans in order. A span of one chunk runs its pieces in turn."""
+    out, c0 = [], 0
+    for g in spans:
+        order = range(pieces) if phase == "fwd" else range(pieces - 1, -1, -1)
+        out += [(c, i) for i in order for c in range(c0, c0 + g)] if g > 1 else [(c0, i) for i in order]
+        c0 += g
+    return out
+
+def piece_tasks(costs: MeasuredCosts, producer: Sequence[int], chunks: Sequence[int] | None = None,
+                spans: Sequence[Sequence[int]] | None = None) -> Tasks:
     """The encoder's piece tasks (index = id): per encoder microbatch j, for each of its
     ``chunks[j]`` chunks (inputs of the pieces' fixed shape; default one) the pieces' forwards in
     order, then per chunk the pieces' backwards in reverse, on the lane (rank) of its producer, each
-    after the one before (arrays: one re-plan per step stays cheap)."""
+    after the one before (arrays: one re-plan per step stays cheap). ``spans[j]``: microbatch j's
+    chunks in spans (:func:`chain_steps`: a span's chunks run piece by piece; empty: one chunk each)."""
     n, m = len(costs.piece_fwd_s), len(producer)
     counts = np.ones(m, np.int64) if chunks is None else np.asarray(chunks, np.int64)
     per_fwd, per_bwd = np.asarray(costs.piece_fwd_s) * US, np.asarray(costs.piece_bwd_s)[::-1] * US
@@ -126,6 +140,12 @@ def piece_tasks(costs: MeasuredCosts, producer: Sequence[int], chunks: Sequence[
     half = np.repeat(n * counts, sizes)
     bwd = pos >= half
     duration = np.where(bwd, per_bwd[(pos - half) % n], per_fwd[pos % n]) if count else np.zeros(0)
+    for j, s in enumerate(spans or ()):
+        if any(g > 1 for g in s):  # a span's chunks piece by piece
+            steps = chain_steps(n, s, "fwd") + chain_steps(n, s, "bwd")
+            fwd_s, bwd_s = np.asarray(costs.piece_fwd_s) * US, np.asarray(costs.piece_bwd_s) * US
+            duration[offset[j]:offset[j] + sizes[j]] = [
+                (fwd_s if t < len(steps) // 2 else bwd_s)[i] for t, (_, i) in enumerate(steps)]
     first = pos == 0  # a microbatch's first forward waits for nothing
     after = np.arange(count)[~first] - 1
     return Tasks(lane=np.repeat(np.asarray(producer, np.int64), sizes),
@@ -135,9 +155,8 @@ def piece_tasks(costs: MeasuredCosts, producer: Sequence[int], chunks: Sequence[
 
 def task_index(pieces: int, chain: int, phase: str, step: int, chunks: Sequence[int] | None = None) -> int:
     """The id in a placement's problem of encoder microbatch ``chain``'s task: its ``step``-th
-    forward (chunk ``step // pieces``, piece ``step % pieces``) or its ``step``-th backward (chunk
-    ``step // pieces``, piece ``pieces - 1 - step % pieces``), as :func:`piece_tasks` numbers them
-    (``chunks``: each microbatch's chunks, default one each)."""
+    forward or its ``step``-th backward in chain order (:func:`chain_steps`), as :func:`piece_tasks`
+    numbers them (``chunks``: each microbatch's chunks, default one each)."""
     before = chain if chunks is None else int(sum(chunks[:chain]))
     mine = 1 if chunks is None else int(chunks[chain])
     return 2 * pieces * before + (step if phase == "fwd" else pieces * mine + step)
@@ -164,10 +183,16 @@ class Placement:
     """The rank that holds the LLM's first stage (where the encoder outputs go)."""
     chunks: tuple[int, ...] = ()
     """Encoder microbatch j's chunks (inputs of the pieces' fixed shape); empty: one each."""
+    spans: tuple[tuple[int, ...], ...] = ()
+    """Encoder microbatch j's chunks in spans (:func:`chain_steps`); empty: one chunk each."""
 
     def chunk_counts(self) -> list[int]:
         """The chunks of each encoder microbatch."""
         return list(self.chunks) or [1] * len(self.producer)
+
+    def chain_steps(self, j: int, pieces: int, phase: str) -> list[tuple[int, int]]:
+        """Encoder microbatch j's ``phase`` tasks in chain order, as (chunk, piece)."""
+        return chain_steps(pieces, self.spans[j] if self.spans else [1] * self.chunk_counts()[j], phase)
 
 def check_chunks(chunks: Sequence[int] | None, microbatches: int) -> tuple[int, ...]:
     """``chunks`` (one count >= 0 per microbatch) as a tuple; () for None."""
@@ -180,28 +205,40 @@ def check_chunks(chunks: Sequence[int] | None, microbatches: int) -> tuple[int, 
         integer(c, f"chunks[{j}]", minimum=0)
     return out
 
+def check_spans(spans: Sequence[Sequence[int]] | None, chunks: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
+    """``spans`` (per microbatch, sizes >= 1 that sum to its chunks) as tuples; () for None."""
+    if spans is None:
+        return ()
+    out = tuple(tuple(int(g) for g in s) for s in spans)
+    if len(out) != len(chunks) or any(sum(s) != c or any(g < 1 for g in s) for s, c in zip(out, chunks)):
+        raise ValueError(f"spans: {[list(s) for s in out]} do not split each microbatch's chunks {list(chunks)} "
+                         "into spans of 1 or more")
+    return out
+
 def make_placement(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None,
-                   chunks: Sequence[int] | None = None) -> Placement:
+                   chunks: Sequence[int] | None = None, spans: Sequence[Sequence[int]] | None = None) -> Placement:
     """Megatron: the encoder inside stage 0. coarse / pybubble: the core's ``coarse`` / ``greedy``
     schedule of the encoder's tasks over all ranks. ``table``: the schedule's action table
     (default 1F1B, one stage per rank). ``chunks``: each microbatch's encoder input in chunks of
     the pieces' shape (data that varies per microbatch; default one each); when they differ,
-    encoder microbatch j feeds LLM microbatch j (its data is that microbatch's)."""
+    encoder microbatch j feeds LLM microbatch j (its data is that microbatch's). ``spans``: each
+    microbatch's chunks in spans (:func:`chain_steps`; with ``chunks``)."""
     table = build_table("1f1b", costs.stages, microbatches) if table is None else table
     counts = check_chunks(chunks, microbatches)
+    grouped = check_spans(spans, counts)
     first = first_stage_rank(table)
     producer = producers(mode, microbatches, len(table), first, counts or None)
     if mode == "megatron":
         return Placement(mode=mode, timeline=measured_timeline(costs, microbatches, True, table, counts or None),
                          producer=producer, assignment=list(range(microbatches)), start_s=None, problem=None,
-                         schedule=None, first_stage=first, chunks=counts)
+                         schedule=None, first_stage=first, chunks=counts, spans=grouped)
     timeline = measured_timeline(costs, microbatches, table=table)
-    problem = Problem.on_timeline(timeline, piece_tasks(costs, producer, counts or None))
+    problem = Problem.on_timeline(timeline, piece_tasks(costs, producer, counts or None, grouped or None))
     sched = schedule_problem(problem, "coarse" if mode == "coarse" else "greedy",
                              fixed_assignment=len(set(counts)) > 1)
     return Placement(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
                      start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched, first_stage=first,
-                     chunks=counts)
+                     chunks=counts, spans=grouped)
 
 def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None,
                    chunks: Sequence[int] | None = None) -> float:

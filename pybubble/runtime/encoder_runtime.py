@@ -54,7 +54,7 @@ from .profile import check_piece_s
 from .replicas import MovedWork, ReplicaBalance, ReplicaMoves
 from .schedule_shape import PipelineShape
 from .packed import PackedEncoder, check_traceable
-from .segments import MicrobatchRun, split_into_pieces, traces_made
+from .segments import MicrobatchRun, Piece, split_into_pieces, traces_made
 from .step_costs import StepCosts
 from .tensor_parallel import fill_tp_waits
 from .waits import DataParallelWaits, TensorParallelWaits
@@ -276,7 +276,8 @@ class EncoderRuntime:
         batch = self._agree(encoder_input, clock)
         with clock.meeting():
             data = step_data(batch, None if self.mode == "megatron" else self.replica_balance,
-                            self.chunk_tiles if self.options.balance.pack_chunks else None)
+                            self.chunk_tiles if self.options.balance.pack_chunks else None,
+                            chain_spans(batch, self.pieces or (), self.chunk_tiles) is not None)
             self._measure(clock.entry)
         plan, plan_s = self._plan(data.chains)
         work, start, waits_s = self._start(plan, data, clock)
@@ -351,10 +352,20 @@ class EncoderRuntime:
         t = time.perf_counter()
         with record_function(names.region("plan")):
             chunks = chains.chunk_counts(self.chunk_tiles)
-            self.placement = make_placement(self._step_mode, self.costs, self.microbatches, self.pipeline.table, chunks)
+            self.placement = make_placement(self._step_mode, self.costs, self.microbatches, self.pipeline.table, chunks,
+                                            chain_spans(chains, self.pieces, self.chunk_tiles))
             self.plan = rank_plan(self.placement, self.pipeline.rank, self.costs, [p.name for p in self.pieces])
         return self.plan, time.perf_counter() - t
 
+
+
+def chain_spans(chains: EncoderBatch, pieces: Sequence[Piece], chunk_tiles: int) -> list[list[int]] | None:
+    """Each chain's chunks in spans (an image across several chunks, its attention over all of
+    them: :mod:`~pybubble.runtime.spans`): the chains' images where the encoder's pieces attend by
+    segment and run one chunk a tile; None where no span has several chunks."""
+    if chains.images is None or chunk_tiles != 1 or not any(p.attentions for p in pieces):
+        return None
+    return chains.images if any(g > 1 for x in chains.images for g in x) else None
 
 
 def slot_layout(runtime: EncoderRuntime, sample_tiles: Sequence[int] | np.ndarray, per_chunk: int | None
@@ -369,14 +380,16 @@ def slot_layout(runtime: EncoderRuntime, sample_tiles: Sequence[int] | np.ndarra
                          None if problem is None else deadline_gaps(problem), runtime.chunk_tiles, per_chunk)
 
 
-def step_data(batch: EncoderBatch, replica_balance: ReplicaBalance | None, pack: int | None) -> StepData:
+def step_data(batch: EncoderBatch, replica_balance: ReplicaBalance | None, pack: int | None,
+              spans: bool = False) -> StepData:
     """The step's encoder work balanced over the replicas (with a ``replica_balance``:
-    :func:`~pybubble.runtime.replicas.move_work`) and packed (``pack``: the chunk's tiles, with
-    ``balance.pack_chunks``: :class:`~pybubble.runtime.batch.Packing`)."""
+    :func:`~pybubble.runtime.replicas.move_work`; ``spans``: images span chunks, so whole images
+    move) and packed (``pack``: the chunk's tiles, with ``balance.pack_chunks``:
+    :class:`~pybubble.runtime.batch.Packing`)."""
     own, moved = batch.tiles, None
     if replica_balance is not None:
         with record_function(names.region("sync")):
-            batch, own, moved = replica_balance.balance(batch)
+            batch, own, moved = replica_balance.balance(batch, whole=spans)
     packing = Packing.of(batch.tiles, pack)
     return StepData(batch=batch, own=own, moved=moved, packing=packing, chains=packing.batch(batch))
 

@@ -20,6 +20,7 @@ from .executors import Executor
 from .filler import BubbleFiller
 from .replicas import MovedWork
 from .segments import MicrobatchRun, Piece
+from .spans import span_backward, span_forward
 from .task import FillTask
 from .waits import PipelineWaits
 
@@ -86,6 +87,15 @@ class EncoderStep:
         """Per encoder microbatch this rank runs, its chunks in order."""
         for j, c in sorted(self.runs):
             self._chunks.setdefault(j, []).append(c)
+        self._spans: dict[tuple[int, int], list[MicrobatchRun]] = {}
+        """Per (encoder microbatch, chunk) of a span of several chunks: the span's runs, in order."""
+        for j, sizes in enumerate(plan.spans):
+            c0 = 0
+            for g in sizes:
+                if g > 1 and (j, c0) in self.runs:
+                    span = [self.runs[j, c] for c in range(c0, c0 + g)]
+                    self._spans.update({(j, c): span for c in range(c0, c0 + g)})
+                c0 += g
         self.filler = BubbleFiller.of_plan(plan, tasks, executor)
         self.waits = PipelineWaits(self.filler)
         """The pipeline's waits (and the first stage's waits for encoder outputs)."""
@@ -151,9 +161,13 @@ class EncoderStep:
 
     def _forward(self, j: int, c: int, i: int) -> Callable[[], None]:
         run = self.runs[j, c]
+        span = self._spans.get((j, c)) if self.pieces[i].attentions else None
 
         def task() -> None:
-            run.forward_piece(i)
+            if span is None:
+                run.forward_piece(i)
+            elif run.next_forward == i:  # the span's first chunk runs the piece for all of them
+                span_forward(span, i)
             chunks = self._chunks[j]
             if run.forward_done and c == chunks[-1]:
                 g = self.plan.assignment[j]
@@ -163,6 +177,7 @@ class EncoderStep:
 
     def _backward(self, j: int, c: int, i: int, first: bool) -> Callable[[], None]:
         run = self.runs[j, c]
+        span = self._spans.get((j, c)) if self.pieces[i].attentions else None
 
         def task() -> None:
             if first:  # the chain's output gradient, cut into its chunks (zero for the padding tiles)
@@ -175,7 +190,10 @@ class EncoderStep:
                 self._chunk_grads[j] = tuple(grad.split(size))
             if run.output_grad is None:
                 run.output_grad = self._chunk_grads[j][self._chunks[j].index(c)]
-            run.backward_piece(i)
+            if span is None:
+                run.backward_piece(i)
+            elif run.next_backward == i:
+                span_backward(span, i)
         return task
 
     def close(self) -> None:

@@ -112,6 +112,12 @@ class ReplicaMoves:
         """Per slot: the tiles ``replica`` runs (its kept images', then the moved-in ones')."""
         return self.slot_tiles(True)[replica].astype(int).tolist()
 
+    def chain_images(self, replica: int) -> list[list[int]]:
+        """Per slot: the tiles of each image (or part of one) ``replica`` runs, its kept ones first,
+        then the moved-in ones (as its chains' inputs come)."""
+        return [self.tiles[np.concatenate([self.kept(replica, k), self.moved_in(replica, k)])].astype(int).tolist()
+                for k in range(self.slots)]
+
     def kept_tiles(self, replica: int) -> list[int]:
         """Per slot: the tiles of ``replica``'s own images it runs itself (what its own first
         stage gets from its own chains)."""
@@ -343,19 +349,22 @@ def gather_images(images: Sequence[Sequence[int]], replica: int, replicas: int, 
 
 def move_work(batch: EncoderBatch, *, replica: int, replicas: int, pp_rank: int, pp_ranks: int,
               grid: Sequence[Sequence[int]], group: dist.ProcessGroup | None, first_stage: int, chunk_tiles: int,
-              device: torch.device, packed: bool = False) -> tuple[EncoderBatch, list[int], MovedWork]:
-    """One step's moves (every rank decides the same from every replica's images), the moved tiles
-    exchanged: this replica's chains' inputs per slot (its kept tiles, then the moved-in ones), the
+              device: torch.device, packed: bool = False, whole: bool = False
+              ) -> tuple[EncoderBatch, list[int], MovedWork]:
+    """One step's moves (every rank decides the same from every replica's images; ``whole``: whole
+    images move, as an image across several chunks must), the moved tiles exchanged: this
+    replica's chains' inputs per slot (its kept tiles, then the moved-in ones; their images), the
     rows of each slot's chain for its own first stage, and the step's :class:`MovedWork`."""
     if batch.images is None:
         raise ValueError("batch: balancing over replicas needs each microbatch's images (EncoderBatch(images=...))")
-    moves = ReplicaMoves.decide(gather_images(batch.images, replica, replicas, group), chunk_tiles=chunk_tiles,
-                                packed=packed)
+    moves = ReplicaMoves.decide(gather_images(batch.images, replica, replicas, group),
+                                chunk_tiles=None if whole else chunk_tiles, packed=packed)
     moved = MovedWork(moves, replica=replica, pp_rank=pp_rank, grid=grid, group=group, first_stage=first_stage,
                       device=device)
     moved.producers = [producers("pybubble", moves.slots, pp_ranks, first_stage,
                                  chunk_counts(moves.chain_tiles(r), chunk_tiles)) for r in range(replicas)]
-    return EncoderBatch(moved.exchange_tiles(batch.inputs)), moves.kept_tiles(replica), moved
+    return (EncoderBatch(moved.exchange_tiles(batch.inputs), moves.chain_images(replica)), moves.kept_tiles(replica),
+            moved)
 
 
 class ReplicaBalance:
@@ -373,16 +382,17 @@ class ReplicaBalance:
         self.moves: ReplicaMoves | None = None
         """The last step's moves (None: none)."""
 
-    def balance(self, batch: EncoderBatch) -> tuple[EncoderBatch, list[int], MovedWork | None]:
+    def balance(self, batch: EncoderBatch, whole: bool = False) -> tuple[EncoderBatch, list[int], MovedWork | None]:
         """This replica's chains' inputs (its kept tiles, then the moved-in ones), each chain's rows
-        for its own first stage, and the step's moved work (None with one replica)."""
+        for its own first stage, and the step's moved work (None with one replica; ``whole``: whole
+        images move)."""
         if self.grid is None:
             self.moves = None
             return batch, batch.tiles, None
         chains, own, moved = move_work(
             batch, replica=dist.get_rank(self.dp_group), replicas=len(self.grid), pp_rank=self.pp_rank,
             pp_ranks=self.pp_ranks, grid=self.grid, group=self.group, first_stage=self.first_stage,
-            chunk_tiles=self.chunk_tiles, device=self.device, packed=self.packed)
+            chunk_tiles=self.chunk_tiles, device=self.device, packed=self.packed, whole=whole)
         self.moves = moved.moves
         return chains, own, moved
 

@@ -35,7 +35,7 @@ from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.func import functional_call
 
-from . import torch_seams
+from . import spans, torch_seams
 
 State = tuple[torch.Tensor, ...]
 
@@ -43,7 +43,7 @@ KERNELS = torch_seams.aten_op_names(
     "addmm", "mm", "bmm", "baddbmm", "convolution",
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-)
+) | {str(spans.SEGMENT_ATTENTION)}
 """Ops that start a piece (once the piece holds one already)."""
 NORMS = torch_seams.aten_op_names("native_layer_norm", "native_group_norm", "_fused_rms_norm")
 """Norms start a piece too (a norm belongs with the kernel after it)."""
@@ -58,6 +58,9 @@ class Piece:
     """The module its kernel comes from and the kernel, e.g. ``"blocks.1.attn.qkv:addmm"``."""
     fn: Callable[..., State]
     """The piece's forward; its parameters are those of the module it was cut from."""
+    attentions: int = 0
+    """Its :func:`~pybubble.runtime.spans.segment_attention` calls (run as
+    :func:`~pybubble.runtime.spans.attend`): a span's chunks run such a piece together."""
 
 
 _traces = 0  # encoder forwards traced in this process
@@ -233,8 +236,11 @@ def _piece(encoder, gm, k, body, part, placeholders, fixed_nodes, live_in, outs,
         if "val" in n.meta and not isinstance(n.meta["val"], torch.Tensor):
             raise ValueError(f"{_module_label(encoder, _module_of(n))} cannot be split: a "
                              f"{type(n.meta['val']).__name__} crosses the cut after piece {k}")
+    attentions = [n for n in graph.nodes if n.op == "call_function" and n.target is spans.SEGMENT_ATTENTION]
+    for n in attentions:  # the runtime's attention: over a span's chunks where one runs
+        n.target = spans.attend
     return Piece(f"{module or 'encoder'}:{op}", _piece_fn(torch.fx.GraphModule(gm, graph),
-                                                          [weights[i] for i in used_fixed], dtype))
+                                                          [weights[i] for i in used_fixed], dtype), len(attentions))
 
 
 def in_dtype(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
@@ -283,7 +289,8 @@ def merge_pieces(pieces: Sequence[Piece], groups: Sequence[int]) -> list[Piece]:
     out, start = [], 0
     for g in (int(g) for g in groups):
         part, start = pieces[start:start + g], start + g
-        out.append(part[0] if g == 1 else Piece(f"{part[0].name}..{part[-1].name}", _chained([p.fn for p in part])))
+        out.append(part[0] if g == 1 else Piece(f"{part[0].name}..{part[-1].name}", _chained([p.fn for p in part]),
+                                                sum(p.attentions for p in part)))
     return out
 
 
@@ -322,6 +329,16 @@ class MicrobatchRun:
         self.output_grad: torch.Tensor | None = None
 
     @property
+    def next_forward(self) -> int:
+        """The piece whose forward runs next."""
+        return self._next_fwd
+
+    @property
+    def next_backward(self) -> int:
+        """The piece whose backward runs next (-1: none left)."""
+        return self._next_bwd
+
+    @property
     def forward_done(self) -> bool:
         """Whether every piece's forward has run."""
         return self._next_fwd == len(self.pieces)
@@ -337,12 +354,16 @@ class MicrobatchRun:
             raise RuntimeError(f"forward pieces {self._next_fwd}.. have not run")
         return self._outputs[-1][0].detach()
 
+    def piece_fn(self, i: int) -> State:
+        """Piece ``i``'s forward on its inputs, its outputs kept nowhere (a span's gathering run)."""
+        return tuple(self.pieces[i].fn(*self._inputs[i]))
+
     def forward_piece(self, i: int) -> None:
         """Runs piece ``i``'s forward; pieces run in order."""
         if i != self._next_fwd:
             raise RuntimeError(f"forward piece {i} out of order (next is {self._next_fwd})")
         with torch.enable_grad():
-            self._outputs[i] = tuple(self.pieces[i].fn(*self._inputs[i]))
+            self._outputs[i] = self.piece_fn(i)
         if i + 1 < len(self.pieces):
             self._inputs[i + 1] = tuple(
                 t.detach().requires_grad_(t.requires_grad) for t in self._outputs[i])
@@ -350,6 +371,13 @@ class MicrobatchRun:
 
     def backward_piece(self, i: int) -> None:
         """Runs piece ``i``'s backward; the last piece needs ``output_grad``, pieces run in reverse."""
+        pairs = self.backward_pairs(i)
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        self.backward_done_with(i)
+
+    def backward_pairs(self, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Piece ``i``'s outputs that take a gradient, with it (its backward's start)."""
         if i != self._next_bwd or not self.forward_done:
             raise RuntimeError(f"backward piece {i} out of order (next is {self._next_bwd})")
         outputs = self._outputs[i]
@@ -359,10 +387,11 @@ class MicrobatchRun:
             grads: Sequence[torch.Tensor | None] = (self.output_grad,)
         else:
             grads = [t.grad for t in self._inputs[i + 1]]
-        pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
-        if pairs:
-            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        # Free what this piece held; its inputs' .grad stays for piece i - 1.
+        return [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
+
+    def backward_done_with(self, i: int) -> None:
+        """Piece ``i``'s backward ran: what it held is freed (its inputs' ``.grad`` stays for piece
+        ``i - 1``)."""
         self._outputs[i] = None
         if i + 1 < len(self.pieces):
             self._inputs[i + 1] = None

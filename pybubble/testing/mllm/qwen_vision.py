@@ -2,18 +2,23 @@
 HF transformers' Qwen2.5-VL vision tower over a packed sequence of a fixed number of patches whose
 per-step layout comes in as tensors, so that one trace serves every step's images.
 
-The layout of a step's images (their ``grid_thw``) is four tensors, as transformers'
-``vision_utils`` computes them (:func:`packed_layout`): each patch's rotary position
-(``position_ids``), the images' boundaries (``cu_seqlens``, full-attention layers), the windows'
-order and boundaries (``window_index``, ``cu_window_seqlens``, window-attention layers).
-transformers takes them precomputed (its ``get_vision_*`` pop them from the forward's keyword
-arguments). Its vision attention splits the sequence by Python lengths unless a flash attention is
-requested, where it hands ``cu_seqlens`` on as a tensor: :func:`block_attention`, registered under
-a name with "flash" in it (:data:`BLOCK_ATTENTION`), computes attention within each block from
-that tensor with tensor ops (a mask from ``searchsorted``, torch's SDPA), so the trace does not
-specialise to the traced layout. A step's patches short of the fixed count are one more
-"image" of padding whose outputs are dropped (:func:`padded_grids`); ``cu_*`` tensors are padded to a
-fixed length by repeating their last boundary (empty blocks).
+The layout of a chunk's images is four tensors, from transformers' ``vision_utils``
+(:func:`packed_layout`): each patch's rotary position (``position_ids``), each patch's segment in
+the full-attention layers (one per frame of an image), the windows' order (``window_index``) and
+each patch's window (window-attention layers). transformers takes them precomputed (its
+``get_vision_*`` pop them from the forward's keyword arguments). Its vision attention splits the
+sequence by Python lengths unless a flash attention is requested, where it hands its
+``cu_seqlens`` argument on as a tensor without reading it: :func:`block_attention`, registered
+under a name with "flash" in it (:data:`BLOCK_ATTENTION`), takes that tensor as the patches'
+segments and attends within each
+(:func:`~pybubble.runtime.spans.segment_attention`), so the trace does not specialise to the
+traced layout. A step's patches short of the fixed count are one more "image" of padding whose
+outputs are dropped (:func:`padded_grids`).
+
+An image larger than a chunk is cut between rows of whole windows (:attr:`QwenLayout.cuts`): its
+parts keep their rows' positions, its windows stay within a chunk, and the segments of its
+frames are numbered over the microbatch, so the runtime runs its full attention over the chunks
+of its span (:mod:`pybubble.runtime.spans`).
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ...runtime.packed import ImagePart, row_cuts
+from ...runtime.spans import segment_attention
 from .vision_libraries import import_vision_libraries
 
 BLOCK_ATTENTION = "pybubble_flash_blocks"
@@ -35,13 +41,10 @@ transformers then passes ``cu_seqlens`` as a tensor instead of splitting by Pyth
 def block_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None = None, scaling: float | None = None, dropout: float = 0.0,
                     cu_seq_lens_q: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
-    """Attention within each block of ``cu_seq_lens_q`` (``query``: batch 1, heads, patches,
-    head dim), as transformers' attention functions are called; returns (batch, patches, heads,
-    head dim) as its flash attention does."""
-    n = query.shape[2]
-    block = torch.searchsorted(cu_seq_lens_q[1:].to(torch.int64), torch.arange(n, device=query.device), right=True)
-    mask = block[:, None] == block[None, :]
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+    """Attention within each segment of ``cu_seq_lens_q`` (the layout's segment of each patch;
+    ``query``: batch 1, heads, patches, head dim), as transformers' attention functions are called;
+    returns (batch, patches, heads, head dim) as its flash attention does."""
+    out = segment_attention(query, key, value, cu_seq_lens_q, scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -66,42 +69,50 @@ def padded_grids(grids: Sequence[Sequence[int]], patches: int, merge: int = 2) -
     return [tuple(g) for g in grids] + ([(1, merge, rest // merge)] if rest else [])
 
 
+FRAMES = 1 << 20
+"""Segment ids of one image's frames: ``image * FRAMES + frame``."""
+
+
 @dataclass(frozen=True)
 class PackedLayout:
-    """A step's layout of its images over the packed sequence, as tensors."""
+    """A chunk's layout of its images over the packed sequence, as tensors."""
 
     position_ids: torch.Tensor
     """Each patch's (row, column) in its image, for the rotary embedding (patches x 2)."""
-    cu_seqlens: torch.Tensor
-    """The images' boundaries in the sequence (per frame), padded by repeats: the full-attention blocks."""
+    segments: torch.Tensor
+    """Each patch's segment in the full-attention layers (in window order): one per frame of an
+    image, numbered over the microbatch; the padding's below 0."""
     window_index: torch.Tensor
     """The order of the merged patches in the window-attention layers."""
-    cu_window_seqlens: torch.Tensor
-    """The windows' boundaries, padded by repeats: the window-attention blocks."""
+    window_segments: torch.Tensor
+    """Each patch's window (in window order), numbered over the microbatch's chunks."""
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """The four tensors, in :class:`PackedQwenVision`'s order."""
-        return self.position_ids, self.cu_seqlens, self.window_index, self.cu_window_seqlens
+        return self.position_ids, self.segments, self.window_index, self.window_segments
 
 
-def _pad_to(cu: torch.Tensor, length: int) -> torch.Tensor:
-    if cu.numel() > length:
-        raise ValueError(f"cu_seqlens: {cu.numel()} boundaries, more than the fixed {length}")
-    return torch.cat([cu, cu[-1:].expand(length - cu.numel())])
-
-
-def packed_layout(grids: Sequence[Sequence[int]], config, boundaries: int) -> PackedLayout:
-    """The layout tensors of ``grids`` (the padded images of one chunk) for a tower of ``config``
-    (its merge, window and patch sizes), each ``cu_*`` padded to ``boundaries`` entries."""
+def packed_layout(parts: Sequence[ImagePart], config, patches: int, chunk: int = 0) -> PackedLayout:
+    """The layout tensors of chunk ``chunk`` of ``patches`` patches holding ``parts`` (the rest
+    padding) for a tower of ``config`` (its merge, window and patch sizes): each part frame by
+    frame as a grid of its own rows (windows are cut at the part's rows, which :attr:`QwenLayout.cuts`
+    keeps at whole windows), its positions shifted to its rows in the image."""
     import_vision_libraries()
-    from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
+    from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
 
+    merge = config.spatial_merge_size
+    rows = [(p.image, f, a, b, p.grid[2]) for p in parts for f, a, b in p.frames()]
+    grids = padded_grids([(1, b - a, w) for _, _, a, b, w in rows], patches, merge)
     grid = torch.tensor([list(g) for g in grids])
-    window_index, cu_window = get_vision_window_index(grid, config.spatial_merge_size, config.window_size,
-                                                      config.patch_size)
-    return PackedLayout(get_vision_position_ids(grid, config.spatial_merge_size),
-                        _pad_to(get_vision_cu_seqlens(grid), boundaries), window_index,
-                        _pad_to(torch.as_tensor(cu_window, dtype=torch.int32), boundaries))
+    window_index, cu_window = get_vision_window_index(grid, merge, config.window_size, config.patch_size)
+    position = get_vision_position_ids(grid, merge)
+    sizes = [t * h * w for t, h, w in grids]
+    shift = torch.tensor([a for _, _, a, _, _ in rows] + [0] * (len(grids) - len(rows)))
+    position[:, 0] += shift.repeat_interleave(torch.tensor(sizes))
+    full = torch.tensor([i * FRAMES + f for i, f, _, _, _ in rows] + [-1 - chunk] * (len(grids) - len(rows)))
+    windows = torch.searchsorted(torch.as_tensor(cu_window, dtype=torch.int64)[1:], torch.arange(patches), right=True)
+    return PackedLayout(position, full.repeat_interleave(torch.tensor(sizes)), window_index,
+                        chunk * (patches + 1) + windows)
 
 
 def use_block_attention(tower: nn.Module) -> nn.Module:
@@ -116,8 +127,8 @@ def use_block_attention(tower: nn.Module) -> nn.Module:
 @dataclass(frozen=True)
 class QwenLayout:
     """The runtime's :data:`~pybubble.runtime.packed.Layout` of a Qwen2.5-VL tower of ``config``
-    on chunks of ``patches`` patches: a chunk's grids, its padding added (:func:`padded_grids`),
-    as :func:`packed_layout`'s four tensors, each ``cu_*`` of :attr:`boundaries` entries."""
+    on chunks of ``patches`` patches: a chunk's parts, its padding added (:func:`padded_grids`), as
+    :func:`packed_layout`'s four tensors."""
 
     config: object
     """The tower's config (its merge, window and patch sizes)."""
@@ -125,15 +136,17 @@ class QwenLayout:
     """Patches of a chunk."""
 
     @property
-    def boundaries(self) -> int:
-        """Entries of each ``cu_*`` tensor: one per merged patch and one more, the most a chunk's
-        frames or windows can need (each holds one merged patch at least)."""
-        return self.patches // self.config.spatial_merge_size ** 2 + 1
+    def window_rows(self) -> int:
+        """Patch rows of a row of windows (the tower's window size over its patch size)."""
+        return self.config.window_size // self.config.patch_size
 
-    def __call__(self, grids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
-        """The layout tensors of a chunk of ``grids``."""
-        merge = self.config.spatial_merge_size
-        return packed_layout(padded_grids(grids, self.patches, merge), self.config, self.boundaries).tensors()
+    def cuts(self, grid: Sequence[int]) -> list[int]:
+        """Where an image of ``grid`` may be cut: between rows of whole windows and between frames."""
+        return row_cuts(grid, self.window_rows)
+
+    def __call__(self, parts: Sequence[ImagePart], chunk: int = 0) -> tuple[torch.Tensor, ...]:
+        """The layout tensors of chunk ``chunk`` holding ``parts``."""
+        return packed_layout(parts, self.config, self.patches, chunk).tensors()
 
 
 def qwen_tower(hidden: int, depth: int, heads: int, out: int, attention: str | None = None) -> nn.Module:
@@ -154,8 +167,8 @@ def qwen_tower(hidden: int, depth: int, heads: int, out: int, attention: str | N
 
 class PackedQwenVision(nn.Module):
     """transformers' Qwen2.5-VL vision tower (its attention :func:`use_block_attention`'s) on a packed chunk
-    of ``patches`` patches, its layout as tensor inputs: ``forward(pixels, position_ids, cu_seqlens,
-    window_index, cu_window_seqlens)`` gives the merged tokens (``patches / merge^2`` rows, the
+    of ``patches`` patches, its layout as tensor inputs: ``forward(pixels, position_ids, segments,
+    window_index, window_segments)`` gives the merged tokens (``patches / merge^2`` rows, the
     images' in order, the padding's last)."""
 
     def __init__(self, tower: nn.Module, patches: int):
@@ -164,13 +177,14 @@ class PackedQwenVision(nn.Module):
         self.layout = QwenLayout(tower.config, patches)
         """The layout tensors of a chunk's grids."""
 
-    def forward(self, pixels: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor,
-                window_index: torch.Tensor, cu_window_seqlens: torch.Tensor) -> torch.Tensor:
-        """The merged tokens of the chunk (its layout's tensors in, no Python values of it)."""
-        return self.tower(pixels, grid_thw=None, position_ids=position_ids, cu_seqlens=cu_seqlens,
-                          window_index=window_index, cu_window_seqlens=cu_window_seqlens, max_seqlen=self.patches,
+    def forward(self, pixels: torch.Tensor, position_ids: torch.Tensor, segments: torch.Tensor,
+                window_index: torch.Tensor, window_segments: torch.Tensor) -> torch.Tensor:
+        """The merged tokens of the chunk (its layout's tensors in, no Python values of it; the
+        segments go where transformers takes ``cu_seqlens``, which it hands on unread)."""
+        return self.tower(pixels, grid_thw=None, position_ids=position_ids, cu_seqlens=segments,
+                          window_index=window_index, cu_window_seqlens=window_segments, max_seqlen=self.patches,
                           max_window_seqlen=self.patches).pooler_output
 
 
-__all__ = ["BLOCK_ATTENTION", "PackedLayout", "PackedQwenVision", "QwenLayout", "qwen_tower", "block_attention", "packed_layout", "padded_grids",
+__all__ = ["BLOCK_ATTENTION", "FRAMES", "PackedLayout", "PackedQwenVision", "QwenLayout", "qwen_tower", "block_attention", "packed_layout", "padded_grids",
            "register_block_attention", "use_block_attention"]

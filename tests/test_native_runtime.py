@@ -18,7 +18,7 @@ from pybubble.data.pixels import PROCESSORS, patches
 
 torch = pytest.importorskip("torch")
 
-from pybubble.runtime.packed import pack_images, packed_batch  # noqa: E402
+from pybubble.runtime.packed import pack_images, packed_batch, row_cuts, whole_images  # noqa: E402
 
 PLACEMENTS = ("megatron", "coarse", "pybubble")
 NATIVE = Path(__file__).resolve().parent / "data" / "native_sizes.jsonl"
@@ -28,9 +28,12 @@ QWEN = ("--encoder", "qwen2_5_vl", "--data-file", NATIVE)
 PP2 = ("--ranks", 2, *QWEN)
 DP2 = ("--dp", 2, "--pp", 1, *QWEN)
 DP2_PP2 = ("--dp", 2, "--pp", 2, *QWEN)
+SPANNING = ("--chunk-patches", 512)
+"""Chunks of a third of the largest image (448 x 672 pixels: 1,536 patches), which spans 4 of them."""
 RUNS = {PP2: PLACEMENTS, DP2: PLACEMENTS, DP2_PP2: PLACEMENTS,
         **{(*args, "--balance", "off"): ("pybubble",) for args in (PP2, DP2, DP2_PP2)},
-        ("--ranks", 2, "--encoder", "qwen2_5_vl", "--data", "mix"): ("pybubble",)}
+        ("--ranks", 2, "--encoder", "qwen2_5_vl", "--data", "mix"): ("pybubble",),
+        (*PP2, *SPANNING): PLACEMENTS, (*DP2, *SPANNING): ("pybubble",), (*DP2_PP2, *SPANNING): PLACEMENTS}
 TRAINER_RUNS = list(RUNS.items())
 
 
@@ -49,13 +52,44 @@ def qwen_vision():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=64), max_size=30), st.integers(min_value=64, max_value=200))
 def test_images_are_packed_once_each_within_chunks(sizes, size):
-    chunks = pack_images(sizes, size)
-    assert sorted(i for c in chunks for i in c) == list(range(len(sizes)))
-    assert all(c and sum(sizes[i] for i in c) <= size for c in chunks)
+    chunks, spans = pack_images(sizes, size)
+    assert sorted(i for c in chunks for i, _, _ in c) == list(range(len(sizes)))
+    assert all((a, b) == (0, sizes[i]) for c in chunks for i, a, b in c) and spans == [1] * len(chunks)
+    assert all(c and sum(sizes[i] for i, _, _ in c) <= size for c in chunks)
     assert len(chunks) >= -(-sum(sizes) // size)
     # first-fit decreasing: no chunk but the last could take the next chunk's smallest image
     for a, b in zip(chunks, chunks[1:]):
-        assert size - sum(sizes[i] for i in a) < min(sizes[i] for i in b)
+        assert size - sum(sizes[i] for i, _, _ in a) < min(sizes[i] for i, _, _ in b)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 12), st.integers(1, 12)), max_size=12),
+       st.integers(min_value=4, max_value=12))
+def test_images_larger_than_a_chunk_span_consecutive_chunks_cut_at_their_rows(grids, rows):
+    """An image larger than a chunk (of ``rows`` rows of the widest image's 48 patches) spans chunks
+    of its own, cut at every 4 rows and between frames; every image's parts cover it once, in
+    order; a span's chunks are consecutive and hold one image larger than a chunk."""
+    size = rows * 48
+    grids = [(t, 4 * h, 4 * w) for t, h, w in grids]
+    sizes = [t * h * w for t, h, w in grids]
+    assume = [p for p in sizes if p > size]
+    cuts = [row_cuts(g, 4) for g in grids]
+    chunks, spans = pack_images(sizes, size, cuts=cuts)
+    assert sum(spans) == len(chunks) and all(g >= 1 for g in spans)
+    assert all(sum(b - a for _, a, b in c) <= size for c in chunks)
+    at = [0] * len(sizes)
+    for c in chunks:
+        for i, a, b in c:
+            assert a == at[i] and a < b and (a == 0 or a in cuts[i]) and (b == sizes[i] or b in cuts[i])
+            at[i] = b
+    assert at == sizes
+    starts = np.cumsum([0, *spans])
+    for g, s0 in zip(spans, starts):
+        images = {i for c in chunks[s0:s0 + g] for i, _, _ in c}
+        big = [i for i in images if sizes[i] > size]
+        assert (g == 1 and not big) or (g > 1 and len(big) == 1 and all(chunks[s0 + k][0][0] == big[0]
+                                                                         for k in range(g)))
+    assert len([g for g in spans if g > 1]) == len(assume)
 
 
 def test_an_image_larger_than_a_chunk_is_refused_naming_it():
@@ -107,7 +141,7 @@ def test_an_encoder_that_reads_its_layout_as_values_is_refused_by_the_runtime(wo
     qv = qwen_vision()
     torch.manual_seed(0)
     good = PackedEncoder(qv.PackedQwenVision(qv.qwen_tower(16, 1, 2, 8), 128))
-    example = (torch.zeros(1, 128, 1176), *(t[None] for t in good.encoder.layout([(1, 4, 4), (1, 8, 8)])))
+    example = (torch.zeros(1, 128, 1176), *(t[None] for t in good.encoder.layout(whole_images([(1, 4, 4), (1, 8, 8)]))))
     check_traceable(good, example)  # block attention from tensors: one trace serves every layout
     bad = PackedEncoder(_ReadsItsLayout(qv.qwen_tower(16, 1, 2, 8, "sdpa")))
     with pytest.raises(ValueError, match=r"encoder: its layout inputs are read as Python values.*sdpa_attention"):
@@ -120,9 +154,9 @@ def test_an_encoder_that_reads_its_layout_as_values_is_refused_by_the_runtime(wo
 def test_packed_batch_refuses_pixels_that_do_not_match_their_grid():
     with pytest.raises(ValueError, match=r"microbatch 0 image 1 has shape \(15, 6\), its grid \(1, 4, 4\) has 16"):
         packed_batch([[torch.zeros(16, 6), torch.zeros(15, 6)]], [[(1, 4, 4), (1, 4, 4)]], patches=64, width=6,
-                     layout=lambda grids: ())
+                     layout=lambda parts, chunk: ())
     with pytest.raises(ValueError, match="patches: 66 is not a multiple of the merge's 4"):
-        packed_batch([[]], [[]], patches=66, width=6, layout=lambda grids: ())
+        packed_batch([[]], [[]], patches=66, width=6, layout=lambda parts, chunk: ())
 
 
 def test_a_packed_layout_refuses_a_batch_of_fewer_chunks_than_its_slots_fill():
@@ -185,8 +219,8 @@ def test_the_native_mix_is_drawn_from_its_seed_by_the_processors_rules():
     (['{"images": [[28, 5700]]}'], (), "line 1: images[0]: 28 x 5700 pixels: aspect ratio 203.571"),
     (['{"images": [[448, 672], [448, 336]], "text": 5}'], (),
      "line 1: tokens: 5 text + 576 image tokens = 581, more than the limit of 520"),
-    (['{"images": [[448, 672]]}'], ("--chunk-patches", 1024),
-     "line 1: image 0: grid (1, 32, 48) of 1536 patches, more than the limit of 1024"),
+    (['{"images": [[448, 672]]}'], ("--chunk-patches", 128),
+     "line 1: image 0: grid (1, 32, 48): 4 rows of 48 patches (192) cannot be cut, more than the limit of 128"),
     (['{"images": [[28, 28]]', '{"text": 2}'], (), "line 1: not JSON"),
     (['{"tiles": [2]}'], (), "samples in tiles, but the encoder takes pixels"),
 ])
@@ -213,7 +247,8 @@ def test_bad_native_options_exit_2_with_one_line(trainer_main, args, message):
 
 # -- the runtime, on real processes ----------------------------------------------------------------
 @pytest.mark.parametrize("args", list(RUNS), ids=("pp2", "dp2", "dp2 x pp2", "pp2 unbalanced", "dp2 unbalanced",
-                                                  "dp2 x pp2 unbalanced", "pp2 mix"))
+                                                  "dp2 x pp2 unbalanced", "pp2 mix", "pp2 spans", "dp2 spans",
+                                                  "dp2 x pp2 spans"))
 def test_every_mode_ends_with_the_parameters_of_the_tower_run_unsplit(trainer_reports, args):
     reports = trainer_reports(*args, modes=RUNS[args])
     for mode, report in reports.items():
@@ -229,6 +264,18 @@ def test_balance_lays_the_samples_out_by_their_patches(trainer_reports):
         assert balanced[mode]["data"]["layout"] == ["given"] * 3
     off = trainer_reports(*PP2, "--balance", "off", modes=("pybubble",))["pybubble"]["data"]
     assert off["layout"] == ["given"] * 3 and off["slot_imbalance_run"] == off["slot_imbalance_given"]
+
+
+@pytest.mark.parametrize("args", [(*PP2, *SPANNING), (*DP2, *SPANNING), (*DP2_PP2, *SPANNING)],
+                         ids=("pp2", "dp2", "dp2 x pp2"))
+def test_images_larger_than_a_chunk_ran_across_the_chunks_of_their_spans(trainer_reports, args):
+    """With chunks smaller than the largest images, the runs above (parameters equal to the tower
+    unsplit) ran those images over spans of several chunks: the step records' spans."""
+    reports = trainer_reports(*args, modes=RUNS[args])
+    for mode, report in reports.items():
+        spans = [s for rank in report["data"]["spans"] for s in rank if s]
+        assert max(g for step in spans for chain in step for g in chain) == 4, mode  # the 448 x 672 image
+        assert report["traces"] == [[0, 0, 0]] * len(report["traces"]), mode
 
 
 @pytest.mark.parametrize("args", [PP2, DP2, DP2_PP2], ids=("pp2", "dp2", "dp2 x pp2"))

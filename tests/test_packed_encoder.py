@@ -40,10 +40,9 @@ def towers():
 
 
 def whole(grids):
-    """Each of ``grids`` as a whole image in one chunk."""
-    from pybubble.runtime.packed import ImagePart, grid_patches
+    from pybubble.runtime.packed import whole_images
 
-    return [ImagePart(i, tuple(g), 0, grid_patches(g)) for i, g in enumerate(grids)]
+    return whole_images(grids)
 
 
 def test_one_trace_serves_every_layout_of_the_chunk(towers):

@@ -15,7 +15,7 @@ pytest.importorskip("torchtitan.models.qwen3_5.vision_encoder",
                     reason="torchtitan with its qwen3_5 model is not installed (.ci/titan installs it)")
 
 from pybubble.integrations.torchtitan.packed_vision import PackedTitanVision, use_segment_attention  # noqa: E402
-from pybubble.runtime.packed import PackedEncoder, packed_batch  # noqa: E402
+from pybubble.runtime.packed import PackedEncoder, packed_batch, whole_images  # noqa: E402
 from pybubble.testing.mllm.titan_vision import titan_tower, unpacked  # noqa: E402
 
 PLACEMENTS = ("megatron", "coarse", "pybubble")
@@ -33,7 +33,7 @@ def test_the_layout_gives_torchtitans_own_position_embeddings():
     tower = titan_tower(16, 1, 2, 8, seed=0)
     chunk = PackedTitanVision(tower, 256)
     grids = [(1, 4, 6), (2, 4, 4), (1, 6, 10)]
-    index, weight, rope, segments = chunk.layout(grids)
+    index, weight, rope, segments = chunk.layout(whole_images(grids))
     learned_own, rope_own = tower.compute_position_embeddings([list(g) for g in grids], 60)
     at = 0
     for i, (t, h, w) in enumerate(grids):

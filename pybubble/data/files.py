@@ -18,7 +18,8 @@ PIXEL_KEYS = ("images", "videos")
 
 def read_samples(path: str | os.PathLike[str], *, tokens_per_tile: int = TOKENS_PER_TILE,
                  max_tiles: int | None = None, max_tokens: int | None = None,
-                 processor: VisionProcessor | None = None, max_patches: int | None = None) -> Samples:
+                 processor: VisionProcessor | None = None, max_patches: int | None = None,
+                 cut_rows: int | None = None) -> Samples:
     """A user's data as :class:`Samples`: JSON lines, one sample each, ``{"tiles": [t1, t2, ...]}``
     (one count per image, ``[]`` for text only; optional ``"text": N`` text tokens; other keys are
     ignored; blank lines skipped), or, at native resolution, ``{"images": [[h, w], ...], "videos":
@@ -27,15 +28,17 @@ def read_samples(path: str | os.PathLike[str], *, tokens_per_tile: int = TOKENS_
     ValueError naming the line and the field: a line that is not a JSON object, a tile count below
     1 or not an integer, an image size the processor refuses (below 1 pixel, an aspect ratio over
     200), text that is not an integer >= 0, a file mixing tile and pixel lines, a sample over
-    `max_tiles` tiles, an image or video over `max_patches` patches or a sample over `max_tokens`
-    LLM tokens (text plus `tokens_per_tile` per tile, or its images' tokens), and a file without
-    samples."""
+    `max_tiles` tiles, an image or video over `max_patches` patches (with `cut_rows`, an image may
+    be cut between every `cut_rows` rows of a frame, as packed chunks span it: each band of them
+    within `max_patches`) or a sample over `max_tokens` LLM tokens (text plus `tokens_per_tile` per
+    tile, or its images' tokens), and a file without samples."""
     integer(tokens_per_tile, "tokens_per_tile", minimum=1)
-    for name, limit in (("max_tiles", max_tiles), ("max_tokens", max_tokens), ("max_patches", max_patches)):
+    for name, limit in (("max_tiles", max_tiles), ("max_tokens", max_tokens), ("max_patches", max_patches),
+                        ("cut_rows", cut_rows)):
         if limit is not None:
             positive_int(limit, name)
     read = _Lines(tokens_per_tile, max_tiles, max_tokens, max_patches,
-                  processor if processor is not None else PROCESSORS["qwen2_5_vl"])
+                  processor if processor is not None else PROCESSORS["qwen2_5_vl"], cut_rows)
     for number, line in enumerate(read_text(path).splitlines(), start=1):
         if line.strip():
             read.line(line, f"{path} line {number}")
@@ -50,9 +53,10 @@ class _Lines:
     """The samples of a data file's lines, read one at a time."""
 
     def __init__(self, tokens_per_tile: int, max_tiles: int | None, max_tokens: int | None, max_patches: int | None,
-                 processor: VisionProcessor):
+                 processor: VisionProcessor, cut_rows: int | None = None):
         self.tokens_per_tile, self.max_tiles, self.max_tokens, self.max_patches = (tokens_per_tile, max_tiles,
                                                                                    max_tokens, max_patches)
+        self.cut_rows = cut_rows
         self.processor = processor
         self.tiles: list[int] = []  # each image's tiles (in pixels: its tokens)
         self.images: list[int] = []
@@ -91,9 +95,16 @@ class _Lines:
     def _check(self, where: str, counts: list[int], grids: list[tuple[int, int, int]], words: int) -> None:
         """A sample within the limits."""
         for i, grid in enumerate(grids):
-            if self.max_patches is not None and patches(grid) > self.max_patches:
+            if self.max_patches is None or patches(grid) <= self.max_patches:
+                continue
+            if self.cut_rows is None:
                 raise ValueError(f"{where}: image {i}: grid {grid} of {patches(grid)} patches, more than the limit "
                                  f"of {self.max_patches}")
+            band = min(grid[1], self.cut_rows) * grid[2]
+            if band > self.max_patches:
+                raise ValueError(f"{where}: image {i}: grid {grid}: {min(grid[1], self.cut_rows)} rows of {grid[2]} "
+                                 f"patches ({band}) cannot be cut, more than the limit of {self.max_patches} (an image "
+                                 f"larger than a chunk is cut between every {self.cut_rows} rows)")
         if not grids and self.max_tiles is not None and sum(counts) > self.max_tiles:
             raise ValueError(f"{where}: tiles: {sum(counts)} tiles in the sample, more than the limit of "
                              f"{self.max_tiles}")

@@ -137,6 +137,9 @@ class StepRecord:
     chunks: list[int] | None = None
     """The chunks this rank's replica ran per LLM slot's deadline (its chains as they ran: packed
     ones with ``pack_chunks``)."""
+    spans: list[list[int]] | None = None
+    """Per chain, its chunks in spans as they ran (an image across several chunks: one span of
+    them); None where every span was one chunk."""
     imbalance: tuple[float, float] | None = None
     """With encoder work balanced over the replicas: their most over mean tiles before and after
     the moves."""

@@ -75,7 +75,7 @@ def rank_figures(records: Sequence[StepRecord], costs: MeasuredCosts, *, ends: S
             "costs": asdict(costs), "overruns": [r.filler.overruns for r in records],
             "held_max_s": [r.filler.held_max_s for r in records], "tp_waits": tp_figures(records), "host": host,
             "encoder_s": each("encoder_s"), "llm_s": each("llm_s"), "tiles": each("tiles"), "chunks": each("chunks"),
-            "imbalance": each("imbalance"), "dp_collectives_s": each("dp_collectives_s"),
+            "spans": each("spans"), "imbalance": each("imbalance"), "dp_collectives_s": each("dp_collectives_s"),
             "dp_replicas_s": each("dp_replicas_s"), "traces": each("traces"),
             "data": [None if r.layout is None else {"run": r.layout.slot_tiles, "given": r.layout.given_tiles,
                                                    "layout": r.layout.name} for r in records]}
@@ -123,7 +123,7 @@ def data_report(every: Sequence[Mapping[str, Any]], settled: Sequence[int], chun
     """Data that varies per step: per rank over the settled steps the encoder's and the LLM's
     seconds and the idle time by kind (waited, not filled); per step the tiles each replica ran per
     slot and its chunks per slot's deadline (packed chains: slots whose tiles earlier chains ran
-    have 0), the slots' most over mean tiles as given and as laid out (rank 0's replica), the layout
+    have 0) and its chains' spans (None: one chunk each), the slots' most over mean tiles as given and as laid out (rank 0's replica), the layout
     chosen, the replicas' most over mean tiles before and after the moves; the tiles of a chunk."""
     waits = settled_waits(every, settled)
     rows = [r for r in every[0]["data"] if r is not None]
@@ -136,6 +136,7 @@ def data_report(every: Sequence[Mapping[str, Any]], settled: Sequence[int], chun
                           "idle_s": {k: None if w[k] is None else w[k]["waited_s"] for k in ("pp", "dp", "tp")}}
                          for e, w in zip(every, waits)],
             "tiles": [e["tiles"] for e in every], "chunks": [e["chunks"] for e in every],
+            "spans": [e.get("spans") for e in every],
             "slot_imbalance_given": [spread(r["given"]) for r in rows],
             "slot_imbalance_run": [spread(r["run"]) for r in rows], "layout": [r["layout"] for r in rows],
             "replica_imbalance": every[0]["imbalance"], "chunk_tiles": chunk_tiles}

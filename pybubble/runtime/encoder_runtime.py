@@ -277,7 +277,7 @@ class EncoderRuntime:
         with clock.meeting():
             data = step_data(batch, None if self.mode == "megatron" else self.replica_balance,
                             self.chunk_tiles if self.options.balance.pack_chunks else None,
-                            chain_spans(batch, self.pieces or (), self.chunk_tiles) is not None)
+                            self.chunk_tiles == 1 and any(p.attentions for p in self.pieces))
             self._measure(clock.entry)
         plan, plan_s = self._plan(data.chains)
         work, start, waits_s = self._start(plan, data, clock)
@@ -383,8 +383,8 @@ def slot_layout(runtime: EncoderRuntime, sample_tiles: Sequence[int] | np.ndarra
 def step_data(batch: EncoderBatch, replica_balance: ReplicaBalance | None, pack: int | None,
               spans: bool = False) -> StepData:
     """The step's encoder work balanced over the replicas (with a ``replica_balance``:
-    :func:`~pybubble.runtime.replicas.move_work`; ``spans``: images span chunks, so whole images
-    move) and packed (``pack``: the chunk's tiles, with ``balance.pack_chunks``:
+    :func:`~pybubble.runtime.replicas.move_work`; ``spans``: images may span chunks, and whole
+    images move where some replica's do) and packed (``pack``: the chunk's tiles, with ``balance.pack_chunks``:
     :class:`~pybubble.runtime.batch.Packing`)."""
     own, moved = batch.tiles, None
     if replica_balance is not None:
@@ -443,7 +443,8 @@ def step_record(work: EncoderStep, data: StepData, tp: TensorParallelWaits, layo
                "dp": WaitFigures(stats.dp_waited_s, stats.dp_filled_s) if data_parallel else None,
                "tp": WaitFigures(tp.stats.waited_s, tp.stats.filled_s) if tp.stats.waits else None},
         dp_collectives_s=meet_s, dp_replicas_s=wait_s, trace=work.filler.trace, tiles=data.batch.tiles,
-        chunks=data.chains.chunk_counts(chunk_tiles), encoder_s=work.encoder_s(),
+        chunks=data.chains.chunk_counts(chunk_tiles), spans=[list(x) for x in work.plan.spans] or None,
+        encoder_s=work.encoder_s(),
         llm_s=sum(work.filler.progress.op_busy_s),
         imbalance=None if moves is None else (moves.imbalance(False), moves.imbalance(True)),
         layout=None if layout is None else LayoutFigures(layout.name, layout.given_tiles, layout.slot_tiles),

@@ -68,6 +68,13 @@ class EncoderStep:
         ``took_s``: the measured durations)."""
         self.bwd_tasks: dict[tuple[int, int], list[FillTask]] = {}
         self._chunk_grads: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._spans: dict[tuple[int, int], list[int]] = {}
+        """Per (encoder microbatch, chunk) of a span of several chunks: the span's chunks, in order."""
+        for j, sizes in enumerate(plan.spans):
+            c0 = 0
+            for g in sizes:
+                self._spans.update({(j, c): list(range(c0, c0 + g)) for c in range(c0, c0 + g)} if g > 1 else {})
+                c0 += g
         tasks = []
         for t in plan.tasks:
             key = (t.chain, t.chunk)
@@ -87,15 +94,6 @@ class EncoderStep:
         """Per encoder microbatch this rank runs, its chunks in order."""
         for j, c in sorted(self.runs):
             self._chunks.setdefault(j, []).append(c)
-        self._spans: dict[tuple[int, int], list[MicrobatchRun]] = {}
-        """Per (encoder microbatch, chunk) of a span of several chunks: the span's runs, in order."""
-        for j, sizes in enumerate(plan.spans):
-            c0 = 0
-            for g in sizes:
-                if g > 1 and (j, c0) in self.runs:
-                    span = [self.runs[j, c] for c in range(c0, c0 + g)]
-                    self._spans.update({(j, c): span for c in range(c0, c0 + g)})
-                c0 += g
         self.filler = BubbleFiller.of_plan(plan, tasks, executor)
         self.waits = PipelineWaits(self.filler)
         """The pipeline's waits (and the first stage's waits for encoder outputs)."""
@@ -167,7 +165,7 @@ class EncoderStep:
             if span is None:
                 run.forward_piece(i)
             elif run.next_forward == i:  # the span's first chunk runs the piece for all of them
-                span_forward(span, i)
+                span_forward([self.runs[j, cc] for cc in span], i)
             chunks = self._chunks[j]
             if run.forward_done and c == chunks[-1]:
                 g = self.plan.assignment[j]
@@ -188,12 +186,13 @@ class EncoderStep:
                 if pad:
                     grad = torch.cat([grad, grad.new_zeros((pad, *grad.shape[1:]))])
                 self._chunk_grads[j] = tuple(grad.split(size))
-            if run.output_grad is None:
-                run.output_grad = self._chunk_grads[j][self._chunks[j].index(c)]
+            for cc, r in ((cc, self.runs[j, cc]) for cc in (span or (c,))):  # a span's backward needs all of them
+                if r.output_grad is None:
+                    r.output_grad = self._chunk_grads[j][self._chunks[j].index(cc)]
             if span is None:
                 run.backward_piece(i)
             elif run.next_backward == i:
-                span_backward(span, i)
+                span_backward([self.runs[j, cc] for cc in span], i)
         return task
 
     def close(self) -> None:

@@ -65,6 +65,11 @@ class ImagePart:
         return [(f, max(a, f * h) - f * h, min(b, (f + 1) * h) - f * h) for f in range(a // h, -(-b // h))]
 
 
+def whole_images(grids: Sequence[Sequence[int]]) -> list[ImagePart]:
+    """Images of ``grids``, each whole, in order (one chunk's, as a layout takes them)."""
+    return [ImagePart(i, tuple(int(x) for x in g), 0, grid_patches(g)) for i, g in enumerate(grids)]
+
+
 Layout = Callable[[Sequence[ImagePart], int], Sequence[torch.Tensor]]
 """The layout tensors of one chunk (chunk ``c`` of its microbatch) of images (in order; the chunk's
 rest is padding): the same shapes whatever the images. A layout that splits images across chunks
@@ -244,4 +249,4 @@ def packed_batch(pixels: Sequence[Sequence[torch.Tensor]], grids: Sequence[Seque
 
 
 __all__ = ["Grid", "ImagePart", "Layout", "PackedEncoder", "PackedMicrobatch", "check_traceable", "chunk_patches", "grid_patches", "pack_images",
-           "packed_batch", "row_cuts"]
+           "packed_batch", "row_cuts", "whole_images"]

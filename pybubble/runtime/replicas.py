@@ -352,13 +352,15 @@ def move_work(batch: EncoderBatch, *, replica: int, replicas: int, pp_rank: int,
               device: torch.device, packed: bool = False, whole: bool = False
               ) -> tuple[EncoderBatch, list[int], MovedWork]:
     """One step's moves (every rank decides the same from every replica's images; ``whole``: whole
-    images move, as an image across several chunks must), the moved tiles exchanged: this
+    images move where some replica has one of several chunks, which must move as one), the moved
+    tiles exchanged: this
     replica's chains' inputs per slot (its kept tiles, then the moved-in ones; their images), the
     rows of each slot's chain for its own first stage, and the step's :class:`MovedWork`."""
     if batch.images is None:
         raise ValueError("batch: balancing over replicas needs each microbatch's images (EncoderBatch(images=...))")
-    moves = ReplicaMoves.decide(gather_images(batch.images, replica, replicas, group),
-                                chunk_tiles=None if whole else chunk_tiles, packed=packed)
+    every = gather_images(batch.images, replica, replicas, group)
+    whole = whole and any(t > 1 for mine in every for slot in mine for t in slot)  # the same on every rank
+    moves = ReplicaMoves.decide(every, chunk_tiles=None if whole else chunk_tiles, packed=packed)
     moved = MovedWork(moves, replica=replica, pp_rank=pp_rank, grid=grid, group=group, first_stage=first_stage,
                       device=device)
     moved.producers = [producers("pybubble", moves.slots, pp_ranks, first_stage,

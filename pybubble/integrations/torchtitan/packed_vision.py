@@ -12,9 +12,12 @@ comes in as tensors (:meth:`PackedTitanVision.layout`):
   weights (the interpolation is linear in the table, so the same weights as torchtitan's, and the
   table's gradient flows through them);
 - the rotary cache of each patch (torchtitan's own ``compute_position_embeddings``);
-- each patch's image (a segment id; the padding is a segment of its own): attention is masked from
-  it (:class:`SegmentAttention`, torch's SDPA), in place of the flex attention, which has no
-  backward on CPU and whose block mask is built from Python.
+- each patch's image (a segment id numbered over the microbatch; a chunk's padding is a segment
+  of its own): attention is masked from it (:class:`SegmentAttention`:
+  :func:`~pybubble.runtime.spans.segment_attention`, torch's SDPA), in place of the flex attention,
+  which has no backward on CPU and whose block mask is built from Python. An image larger than a
+  chunk is cut between merged rows (:meth:`PackedTitanVision.cuts`) and its attention runs over the
+  chunks of its span (:mod:`pybubble.runtime.spans`).
 
 Images sit in a chunk at multiples of ``merge ** 2`` patches in torchtitan's block order, so the
 merger's reshape folds each image's own patches. Imports torch; torchtitan only where it is given
@@ -30,6 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...runtime.packed import ImagePart, row_cuts
+from ...runtime.spans import segment_attention
+
 
 class SegmentAttention(nn.Module):
     """Attention within each segment, as torchtitan's inner attention is called
@@ -40,6 +46,9 @@ class SegmentAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, attention_masks) -> torch.Tensor:
         """The attention's output (items, patches, heads, head dim)."""
         n, p = q.shape[:2]
+        if isinstance(attention_masks, torch.Tensor) and n == 1:  # a packed chunk: one op, a span's across chunks
+            return segment_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                     attention_masks.reshape(p)).transpose(1, 2)
         if isinstance(attention_masks, torch.Tensor):
             seg = attention_masks.reshape(n, p)
             mask = seg[:, :, None] == seg[:, None, :]
@@ -109,22 +118,28 @@ class PackedTitanVision(nn.Module):
                       attention_mask=segments[None])
         return e.merger(x)[0]
 
-    def layout(self, grids: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
-        """The layout tensors of a chunk of ``grids`` (in order from its start; the rest padding):
-        each patch's table entries and weights, its rotary cache (torchtitan's), its segment."""
+    def cuts(self, grid: Sequence[int]) -> list[int]:
+        """Where an image of ``grid`` may be cut: between merged rows and between frames."""
+        return row_cuts(grid, self.merge)
+
+    def layout(self, parts: Sequence[ImagePart], chunk: int = 0) -> tuple[torch.Tensor, ...]:
+        """The layout tensors of chunk ``chunk`` of ``parts`` (in order from its start; the rest
+        padding): each patch's table entries and weights, its rotary cache (torchtitan's), its
+        segment (its image's index in the microbatch; the padding's ``-1 - chunk``)."""
         index = torch.zeros(self.patches, 4, dtype=torch.long)
         weight = torch.zeros(self.patches, 4, dtype=torch.float32)
-        segments = torch.full((self.patches,), -1, dtype=torch.long)
+        segments = torch.full((self.patches,), -1 - chunk, dtype=torch.long)
         some = self._rope(1, self.merge, self.merge)
         rope = some.new_zeros(self.patches, *some.shape[1:])
         rope[..., : some.shape[-1] // 2] = 1.0  # the padding's: cos 1, sin 0 (no rotation)
         at = 0
-        for i, (t, h, w) in enumerate(tuple(map(int, g)) for g in grids):
-            n = t * h * w
+        for part in parts:
+            (t, h, w), a, b = part.grid, part.first, part.end
+            n = b - a
             idx, wt = interpolation_weights(self.side, h, w, self.merge)
-            index[at:at + n], weight[at:at + n] = idx.repeat(t, 1), wt.float().repeat(t, 1)
-            rope[at:at + n] = self._rope(t, h, w)
-            segments[at:at + n] = i
+            index[at:at + n], weight[at:at + n] = idx.repeat(t, 1)[a:b], wt.float().repeat(t, 1)[a:b]
+            rope[at:at + n] = self._rope(t, h, w)[a:b]
+            segments[at:at + n] = part.image
             at += n
         return tuple(x.to(self.encoder.pos_embed.device) for x in (index, weight, rope, segments))
 

@@ -322,16 +322,24 @@ def planning_config(args: argparse.Namespace) -> dict:
 def data_samples(args: argparse.Namespace) -> Samples:
     """The samples of ``--data-file``, within the size's limits (read once per file and limits)."""
     cfg = config(args)
-    if args.encoder in PACKED_KINDS:  # in pixels: each image within a chunk, each sample within the sequence
-        return _read(args.data_file, 1, None, cfg.seq_len, cfg.chunk_patches, PROCESSOR_OF[args.encoder])
+    if args.encoder in PACKED_KINDS:  # in pixels: each image's bands within a chunk, each sample within the sequence
+        return _read(args.data_file, 1, None, cfg.seq_len, cfg.chunk_patches, PROCESSOR_OF[args.encoder],
+                     CUT_ROWS[args.encoder])
     return _read(args.data_file, encoder_tokens(cfg, args.encoder), cfg.max_tiles, cfg.seq_len, None, None)
+
+
+CUT_ROWS = {"qwen2_5_vl": 4, "titan_vit": 2}
+"""Rows of patches between the places a native-resolution encoder's layout may cut an image larger
+than a chunk (Qwen2.5-VL: a row of 56-pixel windows of 14-pixel patches; torchtitan's Qwen3.5: a
+merged row)."""
 
 
 @functools.lru_cache(maxsize=8)
 def _read(path: str, tokens_per_tile: int, max_tiles: int | None, max_tokens: int, max_patches: int | None,
-          processor: str | None) -> Samples:
+          processor: str | None, cut_rows: int | None = None) -> Samples:
     samples = read_samples(path, tokens_per_tile=tokens_per_tile, max_tiles=max_tiles, max_tokens=max_tokens,
-                           max_patches=max_patches, processor=None if processor is None else PROCESSORS[processor])
+                           max_patches=max_patches, processor=None if processor is None else PROCESSORS[processor],
+                           cut_rows=cut_rows)
     if (samples.grids is not None) != (max_patches is not None):
         raise ValueError(f"{path}: samples in {'pixels' if samples.grids is not None else 'tiles'}, but the encoder "
                          f"takes {'tiles (--encoder vit or timm)' if max_patches is None else 'pixels'}")

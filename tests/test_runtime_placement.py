@@ -7,7 +7,7 @@ pytest.importorskip("torch")
 import pybubble  # noqa: E402
 from pybubble.runtime import MeasuredCosts, make_placement, predict_step_s  # noqa: E402
 from pybubble.placement.plan import RankPlan, rank_plan  # noqa: E402
-from pybubble.placement.step_placement import piece_tasks  # noqa: E402
+from pybubble.placement.step_placement import chain_steps, piece_tasks  # noqa: E402
 
 
 def costs(**kw):
@@ -50,6 +50,31 @@ def test_piece_tasks_chain_forward_then_backward():
 
 
 NAMES = [f"p{i}" for i in range(10)]
+
+
+def test_a_spans_chunks_run_piece_by_piece(tmp_path):
+    """An image across several chunks (a span) needs every chunk's piece before the next one's
+    attention: its chunks' tasks alternate piece by piece, in the problem and in each rank's plan."""
+    assert chain_steps(2, [1, 2], "fwd") == [(0, 0), (0, 1), (1, 0), (2, 0), (1, 1), (2, 1)]
+    assert chain_steps(2, [1, 2], "bwd") == [(0, 1), (0, 0), (1, 1), (2, 1), (1, 0), (2, 0)]
+    a = piece_tasks(costs(piece_fwd_s=[1.0, 2.0], piece_bwd_s=[3.0, 4.0]), [0], [3], [[1, 2]])
+    assert a.duration.tolist() == [x * 1e6 for x in (1, 2, 1, 1, 2, 2, 4, 3, 4, 4, 3, 3)]
+    assert a.predecessors() == [[]] + [[i] for i in range(11)]
+    c, chunks, spans = costs(), [1, 3, 0, 2], [[1], [1, 2], [], [2]]
+    for mode in ("megatron", "coarse", "pybubble"):
+        plan = make_placement(mode, c, 4, chunks=chunks, spans=spans)
+        assert plan.problem is None or pybubble.validate(plan.problem, plan.schedule) == []
+        for r in (0, 1):
+            mine = rank_plan(plan, r, c, NAMES)
+            assert mine.spans == ((1,), (1, 2), (), (2,))
+            for j in (j for j, p in enumerate(plan.producer) if p == r):
+                for phase in ("fwd", "bwd"):
+                    order = [(t.chunk, t.piece) for t in mine.tasks if t.chain == j and t.phase == phase]
+                    assert order == chain_steps(10, spans[j], phase), (mode, j, phase)
+            mine.write(tmp_path / "plan.json")
+            assert RankPlan.read(tmp_path / "plan.json") == mine
+    with pytest.raises(ValueError, match=r"spans: \[\[1\], \[1\]\] do not split each microbatch's chunks \[2, 1\]"):
+        make_placement("pybubble", c, 2, chunks=[2, 1], spans=[[1], [1]])
 
 
 def test_rank_plan_gaps_follow_the_timeline():

@@ -20,7 +20,7 @@ from .executors import Executor
 from .filler import BubbleFiller
 from .replicas import MovedWork
 from .segments import MicrobatchRun, Piece
-from .spans import span_backward, span_forward
+from .spans import span_backward, span_forward, span_members
 from .task import FillTask
 from .waits import PipelineWaits
 
@@ -68,13 +68,8 @@ class EncoderStep:
         ``took_s``: the measured durations)."""
         self.bwd_tasks: dict[tuple[int, int], list[FillTask]] = {}
         self._chunk_grads: dict[int, tuple[torch.Tensor, ...]] = {}
-        self._spans: dict[tuple[int, int], list[int]] = {}
+        self._spans = span_members(plan.spans)
         """Per (encoder microbatch, chunk) of a span of several chunks: the span's chunks, in order."""
-        for j, sizes in enumerate(plan.spans):
-            c0 = 0
-            for g in sizes:
-                self._spans.update({(j, c): list(range(c0, c0 + g)) for c in range(c0, c0 + g)} if g > 1 else {})
-                c0 += g
         tasks = []
         for t in plan.tasks:
             key = (t.chain, t.chunk)

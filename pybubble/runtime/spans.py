@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:
-    from .segments import MicrobatchRun
-
 OP_NAME = "pybubble::segment_attention"
+"""The op's name in torch's registry."""
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: torch.Tensor,
@@ -84,6 +82,25 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment
     return SEGMENT_ATTENTION(q, k, v, segments, scale)
 
 
+class ChunkRun(Protocol):
+    """What a span runs of each chunk's :class:`~pybubble.runtime.segments.MicrobatchRun`."""
+
+    pieces: Sequence[Any]
+    """The encoder's pieces."""
+
+    def piece_fn(self, i: int) -> tuple[torch.Tensor, ...]:
+        """Piece ``i``'s forward on the chunk's inputs of it, kept nowhere."""
+
+    def forward_piece(self, i: int) -> None:
+        """Piece ``i``'s forward, its outputs kept as the next piece's inputs."""
+
+    def backward_pairs(self, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Piece ``i``'s outputs that take a gradient, with it."""
+
+    def backward_done_with(self, i: int) -> None:
+        """Piece ``i``'s backward ran."""
+
+
 class _Span(threading.local):
     """What :func:`attend` does while a span runs (per thread)."""
 
@@ -126,7 +143,7 @@ def _joint(calls: Sequence[tuple]) -> list[torch.Tensor]:
     return [t.contiguous() for t in out.split([c[0].shape[-2] for c in calls], dim=-2)]
 
 
-def span_forward(runs: Sequence[MicrobatchRun], i: int) -> None:
+def span_forward(runs: Sequence[ChunkRun], i: int) -> None:
     """Piece ``i``'s forward on every chunk of one span (``runs``, in order), each of its attentions
     over the span's patches: per attention, every chunk's piece runs to it (the attentions before
     it given their joint rows) and one attention over the span gives every chunk's rows; then
@@ -157,7 +174,7 @@ def span_forward(runs: Sequence[MicrobatchRun], i: int) -> None:
         _span.rows, _span.calls = None, None
 
 
-def span_backward(runs: Sequence[MicrobatchRun], i: int) -> None:
+def span_backward(runs: Sequence[ChunkRun], i: int) -> None:
     """Piece ``i``'s backward on every chunk of one span at once (``runs`` after their forwards ran
     with :func:`span_forward`): one autograd pass from every chunk's outputs."""
     pairs = [p for run in runs for p in run.backward_pairs(i)]
@@ -167,5 +184,18 @@ def span_backward(runs: Sequence[MicrobatchRun], i: int) -> None:
         run.backward_done_with(i)
 
 
+def span_members(spans: Sequence[Sequence[int]]) -> dict[tuple[int, int], list[int]]:
+    """Per (chain, chunk) in a span of several chunks (``spans[j]``: chain j's spans' sizes in
+    order), the span's chunks in order."""
+    out: dict[tuple[int, int], list[int]] = {}
+    for j, sizes in enumerate(spans):
+        c0 = 0
+        for g in sizes:
+            if g > 1:
+                out.update({(j, c): list(range(c0, c0 + g)) for c in range(c0, c0 + g)})
+            c0 += g
+    return out
+
+
 __all__ = ["OP_NAME", "SEGMENT_ATTENTION", "attend", "masked_attention", "segment_attention", "span_backward",
-           "span_forward"]
+           "span_forward", "span_members"]

@@ -23,8 +23,11 @@ SIZES = Path(__file__).resolve().parent / "data" / "titan_sizes.jsonl"
 """Eight samples of images from 28 x 28 to 448 x 672 pixels, a text-only one and an 8-frame video,
 sized by Qwen3.5's processor (16-pixel patches, at least 256 x 256 pixels)."""
 TITAN = ("--encoder", "titan_vit", "--data-file", SIZES)
+SPANNING = ("--chunk-patches", 512)
+"""Chunks smaller than the 448 x 672 image (1,176 patches: 3 chunks of 6 merged-row pairs)."""
 RUNS = {("--ranks", 2, *TITAN): PLACEMENTS, ("--dp", 2, "--pp", 2, *TITAN): PLACEMENTS,
-        ("--dp", 2, "--pp", 1, *TITAN, "--balance", "off"): ("pybubble",)}
+        ("--dp", 2, "--pp", 1, *TITAN, "--balance", "off"): ("pybubble",),
+        ("--ranks", 2, *TITAN, *SPANNING): PLACEMENTS}
 TRAINER_RUNS = list(RUNS.items())
 WIDTH = 3 * 2 * 16 * 16
 
@@ -65,7 +68,48 @@ def test_one_chunk_gives_torchtitans_forward_and_gradients():
         tower.zero_grad(), reference.zero_grad()
 
 
-@pytest.mark.parametrize("args", list(RUNS), ids=("pp2", "dp2 x pp2", "dp2 unbalanced"))
+def test_an_image_across_chunks_gives_torchtitans_forward_and_gradients():
+    """An image larger than a chunk, cut between merged rows over a span of chunks, each attention
+    over the span (pybubble.runtime.spans): torchtitan's tokens and gradients of the whole image."""
+    from pybubble.runtime.segments import MicrobatchRun, split_into_pieces
+    from pybubble.runtime.spans import span_backward, span_forward
+
+    tower = titan_tower(16, 2, 2, 8, seed=0)
+    reference = use_segment_attention(copy.deepcopy(tower))
+    encoder = PackedEncoder(PackedTitanVision(tower, 128))
+    grids = [[(1, 12, 20), (1, 4, 6)]]  # 240 patches: rows 0-6 | 6-12, then the small image
+    g = torch.Generator().manual_seed(3)
+    pixels = [[torch.randn(t * h * w, WIDTH, generator=g) for t, h, w in mb] for mb in grids]
+    batch, packs = packed_batch(pixels, grids, patches=128, width=WIDTH, layout=encoder.encoder.layout)
+    assert packs[0].spans == (2,)
+    pieces = split_into_pieces(encoder, tuple(t[0:1] for t in batch.inputs[0]))
+    runs = [MicrobatchRun(pieces, tuple(t[c:c + 1] for t in batch.inputs[0])) for c in range(2)]
+    for i, p in enumerate(pieces):
+        if p.attentions:
+            span_forward(runs, i)
+        else:
+            for run in runs:
+                run.forward_piece(i)
+    out = torch.cat([run.output() for run in runs])
+    got, want = packs[0].tokens(out), unpacked(reference)(pixels[0], grids[0])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    grad = torch.zeros_like(out).reshape(-1, out.shape[-1])
+    grad[packs[0].token_index] = 2 * want.detach()
+    grad = grad.view_as(out)
+    for c, run in enumerate(runs):
+        run.output_grad = grad[c:c + 1]
+    for i in reversed(range(len(pieces))):
+        if pieces[i].attentions:
+            span_backward(runs, i)
+        else:
+            for run in runs:
+                run.backward_piece(i)
+    want.square().sum().backward()
+    for (name, a), b in zip(tower.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("args", list(RUNS), ids=("pp2", "dp2 x pp2", "dp2 unbalanced", "pp2 spans"))
 def test_every_mode_ends_with_the_parameters_of_torchtitans_forward_unpacked(trainer_reports, args):
     reports = trainer_reports(*args, modes=RUNS[args])
     for mode, report in reports.items():

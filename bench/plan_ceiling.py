@@ -13,7 +13,8 @@ that a better plan or a split chain could reach, at the launch's measured costs.
 With several data-parallel replicas (``--dp 2 --pp 1``) the question is the balance's: per settled
 step, the chunks of the busiest replica (what the step waits for) against the fewest any move of
 tiles between the replicas allows (every tile's replica free: the step's tiles over the replicas,
-in chunks), and against the mean over the replicas (the fractional bound, at least one chunk), for
+in chunks), and against the mean over the replicas (the fractional bound, at least the costliest
+image: one chunk, or the most chunks an image larger than a chunk spans), for
 pybubble and for ``--balance off``. A native-resolution encoder's tile is a chunk of packed patches,
 all of one cost: its replicas' encoder costs are whole chunks.
 
@@ -103,15 +104,18 @@ def step_figures(report: dict, step: int, budget: float) -> dict:
 
 
 def balance_figures(report: dict, step: int) -> dict:
-    """One settled step of a launch with several replicas: the busiest replica's chunks and the
-    fewest any move of tiles between the replicas allows."""
+    """One settled step of a launch with several replicas: the busiest replica's chunks, the fewest
+    any move of tiles between the replicas allows, and the lower bound (the mean over the replicas,
+    at least the costliest image: one chunk, or the most chunks an image spans)."""
     data, replicas = report["data"], report["dp"]
     ranks = len(data["tiles"])  # every rank lists its replica's tiles per slot
     tiles = sum(sum(rank[step]) for rank in data["tiles"]) * replicas // ranks
     size = data["chunk_tiles"]
+    spans = [rank[step] for rank in data.get("spans") or [] if rank and rank[step]]
+    largest = max((g for chains in spans for chain in chains for g in chain), default=1)
     return {"step": step, "tiles": tiles, "busiest_chunks": max(sum(rank[step]) for rank in data["chunks"]),
-            "fewest_chunks": -(-tiles // (replicas * size)), "mean_chunks": max(tiles / (replicas * size), 1.0),
-            "measured_s": report["step_times_s"][step]}
+            "fewest_chunks": max(-(-tiles // (replicas * size)), largest), "largest_image_chunks": largest,
+            "mean_chunks": max(tiles / (replicas * size), largest), "measured_s": report["step_times_s"][step]}
 
 
 def print_balance(reports: dict) -> list[dict]:
@@ -129,7 +133,8 @@ def print_balance(reports: dict) -> list[dict]:
             near = sum(x["busiest_chunks"] <= 1.05 * x["mean_chunks"] for x in mine)
             worst = max(x["busiest_chunks"] / x["mean_chunks"] for x in mine)
             print(f"{name:<10} busiest replica at the fewest chunks in {at} of {len(mine)} steps, {over} chunk(s) "
-                  f"over them in all; within 5% of the mean over the replicas (at least one chunk) in {near} of "
+                  f"over them in all; within 5% of the mean over the replicas (at least the chunks of the costliest "
+                  f"image) in {near} of "
                   f"{len(mine)} (at most {worst:.3f}x it); median step "
                   f"{statistics.median(x['measured_s'] for x in mine) * 1e3:.1f} ms")
     return rows

@@ -77,7 +77,7 @@ def test_an_image_across_chunks_gives_torchtitans_forward_and_gradients():
     tower = titan_tower(16, 2, 2, 8, seed=0)
     reference = use_segment_attention(copy.deepcopy(tower))
     encoder = PackedEncoder(PackedTitanVision(tower, 128))
-    grids = [[(1, 12, 20), (1, 4, 6)]]  # 240 patches: rows 0-6 | 6-12, then the small image
+    grids = [[(1, 12, 20), (1, 2, 4)]]  # 240 patches: rows 0-6 and the small image | rows 6-12
     g = torch.Generator().manual_seed(3)
     pixels = [[torch.randn(t * h * w, WIDTH, generator=g) for t, h, w in mb] for mb in grids]
     batch, packs = packed_batch(pixels, grids, patches=128, width=WIDTH, layout=encoder.encoder.layout)

@@ -73,7 +73,8 @@ def whole_images(grids: Sequence[Sequence[int]]) -> list[ImagePart]:
 Layout = Callable[[Sequence[ImagePart], int], Sequence[torch.Tensor]]
 """The layout tensors of one chunk (chunk ``c`` of its microbatch) of images (in order; the chunk's
 rest is padding): the same shapes whatever the images. A layout that splits images across chunks
-also has ``cuts(grid)``: the patches of an image of ``grid`` before each place it may be cut."""
+also has ``cuts(grid)`` (or, a bound method, its object has): the patches of an image of ``grid``
+before each place it may be cut."""
 
 
 def grid_patches(grid: Sequence[int]) -> int:
@@ -216,7 +217,7 @@ def packed_batch(pixels: Sequence[Sequence[torch.Tensor]], grids: Sequence[Seque
     if patches % unit:
         raise ValueError(f"patches: {patches} is not a multiple of the merge's {unit}")
     per_chunk = patches // unit
-    cut = getattr(layout, "cuts", None)
+    cut = getattr(layout, "cuts", None) or getattr(getattr(layout, "__self__", None), "cuts", None)  # or its object's
     batch, packs, units = [], [], []
     for k, (mine, shapes) in enumerate(zip(pixels, grids, strict=True)):
         shapes = [tuple(int(x) for x in g) for g in shapes]

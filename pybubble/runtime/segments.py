@@ -61,6 +61,8 @@ class Piece:
     attentions: int = 0
     """Its :func:`~pybubble.runtime.spans.segment_attention` calls (run as
     :func:`~pybubble.runtime.spans.attend`): a span's chunks run such a piece together."""
+    parts: tuple[Piece, ...] = ()
+    """A merged piece's pieces, in order (empty: a piece of one kernel): a span runs them in turn."""
 
 
 _traces = 0  # encoder forwards traced in this process
@@ -290,7 +292,7 @@ def merge_pieces(pieces: Sequence[Piece], groups: Sequence[int]) -> list[Piece]:
     for g in (int(g) for g in groups):
         part, start = pieces[start:start + g], start + g
         out.append(part[0] if g == 1 else Piece(f"{part[0].name}..{part[-1].name}", _chained([p.fn for p in part]),
-                                                sum(p.attentions for p in part)))
+                                                sum(p.attentions for p in part), tuple(part)))
     return out
 
 
@@ -354,16 +356,21 @@ class MicrobatchRun:
             raise RuntimeError(f"forward pieces {self._next_fwd}.. have not run")
         return self._outputs[-1][0].detach()
 
-    def piece_fn(self, i: int) -> State:
-        """Piece ``i``'s forward on its inputs, its outputs kept nowhere (a span's gathering run)."""
-        return tuple(self.pieces[i].fn(*self._inputs[i]))
+    def inputs(self, i: int) -> State:
+        """Piece ``i``'s inputs (once the pieces before it ran)."""
+        return self._inputs[i]
 
     def forward_piece(self, i: int) -> None:
         """Runs piece ``i``'s forward; pieces run in order."""
+        with torch.enable_grad():
+            self.take_forward(i, tuple(self.pieces[i].fn(*self._inputs[i])))
+
+    def take_forward(self, i: int, outputs: State) -> None:
+        """Piece ``i``'s forward ran and gave ``outputs`` (from :meth:`inputs`, with autograd): kept
+        for its backward, detached as the next piece's inputs."""
         if i != self._next_fwd:
             raise RuntimeError(f"forward piece {i} out of order (next is {self._next_fwd})")
-        with torch.enable_grad():
-            self._outputs[i] = self.piece_fn(i)
+        self._outputs[i] = tuple(outputs)
         if i + 1 < len(self.pieces):
             self._inputs[i + 1] = tuple(
                 t.detach().requires_grad_(t.requires_grad) for t in self._outputs[i])

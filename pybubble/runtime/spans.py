@@ -12,7 +12,7 @@ piece: :func:`~pybubble.placement.step_placement.chain_order`):
   keys, values and segments (:func:`attend` records them and stops the run); one attention over the
   span's patches, masked by segment, gives every chunk's rows; each chunk's piece then runs again
   and :func:`attend` returns its rows, whose autograd history reaches every chunk's inputs (a
-  piece of several attentions, as the baselines' unsplit encoder, gathers them one by one);
+  merged piece, as the baselines' unsplit encoder, runs its kernel pieces so in turn);
 - backward (:func:`span_backward`): one ``torch.autograd.backward`` from every chunk's outputs
   of the piece, so each chunk's inputs get the gradients of the whole span's attention.
 
@@ -88,11 +88,11 @@ class ChunkRun(Protocol):
     pieces: Sequence[Any]
     """The encoder's pieces."""
 
-    def piece_fn(self, i: int) -> tuple[torch.Tensor, ...]:
-        """Piece ``i``'s forward on the chunk's inputs of it, kept nowhere."""
+    def inputs(self, i: int) -> tuple[torch.Tensor, ...]:
+        """Piece ``i``'s inputs."""
 
-    def forward_piece(self, i: int) -> None:
-        """Piece ``i``'s forward, its outputs kept as the next piece's inputs."""
+    def take_forward(self, i: int, outputs: tuple[torch.Tensor, ...]) -> None:
+        """Piece ``i``'s forward gave ``outputs``: kept, and the next piece's inputs."""
 
     def backward_pairs(self, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Piece ``i``'s outputs that take a gradient, with it."""
@@ -145,31 +145,41 @@ def _joint(calls: Sequence[tuple]) -> list[torch.Tensor]:
 
 def span_forward(runs: Sequence[ChunkRun], i: int) -> None:
     """Piece ``i``'s forward on every chunk of one span (``runs``, in order), each of its attentions
-    over the span's patches: per attention, every chunk's piece runs to it (the attentions before
-    it given their joint rows) and one attention over the span gives every chunk's rows; then
-    each chunk's piece runs with all of them. A piece of several attentions (an encoder unsplit)
-    thus runs its first layers more than once."""
-    count = runs[0].pieces[i].attentions
+    over the span's patches. A merged piece runs its pieces in turn (:attr:`Piece.parts`), one
+    autograd graph through them; a piece with an attention runs on each chunk to the attention (the
+    attentions before it given their joint rows), one attention over the span gives every chunk's
+    rows, and the piece then runs on each chunk with them."""
+    piece = runs[0].pieces[i]
+    states = [run.inputs(i) for run in runs]
+    with torch.enable_grad():
+        for part in piece.parts or (piece,):
+            states = _part_forward(part, states) if part.attentions else [tuple(part.fn(*x)) for x in states]
+    for run, outputs in zip(runs, states):
+        run.take_forward(i, outputs)
+
+
+def _part_forward(part: Any, states: list[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
+    """One piece with attentions on every chunk's ``states``, its attentions over the span's chunks."""
     try:
         _span.rows = []
-        for _ in range(count):
+        for _ in range(part.attentions):
             _span.calls = []
-            for c, run in enumerate(runs):
+            for c, state in enumerate(states):
                 _span.chunk, _span.seen = c, 0
                 try:
-                    with torch.enable_grad():
-                        run.piece_fn(i)
+                    part.fn(*state)
                 except _Gathered:
                     pass
-            if len(_span.calls) != len(runs):
-                raise RuntimeError(f"piece {runs[0].pieces[i].name}: an attention reached on {len(_span.calls)} "
-                                   f"of a span's {len(runs)} chunks")
-            with torch.enable_grad():
-                _span.rows.append(_joint(_span.calls))
+            if len(_span.calls) != len(states):
+                raise RuntimeError(f"piece {part.name}: an attention reached on {len(_span.calls)} of a span's "
+                                   f"{len(states)} chunks")
+            _span.rows.append(_joint(_span.calls))
         _span.calls = None
-        for c, run in enumerate(runs):
+        out = []
+        for c, state in enumerate(states):
             _span.chunk, _span.seen = c, 0
-            run.forward_piece(i)
+            out.append(tuple(part.fn(*state)))
+        return out
     finally:
         _span.rows, _span.calls = None, None
 

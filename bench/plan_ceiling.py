@@ -51,33 +51,53 @@ MAX_TRIES = 50_000
 """Producer and split choices tried per step at most (the search is exhaustive)."""
 
 
-def split_runs(chunks: list[int], ranks: int) -> list[list[tuple[int, int, int]]]:
+def split_runs(chunks: list[int], ranks: int, spans: list[list[int]] | None = None
+               ) -> list[list[tuple[int, int, int]]]:
     """Per chain, its choices as runs ``(rank, chunks, part)``: whole on one rank, or its first
-    ``a`` chunks on one rank and the rest on another."""
+    ``a`` chunks on one rank and the rest on another (``a`` between two of its ``spans``: an
+    image across several chunks stays on one rank)."""
     out = []
-    for c in chunks:
+    for j, c in enumerate(chunks):
         if c == 0:
             out.append([()])
             continue
+        cuts = np.cumsum(spans[j])[:-1].tolist() if spans else range(1, c)
         whole = [((r, c, 0),) for r in range(ranks)]
-        split = [((r, a, 0), (q, c - a, 1)) for r in range(ranks) for q in range(ranks) if q != r for a in range(1, c)]
+        split = [((r, a, 0), (q, c - a, 1)) for r in range(ranks) for q in range(ranks) if q != r for a in cuts]
         out.append(whole + split)
     return out
 
 
-def best_split_us(costs: MeasuredCosts, chunks: list[int], ranks: int, timeline) -> tuple[float, tuple, int]:
+def run_spans(spans: list[int] | None, count: int, part: int) -> list[int]:
+    """The spans of a chain's run: its first ``count`` chunks (``part`` 0) or its last (1), which
+    :func:`split_runs` cuts between spans."""
+    if spans is None:
+        return [1] * count
+    out, total = [], 0
+    for g in spans if part == 0 else spans[::-1]:
+        if total == count:
+            break
+        out.append(g)
+        total += g
+    return out if part == 0 else out[::-1]
+
+
+def best_split_us(costs: MeasuredCosts, chunks: list[int], ranks: int, timeline,
+                  spans: list[list[int]] | None = None) -> tuple[float, tuple, int]:
     """The greedy's shortest step (us) over every producer and split choice of ``chunks``'
-    chains on ``timeline``, the choice (per chain its runs) and how many were tried."""
-    choices = split_runs(chunks, ranks)
+    chains on ``timeline`` (``spans``: each chain's, kept whole), the choice (per chain its runs)
+    and how many were tried."""
+    choices = split_runs(chunks, ranks, spans)
     tries = int(np.prod([len(c) for c in choices]))
     if tries > MAX_TRIES:
         raise ValueError(f"chunks: {chunks} give {tries} producer and split choices, more than {MAX_TRIES}")
     best: tuple[float, tuple] = (float("inf"), ())
     for combo in itertools.product(*choices):
-        runs = [(j, lane, count) for j, chain in enumerate(combo) for lane, count, _ in chain]
-        tasks = piece_tasks(costs, [lane for _, lane, _ in runs], [count for _, _, count in runs])
+        runs = [(j, lane, count, part) for j, chain in enumerate(combo) for lane, count, part in chain]
+        tasks = piece_tasks(costs, [lane for _, lane, _, _ in runs], [count for _, _, count, _ in runs],
+                            [run_spans(spans[j] if spans else None, count, part) for j, _, count, part in runs])
         # piece_tasks numbers its runs as microbatches: each run's tasks feed its chain's
-        tasks = dataclasses.replace(tasks, microbatch=np.asarray([j for j, _, _ in runs], np.int64)[tasks.microbatch])
+        tasks = dataclasses.replace(tasks, microbatch=np.asarray([j for j, _, _, _ in runs], np.int64)[tasks.microbatch])
         step = schedule_problem(Problem.on_timeline(timeline, tasks), "greedy", fixed_assignment=True).step_time
         if step < best[0]:
             best = (step, combo)
@@ -89,18 +109,19 @@ def step_figures(report: dict, step: int, budget: float) -> dict:
     and coarse's plan of the same chunks (seconds)."""
     costs = MeasuredCosts(**report["costs"])
     chunks = [int(c) for c in report["data"]["chunks"][0][step]]
+    spans = (report["data"].get("spans") or [[None] * (step + 1)])[0][step]  # each chain's (None: one chunk each)
     pp, m = report["pp"], len(chunks)
     table = build_table(report["schedule"], pp, m, report["chunks"])
-    plan = make_placement("pybubble", costs, m, table, chunks)
+    plan = make_placement("pybubble", costs, m, table, chunks, spans)
     after = placement_step_s(plan, costs) - plan.schedule.step_time / US
     exact = optimum(plan.problem, scale=1.0, round_times=True, assignment=plan.assignment,
                     max_deterministic_time=budget)
-    split_us, combo, tries = best_split_us(costs, chunks, pp, plan.timeline)
+    split_us, combo, tries = best_split_us(costs, chunks, pp, plan.timeline, spans)
     return {"step": step, "chunks": chunks, "measured_s": report["step_times_s"][step],
             "predicted_s": report["predicted_steps_s"][step], "greedy_s": plan.schedule.step_time / US + after,
             "exact_s": exact.step_time / US + after, "exact_optimal": exact.optimal,
             "split_s": split_us / US + after, "split": [list(map(list, chain)) for chain in combo], "tries": tries,
-            "coarse_plan_s": placement_step_s(make_placement("coarse", costs, m, table, chunks), costs)}
+            "coarse_plan_s": placement_step_s(make_placement("coarse", costs, m, table, chunks, spans), costs)}
 
 
 def balance_figures(report: dict, step: int) -> dict:

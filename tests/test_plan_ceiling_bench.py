@@ -28,6 +28,21 @@ def test_a_chain_is_whole_on_a_rank_or_split_at_a_chunk_boundary(ceiling):
     choices = ceiling.split_runs([3, 0, 1], 2)
     assert len(choices[0]) == 2 + 2 * 2  # whole on 0 or 1; 1 | 2 or 2 | 1 chunks either way round
     assert ((0, 1, 0), (1, 2, 1)) in choices[0] and choices[1] == [()] and len(choices[2]) == 2
+
+
+def test_an_image_across_chunks_is_never_split_over_two_ranks(ceiling):
+    """A span (an image across several chunks) stays on one rank: chain [1, 2] of 3 chunks splits
+    only after its first chunk, and each run keeps its spans."""
+    choices = ceiling.split_runs([3], 2, [[1, 2]])
+    assert len(choices[0]) == 2 + 2 and ((0, 1, 0), (1, 2, 1)) in choices[0]
+    assert not any(len(c) == 2 and c[0][1] == 2 for c in choices[0])
+    assert ceiling.run_spans([1, 2], 1, 0) == [1] and ceiling.run_spans([1, 2], 2, 1) == [2]
+    assert ceiling.run_spans([1, 2], 3, 0) == [1, 2] and ceiling.run_spans(None, 2, 1) == [1, 1]
+    r = report(chunks=(3, 1, 0, 2))
+    r["data"]["spans"] = [[[[1, 2], [1], [], [2]]]]
+    x = ceiling.step_figures(r, 0, 5.0)
+    assert x["exact_s"] <= x["greedy_s"] + 1e-9 and all(
+        len(chain) <= 1 or chain[0][1] == 1 for chain in x["split"])  # chain 0 cut after its first chunk only
     assert all(sum(c for _, c, _ in runs) == 3 for runs in choices[0])
 
 

@@ -362,6 +362,8 @@ class MicrobatchRun:
 
     def forward_piece(self, i: int) -> None:
         """Runs piece ``i``'s forward; pieces run in order."""
+        if i != self._next_fwd:
+            raise RuntimeError(f"forward piece {i} out of order (next is {self._next_fwd})")
         with torch.enable_grad():
             self.take_forward(i, tuple(self.pieces[i].fn(*self._inputs[i])))
 

@@ -123,8 +123,8 @@ def data_report(every: Sequence[Mapping[str, Any]], settled: Sequence[int], chun
     """Data that varies per step: per rank over the settled steps the encoder's and the LLM's
     seconds and the idle time by kind (waited, not filled); per step the tiles each replica ran per
     slot and its chunks per slot's deadline (packed chains: slots whose tiles earlier chains ran
-    have 0) and its chains' spans (None: one chunk each), the slots' most over mean tiles as given and as laid out (rank 0's replica), the layout
-    chosen, the replicas' most over mean tiles before and after the moves; the tiles of a chunk."""
+    have 0) and its chains' spans (None: one chunk each), the slots' most over mean tiles as given
+    and as laid out (rank 0's replica), the layout chosen, the replicas' most over mean tiles before and after the moves; the tiles of a chunk."""
     waits = settled_waits(every, settled)
     rows = [r for r in every[0]["data"] if r is not None]
 

@@ -142,10 +142,10 @@ def piece_tasks(costs: MeasuredCosts, producer: Sequence[int], chunks: Sequence[
     duration = np.where(bwd, per_bwd[(pos - half) % n], per_fwd[pos % n]) if count else np.zeros(0)
     for j, s in enumerate(spans or ()):
         if any(g > 1 for g in s):  # a span's chunks piece by piece
-            steps = chain_steps(n, s, "fwd") + chain_steps(n, s, "bwd")
-            fwd_s, bwd_s = np.asarray(costs.piece_fwd_s) * US, np.asarray(costs.piece_bwd_s) * US
-            duration[offset[j]:offset[j] + sizes[j]] = [
-                (fwd_s if t < len(steps) // 2 else bwd_s)[i] for t, (_, i) in enumerate(steps)]
+            fwd_pieces = [i for _, i in chain_steps(n, s, "fwd")]
+            bwd_pieces = [i for _, i in chain_steps(n, s, "bwd")]
+            duration[offset[j]:offset[j] + sizes[j]] = np.concatenate(
+                [per_fwd[fwd_pieces], np.asarray(costs.piece_bwd_s)[bwd_pieces] * US])
     first = pos == 0  # a microbatch's first forward waits for nothing
     after = np.arange(count)[~first] - 1
     return Tasks(lane=np.repeat(np.asarray(producer, np.int64), sizes),

@@ -54,7 +54,7 @@ from .profile import check_piece_s
 from .replicas import MovedWork, ReplicaBalance, ReplicaMoves
 from .schedule_shape import PipelineShape
 from .packed import PackedEncoder, check_traceable
-from .segments import MicrobatchRun, Piece, split_into_pieces, traces_made
+from .segments import MicrobatchRun, split_into_pieces, traces_made
 from .step_costs import StepCosts
 from .tensor_parallel import fill_tp_waits
 from .waits import DataParallelWaits, TensorParallelWaits
@@ -197,6 +197,9 @@ class EncoderRuntime:
             check_traceable(encoder, self.example)
         self.kernels = self.pieces = split_into_pieces(encoder, self.example, self.options.compute_dtype)
         """The encoder cut before each kernel; :attr:`pieces` merges them at the profile."""
+        self.spanning = self.chunk_tiles == 1 and any(k.attentions for k in self.kernels)
+        """Whether an image may span chunks: the encoder attends by segment
+        (:mod:`~pybubble.runtime.spans`) and its pieces run one chunk (tile) at a time."""
         self.piece_s = check_piece_s(self.options.pieces.min_s, self.mode)
         self.output_shape, self.output_dtype = output_of(self.kernels, self.example)
 
@@ -276,8 +279,7 @@ class EncoderRuntime:
         batch = self._agree(encoder_input, clock)
         with clock.meeting():
             data = step_data(batch, None if self.mode == "megatron" else self.replica_balance,
-                            self.chunk_tiles if self.options.balance.pack_chunks else None,
-                            self.chunk_tiles == 1 and any(p.attentions for p in self.pieces))
+                            self.chunk_tiles if self.options.balance.pack_chunks else None, self.spanning)
             self._measure(clock.entry)
         plan, plan_s = self._plan(data.chains)
         work, start, waits_s = self._start(plan, data, clock)
@@ -353,19 +355,19 @@ class EncoderRuntime:
         with record_function(names.region("plan")):
             chunks = chains.chunk_counts(self.chunk_tiles)
             self.placement = make_placement(self._step_mode, self.costs, self.microbatches, self.pipeline.table, chunks,
-                                            chain_spans(chains, self.pieces, self.chunk_tiles))
+                                            chain_spans(chains) if self.spanning else None)
             self.plan = rank_plan(self.placement, self.pipeline.rank, self.costs, [p.name for p in self.pieces])
         return self.plan, time.perf_counter() - t
 
 
 
-def chain_spans(chains: EncoderBatch, pieces: Sequence[Piece], chunk_tiles: int) -> list[list[int]] | None:
+def chain_spans(chains: EncoderBatch) -> list[list[int]] | None:
     """Each chain's chunks in spans (an image across several chunks, its attention over all of
-    them: :mod:`~pybubble.runtime.spans`): the chains' images where the encoder's pieces attend by
-    segment and run one chunk a tile; None where no span has several chunks."""
-    if chains.images is None or chunk_tiles != 1 or not any(p.attentions for p in pieces):
+    them: :mod:`~pybubble.runtime.spans`), from the chains' images of an encoder that spans
+    chunks; None where no span has several chunks."""
+    if chains.images is None or not any(g > 1 for x in chains.images for g in x):
         return None
-    return chains.images if any(g > 1 for x in chains.images for g in x) else None
+    return chains.images
 
 
 def slot_layout(runtime: EncoderRuntime, sample_tiles: Sequence[int] | np.ndarray, per_chunk: int | None

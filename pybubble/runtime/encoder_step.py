@@ -181,9 +181,9 @@ class EncoderStep:
                 if pad:
                     grad = torch.cat([grad, grad.new_zeros((pad, *grad.shape[1:]))])
                 self._chunk_grads[j] = tuple(grad.split(size))
-            for cc, r in ((cc, self.runs[j, cc]) for cc in (span or (c,))):  # a span's backward needs all of them
-                if r.output_grad is None:
-                    r.output_grad = self._chunk_grads[j][self._chunks[j].index(cc)]
+            for cc in span or (c,):  # a span's backward needs every chunk's gradient
+                if self.runs[j, cc].output_grad is None:
+                    self.runs[j, cc].output_grad = self._chunk_grads[j][self._chunks[j].index(cc)]
             if span is None:
                 run.backward_piece(i)
             elif run.next_backward == i:

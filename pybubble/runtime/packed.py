@@ -38,7 +38,6 @@ Grid = tuple[int, int, int]
 """An image's ``(temporal patches, rows, columns)`` of patches."""
 
 
-
 @dataclass(frozen=True)
 class ImagePart:
     """An image in a chunk: all of it, or the rows ``first .. end`` of its patches (a span's part:

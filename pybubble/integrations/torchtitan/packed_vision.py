@@ -134,8 +134,7 @@ class PackedTitanVision(nn.Module):
         rope[..., : some.shape[-1] // 2] = 1.0  # the padding's: cos 1, sin 0 (no rotation)
         at = 0
         for part in parts:
-            (t, h, w), a, b = part.grid, part.first, part.end
-            n = b - a
+            (t, h, w), a, b, n = part.grid, part.first, part.end, part.patches
             idx, wt = interpolation_weights(self.side, h, w, self.merge)
             index[at:at + n], weight[at:at + n] = idx.repeat(t, 1)[a:b], wt.float().repeat(t, 1)[a:b]
             rope[at:at + n] = self._rope(t, h, w)[a:b]

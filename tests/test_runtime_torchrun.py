@@ -74,8 +74,9 @@ def dp2_pp2_reports(tmp_path_factory) -> dict[tuple[str, str], dict[str, dict]]:
 
 
 def test_three_modes_under_torchrun_reach_the_single_process_parameters(tmp_path):
-    got = reports(tmp_path, 2, "--piece-ms", 0)  # no --ranks: torchrun started the processes; kernel pieces, which
-    # fit the tiny model's waits (merged, they would run before and after the pipeline)
+    # no --ranks: torchrun started the processes; kernel pieces, which fit the tiny model's waits
+    # (merged, they would run before and after the pipeline)
+    got = reports(tmp_path, 2, "--piece-ms", 0, "--dump-plan", tmp_path / "plans")
     reference = got["pybubble"]["reference_checksum"]
     for mode, report in got.items():
         assert report["param_checksum"] == pytest.approx(reference, rel=1e-6), mode
@@ -85,9 +86,15 @@ def test_three_modes_under_torchrun_reach_the_single_process_parameters(tmp_path
             assert rank["pp"]["waited_s"] >= 0 and rank["pp"]["filled_s"] >= 0
         # the last stage waits for the first stage's forwards in every step: a pp wait is seen
         assert report["waits"][1]["pp"]["waited_s"] > 0, mode
-    # only pybubble runs encoder tasks inside the pipeline's waits
+    # Only pybubble plans encoder tasks inside the pipeline (megatron: stage 0's encoder at the
+    # step's start and its backward at the end; coarse: before and after). Whether a task then
+    # fits a wait of a few milliseconds depends on the machine's load: the filler's runs in real
+    # gloo waits are tested with waits of a quarter second (test_runtime_filler).
+    for mode in MODES:
+        plans = [json.loads((tmp_path / "plans" / mode / f"rank{r}.plan.json").read_text()) for r in range(2)]
+        inside = [t for p in plans for t in p["tasks"] if 0.0 < t["planned_start_s"] < p["horizon_s"]]
+        assert bool(inside) == (mode == "pybubble"), (mode, inside)
     assert sum(r["pp"]["filled_s"] for r in got["megatron"]["waits"]) == 0
-    assert sum(r["pp"]["filled_s"] for r in got["pybubble"]["waits"]) > 0
 
 
 @pytest.mark.parametrize("wrap, dim", DP2_PP2)

@@ -307,7 +307,11 @@ program under the layout bound's conditions with microbatches fed in order (`pyt
 bench/layout_lp.py`, bench/results/layout_lp.txt), is within 0.01-1.65% of the plans' bound on
 every plan of every setting, so no condition the bound counts stands between it and a layout; that
 program's layouts, rounded to whole images, are what the search now tries on one-stage plans (the
-shaped layouts), and they beat the spread layouts there by 1.4-5.1%. With more encoder stages the
+shaped layouts), and they beat the spread layouts there by 1.4-5.1%. The share-out is rounded two
+ways, microbatch by microbatch and keeping each pipeline's running total of images within one of
+the program's, and the rounding with the lower layout bound under the program's assignment is
+kept: that bound picked the shorter schedule on all five settings whose best plan is shaped, and
+the second rounding shortened weak_b, weak_d and dual_3 by 0.40 / 0.15 / 0.92%. With more encoder stages the
 same share-outs run 1-26% longer than the search's layouts: what neither bound counts is an encoder
 stage waiting for the one before it (on weak_b's two-stage layout its stage-1 lanes use 134 of their
 144 ms free after the gradients are ready, its stage-0 lanes 59 of 129 ms), and the chain of a
@@ -321,14 +325,10 @@ the step is within 2% of its layout's bound under its own assignment on every se
 above): the filler leaves little, the layout and its assignment hold the rest. Under its own
 assignment the layout's bound makes the first microbatches' pieces (whole images on a few lanes)
 count against the first deadlines, which the lightest-k form lets any microbatch meet: on weak_b
-the front it allows goes from 0 to 20.5 ms (the step's is 27.1). Tried here on the one-stage plans
+the front it allows goes from 0 to 20.1 ms (the step's is 28.1). Tried here on the one-stage plans
 and not kept: each piece's chain of layers as a condition of the share-out program (its images'
 path before its deadline and after its gradient: the same optimum, steps at most 0.13% shorter);
-the first or last microbatch spread evenly on top of the share-out (0.6-1.7% longer); the share-out
-rounded two ways (microbatch by microbatch, and keeping each pipeline's running total within one
-image of the program's), the one with the lower layout bound under its assignment kept (weak_b,
-weak_d, dual_3 0.40 / 0.15 / 0.92% shorter, the bound picking the shorter on all five shaped
-settings, but a100's planning 1.22x c217214's: each rounding builds a layout); a local search
+the first or last microbatch spread evenly on top of the share-out (0.6-1.7% longer); a local search
 moving single images between pipelines against the layout's bound under its assignment (that bound
 1.0-1.3% lower on weak_b and weak_d, their steps 0.4-0.5% shorter, their schedules then up to 2.4%
 above it; 0.5-1 s of planning in Python); and as bounds, the per-lane program over every fractional

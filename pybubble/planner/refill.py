@@ -12,7 +12,8 @@ shared out over the encoder pipelines by the linear program that minimises the g
 after the LLM under the conditions of the layout's bound (:func:`~pybubble.planner.bound.layout_bound`:
 on every lane, the forward of the microbatches the LLM needs first before it needs them, the backward
 of the last ones after their gradient is ready, all of it in the free time), microbatch j feeding
-LLM microbatch j, rounded to whole images by largest remainder. The search's spread layouts share
+LLM microbatch j, rounded to whole images two ways (:func:`rounded`), the one with the lower
+layout bound kept. The search's spread layouts share
 a microbatch out by the free time before its own deadline; the program weighs every deadline at
 once. It ignores one encoder stage waiting for another, so it is not tried on more stages (there its
 layouts ran 1-26% longer: bench/results/layout_lp.txt), and it is tried on the first one-stage plan
@@ -29,7 +30,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..problem.problem import Problem
 from ..schedule.scheduler import schedule_problem
+from .bound import layout_bound
 from .candidate import Candidate
 from .space import PlanSpace
 
@@ -37,14 +40,50 @@ REFILL = 3
 """How many of the search's best plans are re-filled (see the module docstring)."""
 
 
-def share_out(space: PlanSpace) -> list[int | tuple[int, ...]] | None:
-    """The shaped layout of `space`'s plan (see the module docstring): per LLM microbatch, the
-    pipeline that takes every image of its encoder microbatch, or the images per pipeline; None for a
-    plan of more than one encoder stage or of encoders with different image counts."""
+def share_out(space: PlanSpace) -> tuple[list[int | tuple[int, ...]], Problem] | None:
+    """The shaped layout of `space`'s plan (see the module docstring) and its problem: per LLM
+    microbatch, the pipeline that takes every image of its encoder microbatch, or the images per
+    pipeline; None for a plan of more than one encoder stage or of encoders with different image
+    counts. Of the program's share-out rounded microbatch by microbatch and rounded so that each
+    pipeline's images of the first k microbatches stay within one of the program's
+    (:func:`rounded`), the one with the lower :func:`~pybubble.planner.bound.layout_bound` under
+    the program's assignment (microbatch j feeds LLM microbatch j): that bound picked the shorter
+    schedule on the five Optimus settings whose best plan is shaped."""
     if space.plan.pp_enc != 1:
         return None
-    found = share_out_program(space)
-    return None if found is None else found[1]
+    found = _program(space)
+    if found is None:
+        return None
+    n, share = space.work.images[0], found[1]
+    layouts = [rounded(share, n, cumulative) for cumulative in (False, True)]
+    if layouts[0] == layouts[1]:  # one layout to build
+        return layouts[0], space.bubbles.with_tasks(space.work.layout_tasks(layouts[0]))
+    best = None
+    for layout in layouts:
+        problem = space.bubbles.with_tasks(space.work.layout_tasks(layout))
+        key = layout_bound(problem, np.arange(problem.num_microbatches)).step_time
+        if best is None or key < best[0]:
+            best = (key, layout, problem)
+    return best[1], best[2]
+
+
+def rounded(share: np.ndarray, n: int, cumulative: bool = False) -> list[int | tuple[int, ...]]:
+    """`share` (microbatches x pipelines, each row summing to `n`) in whole images: each row by
+    largest remainder, or (`cumulative`) each row by largest remainder of what keeps every
+    pipeline's images of the rows so far nearest the share's; per row, the pipeline that takes all
+    `n` or the images per pipeline."""
+    layout: list[int | tuple[int, ...]] = []
+    so_far, taken = np.zeros(share.shape[1]), np.zeros(share.shape[1])
+    for row in share:
+        so_far = so_far + row
+        want = np.clip(so_far - taken, 0.0, None) if cumulative else row
+        want = want * (n / want.sum()) if want.sum() > 0 else row
+        got = np.floor(want + 1e-9).astype(np.int64)
+        got[np.argsort(-(want - got), kind="stable")[:n - int(got.sum())]] += 1  # largest remainder
+        taken = taken + got
+        held = np.nonzero(got)[0]
+        layout.append(int(held[0]) if len(held) == 1 else tuple(int(g) for g in got))
+    return layout
 
 
 def share_out_program(space: PlanSpace, integral: bool = False) -> tuple[float, list[int | tuple[int, ...]]] | None:
@@ -52,6 +91,12 @@ def share_out_program(space: PlanSpace, integral: bool = False) -> tuple[float, 
     plus the least growth) and its share-out rounded to whole images by largest remainder; None for
     encoders with different image counts or no solution. `integral`: whole images in the program
     itself (a mixed-integer program, 20 s at most: ``bench/layout_lp.py``)."""
+    found = _program(space, integral)
+    return None if found is None else (found[0], rounded(found[1], space.work.images[0]))
+
+
+def _program(space: PlanSpace, integral: bool = False) -> tuple[float, np.ndarray] | None:
+    """:func:`share_out_program`'s optimum and its share (microbatches x pipelines, images)."""
     plan, total = space.plan, space.step.config.microbatches
     images = set(space.work.images)
     if len(images) != 1:
@@ -86,13 +131,7 @@ def share_out_program(space: PlanSpace, integral: bool = False) -> tuple[float, 
                       bounds=(0, None), method="highs")
         if res.status != 0:
             return None
-    layout: list[int | tuple[int, ...]] = []
-    for share in res.x[:-2].reshape(total, pipes):
-        got = np.floor(share + 1e-9).astype(np.int64)
-        got[np.argsort(-(share - got), kind="stable")[:n - int(got.sum())]] += 1  # largest remainder
-        held = np.nonzero(got)[0]
-        layout.append(int(held[0]) if len(held) == 1 else tuple(int(g) for g in got))
-    return space.horizon + float(res.fun), layout
+    return space.horizon + float(res.fun), res.x[:-2].reshape(total, pipes)
 
 
 def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace], workers: int,
@@ -113,11 +152,11 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
             return replace(cand, schedule=holes, policy="holes", replaced_step=cand.step_time) \
                 if holes.step_time < cand.step_time else None
         space = space_of(cand)
-        layout = share_out(space)
-        memory = None if layout is None else space.layout_memory(layout)
+        found = share_out(space)
+        memory = None if found is None else space.layout_memory(found[0])
         if memory is None or memory > space.memory_limit:
             return None
-        return replace(space.layout_candidate(layout, (0, 0), memory, policy="holes"), shaped=True)
+        return replace(space.layout_candidate(found[0], (0, 0), memory, policy="holes", problem=found[1]), shaped=True)
 
     if workers > 1 and len(jobs) > 1:
         # the longest first (the shaped layout: a program, layouts and a schedule; then the largest
@@ -135,4 +174,4 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
     return out
 
 
-__all__ = ["REFILL", "refilled", "share_out", "share_out_program"]
+__all__ = ["REFILL", "refilled", "rounded", "share_out", "share_out_program"]

@@ -155,11 +155,12 @@ class PlanSpace:
                          step=self.step)
 
     def layout_candidate(self, layout: list[int | tuple[int, ...]], spread: tuple[int, int],
-                         memory: float | None = None, policy: str = "greedy") -> Candidate:
+                         memory: float | None = None, policy: str = "greedy", problem: Problem | None = None) -> Candidate:
         """`layout` (:meth:`EncoderWork.layout_tasks`) scheduled into every bubble by the filler
         `policy` (:func:`~pybubble.schedule.scheduler.schedule_problem`); its `partition` counts the
-        whole microbatches per pipeline."""
-        problem = self.bubbles.with_tasks(self.work.layout_tasks(layout))
+        whole microbatches per pipeline. `problem`: the layout's problem, when already made."""
+        if problem is None:
+            problem = self.bubbles.with_tasks(self.work.layout_tasks(layout))
         partition = [sum(1 for p in layout if p == i) for i in range(self.plan.pipelines)]
         return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule_problem(problem, policy),
                          memory_bytes=self.layout_memory(layout) if memory is None else memory, spread=spread,

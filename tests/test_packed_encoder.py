@@ -166,3 +166,15 @@ def test_an_image_that_cannot_be_cut_into_chunks_is_refused():
     with pytest.raises(ValueError, match=r"images\[1\]: its rows from patch 0 to the next place it may be cut "
                                          r"\(160\) are more than a chunk's 128 patches"):
         pack_images([16, 320], 128, cuts=[[], row_cuts([1, 8, 40], 4)])
+
+
+def test_the_trainer_cuts_its_images_where_the_towers_layout_may(towers):
+    # the test trainer reads its data file before it builds the encoder: its cut rows come from the
+    # tower's sizes, and are the layout's own
+    from pybubble.runtime.packed import row_cuts
+    from pybubble.testing.mllm.job import CUT_ROWS
+    from pybubble.testing.mllm.qwen_vision import QwenLayout, qwen_tower
+
+    layout = QwenLayout(qwen_tower(16, 2, 2, 16).config, PATCHES)
+    assert layout.window_rows == CUT_ROWS["qwen2_5_vl"] == 4
+    assert layout.cuts([2, 12, 8]) == row_cuts([2, 12, 8], CUT_ROWS["qwen2_5_vl"])

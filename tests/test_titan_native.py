@@ -49,6 +49,14 @@ def test_the_layout_gives_torchtitans_own_position_embeddings():
     assert (segments[at:] == -1).all() and (weight[at:] == 0).all()
 
 
+def test_the_trainer_cuts_its_images_where_the_layout_may():
+    from pybubble.runtime.packed import row_cuts
+    from pybubble.testing.mllm.job import CUT_ROWS
+
+    chunk = PackedTitanVision(titan_tower(16, 1, 2, 8, seed=0), 256)
+    assert chunk.cuts([1, 8, 12]) == row_cuts([1, 8, 12], CUT_ROWS["titan_vit"]) and CUT_ROWS["titan_vit"] == 2
+
+
 def test_one_chunk_gives_torchtitans_forward_and_gradients():
     tower = titan_tower(16, 2, 2, 8, seed=0)
     reference = use_segment_attention(copy.deepcopy(tower))

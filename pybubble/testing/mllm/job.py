@@ -15,6 +15,7 @@ from torch.distributed import pipelining
 from ...data.files import read_samples
 from ...data.samples import Samples
 from ...placement.step_placement import PLACEMENTS
+from . import qwen_vision, titan_vision
 from .faults import FAULTS
 from ...config.processors import PROCESSORS
 from .model import ENCODER_KINDS, NATIVE_SIZES, PACKED_KINDS, PROCESSOR_OF, SIZES, VARYING_SIZES, ModelConfig, encoder_tokens
@@ -328,10 +329,10 @@ def data_samples(args: argparse.Namespace) -> Samples:
     return _read(args.data_file, encoder_tokens(cfg, args.encoder), cfg.max_tiles, cfg.seq_len, None, None)
 
 
-CUT_ROWS = {"qwen2_5_vl": 4, "titan_vit": 2}
+CUT_ROWS = {"qwen2_5_vl": qwen_vision.QWEN_WINDOW // qwen_vision.QWEN_PATCH, "titan_vit": titan_vision.MERGE}
 """Rows of patches between the places a native-resolution encoder's layout may cut an image larger
-than a chunk (Qwen2.5-VL: a row of 56-pixel windows of 14-pixel patches; torchtitan's Qwen3.5: a
-merged row)."""
+than a chunk (Qwen2.5-VL: a row of windows; torchtitan's Qwen3.5: a merged row), from the towers'
+own sizes: the data file is read before the encoder is built."""
 
 
 @functools.lru_cache(maxsize=8)

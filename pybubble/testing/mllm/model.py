@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import qwen_vision, titan_vision
 from .vision_libraries import import_vision_libraries
 
 
@@ -21,7 +22,8 @@ PACKED_KINDS = ("qwen2_5_vl", "titan_vit")
 """The native-resolution encoders (transformers' Qwen2.5-VL tower, torchtitan's Qwen3.5 encoder):
 images of any size, packed into chunks of ``chunk_patches`` patches (:mod:`pybubble.runtime.packed`);
 a tile is one LLM token (a merged patch)."""
-PATCH_VALUES = {"qwen2_5_vl": 3 * 2 * 14 * 14, "titan_vit": 3 * 2 * 16 * 16}
+PATCH_VALUES = {"qwen2_5_vl": 3 * 2 * qwen_vision.QWEN_PATCH ** 2,
+                "titan_vit": 3 * titan_vision.TEMPORAL * titan_vision.PATCH ** 2}
 """Values of one patch: 3 channels, 2 frames, 14 x 14 (Qwen2.5-VL) or 16 x 16 pixels (Qwen3.5)."""
 PROCESSOR_OF = {"qwen2_5_vl": "qwen2_5_vl", "titan_vit": "qwen3_5"}
 """The processor (:data:`pybubble.config.processors.PROCESSORS`) whose rules size each encoder's images."""

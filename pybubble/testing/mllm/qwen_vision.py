@@ -33,6 +33,13 @@ from ...runtime.packed import ImagePart, row_cuts
 from ...runtime.spans import segment_attention
 from .vision_libraries import import_vision_libraries
 
+QWEN_PATCH = 14
+"""Pixels of a patch's side (Qwen2.5-VL's)."""
+QWEN_WINDOW = 56
+"""Pixels of a window's side (Qwen2.5-VL's window attention)."""
+QWEN_MERGE = 2
+"""Patches merged into a token along each side (Qwen2.5-VL's)."""
+
 BLOCK_ATTENTION = "pybubble_flash_blocks"
 """The attention implementation :func:`block_attention` is registered as ("flash" in the name:
 transformers then passes ``cu_seqlens`` as a tensor instead of splitting by Python lengths)."""
@@ -159,7 +166,8 @@ def qwen_tower(hidden: int, depth: int, heads: int, out: int, attention: str | N
 
     config = Qwen2_5_VLVisionConfig(
         depth=depth, hidden_size=hidden, intermediate_size=2 * hidden, num_heads=heads, out_hidden_size=out,
-        patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56, in_channels=3,
+        patch_size=QWEN_PATCH, spatial_merge_size=QWEN_MERGE, temporal_patch_size=2, window_size=QWEN_WINDOW,
+        in_channels=3,
         fullatt_block_indexes=list(range(depth - 1, -1, -2))[::-1],
         **({} if attention is None else {"attn_implementation": attention}))
     return Qwen2_5_VisionTransformerPretrainedModel(config)
@@ -186,5 +194,5 @@ class PackedQwenVision(nn.Module):
                           max_window_seqlen=self.patches).pooler_output
 
 
-__all__ = ["BLOCK_ATTENTION", "FRAMES", "PackedLayout", "PackedQwenVision", "QwenLayout", "qwen_tower", "block_attention", "packed_layout", "padded_grids",
+__all__ = ["BLOCK_ATTENTION", "FRAMES", "QWEN_MERGE", "QWEN_PATCH", "QWEN_WINDOW", "PackedLayout", "PackedQwenVision", "QwenLayout", "qwen_tower", "block_attention", "packed_layout", "padded_grids",
            "register_block_attention", "use_block_attention"]

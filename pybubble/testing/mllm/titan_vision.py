@@ -16,6 +16,8 @@ PATCH = 16
 """Pixels of a patch's side (Qwen3.5's)."""
 TEMPORAL = 2
 """Frames of a temporal patch."""
+MERGE = 2
+"""Patches merged into a token along each side."""
 
 
 def titan_tower(dim: int, layers: int, heads: int, out: int, seed: int) -> nn.Module:
@@ -39,14 +41,14 @@ def titan_tower(dim: int, layers: int, heads: int, out: int, seed: int) -> nn.Mo
     merged = 4 * dim
     config = Qwen35VisionEncoder.Config(
         dim=dim, num_layers=layers, num_heads=heads, patch_size=PATCH, temporal_patch_size=TEMPORAL, in_channels=3,
-        spatial_merge_size=2, num_position_embeddings=64, patch_embed_proj=linear(3 * TEMPORAL * PATCH * PATCH, dim),
+        spatial_merge_size=MERGE, num_position_embeddings=64, patch_embed_proj=linear(3 * TEMPORAL * PATCH * PATCH, dim),
         block=VisionTransformerBlock.Config(
             norm1=norm(), norm2=norm(),
             attn=VisionAttention.Config(dim=dim, num_heads=heads, wq=linear(dim, dim), wk=linear(dim, dim),
                                         wv=linear(dim, dim), proj=linear(dim, dim)),
             mlp=VisionMLP.Config(fc1=linear(dim, 2 * dim), fc2=linear(2 * dim, dim))),
         rotary_pos_emb=VisionRotaryEmbedding.Config(dim=dim // heads // 2),
-        merger=PatchMerger.Config(spatial_merge_size=2, merged_hidden_size=merged, norm=norm(),
+        merger=PatchMerger.Config(spatial_merge_size=MERGE, merged_hidden_size=merged, norm=norm(),
                                   fc1=linear(merged, merged), fc2=linear(merged, out)),
         param_init={"pos_embed": partial(nn.init.trunc_normal_, std=0.02)})
     torch.manual_seed(seed)
@@ -73,4 +75,4 @@ def unpacked(tower: nn.Module) -> Callable[[Sequence[torch.Tensor], Sequence[Seq
     return tokens
 
 
-__all__ = ["PATCH", "TEMPORAL", "titan_tower", "unpacked"]
+__all__ = ["MERGE", "PATCH", "TEMPORAL", "titan_tower", "unpacked"]

@@ -7,7 +7,7 @@ pytest.importorskip("torch")
 import pybubble  # noqa: E402
 from pybubble.runtime import MeasuredCosts, make_placement, predict_step_s  # noqa: E402
 from pybubble.placement.plan import RankPlan, rank_plan  # noqa: E402
-from pybubble.placement.step_placement import chain_steps, piece_tasks  # noqa: E402
+from pybubble.placement.step_placement import chain_steps, piece_tasks, step_weights  # noqa: E402
 
 
 def costs(**kw):
@@ -75,6 +75,31 @@ def test_a_spans_chunks_run_piece_by_piece(tmp_path):
             assert RankPlan.read(tmp_path / "plan.json") == mine
     with pytest.raises(ValueError, match=r"spans: \[\[1\], \[1\]\] do not split each microbatch's chunks \[2, 1\]"):
         make_placement("pybubble", c, 2, chunks=[2, 1], spans=[[1], [1]])
+
+
+def test_a_span_runs_its_joint_pieces_in_its_first_chunks_task(tmp_path):
+    """A piece whose attention spans the span's chunks runs all of them in the first chunk's task:
+    that task takes the span's chunks' cost, the others none, in the problem and in each rank's plan."""
+    # piece 1 holds an attention; microbatch 0 is one chunk and a span of two
+    a = piece_tasks(costs(piece_fwd_s=[1.0, 2.0], piece_bwd_s=[3.0, 4.0]), [0], [3], [[1, 2]], [False, True])
+    assert a.duration.tolist() == [x * 1e6 for x in (1, 2, 1, 1, 4, 0, 4, 3, 8, 0, 3, 3)]
+    assert step_weights(chain_steps(2, [3], "bwd"), [3], [True, False]).tolist() == [1, 1, 1, 3, 0, 0]
+    c, chunks, spans = costs(), [1, 3, 2], [[1], [1, 2], [2]]
+    joint = [i % 3 == 1 for i in range(10)]
+    with pytest.raises(ValueError, match="joint: 2 entries for 10 pieces"):
+        make_placement("pybubble", c, 3, chunks=chunks, spans=spans, joint=[True, False])
+    for mode in ("coarse", "pybubble"):
+        plan, alone = (make_placement(mode, c, 3, chunks=chunks, spans=spans, joint=x) for x in (joint, None))
+        assert pybubble.validate(plan.problem, plan.schedule) == []
+        # the same work in all: moved between the tasks of a span
+        assert plan.problem.arrays().tasks.duration.sum() == pytest.approx(alone.problem.arrays().tasks.duration.sum())
+        span_of = {(1, 0): (0, 1), (1, 1): (1, 2), (1, 2): (1, 2), (2, 0): (0, 2), (2, 1): (0, 2), (0, 0): (0, 1)}
+        for r in (0, 1):
+            for t in rank_plan(plan, r, c, NAMES).tasks:
+                per = (c.piece_fwd_s if t.phase == "fwd" else c.piece_bwd_s)[t.piece]
+                first, g = span_of[t.chain, t.chunk]
+                want = per if not joint[t.piece] or g == 1 else g * per * (t.chunk == first)
+                assert type(t.duration_s) is float and t.duration_s == pytest.approx(want), (mode, t)  # counters add it
 
 
 def test_rank_plan_gaps_follow_the_timeline():

@@ -187,16 +187,18 @@ def _rank_tasks(plan: Placement, rank: int, costs: MeasuredCosts, names: Sequenc
         needed_at = None
         if plan.start_s is not None and remote:
             needed_at = front + float(plan.timeline.forward_needed[k]) / US - costs.p2p_s
+        weight = plan.step_weights(j, n, "fwd")
         for step, (c, i) in enumerate(plan.chain_steps(j, n, "fwd")):
             start = 0.0 if plan.start_s is None else float(plan.start_s[task_index(n, j, "fwd", step, counts)])
             tasks.append(PlannedTask(chain=j, piece=i, phase="fwd", label=names_.task_label(j, "fwd", names[i]),
-                                     duration_s=costs.piece_fwd_s[i], planned_start_s=start, needed_by=k,
-                                     needed_at_s=needed_at, host_only=remote and step == n * ch - 1, chunk=c))
+                                     duration_s=costs.piece_fwd_s[i] * float(weight[step]), planned_start_s=start,
+                                     needed_by=k, needed_at_s=needed_at, host_only=remote and step == n * ch - 1, chunk=c))
+        weight = plan.step_weights(j, n, "bwd")
         for step, (c, i) in enumerate(plan.chain_steps(j, n, "bwd")):
             start = (plan.timeline.step_time / US if plan.start_s is None
                      else float(plan.start_s[task_index(n, j, "bwd", step, counts)]))
             tasks.append(PlannedTask(chain=j, piece=i, phase="bwd", label=names_.task_label(j, "bwd", names[i]),
-                                     duration_s=costs.piece_bwd_s[i], planned_start_s=start,
+                                     duration_s=costs.piece_bwd_s[i] * float(weight[step]), planned_start_s=start,
                                      host_only=remote and step == 0, after_grad=step == 0, chunk=c))
     return sorted(tasks, key=lambda t: t.planned_start_s)
 

@@ -123,13 +123,27 @@ def chain_steps(pieces: int, spans: Sequence[int], phase: str) -> list[tuple[int
         c0 += g
     return out
 
+def step_weights(steps: Sequence[tuple[int, int]], spans: Sequence[int], joint: Sequence[bool] | None) -> np.ndarray:
+    """Per (chunk, piece) of ``steps`` (:func:`chain_steps` over ``spans``), the multiple of the
+    piece's cost per chunk that its task takes: a piece that runs a span's chunks together
+    (``joint[piece]``: its attention spans them) runs all of them in the span's first chunk's task
+    (``g`` times, for a span of ``g`` chunks) and nothing in the others'; every other task 1."""
+    first: dict[int, tuple[int, int]] = {}
+    c0 = 0
+    for g in spans:
+        first.update({c: (c0, g) for c in range(c0, c0 + g)})
+        c0 += g
+    return np.array([1.0 if not (joint and joint[i]) or first[c][1] == 1 else float(first[c][1]) * (c == first[c][0])
+                     for c, i in steps])
+
 def piece_tasks(costs: MeasuredCosts, producer: Sequence[int], chunks: Sequence[int] | None = None,
-                spans: Sequence[Sequence[int]] | None = None) -> Tasks:
+                spans: Sequence[Sequence[int]] | None = None, joint: Sequence[bool] | None = None) -> Tasks:
     """The encoder's piece tasks (index = id): per encoder microbatch j, for each of its
     ``chunks[j]`` chunks (inputs of the pieces' fixed shape; default one) the pieces' forwards in
     order, then per chunk the pieces' backwards in reverse, on the lane (rank) of its producer, each
     after the one before (arrays: one re-plan per step stays cheap). ``spans[j]``: microbatch j's
-    chunks in spans (:func:`chain_steps`: a span's chunks run piece by piece; empty: one chunk each)."""
+    chunks in spans (:func:`chain_steps`: a span's chunks run piece by piece; empty: one chunk each);
+    ``joint[i]``: piece i runs a span's chunks together, in its first chunk's task (:func:`step_weights`)."""
     n, m = len(costs.piece_fwd_s), len(producer)
     counts = np.ones(m, np.int64) if chunks is None else np.asarray(chunks, np.int64)
     per_fwd, per_bwd = np.asarray(costs.piece_fwd_s) * US, np.asarray(costs.piece_bwd_s)[::-1] * US
@@ -142,10 +156,10 @@ def piece_tasks(costs: MeasuredCosts, producer: Sequence[int], chunks: Sequence[
     duration = np.where(bwd, per_bwd[(pos - half) % n], per_fwd[pos % n]) if count else np.zeros(0)
     for j, s in enumerate(spans or ()):
         if any(g > 1 for g in s):  # a span's chunks piece by piece
-            fwd_pieces = [i for _, i in chain_steps(n, s, "fwd")]
-            bwd_pieces = [i for _, i in chain_steps(n, s, "bwd")]
+            fwd, bwd_ = chain_steps(n, s, "fwd"), chain_steps(n, s, "bwd")
             duration[offset[j]:offset[j] + sizes[j]] = np.concatenate(
-                [per_fwd[fwd_pieces], np.asarray(costs.piece_bwd_s)[bwd_pieces] * US])
+                [per_fwd[[i for _, i in fwd]] * step_weights(fwd, s, joint),
+                 np.asarray(costs.piece_bwd_s)[[i for _, i in bwd_]] * US * step_weights(bwd_, s, joint)])
     first = pos == 0  # a microbatch's first forward waits for nothing
     after = np.arange(count)[~first] - 1
     return Tasks(lane=np.repeat(np.asarray(producer, np.int64), sizes),
@@ -185,6 +199,8 @@ class Placement:
     """Encoder microbatch j's chunks (inputs of the pieces' fixed shape); empty: one each."""
     spans: tuple[tuple[int, ...], ...] = ()
     """Encoder microbatch j's chunks in spans (:func:`chain_steps`); empty: one chunk each."""
+    joint: tuple[bool, ...] = ()
+    """Per piece, whether it runs a span's chunks together (:func:`step_weights`); empty: none."""
 
     def chunk_counts(self) -> list[int]:
         """The chunks of each encoder microbatch."""
@@ -193,6 +209,11 @@ class Placement:
     def chain_steps(self, j: int, pieces: int, phase: str) -> list[tuple[int, int]]:
         """Encoder microbatch j's ``phase`` tasks in chain order, as (chunk, piece)."""
         return chain_steps(pieces, self.spans[j] if self.spans else [1] * self.chunk_counts()[j], phase)
+
+    def step_weights(self, j: int, pieces: int, phase: str) -> np.ndarray:
+        """Per task of :meth:`chain_steps`, the multiple of its piece's cost it takes (:func:`step_weights`)."""
+        spans = self.spans[j] if self.spans else [1] * self.chunk_counts()[j]
+        return step_weights(chain_steps(pieces, spans, phase), spans, self.joint)
 
 def check_chunks(chunks: Sequence[int] | None, microbatches: int) -> tuple[int, ...]:
     """``chunks`` (one count >= 0 per microbatch) as a tuple; () for None."""
@@ -216,13 +237,18 @@ def check_spans(spans: Sequence[Sequence[int]] | None, chunks: tuple[int, ...]) 
     return out
 
 def make_placement(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None,
-                   chunks: Sequence[int] | None = None, spans: Sequence[Sequence[int]] | None = None) -> Placement:
+                   chunks: Sequence[int] | None = None, spans: Sequence[Sequence[int]] | None = None,
+                   joint: Sequence[bool] | None = None) -> Placement:
     """Megatron: the encoder inside stage 0. coarse / pybubble: the core's ``coarse`` / ``greedy``
     schedule of the encoder's tasks over all ranks. ``table``: the schedule's action table
     (default 1F1B, one stage per rank). ``chunks``: each microbatch's encoder input in chunks of
     the pieces' shape (data that varies per microbatch; default one each); when they differ,
     encoder microbatch j feeds LLM microbatch j (its data is that microbatch's). ``spans``: each
-    microbatch's chunks in spans (:func:`chain_steps`; with ``chunks``)."""
+    microbatch's chunks in spans (:func:`chain_steps`; with ``chunks``); ``joint``: per piece,
+    whether it runs a span's chunks together (:func:`step_weights`)."""
+    joint = () if joint is None else tuple(bool(x) for x in joint)
+    if joint and len(joint) != len(costs.piece_fwd_s):
+        raise ValueError(f"joint: {len(joint)} entries for {len(costs.piece_fwd_s)} pieces")
     table = build_table("1f1b", costs.stages, microbatches) if table is None else table
     counts = check_chunks(chunks, microbatches)
     grouped = check_spans(spans, counts)
@@ -231,14 +257,14 @@ def make_placement(mode: str, costs: MeasuredCosts, microbatches: int, table: Ta
     if mode == "megatron":
         return Placement(mode=mode, timeline=measured_timeline(costs, microbatches, True, table, counts or None),
                          producer=producer, assignment=list(range(microbatches)), start_s=None, problem=None,
-                         schedule=None, first_stage=first, chunks=counts, spans=grouped)
+                         schedule=None, first_stage=first, chunks=counts, spans=grouped, joint=joint)
     timeline = measured_timeline(costs, microbatches, table=table)
-    problem = Problem.on_timeline(timeline, piece_tasks(costs, producer, counts or None, grouped or None))
+    problem = Problem.on_timeline(timeline, piece_tasks(costs, producer, counts or None, grouped or None, joint))
     sched = schedule_problem(problem, "coarse" if mode == "coarse" else "greedy",
                              fixed_assignment=len(set(counts)) > 1)
     return Placement(mode=mode, timeline=timeline, producer=producer, assignment=[int(k) for k in sched.assignment],
                      start_s=np.asarray(sched.start) / US, problem=problem, schedule=sched, first_stage=first,
-                     chunks=counts, spans=grouped)
+                     chunks=counts, spans=grouped, joint=joint)
 
 def predict_step_s(mode: str, costs: MeasuredCosts, microbatches: int, table: Table | None = None,
                    chunks: Sequence[int] | None = None) -> float:

@@ -353,9 +353,9 @@ class EncoderRuntime:
         the coarse way, megatron in that mode), and the time planning took."""
         t = time.perf_counter()
         with record_function(names.region("plan")):
-            chunks = chains.chunk_counts(self.chunk_tiles)
+            chunks, spans = chains.chunk_counts(self.chunk_tiles), chain_spans(chains) if self.spanning else None
             self.placement = make_placement(self._step_mode, self.costs, self.microbatches, self.pipeline.table, chunks,
-                                            chain_spans(chains) if self.spanning else None)
+                                            spans, spans and [p.attentions > 0 for p in self.pieces])
             self.plan = rank_plan(self.placement, self.pipeline.rank, self.costs, [p.name for p in self.pieces])
         return self.plan, time.perf_counter() - t
 

@@ -128,13 +128,17 @@ def step_weights(steps: Sequence[tuple[int, int]], spans: Sequence[int], joint: 
     piece's cost per chunk that its task takes: a piece that runs a span's chunks together
     (``joint[piece]``: its attention spans them) runs all of them in the span's first chunk's task
     (``g`` times, for a span of ``g`` chunks) and nothing in the others'; every other task 1."""
-    first: dict[int, tuple[int, int]] = {}
+    span_of: dict[int, tuple[int, int]] = {}  # chunk -> (its span's first chunk, the span's size)
     c0 = 0
     for g in spans:
-        first.update({c: (c0, g) for c in range(c0, c0 + g)})
+        span_of.update({c: (c0, g) for c in range(c0, c0 + g)})
         c0 += g
-    return np.array([1.0 if not (joint and joint[i]) or first[c][1] == 1 else float(first[c][1]) * (c == first[c][0])
-                     for c, i in steps])
+    out = np.ones(len(steps))
+    for k, (c, i) in enumerate(steps):
+        first, g = span_of[c]
+        if joint and joint[i] and g > 1:
+            out[k] = g if c == first else 0.0
+    return out
 
 def piece_tasks(costs: MeasuredCosts, producer: Sequence[int], chunks: Sequence[int] | None = None,
                 spans: Sequence[Sequence[int]] | None = None, joint: Sequence[bool] | None = None) -> Tasks:
@@ -206,14 +210,17 @@ class Placement:
         """The chunks of each encoder microbatch."""
         return list(self.chunks) or [1] * len(self.producer)
 
+    def spans_of(self, j: int) -> Sequence[int]:
+        """Encoder microbatch j's chunks in spans (one chunk each when none spans several)."""
+        return self.spans[j] if self.spans else [1] * self.chunk_counts()[j]
+
     def chain_steps(self, j: int, pieces: int, phase: str) -> list[tuple[int, int]]:
         """Encoder microbatch j's ``phase`` tasks in chain order, as (chunk, piece)."""
-        return chain_steps(pieces, self.spans[j] if self.spans else [1] * self.chunk_counts()[j], phase)
+        return chain_steps(pieces, self.spans_of(j), phase)
 
     def step_weights(self, j: int, pieces: int, phase: str) -> np.ndarray:
         """Per task of :meth:`chain_steps`, the multiple of its piece's cost it takes (:func:`step_weights`)."""
-        spans = self.spans[j] if self.spans else [1] * self.chunk_counts()[j]
-        return step_weights(chain_steps(pieces, spans, phase), spans, self.joint)
+        return step_weights(self.chain_steps(j, pieces, phase), self.spans_of(j), self.joint)
 
 def check_chunks(chunks: Sequence[int] | None, microbatches: int) -> tuple[int, ...]:
     """``chunks`` (one count >= 0 per microbatch) as a tuple; () for None."""

@@ -56,15 +56,10 @@ def share_out(space: PlanSpace) -> tuple[list[int | tuple[int, ...]], Problem] |
         return None
     n, share = space.work.images[0], found[1]
     layouts = [rounded(share, n, cumulative) for cumulative in (False, True)]
-    if layouts[0] == layouts[1]:  # one layout to build
-        return layouts[0], space.bubbles.with_tasks(space.work.layout_tasks(layouts[0]))
-    best = None
-    for layout in layouts:
-        problem = space.bubbles.with_tasks(space.work.layout_tasks(layout))
-        key = layout_bound(problem, np.arange(problem.num_microbatches)).step_time
-        if best is None or key < best[0]:
-            best = (key, layout, problem)
-    return best[1], best[2]
+    made = [(layout, space.bubbles.with_tasks(space.work.layout_tasks(layout)))
+            for layout in layouts[:1 if layouts[0] == layouts[1] else 2]]  # one layout to build when they agree
+    return made[0] if len(made) == 1 else min(
+        made, key=lambda m: layout_bound(m[1], np.arange(m[1].num_microbatches)).step_time)
 
 
 def rounded(share: np.ndarray, n: int, cumulative: bool = False) -> list[int | tuple[int, ...]]:

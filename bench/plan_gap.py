@@ -9,12 +9,23 @@ most --max-tasks tasks) the greedy filler's step against the CP-SAT optimum of t
 (``pybubble.testing.exact``, OR-Tools). Greedy above CP-SAT: the plan leaves time (the filler's
 order); CP-SAT above the bound: no schedule of that layout reaches the bound.
 
+With ``--every-layout``, each shape's instance holds one image of ``--tokens`` tokens per microbatch
+(4 microbatches, ``--layers`` encoder layers): few enough layouts to solve them all. For every plan
+whose bound is below the best step found so far, every layout (each microbatch's images over the
+pipelines, as a multiset: CP-SAT chooses which LLM microbatch each feeds) whose layout bound is also
+below it is solved by CP-SAT; the least is the optimum over every layout of every plan (proved when
+each solve is). It splits pybubble's distance to the plans' bound in two: the bound's (bound to
+optimum) and the plan's (optimum to pybubble's step); and the optimum's own layout scheduled by the
+holes filler (in the best order of its microbatches) says how much of the plan's is the filler's.
+
     python bench/plan_gap.py [--budget 30] [--max-tasks 600] [--shape weak] [--plans]
+    python bench/plan_gap.py --every-layout [--tokens 4096] [--layers 2] [--shape a100]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -22,7 +33,10 @@ import time
 import pybubble
 from pybubble.config.schema import load_config
 from pybubble.llm.step import LLMStep
+from pybubble.planner.bound import layout_bound
 from pybubble.planner.search import search
+from pybubble.planner.space import PlanSpace
+from pybubble.schedule.scheduler import schedule_problem
 from pybubble.testing.exact import optimum
 
 SHAPES = {
@@ -47,6 +61,83 @@ def instance(shape: str) -> dict:
             "llm_plan": {"dp": 1, "pp": 2, "tp": tp, "vpp": 2, "schedule": "interleaved_1f1b"}, "memory_gb": 80}
 
 
+def one_image(shape: str, tokens: int, layers: int) -> dict:
+    """:func:`instance` of `shape` with one image of `tokens` tokens per microbatch (4 microbatches)
+    and `layers` encoder layers."""
+    cfg = instance(shape)
+    for enc in cfg["encoders"]:
+        enc.update(tokens=tokens, tokens_per_sample=tokens, layers=layers)
+    cfg["training"].update(global_batch=4, micro_batch=1)
+    return cfg
+
+
+def placements(space: PlanSpace) -> list:
+    """Every way one microbatch's images go over the plan's pipelines (a layout's entries): the
+    pipeline that takes them all, or the images per pipeline; with several encoders, whole
+    microbatches only."""
+    pipes, images = space.plan.pipelines, space.work.images
+    if len(images) > 1:
+        return list(range(pipes))
+    n = images[0]
+    return [next(i for i, c in enumerate(counts) if c) if max(counts) == n else counts
+            for counts in itertools.product(range(n + 1), repeat=pipes) if sum(counts) == n]
+
+
+def every_layout(step, found, budget: float, max_layouts: int) -> dict:
+    """The optimum over every layout of every plan (see the module docstring), printed; returns
+    ``optimum`` (us, the least step found), ``proved`` (us, no layout's step is below it),
+    ``exhaustive`` (every plan's layouts counted), ``layout`` (the optimum's plan and layout, None
+    when pybubble's step is it) and ``held`` (the holes filler's step on that layout in its best
+    order, us)."""
+    bound, ours = found.bound.step_time, found.best.step_time
+    best, best_at, lows, solves, exhaustive = ours, None, [], 0, True
+    for searched in sorted(found.plans, key=lambda p: p.bound.step_time):
+        plan = searched.plan
+        name = f"PP_enc {plan.pp_enc} TP_enc {plan.tp_enc}"
+        if searched.bound.step_time >= best:
+            print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, not below {best / 1e3:.2f}", flush=True)
+            continue
+        space = PlanSpace(step, plan)
+        options = placements(space)
+        count = len(list(itertools.combinations_with_replacement(range(len(options)), step.config.microbatches)))
+        if count > max_layouts:
+            print(f"  {name}: {count:,} layouts, more than --max-layouts: not solved", flush=True)
+            exhaustive = False
+            continue
+        scored = []
+        for pick in itertools.combinations_with_replacement(options, step.config.microbatches):
+            problem = space.bubbles.with_tasks(space.work.layout_tasks(list(pick)))
+            scored.append((layout_bound(problem).step_time, list(pick), problem))
+        scored.sort(key=lambda x: x[0])
+        solved = 0
+        for lower, layout, problem in scored:
+            if lower >= best:
+                break
+            exact = optimum(problem, round_times=True, max_deterministic_time=budget, workers=2)
+            solves, solved = solves + 1, solved + 1
+            if not exact.optimal:
+                lows.append(exact.bound)
+            if exact.step_time < best:
+                best, best_at = exact.step_time, (space, layout, problem)
+        print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, {len(scored)} layouts, "
+              f"{solved} solved; best so far {best / 1e3:.2f} ms", flush=True)
+    low = min([best] + lows)
+    proved = "optimal" if low >= best else f"proved >= {low / 1e3:.2f} ms"
+    print(f"  optimum over every layout{'' if exhaustive else ' solved'}: {best / 1e3:.2f} ms ({proved}; {solves} "
+          f"CP-SAT solves), {low / bound - 1:+.2%} over the plans' bound ({bound / 1e3:.2f} ms); pybubble's step "
+          f"{ours / 1e3:.2f} ms, {ours / best - 1:+.2%} over the optimum", flush=True)
+    out = {"optimum": best, "proved": low, "exhaustive": exhaustive, "layout": None, "held": None}
+    if best_at is not None:
+        space, layout, _ = best_at
+        held = min(schedule_problem(space.bubbles.with_tasks(space.work.layout_tasks(list(order))), "holes",
+                                    fixed_assignment=True).step_time
+                   for order in set(itertools.permutations(layout)))  # microbatch j feeding LLM microbatch j
+        print(f"  the optimum's layout: PP_enc {space.plan.pp_enc} TP_enc {space.plan.tp_enc} {layout} (in CP-SAT's "
+              f"order); the holes filler {held / 1e3:.2f} ms on it in its best order ({held / best - 1:+.2%})", flush=True)
+        out.update(layout=(space.plan, layout), held=held)
+    return out
+
+
 def candidates(found, plans: bool) -> list[tuple[str, object]]:
     """pybubble's plan, the optimus row and (with `plans`) each plan's best, each once."""
     out, seen = [], set()
@@ -64,15 +155,26 @@ def main() -> int:
     p.add_argument("--max-tasks", type=int, default=600, help="solve candidates with at most this many tasks")
     p.add_argument("--shape", choices=sorted(SHAPES), action="append", help="these shapes only (default: all)")
     p.add_argument("--plans", action="store_true", help="also each encoder plan's best layout")
+    p.add_argument("--every-layout", action="store_true",
+                   help="one image per microbatch: the optimum over every layout of every plan")
+    p.add_argument("--tokens", type=int, default=4096, help="with --every-layout: the image's tokens")
+    p.add_argument("--layers", type=int, default=1, help="with --every-layout: the encoder's layers")
+    p.add_argument("--max-layouts", type=int, default=5000, help="with --every-layout: solve plans with at most "
+                   "this many layouts")
     a = p.parse_args()
     for shape in a.shape or list(SHAPES):
-        step = LLMStep.of(load_config(instance(shape)))
+        cfg = one_image(shape, a.tokens, a.layers) if a.every_layout else instance(shape)
+        step = LLMStep.of(load_config(cfg))
         found = search(step, warmup=False, optimus=True, workers=1)
         alone, bound = step.timeline.step_time, found.bound.step_time
-        print(f"{shape}: {SHAPES[shape]}\n  LLM alone {alone / 1e3:.2f} ms, lower bound {bound / 1e3:.2f} ms "
+        size = f", one image of {a.tokens} tokens per microbatch, {a.layers} encoder layers" if a.every_layout else ""
+        print(f"{shape}: {SHAPES[shape]}{size}\n  LLM alone {alone / 1e3:.2f} ms, lower bound {bound / 1e3:.2f} ms "
               f"({bound / alone - 1:+.1%}); pybubble {found.best.step_time / 1e3:.2f} ms "
               f"({found.best.step_time / bound - 1:+.1%} over the bound), optimus row "
               f"{found.optimus.step_time / 1e3:.2f} ms", flush=True)
+        if a.every_layout:
+            every_layout(step, found, a.budget, a.max_layouts)
+            continue
         for name, cand in candidates(found, a.plans):
             tasks = cand.problem.num_tasks
             layout = f"spread {cand.spread}" if any(cand.spread) else f"partition {cand.partition}"

@@ -278,7 +278,9 @@ Shipped calibration, steps in seconds. The lower bound (`pybubble plan --json`: 
 docs/planner.md) is the least step any schedule of the encoder plans that fit in memory can reach in
 the LLM step's bubbles, microbatches split by whole images however: it counts the encoder's work
 against the free time, the forward of the microbatches the LLM needs first before it needs them, the
-backward of the last ones after their gradient is ready, and the chain of layers of a microbatch's largest piece (at least ceil(images / pipelines) images); the least
+backward of the last ones after their gradient is ready, and the chain of layers of a microbatch's largest piece (at least ceil(images / pipelines) images); with one
+encoder, the same first conditions lane by lane in whole images at their pieces' own cost (a piece's
+fixed costs paid per piece; tightened on the least bounds only); the least
 over the config's schedule and the warm-up depths tried. The layout's bound (`layout_bound_s`) is
 the same conditions on pybubble's own layout, its tasks fixed on their lanes, lane by lane: no
 schedule of that layout is shorter. The optimus row is Optimus as published (whole microbatches per

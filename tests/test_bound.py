@@ -12,7 +12,7 @@ from pybubble.costs.roofline import CostModel
 from pybubble.llm.step import LLMStep
 from pybubble.llm.timeline import simulate_pipeline
 from pybubble.planner import search as planner
-from pybubble.planner.bound import EncoderLoad, _longest_paths, encoder_load, layout_bound, step_bound
+from pybubble.planner.bound import StepBound, EncoderLoad, _longest_paths, encoder_load, layout_bound, step_bound
 from pybubble.planner.space import PlanSpace
 from pybubble.problem.encoder import EncoderPlan, EncoderWork
 from pybubble.problem.generated import random_problem, synthetic
@@ -86,10 +86,28 @@ def test_varying_loads_take_the_lightest_first_and_last():
     assert b.front == max(2 / 2, (16 - 10) / 2) and b.back == max(2 / 2, (32 - 30) / 2)
 
 
+# bench/plan_gap.py's instance of the A100 setting's shape: 16 images per microbatch, whose whole
+# images tighten the bound of the plans of one encoder stage
+A100_SHAPE = {"cluster": {"gpus": 4, "gpu": "a100-80gb", "gpus_per_node": 8}, "llm": {"preset": "gpt-11b", "layers": 4},
+              "encoders": [{"preset": "vit-3b", "tokens_per_sample": 2048, "layers": 2}],
+              "training": {"global_batch": 8, "micro_batch": 2, "seq_len": 2048, "recompute": "full"},
+              "llm_plan": {"dp": 1, "pp": 2, "tp": 2, "vpp": 2, "schedule": "interleaved_1f1b"}, "memory_gb": 80}
+
+
 @pytest.fixture(scope="module")
 def spaces():
-    step = LLMStep.of(load_config(SMALL))
-    return [PlanSpace(step, p, step.encoder_windows(p.lanes_per_stage)) for p in planner.encoder_plans(step.config)]
+    out = []
+    for cfg in (SMALL, A100_SHAPE):
+        step = LLMStep.of(load_config(cfg))
+        out += [PlanSpace(step, p, step.encoder_windows(p.lanes_per_stage)) for p in planner.encoder_plans(step.config)]
+    return out
+
+
+def test_whole_images_tighten_the_one_stage_plans_of_the_a100_shape(spaces):
+    a100 = [s for s in spaces if s.step.config.llm_plan.vpp == 2]
+    tighter = {(s.plan.pp_enc, s.plan.tp_enc) for s in a100 if s.whole_image_bound().step_time > s.step_bound.step_time}
+    # PP_enc 1: 16 images over 2 or 4 pipelines, a piece's fixed costs paid per piece
+    assert tighter == {(1, 1), (1, 2)}
 
 
 @settings(max_examples=20, deadline=None)
@@ -102,10 +120,41 @@ def test_bound_is_never_above_a_schedule_of_any_layout(spaces, data):
     cand = space.layout_candidate(space.spread_layout(head, tail), (head, tail))
     cuts = data.draw(st.lists(st.integers(0, total), min_size=m, max_size=m))
     partition = list(np.diff(np.concatenate([[0], np.sort(cuts)[:-1], [total]]))) if m > 1 else [total]
-    for c in (cand, space.candidate(partition), space.candidate(partition, coarse=True)):
+    # any layout: each microbatch's images over the pipelines, drawn image by image
+    n = space.work.images[0]
+    drawn = [np.bincount(data.draw(st.lists(st.integers(0, m - 1), min_size=n, max_size=n)), minlength=m)
+             for _ in range(total)]
+    layout = [int(np.argmax(c)) if c.max() == n else tuple(int(x) for x in c) for c in drawn]
+    shaped = [space.layout_candidate(layout, (0, 0), policy=policy) for policy in ("greedy", "holes")]
+    whole = space.whole_image_bound()
+    assert whole.step_time >= space.step_bound.step_time
+    for c in (cand, space.candidate(partition), space.candidate(partition, coarse=True), *shaped):
         assert pybubble.validate(c.problem, c.schedule) == []
         assert space.step_bound.step_time <= c.step_time * (1 + 1e-12)
         assert space.plan_bound(total) <= c.step_time * (1 + 1e-12)
+        assert whole.step_time <= c.step_time * (1 + 1e-12)
+
+
+def test_whole_images_count_each_pieces_cost_lane_by_lane():
+    from pybubble.llm.timeline import Windows
+    from pybubble.planner.bound import _growth, _least_cost, whole_image_bound
+
+    # pieces of at most 2 images: 1 image costs 3, 2 cost 5; so 4 images at least 10, 3 at least 8
+    least = _least_cost(np.array([0.0, 3.0, 5.0]), 4)
+    assert least.tolist() == [0.0, 3.0, 5.0, 8.0, 10.0]
+    # lanes with 4 and 0 free: lane 0 holds 1 image, both once it has 1 more; lane 1 one image at 3
+    assert _growth(least, 2, np.array([4.0, 0.0])) == 1.0
+    assert _growth(least, 1, np.array([4.0, 0.0])) == 0.0
+    assert _growth(least, 3, np.array([4.0, 0.0])) == 3.0  # 2 on lane 0 (5 <= 4 + 3), 1 on lane 1 (3 <= 3)
+    # one microbatch of 2 images, needed at 4 and ready at 6 of a horizon of 10; lane 0 free in
+    # [0, 4] and [6, 10], lane 1 never; backward pieces cost twice the forward's
+    windows = Windows(offset=np.array([0, 2, 2]), start=np.array([0.0, 6.0]), end=np.array([4.0, 10.0]))
+    costs = np.array([[[0.0, 3.0, 5.0], [0.0, 6.0, 10.0]]])
+    fluid = StepBound(step_time=10.0, horizon=10.0, front=0.0, back=0.0, work=0.0)
+    got = whole_image_bound(fluid, costs, 1, windows, np.array([4.0]), np.array([6.0]), [np.array([0, 1])])
+    # forward: lane 0 holds both with 1 more (5 <= 4 + 1); backward, 4 free after 6 on lane 0: both
+    # there (10 <= 4 + 6) or one on each (6 <= 0 + 6), 6 either way; in all, both on lane 0 (15 <= 8 + 7)
+    assert (got.front, got.back, got.work, got.step_time) == (1.0, 6.0, 7.0, 17.0)
 
 
 @pytest.mark.parametrize("preset", ["vit-l-14", "internvit-300m", "vit-22b"])

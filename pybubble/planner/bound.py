@@ -24,7 +24,15 @@ most any stage needs):
   holds that many); a piece's path never shrinks as it gains images.
 
 The first three are exactly the conditions under which the fluid fits (Hall's condition for jobs
-with windows (-front, F] and [B, horizon + back)); the fourth adds the granularity. The work of a
+with windows (-front, F] and [B, horizon + back)); the fourth adds the granularity.
+
+:func:`whole_image_bound` tightens the first three lane by lane (one encoder; the search applies it to
+the least bounds only, :mod:`pybubble.planner.search`): an image runs whole on one lane of each
+encoder stage, so the images a lane holds of the microbatches counted cost at least their least
+split into pieces of at most a microbatch's images, each at its own cost (``pieces``: a piece's
+fixed costs are paid per piece), and must fit in that lane's free time; the step grows by the least
+that lets the stage's lanes hold every image counted. A lane's pieces of several microbatches cost
+at least that least split, because a piece's cost per image never grows with its images. The work of a
 microbatch is its compute kernels' time times the GPUs of its TP group. It is a lower bound for any
 split into pieces because a kernel's time per image never grows with its images in the cost model
 (the roofline: weights are read once per kernel, the fixed overhead paid once). Encoder
@@ -232,4 +240,67 @@ def _fluid(fwd: np.ndarray, bwd: np.ndarray, before: np.ndarray, after: np.ndarr
     return front, back, max(0.0, (float(fwd.sum() + bwd.sum()) - g * free) / gpus)
 
 
-__all__ = ["EncoderLoad", "StepBound", "encoder_load", "layout_bound", "step_bound"]
+
+def piece_costs(work: EncoderWork) -> np.ndarray | None:
+    """``costs[e, phase, k]``: the compute time on encoder stage e's lane of a piece of k images
+    (k = 0 .. a microbatch's images), forward and backward; None for several encoders."""
+    if len(work.images) != 1:
+        return None
+    plan, n = work.plan, work.images[0]
+    costs = np.zeros((plan.pp_enc, 2, n + 1))
+    lanes = np.array([plan.lane(0, e) for e in range(plan.pp_enc)])
+    for k in range(1, n + 1):
+        t = work.microbatch_tasks(0, (k,))
+        compute = t.resource == 0
+        stage = np.searchsorted(lanes, t.lane[compute])  # pipeline 0's lanes rise with the stage
+        for ph in (0, 1):
+            keep = t.phase[compute] == ph
+            costs[:, ph, k] = np.bincount(stage[keep], weights=t.duration[compute][keep], minlength=plan.pp_enc)
+    return costs
+
+
+def whole_image_bound(bound: StepBound, costs: np.ndarray, microbatches: int, windows: Windows, forward_needed: np.ndarray,
+                 grad_ready: np.ndarray, lanes: list[np.ndarray]) -> StepBound:
+    """`bound` tightened by whole images (see the module docstring): `costs` from :func:`piece_costs`,
+    `microbatches` alike, `windows` the compute-free windows of the encoder's lanes, `lanes[e]` stage
+    e's lanes (one per pipeline)."""
+    m, n = microbatches, costs.shape[2] - 1
+    free = windows.free_time()
+    before = windows.free_before(np.sort(forward_needed))
+    ready = np.sort(grad_ready)[::-1]
+    after = free[:, None] - windows.free_before(ready)
+    front, back, work = bound.front, bound.back, bound.work
+    for e, ls in enumerate(lanes):
+        fwd, bwd = _least_cost(costs[e, 0], m * n), _least_cost(costs[e, 1], m * n)
+        for q in range(m):
+            front = max(front, _growth(fwd, (q + 1) * n, before[ls, q]))
+            if bwd[-1] > 0:
+                back = max(back, _growth(bwd, (q + 1) * n, after[ls, q]))
+        work = max(work, _growth(_least_cost(costs[e, 0] + costs[e, 1], m * n), m * n, free[ls]))
+    return StepBound(step_time=bound.horizon + max(front + back, work), horizon=bound.horizon, front=front,
+                     back=back, work=work)
+
+
+def _least_cost(cost: np.ndarray, total: int) -> np.ndarray:
+    """``least[k]``: the least compute time of at least k images on one lane, in pieces of at most
+    ``len(cost) - 1`` images costing `cost` each (k = 0 .. total)."""
+    n = len(cost) - 1
+    least = np.zeros(total + 1)
+    for k in range(1, total + 1):
+        j = np.arange(1, min(n, k) + 1)
+        least[k] = float((cost[j] + least[k - j]).min())
+    return np.minimum.accumulate(least[::-1])[::-1]
+
+
+def _growth(least: np.ndarray, images: int, free: np.ndarray) -> float:
+    """The least growth with which lanes of `free` time more each hold `images` in all, at
+    `least` cost: lane l holds k images once the growth reaches ``least[k] - free[l]``, so it is the
+    images-th smallest of those."""
+    if images == 0:
+        return 0.0
+    need = (least[1:images + 1][None, :] - free[:, None]).ravel()
+    return max(0.0, float(np.partition(need, images - 1)[images - 1]))
+
+
+__all__ = ["EncoderLoad", "StepBound", "encoder_load", "layout_bound", "piece_costs", "step_bound",
+           "whole_image_bound"]

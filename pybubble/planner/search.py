@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config.checks import integer
 from ..config.schema import Config
@@ -55,7 +55,7 @@ from .candidate import Candidate, encoder_plans, encoder_problem, encoder_tp_ok,
 from .refill import REFILL, refilled
 from .partitions import EXHAUSTIVE, SearchStats, plan_layouts, best_partition, compositions
 from .space import SHARE_STEPS, PlanSpace, edge_windows, without_prefetch
-from .warmup import WarmupTried, tune_warmup, warmup_variants
+from .warmup import WarmupTried, tune_warmup, warmup_bounds, warmup_variants
 
 
 @dataclass(kw_only=True, slots=True)
@@ -300,12 +300,47 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         if default_best.step_time <= head[0].step_time:  # the warm-up no longer wins
             head[0] = default_best
         top = sorted(head + top[REFILL:], key=lambda c: c.step_time)
+    searched = [runs.searched[id(space)] for space in spaces]
+    now = _tighten(searched, spaces, tried, step, top)
+    top, default_best = [now.get(id(c), c) for c in top], now.get(id(default_best), default_best)
     runs.stats.seconds = time.perf_counter() - t0
     fitting = [c for c in runs.coarse if c.memory_bytes <= config.memory_gb * GB] or runs.coarse
     return Search(step=step, best=top[0], coarse=min(fitting, key=lambda c: (c.step_time, c.plan.pp_enc, c.plan.tp_enc)),
-                  top=top, stats=runs.stats, plans=[runs.searched[id(space)] for space in spaces], warmups=tried,
+                  top=top, stats=runs.stats, plans=searched, warmups=tried,
                   default_best=default_best, optimus=None if whole is None else whole[2])
 
+
+def _tighten(searched: list[PlanSearched], spaces: list[PlanSpace], tried: list[WarmupTried], step: LLMStep,
+             top: list[Candidate]) -> dict[int, Candidate]:
+    """The least bounds (each plan's that fits, each warm-up depth's plans') tightened by whole
+    images (:meth:`PlanSpace.whole_image_bound`), lowest first, while below the best step (`top[0]`)
+    and the least tightened so far: the least of all bounds is then a tightened one, for a few
+    plans' piece costs. Sets the plans' and the warm-ups' bounds; returns each candidate of `top`
+    and of the plans whose plan was tightened on its LLM step, with that bound, by its old id."""
+    entries = [(p.bound, step, space) for p, space in zip(searched, spaces) if p.states_fit]
+    fits = {id(w): warmup_bounds(w.step, spaces) for w in tried if w.bound is not None}  # each depth's plans
+    entries += [(b, w.step, s) for w in tried for s, b in fits.get(id(w), [])]
+    least, tight = top[0].step_time, {}
+    for bound, on, space in sorted(entries, key=lambda e: e[0].step_time):
+        if bound.step_time >= least:
+            break
+        got = (space if on is step else PlanSpace(on, space.plan, like=space)).whole_image_bound()
+        tight[(id(on), space.plan.pp_enc, space.plan.tp_enc)] = got
+        least = min(least, got.step_time)
+    for p in searched:
+        p.bound = tight.get((id(step), p.plan.pp_enc, p.plan.tp_enc), p.bound)
+    for w in tried:
+        if id(w) in fits:
+            w.bound = min((tight.get((id(w.step), s.plan.pp_enc, s.plan.tp_enc), b) for s, b in fits[id(w)]),
+                          key=lambda b: b.step_time)
+    now = {}
+    for c in top + [p.best for p in searched if p.best is not None]:
+        got = tight.get((id(c.step if c.step is not None else step), c.plan.pp_enc, c.plan.tp_enc))
+        if got is not None:
+            now[id(c)] = replace(c, bound=got)
+    for p in searched:
+        p.best = now.get(id(p.best), p.best)
+    return now
 
 __all__ = ["EXHAUSTIVE", "REFILL", "SHARE_STEPS", "Candidate", "PlanSearched", "Search", "SearchStats", "WarmupTried",
            "best_partition", "warmup_variants", "without_prefetch", "compositions", "edge_windows", "encoder_plans",

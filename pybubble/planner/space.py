@@ -21,7 +21,7 @@ from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem, prefetched_needs
 from ..schedule.scheduler import schedule_problem
-from .bound import encoder_load, step_bound
+from .bound import StepBound, encoder_load, piece_costs, step_bound, whole_image_bound
 from .candidate import Candidate, encoder_work
 
 SHARE_STEPS = 1000
@@ -99,6 +99,17 @@ class PlanSpace:
         """The problem of `partition` in every bubble (:meth:`EncoderWork.problem`: the pipelines'
         one-microbatch blocks, checked once, copied per microbatch)."""
         return self.work.problem(self.bubbles, partition)
+
+    def whole_image_bound(self) -> StepBound:
+        """:attr:`step_bound` tightened by whole images lane by lane (:func:`~pybubble.planner.bound.whole_image_bound`; the
+        same for several encoders). Costs a piece's tasks per image count: the search asks it of the
+        least bounds only."""
+        costs = piece_costs(self.work)
+        if costs is None:
+            return self.step_bound
+        lanes = [np.array([self.plan.lane(i, e) for i in range(self.plan.pipelines)]) for e in range(self.plan.pp_enc)]
+        return whole_image_bound(self.step_bound, costs, self.step.config.microbatches, self.windows[0], self.forward_needed,
+                            self.grad_ready, lanes)
 
     def plan_bound(self, microbatches: int) -> float:
         """A lower bound on the step of any schedule of this plan: the work that fits in no bubble

@@ -45,13 +45,20 @@ def warmup_variants(step: LLMStep) -> list[tuple[int, ...]]:
 
 
 
+def warmup_bounds(other: LLMStep, spaces: list[PlanSpace]) -> list[tuple[PlanSpace, StepBound]]:
+    """Each plan of `spaces` whose model states fit on the warm-up step `other`, with its bound there."""
+    limit, tp = other.config.memory_gb * GB, other.config.llm_plan.tp
+    return [(s, step_bound(other.timeline, s.load, tp, s.prefetch)) for s in spaces
+            if float((np.repeat(other.memory, s.plan.lanes_per_stage) + s.work.lane_bytes([0] * s.plan.pipelines)).max())
+            <= limit]
+
+
 def tune_warmup(step: LLMStep, spaces: list[PlanSpace], best: Candidate,
                 stats: SearchStats, spread: bool = True) -> tuple[list[WarmupTried], Candidate]:
     """`best`'s plan on each warm-up depth of :func:`warmup_variants`: its spread layouts and (when
     `best` is a partition) that partition, within memory; returns what was tried and the best."""
     tried: list[WarmupTried] = []
     space = next(s for s in spaces if s.plan == best.plan)
-    tp = step.config.llm_plan.tp
     # `best` as the search left it: a partition is tried on every depth, whichever depth wins
     whole = [i for i, n in enumerate(best.partition) for _ in range(n)] if best.layout is None else None
     for extra in warmup_variants(step):
@@ -60,9 +67,7 @@ def tune_warmup(step: LLMStep, spaces: list[PlanSpace], best: Candidate,
         except ValueError:  # the table deadlocks
             continue
         limit = step.config.memory_gb * GB
-        bounds = [step_bound(other.timeline, s.load, tp, s.prefetch) for s in spaces
-                  if float((np.repeat(other.memory, s.plan.lanes_per_stage) + s.work.lane_bytes([0] * s.plan.pipelines)).max())
-                  <= limit]
+        bounds = [b for _, b in warmup_bounds(other, spaces)]
         here = WarmupTried(extra=extra, step=other, bound=min(bounds, key=lambda b: b.step_time) if bounds else None)
         tried.append(here)
         if other.memory.max() > limit:
@@ -90,4 +95,4 @@ def tune_warmup(step: LLMStep, spaces: list[PlanSpace], best: Candidate,
 
 
 
-__all__ = ["WarmupTried", "tune_warmup", "warmup_variants"]
+__all__ = ["WarmupTried", "tune_warmup", "warmup_bounds", "warmup_variants"]

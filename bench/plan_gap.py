@@ -83,12 +83,12 @@ def placements(space: PlanSpace) -> list:
             for counts in itertools.product(range(n + 1), repeat=pipes) if sum(counts) == n]
 
 
-def every_layout(step, found, budget: float, max_layouts: int) -> dict:
+def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2) -> dict:
     """The optimum over every layout of every plan (see the module docstring), printed; returns
     ``optimum`` (us, the least step found), ``proved`` (us, no layout's step is below it),
     ``exhaustive`` (every plan's layouts counted), ``layout`` (the optimum's plan and layout, None
     when pybubble's step is it) and ``held`` (the holes filler's step on that layout in its best
-    order, us)."""
+    order, us). `workers`: CP-SAT's (one: the same answer on every machine)."""
     bound, ours = found.bound.step_time, found.best.step_time
     best, best_at, lows, solves, exhaustive = ours, None, [], 0, True
     for searched in sorted(found.plans, key=lambda p: p.bound.step_time):
@@ -113,7 +113,7 @@ def every_layout(step, found, budget: float, max_layouts: int) -> dict:
         for lower, layout, problem in scored:
             if lower >= best:
                 break
-            exact = optimum(problem, round_times=True, max_deterministic_time=budget, workers=2)
+            exact = optimum(problem, round_times=True, max_deterministic_time=budget, workers=workers)
             solves, solved = solves + 1, solved + 1
             if not exact.optimal:
                 lows.append(exact.bound)

@@ -341,11 +341,11 @@ here counts is several microbatches' pieces on one lane, each needing its own ru
 same TP gaps. Neither a filler, a layout nor a bound that closes these settings to 2% was found.
 On instances of the same shapes with one image of 4096 tokens per microbatch, CP-SAT solves every
 layout of every plan (`python bench/plan_gap.py --every-layout`, bench/results/plan_gap_every_layout.txt):
-in the A100 setting's shape the optimum over every layout is 2.81% (1 encoder layer) and 3.94% (2
-layers) above the plans' bound, with pybubble 0.81% and 2.81% above the optimum, so the gap there is
-mostly the bound's; in the TP-8 shapes the optimum is within 0.28-1.33% of the bound (3.75% for
-LLaMA-70B with 2 layers) and pybubble's loss is mostly the filler's with such long kernels (the
-holes filler on the optimum's own layout 0.10-4.48% above it). The minimum over every layout of the
+the optimum over every layout is 0.28-1.83% above the plans' bound (2.82% for LLaMA-70B with 2
+encoder layers; in the A100 setting's shape 2.81% and 3.94% before the bound counted whole images
+lane by lane), and pybubble 0.10-5.44% above the optimum: the plan's loss, its layout's order of
+microbatches in the A100 shape (the optimum's layout in its best order within 0.14-0.41%), the
+filler with such long kernels in the TP-8 shapes (0.10-4.48% on the optimum's own layout). The minimum over every layout of the
 layout bound (a mixed-integer program over each microbatch's images per pipeline, prototyped and not
 shipped) cannot close weak_a: HiGHS found a layout of its PP_enc 1 TP_enc 4 plan whose layout bound,
 microbatches fed in order, is 1,363.85 ms, below the 1,365.3 ms that 2% needs

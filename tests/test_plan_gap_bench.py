@@ -31,7 +31,7 @@ def test_placements_are_every_split_of_a_microbatchs_images(gap):
 def test_the_bound_holds_and_pybubble_is_near_the_optimum_over_every_layout(gap):
     step = LLMStep.of(load_config(gap.one_image("a100", 4096, 1)))
     found = search(step, warmup=False, optimus=True, workers=1)
-    got = gap.every_layout(step, found, budget=30.0, max_layouts=5000)
+    got = gap.every_layout(step, found, budget=30.0, max_layouts=5000, workers=1)
     assert got["exhaustive"] and got["proved"] == got["optimum"]  # every solve proved optimal
     bound, ours = found.bound.step_time, found.best.step_time
     # CP-SAT's times are rounded to whole microseconds: a few microseconds either way

@@ -137,21 +137,23 @@ def test_bound_is_never_above_a_schedule_of_any_layout(spaces, data):
 
 def test_whole_images_count_each_pieces_cost_lane_by_lane():
     from pybubble.llm.timeline import Windows
-    from pybubble.planner.bound import _growth, _least_cost, whole_image_bound
+    from pybubble.planner.bound import _growth, least_costs, whole_image_bound
 
     # pieces of at most 2 images: 1 image costs 3, 2 cost 5; so 4 images at least 10, 3 at least 8
-    least = _least_cost(np.array([0.0, 3.0, 5.0]), 4)
-    assert least.tolist() == [0.0, 3.0, 5.0, 8.0, 10.0]
+    costs = np.array([[[0.0, 3.0, 5.0], [0.0, 6.0, 10.0]]])  # one stage; forward, backward
+    least = least_costs(costs, 2)
+    assert least[0, 0].tolist() == [0.0, 3.0, 5.0, 8.0, 10.0]
+    assert least[0, 2].tolist() == [0.0, 9.0, 15.0, 24.0, 30.0]  # forward and backward of each piece
     # lanes with 4 and 0 free: lane 0 holds 1 image, both once it has 1 more; lane 1 one image at 3
-    assert _growth(least, 2, np.array([4.0, 0.0])) == 1.0
-    assert _growth(least, 1, np.array([4.0, 0.0])) == 0.0
-    assert _growth(least, 3, np.array([4.0, 0.0])) == 3.0  # 2 on lane 0 (5 <= 4 + 3), 1 on lane 1 (3 <= 3)
+    assert _growth(least[0, 0], 2, np.array([4.0, 0.0])) == 1.0
+    assert _growth(least[0, 0], 1, np.array([4.0, 0.0])) == 0.0
+    assert _growth(least[0, 0], 3, np.array([4.0, 0.0])) == 3.0  # 2 on lane 0 (5 <= 4 + 3), 1 on lane 1 (3 <= 3)
     # one microbatch of 2 images, needed at 4 and ready at 6 of a horizon of 10; lane 0 free in
-    # [0, 4] and [6, 10], lane 1 never; backward pieces cost twice the forward's
+    # [0, 4] and [6, 10], lane 1 never
     windows = Windows(offset=np.array([0, 2, 2]), start=np.array([0.0, 6.0]), end=np.array([4.0, 10.0]))
-    costs = np.array([[[0.0, 3.0, 5.0], [0.0, 6.0, 10.0]]])
     fluid = StepBound(step_time=10.0, horizon=10.0, front=0.0, back=0.0, work=0.0)
-    got = whole_image_bound(fluid, costs, 1, windows, np.array([4.0]), np.array([6.0]), [np.array([0, 1])])
+    got = whole_image_bound(fluid, least_costs(costs, 1), 2, windows, np.array([4.0]), np.array([6.0]),
+                            [np.array([0, 1])])
     # forward: lane 0 holds both with 1 more (5 <= 4 + 1); backward, 4 free after 6 on lane 0: both
     # there (10 <= 4 + 6) or one on each (6 <= 0 + 6), 6 either way; in all, both on lane 0 (15 <= 8 + 7)
     assert (got.front, got.back, got.work, got.step_time) == (1.0, 6.0, 7.0, 17.0)

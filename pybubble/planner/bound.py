@@ -259,37 +259,39 @@ def piece_costs(work: EncoderWork) -> np.ndarray | None:
     return costs
 
 
-def whole_image_bound(bound: StepBound, costs: np.ndarray, microbatches: int, windows: Windows, forward_needed: np.ndarray,
-                 grad_ready: np.ndarray, lanes: list[np.ndarray]) -> StepBound:
-    """`bound` tightened by whole images (see the module docstring): `costs` from :func:`piece_costs`,
-    `microbatches` alike, `windows` the compute-free windows of the encoder's lanes, `lanes[e]` stage
-    e's lanes (one per pipeline)."""
-    m, n = microbatches, costs.shape[2] - 1
+def least_costs(costs: np.ndarray, microbatches: int) -> np.ndarray:
+    """``least[e, w, j]``: the least compute time of at least j images (j = 0 .. all of `microbatches`)
+    on one of stage e's lanes, in pieces of at most a microbatch's images at `costs`
+    (:func:`piece_costs`): their forward (w = 0), backward (1) and both (2)."""
+    stages, n = costs.shape[0], costs.shape[2] - 1
+    total = microbatches * n
+    least = np.zeros((stages, 3, total + 1))
+    for e in range(stages):
+        for w, cost in enumerate((costs[e, 0], costs[e, 1], costs[e, 0] + costs[e, 1])):
+            for k in range(1, total + 1):
+                j = np.arange(1, min(n, k) + 1)
+                least[e, w, k] = float((cost[j] + least[e, w, k - j]).min())
+    return np.minimum.accumulate(least[:, :, ::-1], axis=2)[:, :, ::-1]
+
+
+def whole_image_bound(bound: StepBound, least: np.ndarray, images: int, windows: Windows, forward_needed: np.ndarray,
+                      grad_ready: np.ndarray, lanes: list[np.ndarray]) -> StepBound:
+    """`bound` tightened by whole images (see the module docstring): `least` from
+    :func:`least_costs`, `images` per microbatch, `windows` the compute-free windows of the
+    encoder's lanes, `lanes[e]` stage e's lanes (one per pipeline)."""
+    m, n = len(forward_needed), images
     free = windows.free_time()
     before = windows.free_before(np.sort(forward_needed))
-    ready = np.sort(grad_ready)[::-1]
-    after = free[:, None] - windows.free_before(ready)
+    after = free[:, None] - windows.free_before(np.sort(grad_ready)[::-1])
     front, back, work = bound.front, bound.back, bound.work
     for e, ls in enumerate(lanes):
-        fwd, bwd = _least_cost(costs[e, 0], m * n), _least_cost(costs[e, 1], m * n)
         for q in range(m):
-            front = max(front, _growth(fwd, (q + 1) * n, before[ls, q]))
-            if bwd[-1] > 0:
-                back = max(back, _growth(bwd, (q + 1) * n, after[ls, q]))
-        work = max(work, _growth(_least_cost(costs[e, 0] + costs[e, 1], m * n), m * n, free[ls]))
+            front = max(front, _growth(least[e, 0], (q + 1) * n, before[ls, q]))
+            if least[e, 1, -1] > 0:
+                back = max(back, _growth(least[e, 1], (q + 1) * n, after[ls, q]))
+        work = max(work, _growth(least[e, 2], m * n, free[ls]))
     return StepBound(step_time=bound.horizon + max(front + back, work), horizon=bound.horizon, front=front,
                      back=back, work=work)
-
-
-def _least_cost(cost: np.ndarray, total: int) -> np.ndarray:
-    """``least[k]``: the least compute time of at least k images on one lane, in pieces of at most
-    ``len(cost) - 1`` images costing `cost` each (k = 0 .. total)."""
-    n = len(cost) - 1
-    least = np.zeros(total + 1)
-    for k in range(1, total + 1):
-        j = np.arange(1, min(n, k) + 1)
-        least[k] = float((cost[j] + least[k - j]).min())
-    return np.minimum.accumulate(least[::-1])[::-1]
 
 
 def _growth(least: np.ndarray, images: int, free: np.ndarray) -> float:
@@ -302,5 +304,5 @@ def _growth(least: np.ndarray, images: int, free: np.ndarray) -> float:
     return max(0.0, float(np.partition(need, images - 1)[images - 1]))
 
 
-__all__ = ["EncoderLoad", "StepBound", "encoder_load", "layout_bound", "piece_costs", "step_bound",
+__all__ = ["EncoderLoad", "StepBound", "encoder_load", "layout_bound", "least_costs", "piece_costs", "step_bound",
            "whole_image_bound"]

@@ -55,7 +55,7 @@ from .candidate import Candidate, encoder_plans, encoder_problem, encoder_tp_ok,
 from .refill import REFILL, refilled
 from .partitions import EXHAUSTIVE, SearchStats, plan_layouts, best_partition, compositions
 from .space import SHARE_STEPS, PlanSpace, edge_windows, without_prefetch
-from .warmup import WarmupTried, tune_warmup, warmup_bounds, warmup_variants
+from .warmup import WarmupTried, tune_warmup, warmup_variants
 
 
 @dataclass(kw_only=True, slots=True)
@@ -318,20 +318,19 @@ def _tighten(searched: list[PlanSearched], spaces: list[PlanSpace], tried: list[
     plans' piece costs. Sets the plans' and the warm-ups' bounds; returns each candidate of `top`
     and of the plans whose plan was tightened on its LLM step, with that bound, by its old id."""
     entries = [(p.bound, step, space) for p, space in zip(searched, spaces) if p.states_fit]
-    fits = {id(w): warmup_bounds(w.step, spaces) for w in tried if w.bound is not None}  # each depth's plans
-    entries += [(b, w.step, s) for w in tried for s, b in fits.get(id(w), [])]
+    entries += [(b, w.step, s) for w in tried for s, b in w.plan_bounds]
     least, tight = top[0].step_time, {}
     for bound, on, space in sorted(entries, key=lambda e: e[0].step_time):
         if bound.step_time >= least:
             break
-        got = (space if on is step else PlanSpace(on, space.plan, like=space)).whole_image_bound()
+        got = space.whole_image_bound() if on is step else space.whole_image_bound(on, bound)
         tight[(id(on), space.plan.pp_enc, space.plan.tp_enc)] = got
         least = min(least, got.step_time)
     for p in searched:
         p.bound = tight.get((id(step), p.plan.pp_enc, p.plan.tp_enc), p.bound)
     for w in tried:
-        if id(w) in fits:
-            w.bound = min((tight.get((id(w.step), s.plan.pp_enc, s.plan.tp_enc), b) for s, b in fits[id(w)]),
+        if w.plan_bounds:
+            w.bound = min((tight.get((id(w.step), s.plan.pp_enc, s.plan.tp_enc), b) for s, b in w.plan_bounds),
                           key=lambda b: b.step_time)
     now = {}
     for c in top + [p.best for p in searched if p.best is not None]:

@@ -21,7 +21,7 @@ from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem, prefetched_needs
 from ..schedule.scheduler import schedule_problem
-from .bound import StepBound, encoder_load, piece_costs, step_bound, whole_image_bound
+from .bound import StepBound, encoder_load, least_costs, piece_costs, step_bound, whole_image_bound
 from .candidate import Candidate, encoder_work
 
 SHARE_STEPS = 1000
@@ -62,6 +62,7 @@ class PlanSpace:
         self.free = self.windows[0].free_time()
         if like is not None:
             self.work, self.per_phase, self.load = like.work, like.per_phase, like.load
+            self._pieces = like._pieces
         else:
             self.work = encoder_work(step, plan)
             # compute work per lane of one microbatch on each pipeline, forward and backward
@@ -72,6 +73,7 @@ class PlanSpace:
                     keep = (t.resource == 0) & (t.phase == ph)
                     self.per_phase[ph, i] = np.bincount(t.lane[keep], weights=t.duration[keep], minlength=lanes)
             self.load = encoder_load(self.work, microbatches=step.config.microbatches)
+            self._pieces: list[np.ndarray | None] = []  # the work's least_costs, once known (shared with `like`)
         self.per_mb = self.per_phase.sum(axis=0)
         self.horizon = step.timeline.step_time
         self.memory_limit = step.config.memory_gb * GB
@@ -100,16 +102,21 @@ class PlanSpace:
         one-microbatch blocks, checked once, copied per microbatch)."""
         return self.work.problem(self.bubbles, partition)
 
-    def whole_image_bound(self) -> StepBound:
-        """:attr:`step_bound` tightened by whole images lane by lane (:func:`~pybubble.planner.bound.whole_image_bound`; the
-        same for several encoders). Costs a piece's tasks per image count: the search asks it of the
-        least bounds only."""
-        costs = piece_costs(self.work)
-        if costs is None:
-            return self.step_bound
+    def whole_image_bound(self, on: LLMStep | None = None, bound: StepBound | None = None) -> StepBound:
+        """:attr:`step_bound` tightened by whole images lane by lane (:func:`~pybubble.planner.bound.whole_image_bound`;
+        the same for several encoders); or, `on` another LLM step (a warm-up depth), this plan's
+        `bound` there tightened. Costs a piece's tasks per image count, once per work: the search
+        asks it of the least bounds only."""
+        if not self._pieces:
+            costs = piece_costs(self.work)
+            self._pieces.append(None if costs is None else least_costs(costs, self.step.config.microbatches))
+        least, base = self._pieces[0], self.step_bound if on is None else bound
+        if least is None or base is None:
+            return base if base is not None else self.step_bound
+        windows = self.windows[0] if on is None else on.encoder_windows(self.plan.lanes_per_stage)[0]
+        need, ready = (self.forward_needed, self.grad_ready) if on is None else prefetched_needs(on.timeline, self.prefetch)
         lanes = [np.array([self.plan.lane(i, e) for i in range(self.plan.pipelines)]) for e in range(self.plan.pp_enc)]
-        return whole_image_bound(self.step_bound, costs, self.step.config.microbatches, self.windows[0], self.forward_needed,
-                            self.grad_ready, lanes)
+        return whole_image_bound(base, least, self.work.images[0], windows, need, ready, lanes)
 
     def plan_bound(self, microbatches: int) -> float:
         """A lower bound on the step of any schedule of this plan: the work that fits in no bubble

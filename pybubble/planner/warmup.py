@@ -6,7 +6,7 @@ microseconds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,6 +30,8 @@ class WarmupTried:
     """The least bound of the encoder plans whose model states fit on it (None: none fits)."""
     best: Candidate | None = None
     """The best plan's best layout on it, or None when memory or the bound ruled it out."""
+    plan_bounds: list[tuple[PlanSpace, StepBound]] = field(default_factory=list)
+    """Each plan whose model states fit on it (its space on the config's step), with its bound there."""
 
 
 def warmup_variants(step: LLMStep) -> list[tuple[int, ...]]:
@@ -67,8 +69,9 @@ def tune_warmup(step: LLMStep, spaces: list[PlanSpace], best: Candidate,
         except ValueError:  # the table deadlocks
             continue
         limit = step.config.memory_gb * GB
-        bounds = [b for _, b in warmup_bounds(other, spaces)]
-        here = WarmupTried(extra=extra, step=other, bound=min(bounds, key=lambda b: b.step_time) if bounds else None)
+        fits = warmup_bounds(other, spaces)
+        here = WarmupTried(extra=extra, step=other, bound=min((b for _, b in fits), key=lambda b: b.step_time, default=None),
+                           plan_bounds=fits)
         tried.append(here)
         if other.memory.max() > limit:
             stats.memory_pruned += 1

@@ -86,18 +86,12 @@ def test_varying_loads_take_the_lightest_first_and_last():
     assert b.front == max(2 / 2, (16 - 10) / 2) and b.back == max(2 / 2, (32 - 30) / 2)
 
 
-# bench/plan_gap.py's instance of the A100 setting's shape: 16 images per microbatch, whose whole
-# images tighten the bound of the plans of one encoder stage
-A100_SHAPE = {"cluster": {"gpus": 4, "gpu": "a100-80gb", "gpus_per_node": 8}, "llm": {"preset": "gpt-11b", "layers": 4},
-              "encoders": [{"preset": "vit-3b", "tokens_per_sample": 2048, "layers": 2}],
-              "training": {"global_batch": 8, "micro_batch": 2, "seq_len": 2048, "recompute": "full"},
-              "llm_plan": {"dp": 1, "pp": 2, "tp": 2, "vpp": 2, "schedule": "interleaved_1f1b"}, "memory_gb": 80}
-
-
 @pytest.fixture(scope="module")
-def spaces():
+def spaces(bench_script):
     out = []
-    for cfg in (SMALL, A100_SHAPE):
+    # and bench/plan_gap.py's instance of the A100 setting's shape: 16 images per microbatch, whose
+    # whole images tighten the bound of the plans of one encoder stage
+    for cfg in (SMALL, bench_script("plan_gap").instance("a100")):
         step = LLMStep.of(load_config(cfg))
         out += [PlanSpace(step, p, step.encoder_windows(p.lanes_per_stage)) for p in planner.encoder_plans(step.config)]
     return out

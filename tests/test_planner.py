@@ -419,15 +419,9 @@ def test_the_whole_image_program_is_never_below_the_fractional_one():
                    for p in layout)
 
 
-# bench/plan_gap.py's instance of the A100 setting's shape with one image of 4096 tokens per microbatch
-ONE_IMAGE = {"cluster": {"gpus": 4, "gpu": "a100-80gb", "gpus_per_node": 8}, "llm": {"preset": "gpt-11b", "layers": 4},
-             "encoders": [{"preset": "vit-3b", "tokens": 4096, "tokens_per_sample": 4096, "layers": 1}],
-             "training": {"global_batch": 4, "micro_batch": 1, "seq_len": 2048, "recompute": "full"},
-             "llm_plan": {"dp": 1, "pp": 2, "tp": 2, "vpp": 2, "schedule": "interleaved_1f1b"}, "memory_gb": 80}
-
-
-def test_the_refill_also_shares_out_the_one_stage_plan_with_the_lowest_bound():
-    found = search(load_config(ONE_IMAGE), warmup=False, workers=1)
+def test_the_refill_also_shares_out_the_one_stage_plan_with_the_lowest_bound(bench_script):
+    # bench/plan_gap.py's instance of the A100 setting's shape with one image of 4096 tokens per microbatch
+    found = search(load_config(bench_script("plan_gap").one_image("a100", 4096, 1)), warmup=False, workers=1)
     one_stage = sorted((p for p in found.plans if p.plan.pp_enc == 1), key=lambda p: p.bound.step_time)
     low, other = one_stage[0], one_stage[1]
     # the greedy's best candidates: the other plan's is first (shorter), the low-bound plan's second

@@ -29,8 +29,8 @@ with windows (-front, F] and [B, horizon + back)); the fourth adds the granulari
 :func:`whole_image_bound` tightens the first three lane by lane (one encoder; the search applies it to
 the least bounds only, :mod:`pybubble.planner.search`): an image runs whole on one lane of each
 encoder stage, so the images a lane holds of the microbatches counted cost at least their least
-split into pieces of at most a microbatch's images, each at its own cost (``pieces``: a piece's
-fixed costs are paid per piece), and must fit in that lane's free time; the step grows by the least
+split into pieces of at most a microbatch's images, each at its own cost (:func:`piece_costs`: a
+piece's fixed costs are paid per piece), and must fit in that lane's free time; the step grows by the least
 that lets the stage's lanes hold every image counted. A lane's pieces of several microbatches cost
 at least that least split, because a piece's cost per image never grows with its images. The work of a
 microbatch is its compute kernels' time times the GPUs of its TP group. It is a lower bound for any

@@ -136,8 +136,8 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
              shape: bool = True) -> list[Candidate]:
     """Each of `cands` re-filled (see the module docstring), in the same order; `space_of(c)` is
     c's plan on c's LLM step. `shape`: try the shaped layout of the first candidate of one encoder
-    stage and of the one with the lowest plan bound (False: whole microbatches stay whole). The holes schedules and the shaped layout are
-    separate jobs on `workers` threads."""
+    stage and of the one with the lowest plan bound (False: whole microbatches stay whole). The
+    holes schedules and the shaped layouts are separate jobs on `workers` threads."""
     open_ = [i for i, c in enumerate(cands) if c.bound is None or c.step_time > c.bound.step_time]
     one_stage = [i for i in open_ if cands[i].plan.pp_enc == 1] if shape else []
     shaped = {one_stage[0], min(one_stage, key=lambda i: _bound(cands[i]))} if one_stage else set()

@@ -323,7 +323,7 @@ def _tighten(searched: list[PlanSearched], spaces: list[PlanSpace], tried: list[
     for bound, on, space in sorted(entries, key=lambda e: e[0].step_time):
         if bound.step_time >= least:
             break
-        got = space.whole_image_bound() if on is step else space.whole_image_bound(on, bound)
+        got = space.whole_image_bound() if on is step else space.whole_image_bound((on, bound))
         tight[(id(on), space.plan.pp_enc, space.plan.tp_enc)] = got
         least = min(least, got.step_time)
     for p in searched:

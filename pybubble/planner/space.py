@@ -102,19 +102,22 @@ class PlanSpace:
         one-microbatch blocks, checked once, copied per microbatch)."""
         return self.work.problem(self.bubbles, partition)
 
-    def whole_image_bound(self, on: LLMStep | None = None, bound: StepBound | None = None) -> StepBound:
+    def whole_image_bound(self, on: tuple[LLMStep, StepBound] | None = None) -> StepBound:
         """:attr:`step_bound` tightened by whole images lane by lane (:func:`~pybubble.planner.bound.whole_image_bound`;
-        the same for several encoders); or, `on` another LLM step (a warm-up depth), this plan's
-        `bound` there tightened. Costs a piece's tasks per image count, once per work: the search
-        asks it of the least bounds only."""
+        the same for several encoders); or, with `on` (another LLM step, a warm-up depth, and this
+        plan's bound there), that bound tightened. Costs a piece's tasks per image count, once per
+        work: the search asks it of the least bounds only."""
         if not self._pieces:
             costs = piece_costs(self.work)
             self._pieces.append(None if costs is None else least_costs(costs, self.step.config.microbatches))
-        least, base = self._pieces[0], self.step_bound if on is None else bound
-        if least is None or base is None:
-            return base if base is not None else self.step_bound
-        windows = self.windows[0] if on is None else on.encoder_windows(self.plan.lanes_per_stage)[0]
-        need, ready = (self.forward_needed, self.grad_ready) if on is None else prefetched_needs(on.timeline, self.prefetch)
+        least, base = self._pieces[0], self.step_bound if on is None else on[1]
+        if least is None:
+            return base
+        if on is None:
+            windows, need, ready = self.windows[0], self.forward_needed, self.grad_ready
+        else:
+            windows = on[0].encoder_windows(self.plan.lanes_per_stage)[0]
+            need, ready = prefetched_needs(on[0].timeline, self.prefetch)
         lanes = [np.array([self.plan.lane(i, e) for i in range(self.plan.pipelines)]) for e in range(self.plan.pp_enc)]
         return whole_image_bound(base, least, self.work.images[0], windows, need, ready, lanes)
 

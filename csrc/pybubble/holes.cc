@@ -44,14 +44,29 @@ void Scheduler::place_holes(bool fixed_assignment) {
         if (p_.resource(*q) == kCompute && p_.lane(*q) == p_.lane(t)) collectives_ = true;
       }
     }
+    pieces_ = false;  // a microbatch's phase of several chains: what the order by pieces is for
+    skipped_.assign(n, 0);
+    for (int32_t j = 0; j < p_.num_microbatches() && !pieces_; ++j) {
+      for (int ph = kFwd; ph <= kBwd && !pieces_; ++ph) {
+        int roots = 0;
+        for (const int32_t* it = p_.tasks_begin(j, ph); it != p_.tasks_end(j, ph); ++it) {
+          bool root = true;
+          for (const int32_t* q = p_.pred_begin(*it); q != p_.pred_end(*it); ++q) root = root && p_.phase(*q) != ph;
+          roots += root ? 1 : 0;
+        }
+        pieces_ = roots > 1;
+      }
+    }
   }
   double* const out = start_;
   start_ = alt_.data();
   double best = kInf, first = 0.0, last = 0.0;  // the shortest order's step and extremes
-  const bool orders[4][3] = {{false, false, false}, {true, false, false}, {true, true, false}, {true, true, true}};
+  const bool orders[5][4] = {{false, false, false, false}, {true, false, false, false}, {true, true, false, false},
+                             {true, true, true, false}, {true, true, false, true}};
   for (const auto& order : orders) {
     if (order[2] && !collectives_) continue;  // no collective to overlap: the third order again
-    const double step = fill_holes(order[0], order[1], order[2], fixed_assignment);
+    if (order[3] && !pieces_) continue;       // one chain per microbatch and phase: the third order again
+    const double step = fill_holes(order[0], order[1], order[2], order[3], fixed_assignment);
     if (step < best) {
       best = step;
       std::copy(alt_.begin(), alt_.end(), out);
@@ -73,8 +88,12 @@ void Scheduler::place_holes(bool fixed_assignment) {
 // (`backward_early`: by increasing grad_ready, each its longest prefix that fits as early as
 // possible; else by decreasing grad_ready, each whole as late as possible, else its longest prefix),
 // the rest after (`interleaved`: the rest of every microbatch at once, holes_front and
-// holes_outside). Returns the step.
-double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interleaved, bool fixed_assignment) {
+// holes_outside). `pieces`: forwards by decreasing forward_needed and backwards by decreasing
+// grad_ready, each microbatch's tasks that fit as the probes place them, a task that does not fit
+// left out with those that depend on it only (holes_forward_pieces, holes_backward_pieces): one
+// piece's chain that does not fit leaves the microbatch's other pieces in the step. Returns the step.
+double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interleaved, bool pieces,
+                             bool fixed_assignment) {
   const int32_t m = p_.num_microbatches();
   const int32_t n = p_.num_tasks();
   const auto& fn = p_.fields().forward_needed;
@@ -93,7 +112,8 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interl
     const int32_t j = order_[static_cast<size_t>(i)];
     const int64_t count = p_.tasks_end(j, kFwd) - p_.tasks_begin(j, kFwd);
     poll_cancel(1 + 4 * count);  // up to two tries and two probes
-    fwd_first_[static_cast<size_t>(j)] = count > 0 ? holes_forward(j, forward_late) : 0;
+    if (count > 0 && pieces) holes_forward_pieces(j);
+    else if (count > 0) holes_forward(j, forward_late);
   }
   free_->open_front();
   holes_front(interleaved);
@@ -104,13 +124,14 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interl
   std::sort(order_.begin(), order_.end(), [&](int32_t a, int32_t b) {
     const double ga = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(a)])];
     const double gb = gr[static_cast<size_t>(out_.assignment[static_cast<size_t>(b)])];
-    return backward_early ? (ga < gb || (ga == gb && a < b)) : (ga > gb || (ga == gb && a > b));
+    return backward_early && !pieces ? (ga < gb || (ga == gb && a < b)) : (ga > gb || (ga == gb && a > b));
   });
   for (int32_t i = 0; i < m; ++i) {
     const int32_t j = order_[static_cast<size_t>(i)];
     const int64_t count = p_.tasks_end(j, kBwd) - p_.tasks_begin(j, kBwd);
     poll_cancel(1 + 4 * count);
-    bwd_last_[static_cast<size_t>(j)] = count > 0 ? holes_backward(j, backward_early) : 0;
+    if (count > 0 && pieces) holes_backward_pieces(j);
+    else if (count > 0) holes_backward(j, backward_early);
   }
   holes_outside(interleaved);
   first_start_ = 0.0;
@@ -122,24 +143,25 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interl
   return last_end_ - first_start_;
 }
 
-// Calls f(j, t) on every task of phase ph not inside the step (forward: positions before
-// fwd_first_[j]; backward: from bwd_last_[j]) after marking them in rest_ and setting waiting_[t] to
-// the count of those among its same-phase neighbours placed before it (the successors of a forward
-// task, the predecessors of a backward one).
+// Calls f(j, t) on every task of phase ph not inside the step after marking them in rest_ and
+// setting waiting_[t] to the count of those among its same-phase neighbours placed before it (the
+// successors of a forward task, the predecessors of a backward one).
 template <typename F>
 void Scheduler::for_rest(int ph, F&& f) {
   const int32_t m = p_.num_microbatches();
+  std::fill(rest_.begin(), rest_.end(), 0);
+  for (int32_t j = 0; j < m; ++j) {
+    for (const int32_t* it = p_.tasks_begin(j, ph); it != p_.tasks_end(j, ph); ++it) {
+      rest_[static_cast<size_t>(*it)] = !inside_[static_cast<size_t>(*it)];
+    }
+  }
   const auto each = [&](auto&& g) {
     for (int32_t j = 0; j < m; ++j) {
-      const int32_t* b = p_.tasks_begin(j, ph);
-      const int32_t* e = p_.tasks_end(j, ph);
-      if (ph == kFwd) e = b + fwd_first_[static_cast<size_t>(j)];
-      else b += bwd_last_[static_cast<size_t>(j)];
-      for (; b != e; ++b) g(j, *b);
+      for (const int32_t* it = p_.tasks_begin(j, ph); it != p_.tasks_end(j, ph); ++it) {
+        if (rest_[static_cast<size_t>(*it)]) g(j, *it);
+      }
     }
   };
-  std::fill(rest_.begin(), rest_.end(), 0);
-  each([&](int32_t, int32_t t) { rest_[static_cast<size_t>(t)] = 1; });
   each([&](int32_t, int32_t t) {  // rest_ holds tasks of phase ph only
     int32_t count = 0;
     const int32_t* q = ph == kFwd ? p_.succ_begin(t) : p_.pred_begin(t);
@@ -198,9 +220,9 @@ void Scheduler::holes_front(bool interleaved) {
   if (!interleaved) {
     for (int32_t j = m - 1; j >= 0; --j) {
       const int32_t* b = p_.tasks_begin(j, kFwd);
-      for (const int32_t* it = b + fwd_first_[static_cast<size_t>(j)]; it != b;) {
+      for (const int32_t* it = p_.tasks_end(j, kFwd); it != b;) {
         const int32_t t = *--it;
-        put(t, late_of(j, t));
+        if (!inside_[static_cast<size_t>(t)]) put(t, late_of(j, t));  // put sets it: t is not read again
       }
     }
     return;
@@ -368,6 +390,58 @@ int64_t Scheduler::holes_backward_prefix(int32_t j, bool keep) {
   return count;
 }
 
+// Microbatch j's forward tasks that fit inside the step, by pieces: the tasks backwards, each in the
+// latest free interval from 0 that ends by forward_needed[j] and by its successors' starts; a task
+// that does not fit, or one of whose successors was left out, is left out (skipped_), and the
+// others go on. What fits stays placed so.
+void Scheduler::holes_forward_pieces(int32_t j) {
+  const double deadline = p_.fields().forward_needed[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+  const int32_t* const b = p_.tasks_begin(j, kFwd);
+  for (const int32_t* it = p_.tasks_end(j, kFwd); it != b;) {
+    const int32_t t = *--it;
+    double late = deadline;
+    bool out = false;
+    for (const int32_t* q = p_.succ_begin(t); q != p_.succ_end(t); ++q) {
+      out = out || skipped_[static_cast<size_t>(*q)];
+      late = std::min(late, start_[*q]);
+    }
+    double s = 0.0;
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int64_t w = out ? -1 : free_->latest(k, late, dur_[t], 0.0, &s);
+    skipped_[static_cast<size_t>(t)] = w < 0;
+    if (w >= 0) holes_place(t, w, s);
+  }
+  free_->forget();
+  for (const int32_t* it = b; it != p_.tasks_end(j, kFwd); ++it) skipped_[static_cast<size_t>(*it)] = 0;
+}
+
+// Microbatch j's backward tasks that fit inside the step, by pieces: the tasks forwards, each in the
+// earliest free interval from grad_ready and its backward predecessors' ends that ends by the
+// horizon; a task that does not fit, or one of whose backward predecessors was left out, is left
+// out, and the others go on. What fits stays placed so.
+void Scheduler::holes_backward_pieces(int32_t j) {
+  const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
+  for (const int32_t* it = p_.tasks_begin(j, kBwd); it != p_.tasks_end(j, kBwd); ++it) {
+    const int32_t t = *it;
+    double early = ready;
+    bool out = false;
+    for (const int32_t* q = p_.pred_begin(t); q != p_.pred_end(t); ++q) {
+      if (p_.phase(*q) != kBwd) continue;
+      out = out || skipped_[static_cast<size_t>(*q)];
+      early = std::max(early, end_[static_cast<size_t>(*q)]);
+    }
+    double s = 0.0;
+    const int32_t k = key_[static_cast<size_t>(t)];
+    const int64_t w = out ? -1 : free_->earliest(k, early, dur_[t], p_.horizon(), &s);
+    skipped_[static_cast<size_t>(t)] = w < 0;
+    if (w >= 0) holes_place(t, w, s);
+  }
+  free_->forget();
+  for (const int32_t* it = p_.tasks_begin(j, kBwd); it != p_.tasks_end(j, kBwd); ++it) {
+    skipped_[static_cast<size_t>(*it)] = 0;
+  }
+}
+
 // The backward tasks not inside the step, each in the earliest free interval after its predecessors
 // and grad_ready, the time after the horizon free: microbatches in increasing order, tasks in
 // increasing id order; `interleaved`: whichever task has its predecessors placed and the earliest such
@@ -391,9 +465,8 @@ void Scheduler::holes_outside(bool interleaved) {
   free_->open_back();
   if (!interleaved) {
     for (int32_t j = 0; j < p_.num_microbatches(); ++j) {
-      const int32_t* e = p_.tasks_end(j, kBwd);
-      for (const int32_t* it = p_.tasks_begin(j, kBwd) + bwd_last_[static_cast<size_t>(j)]; it != e; ++it) {
-        put(*it, early_of(j, *it));
+      for (const int32_t* it = p_.tasks_begin(j, kBwd); it != p_.tasks_end(j, kBwd); ++it) {
+        if (!inside_[static_cast<size_t>(*it)]) put(*it, early_of(j, *it));
       }
     }
   } else {  // the earliest start first

@@ -28,6 +28,25 @@ TEST(Holes, ValidAndShorterThanGreedyMoreOftenThanLonger) {
   EXPECT_GT(shorter, longer);
 }
 
+// Twin lanes split every microbatch into independent chains, one per twin: the order by pieces
+// runs (fill_holes), and the schedule stays valid and the same on a rerun.
+TEST(Holes, MicrobatchesOfSeveralPiecesGiveValidSchedules) {
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    SyntheticSpec spec;
+    spec.stages = 1 + static_cast<int32_t>(seed % 3);
+    spec.twin_lanes = 2 + static_cast<int32_t>(seed % 2);
+    spec.microbatches = 3 + static_cast<int32_t>(seed % 4);
+    spec.encoder_scale = 1.0 + static_cast<double>(seed % 5);
+    spec.jitter = 0.4;
+    spec.seed = seed;
+    const Problem p(synthetic_problem(spec));
+    Scheduler s(p);
+    const Schedule first = s.run(Policy::kHoles);
+    EXPECT_TRUE(validate(p, first).empty()) << "seed " << seed;
+    EXPECT_EQ(first.start, s.run(Policy::kHoles).start) << "seed " << seed;
+  }
+}
+
 TEST(Holes, RerunsGiveTheSameScheduleAndNewDurationsAreHonoured) {
   SyntheticSpec spec;
   spec.microbatches = 6;

@@ -112,7 +112,7 @@ class Scheduler {
   void finish();
   // Policy::kHoles (holes.cc): each order into `alt_`, the shortest step kept in `start_`.
   void place_holes(bool fixed_assignment);
-  double fill_holes(bool forward_late, bool backward_early, bool interleaved, bool fixed_assignment);
+  double fill_holes(bool forward_late, bool backward_early, bool interleaved, bool pieces, bool fixed_assignment);
   void holes_front(bool interleaved);
   template <typename F>
   void for_rest(int ph, F&& f);
@@ -124,6 +124,8 @@ class Scheduler {
   int64_t holes_backward(int32_t j, bool early);
   bool holes_backward_in_step(int32_t j, int64_t last);
   int64_t holes_backward_prefix(int32_t j, bool keep);
+  void holes_forward_pieces(int32_t j);
+  void holes_backward_pieces(int32_t j);
   void holes_outside(bool interleaved);
   void holes_place(int32_t t, int64_t w, double s);
   bool holes_drop(int32_t j, int ph, size_t mark);
@@ -157,6 +159,8 @@ class Scheduler {
   std::vector<uint8_t> rest_;     // kHoles, interleaved: task not inside the step, placed after it
   std::vector<int32_t> waiting_;  // kHoles, interleaved: its neighbours of rest_ not yet placed
   bool collectives_ = false;      // kHoles: some lane runs a kernel after its own collective
+  bool pieces_ = false;           // kHoles: some microbatch's phase holds several chains
+  std::vector<uint8_t> skipped_;  // kHoles, by pieces: task left out of the step by its microbatch's probe
 };
 
 /// The floor the scheduler's speed is measured against: one pass over the tasks in id order, each

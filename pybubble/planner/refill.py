@@ -4,7 +4,7 @@ layouts shared out anew by a linear program (Times are microseconds).
 The search schedules every layout with the greedy filler (one pass per phase, a cursor per lane and
 resource). Its best :data:`REFILL` plans' best layouts (those whose bound is below the best step:
 the others cannot win) are then scheduled with the holes filler
-(policy ``holes``: the greedy's rules, every task in any free interval left, four orders;
+(policy ``holes``: the greedy's rules, every task in any free interval left, up to five orders;
 docs/scheduler.md), unless their step is already their bound, and each keeps the shorter schedule.
 
 A plan of one encoder stage also gets a *shaped* layout (:func:`share_out`): each microbatch's images

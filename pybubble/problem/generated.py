@@ -46,11 +46,13 @@ def vit22b_sized(seed: int = 0) -> Problem:
 
 def random_problem(seed: int, *, lanes: int = 2, microbatches: int = 3, max_windows: int = 3,
                    max_fwd: int = 3, max_bwd: int = 3, horizon: int = 100,
-                   max_duration: int = 15) -> Problem:
+                   max_duration: int = 15, pieces: int = 1) -> Problem:
     """A small random problem with integer times, for property tests, fuzzing and exact
     comparisons: each lane gets up to `max_windows` windows per resource, each encoder microbatch
     a forward chain of 1..max_fwd tasks and a backward chain of 0..max_bwd tasks on random lanes and
-    resources, and the LLM microbatches increasing forward_needed <= grad_ready."""
+    resources (with `pieces` above 1: 1..pieces such chains, independent of one another, as a
+    microbatch split over pipelines), and the LLM microbatches increasing forward_needed <=
+    grad_ready."""
     rng = np.random.default_rng(seed)
 
     def windows() -> list[list[float]]:
@@ -66,16 +68,17 @@ def random_problem(seed: int, *, lanes: int = 2, microbatches: int = 3, max_wind
     gr = [max(g, f) for g, f in zip(gr, fn)]
     tasks: list[dict] = []
     for j in range(microbatches):
-        prev = None
-        for phase, count in (("fwd", int(rng.integers(1, max_fwd + 1))),
-                             ("bwd", int(rng.integers(0, max_bwd + 1)))):
-            for _ in range(count):
-                tasks.append({"id": len(tasks), "lane": int(rng.integers(0, lanes)),
-                              "duration": float(rng.integers(0, max_duration + 1)),
-                              "resource": "comm" if rng.random() < 0.25 else "compute",
-                              "phase": phase, "microbatch": j,
-                              "after": [] if prev is None else [prev]})
-                prev = len(tasks) - 1
+        for _ in range(1 if pieces == 1 else int(rng.integers(1, pieces + 1))):
+            prev = None
+            for phase, count in (("fwd", int(rng.integers(1, max_fwd + 1))),
+                                 ("bwd", int(rng.integers(0, max_bwd + 1)))):
+                for _ in range(count):
+                    tasks.append({"id": len(tasks), "lane": int(rng.integers(0, lanes)),
+                                  "duration": float(rng.integers(0, max_duration + 1)),
+                                  "resource": "comm" if rng.random() < 0.25 else "compute",
+                                  "phase": phase, "microbatch": j,
+                                  "after": [] if prev is None else [prev]})
+                    prev = len(tasks) - 1
     return load_problem({"format": PROBLEM_FORMAT, "horizon": float(horizon), "lanes": lane_docs,
                          "microbatches": [{"forward_needed": float(f), "grad_ready": float(g)}
                                           for f, g in zip(fn, gr)],

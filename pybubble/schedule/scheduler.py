@@ -84,7 +84,7 @@ def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignme
     policy: ``greedy`` (default; encoder microbatches moved into the step's windows where they
     fit), ``coarse`` (all forwards before the step, all backwards after it) or ``holes`` (the
     greedy's rules, each task in any free interval left on its lane and resource instead of after
-    the lane's last task, in four orders, the shortest kept; slower, never passes over free time).
+    the lane's last task, in up to five orders, the shortest kept; slower, never passes over free time).
     fixed_assignment: encoder microbatch j feeds LLM microbatch j (data that varies per
     microbatch: its tasks' durations are those of its own data); by default the LLM microbatches
     take the encoder's microbatches in the order their forwards finish.

@@ -29,9 +29,17 @@ shorter than :data:`SLIVER` are dropped. In one order:
    (ties: the smaller ``(j, id)``), so that one microbatch's kernels run while another's
    collectives do.
 
-The policy runs four orders, (greedy's, greedy's), (late, greedy's), (late, early) and (late, early,
-interleaved), and keeps the shortest step (ties: the first); the fourth only where some lane runs a
-kernel after a collective of its own (:func:`orders`: without one there is nothing to overlap).
+``pieces``: steps 1 and 4 by decreasing ``(forward_needed, j)`` and ``(grad_ready, j)``, each
+microbatch's tasks placed as the probes place them, a task that does not fit left out with the tasks
+that depend on it only (its successors in the forward, its predecessors in the backward), the others
+going on: a piece whose chain does not fit leaves the microbatch's other pieces inside the step
+(with whole microbatches the probe stops at the first task that does not fit, for every piece).
+
+The policy runs five orders, (greedy's, greedy's), (late, greedy's), (late, early), (late, early,
+interleaved) and (late, early, pieces), and keeps the shortest step (ties: the first); the fourth
+only where some lane runs a kernel after a collective of its own, the fifth only where some
+microbatch's phase has several chains (tasks with no predecessor of their phase: a microbatch split
+over pipelines), since elsewhere they repeat the third (:func:`orders`).
 """
 
 from __future__ import annotations
@@ -48,8 +56,10 @@ from .reference import _Twin
 
 SLIVER = 1e-9
 """Free pieces shorter than this (us) are dropped."""
-ORDERS = ((False, False, False), (True, False, False), (True, True, False), (True, True, True))
-"""(forward late, backward early, interleave) of each order the policy tries, in the order tried."""
+ORDERS = ((False, False, False, False), (True, False, False, False), (True, True, False, False),
+          (True, True, True, False), (True, True, False, True))
+"""(forward late, backward early, interleave, pieces) of each order the policy tries, in the order
+tried."""
 
 
 def earliest(S: list[float], E: list[float], ready: float, d: float, limit: float) -> tuple[int, float] | None:
@@ -196,6 +206,40 @@ class Holes(_Twin):
             pend[t] = fit[1] + self.dur[t]
         return len(ts), trial, pend
 
+    def fwd_pieces(self, j: int, free: Free) -> None:
+        """Step 1 by pieces for microbatch j: the tasks backwards, each in the latest free interval
+        from 0 ending by forward_needed and its successors' starts, left out when it does not fit or
+        a successor was; those that fit placed so."""
+        out: set[int] = set()
+        for t in reversed(self.tasks[(j, 0)]):
+            fit = None
+            if not any(q in out for q in self.succs[t]):
+                late = min([self.fn[self.assignment[j]]] + [self.start[q] for q in self.succs[t]])
+                fit = latest(*free.get(self.key[t]), late, self.dur[t], 0.0)
+            if fit is None:
+                out.add(t)
+                continue
+            free.take(self.key[t], fit, self.dur[t])
+            self._place(t, fit[1])
+
+    def bwd_pieces(self, j: int, free: Free) -> None:
+        """Step 4 by pieces for microbatch j: the tasks forwards, each in the earliest free interval
+        from grad_ready and its backward predecessors' ends ending by the horizon, left out when it
+        does not fit or a backward predecessor was; those that fit placed so."""
+        out: set[int] = set()
+        ready = self.gr[self.assignment[j]]
+        for t in self.tasks[(j, 1)]:
+            preds = [q for q in self.preds[t] if q in self.phase1]
+            fit = None
+            if not any(q in out for q in preds):
+                early = max([ready] + [self.end[q] for q in preds])
+                fit = earliest(*free.get(self.key[t]), early, self.dur[t], self.horizon)
+            if fit is None:
+                out.add(t)
+                continue
+            free.take(self.key[t], fit, self.dur[t])
+            self._place(t, fit[1])
+
     def fwd_one(self, j: int, free: Free, late: bool) -> tuple[Free, int] | None:
         """Step 1 for microbatch j: (free lists, first position inside), or None."""
         n = len(self.tasks[(j, 0)])
@@ -230,21 +274,23 @@ class Holes(_Twin):
                 self._place(t, pend[t] - self.dur[t])
         return trial, last
 
-    def run(self, fwd_late: bool, bwd_early: bool, interleave: bool = False) -> Schedule:
+    def run(self, fwd_late: bool, bwd_early: bool, interleave: bool = False, pieces: bool = False) -> Schedule:
         """Steps 1-5 in one order (see the module docstring)."""
         m = self.m
         free = Free({k: merged(w) for k, w in self.windows.items()})
-        fwd_first = [len(self.tasks[(j, 0)]) for j in range(m)]
-        for j in sorted(range(m), key=lambda j: (self.fn[j], j), reverse=fwd_late):
-            if fwd_first[j] and (got := self.fwd_one(j, free, fwd_late)) is not None:
-                free, fwd_first[j] = got
+        self.phase1 = {t for j in range(m) for t in self.tasks[(j, 1)]}
+        for j in sorted(range(m), key=lambda j: (self.fn[j], j), reverse=fwd_late or pieces):
+            if pieces:
+                self.fwd_pieces(j, free)
+            elif self.tasks[(j, 0)] and (got := self.fwd_one(j, free, fwd_late)) is not None:
+                free = got[0]
         for S, E in (free.mut(k) for k in list(free.lists)):
             if S and S[0] <= 0.0:
                 S[0] = -math.inf
             else:
                 S.insert(0, -math.inf)
                 E.insert(0, 0.0)
-        self.front([(j, t) for j in range(m) for t in self.tasks[(j, 0)][:fwd_first[j]]], free, interleave)
+        self.front([(j, t) for j in range(m) for t in self.tasks[(j, 0)] if not self.inside[t]], free, interleave)
         for S, E in (free.mut(k) for k in list(free.lists)):
             if S and S[0] == -math.inf:
                 if E[0] > 0.0:
@@ -252,17 +298,18 @@ class Holes(_Twin):
                 else:
                     del S[0], E[0]
         self.assign()
-        bwd_last = [0] * m
-        for j in sorted(range(m), key=lambda j: (self.gr[self.assignment[j]], j), reverse=not bwd_early):
-            if self.tasks[(j, 1)] and (got := self.bwd_one(j, free, bwd_early)) is not None:
-                free, bwd_last[j] = got
+        for j in sorted(range(m), key=lambda j: (self.gr[self.assignment[j]], j), reverse=pieces or not bwd_early):
+            if pieces:
+                self.bwd_pieces(j, free)
+            elif self.tasks[(j, 1)] and (got := self.bwd_one(j, free, bwd_early)) is not None:
+                free = got[0]
         for S, E in (free.mut(k) for k in list(free.lists)):
             if S and E[-1] >= self.horizon:
                 E[-1] = math.inf
             else:
                 S.append(self.horizon)
                 E.append(math.inf)
-        self.back([(j, t) for j in range(m) for t in self.tasks[(j, 1)][bwd_last[j]:]], free, interleave)
+        self.back([(j, t) for j in range(m) for t in self.tasks[(j, 1)] if not self.inside[t]], free, interleave)
         return self.schedule()
 
     def front(self, rest: list[tuple[int, int]], free: Free, interleave: bool) -> None:
@@ -321,14 +368,19 @@ class Holes(_Twin):
                         heapq.heappush(heap, (sign * key(j, q), sign * j, sign * q))
 
 
-def orders(problem: Problem) -> tuple[tuple[bool, bool, bool], ...]:
+def orders(problem: Problem) -> tuple[tuple[bool, bool, bool, bool], ...]:
     """The orders the policy runs on `problem`: :data:`ORDERS`, less the interleaved one unless some
-    lane runs a compute task right after a communication task of the same lane and phase."""
+    lane runs a compute task right after a communication task of the same lane and phase, and less
+    the one by pieces unless some microbatch's phase has several tasks with no predecessor of that
+    phase."""
     t = problem.arrays().tasks
     preds = t.predecessors()
     collective = any(t.resource[p] == 1 and t.lane[p] == t.lane[q] and t.phase[p] == t.phase[q]
                      for q in np.nonzero(t.resource == 0)[0] for p in preds[q])
-    return ORDERS if collective else tuple(o for o in ORDERS if not o[2])
+    roots = [(int(t.microbatch[q]), int(t.phase[q])) for q in range(len(t.duration))
+             if not any(t.phase[p] == t.phase[q] for p in preds[q])]
+    pieces = len(set(roots)) < len(roots)
+    return tuple(o for o in ORDERS if (collective or not o[2]) and (pieces or not o[3]))
 
 
 def reference_holes(problem: Problem) -> Schedule:

@@ -1,6 +1,8 @@
 """The lower bound on the step (pybubble.planner.bound): its terms on a pipeline worked out by hand,
 never above a schedule of any layout, and the cost-model property it rests on."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from pybubble.planner import search as planner
 from pybubble.planner.bound import StepBound, EncoderLoad, _longest_paths, encoder_load, layout_bound, step_bound
 from pybubble.planner.space import PlanSpace
 from pybubble.problem.encoder import EncoderPlan, EncoderWork
+from pybubble.problem.arrays import Tasks
 from pybubble.problem.generated import random_problem, synthetic
 
 SMALL = {"cluster": {"gpus": 16, "gpu": "h100"}, "llm": {"preset": "llama-3-8b"},
@@ -100,8 +103,9 @@ def spaces(bench_script):
 def test_whole_images_tighten_the_one_stage_plans_of_the_a100_shape(spaces):
     a100 = [s for s in spaces if s.step.config.llm_plan.vpp == 2]
     tighter = {(s.plan.pp_enc, s.plan.tp_enc) for s in a100 if s.whole_image_bound().step_time > s.step_bound.step_time}
-    # PP_enc 1: 16 images over 2 or 4 pipelines, a piece's fixed costs paid per piece
-    assert tighter == {(1, 1), (1, 2)}
+    # PP_enc 1: 16 images over 2 or 4 pipelines, a piece's fixed costs paid per piece; PP_enc 2 TP_enc
+    # 1: the LLM's TP gaps (88.9 us) too short for its long kernels (by 0.02 ms)
+    assert tighter == {(1, 1), (1, 2), (2, 1)}
 
 
 @settings(max_examples=20, deadline=None)
@@ -273,3 +277,59 @@ def test_layout_bound_by_hand_on_one_lane():
     assert (swapped.front, swapped.back, swapped.work, swapped.step_time) == (2.0, 14.0, 14.0, 76.0)
     with pytest.raises(ValueError, match="assignment"):
         layout_bound(pybubble.load_problem(doc), [0, 0])
+
+
+def test_a_pieces_spine_is_its_path_from_its_last_task_and_a_long_kernel_ends_a_run():
+    from pybubble.planner.short_windows import _path_to_last
+
+    # forward 0 -> 1 -> 2; backward 3 (after 2) -> 4 -> 6, with 5 hanging off 3 (a weight gradient)
+    after = [[], [0], [1], [2], [3], [3], [4]]
+    t = Tasks(lane=np.zeros(7, np.int64), microbatch=np.zeros(7, np.int64),
+              duration=np.array([1.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0]), resource=np.zeros(7, np.int64),
+              phase=np.array([0, 0, 0, 1, 1, 1, 1]), after_offset=np.cumsum([0] + [len(a) for a in after]),
+              after=np.array([p for a in after for p in a], np.int64))
+    assert np.nonzero(_path_to_last(t, 0))[0].tolist() == [0, 1, 2]
+    assert np.nonzero(_path_to_last(t, 1))[0].tolist() == [3, 4, 6]  # 5 is off the spine
+
+
+def test_short_windows_by_hand_on_one_lane():
+    from pybubble.llm.timeline import Windows
+    from pybubble.planner.short_windows import short_window_bound, stretches
+
+    # one lane, free in three windows of 1 us and one of 3 before the deadline 13 (one stretch of
+    # short windows); a microbatch of 2 images: a piece of 1 costs 4, all of it in kernels of at
+    # most 1 us along its spine, a piece of 2 costs 6, none of it short
+    windows = Windows(offset=np.array([0, 4]), start=np.array([0.0, 2.0, 4.0, 10.0]), end=np.array([1.0, 3.0, 5.0, 13.0]))
+    assert stretches(windows, 1.0).tolist() == [1]
+    costs = np.array([[[0.0, 4.0, 6.0], [0.0, 0.0, 0.0]]])
+    runs = np.zeros((1, 2, 3, 3))
+    runs[0, 0, :, 1] = [4.0, 4.0, 0.0]  # short in all, its longest short run, short off the spine
+    none = StepBound(step_time=20.0, horizon=20.0, front=0.0, back=0.0, work=0.0)
+    got = short_window_bound(none, costs, runs, 1.0, windows, np.array([13.0]), np.array([13.0]), [np.array([0])])
+    # one piece of 2: 6 of long windows or before 0, 3 too many; two of 1: 8 of the 6 free, 2 too
+    # many; so the step grows by 2. The bound's multipliers lam give, for the piece of 2, 3 - 3 lam,
+    # and for two of 1, 5 lam - 3: at least min of the two, 0.6 at lam = 0.8 (the whole-image bound:
+    # 0, 6 fits in the 6 free)
+    assert got.front == pytest.approx(0.6) and got.front <= 2.0 and got.back == 0.0
+
+
+def test_short_windows_tighten_the_a100_settings_one_stage_plan_below_its_schedules():
+    from pybubble.planner.bound import whole_image_bound
+    from pybubble.planner.refill import share_out
+
+    step = LLMStep.of(load_config(Path(__file__).resolve().parent.parent / "examples" / "optimus" / "a100_vit3b_gpt11b.yaml"))
+    space = PlanSpace(step, EncoderPlan(pp_enc=1, tp_enc=1, pp_llm=4, tp_llm=2))
+    short = space.whole_image_bound()
+    lanes = [np.arange(space.plan.pipelines)]
+    whole = whole_image_bound(space.step_bound, space._pieces[0][1], space.work.images[0], space.windows[0],
+                              space.forward_needed, space.grad_ready, lanes)
+    # the TP gaps of 88.9 us hold no kernel of a piece of 3 images or more: the front grows by 1.2 ms
+    assert short.front > whole.front + 1000.0 and short.back >= whole.back
+    rng = np.random.default_rng(0)
+    n, m = space.work.images[0], space.plan.pipelines
+    layouts = [share_out(space)[0], space.spread_layout(8, 0)]
+    layouts += [[tuple(int(x) for x in np.bincount(rng.integers(0, m, n), minlength=m)) for _ in range(8)] for _ in range(2)]
+    for layout in layouts:
+        for policy in ("greedy", "holes"):
+            cand = space.layout_candidate(layout, (0, 0), policy=policy)
+            assert short.step_time <= cand.step_time

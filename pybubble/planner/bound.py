@@ -27,7 +27,8 @@ The first three are exactly the conditions under which the fluid fits (Hall's co
 with windows (-front, F] and [B, horizon + back)); the fourth adds the granularity.
 
 :func:`whole_image_bound` tightens the first three lane by lane (one encoder; the search applies it to
-the least bounds only, :mod:`pybubble.planner.search`): an image runs whole on one lane of each
+the least bounds only, :mod:`pybubble.planner.search`; then :mod:`~pybubble.planner.short_windows` by the
+windows too short for the encoder's long kernels): an image runs whole on one lane of each
 encoder stage, so the images a lane holds of the microbatches counted cost at least their least
 split into pieces of at most a microbatch's images, each at its own cost (:func:`piece_costs`: a
 piece's fixed costs are paid per piece), and must fit in that lane's free time; the step grows by the least

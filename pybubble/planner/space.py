@@ -23,6 +23,7 @@ from ..problem.problem import Problem, prefetched_needs
 from ..schedule.scheduler import schedule_problem
 from .bound import StepBound, encoder_load, least_costs, piece_costs, step_bound, whole_image_bound
 from .candidate import Candidate, encoder_work
+from .short_windows import piece_runs, short_theta, short_window_bound
 
 SHARE_STEPS = 1000
 """A spread microbatch's shares are whole weights out of this many (split_images rounds them to
@@ -73,7 +74,7 @@ class PlanSpace:
                     keep = (t.resource == 0) & (t.phase == ph)
                     self.per_phase[ph, i] = np.bincount(t.lane[keep], weights=t.duration[keep], minlength=lanes)
             self.load = encoder_load(self.work, microbatches=step.config.microbatches)
-            self._pieces: list[np.ndarray | None] = []  # the work's least_costs, once known (shared with `like`)
+            self._pieces: list[tuple | None] = []  # the work's piece costs, least_costs and runs per theta, once known (shared with `like`)
         self.per_mb = self.per_phase.sum(axis=0)
         self.horizon = step.timeline.step_time
         self.memory_limit = step.config.memory_gb * GB
@@ -104,22 +105,31 @@ class PlanSpace:
 
     def whole_image_bound(self, on: tuple[LLMStep, StepBound] | None = None) -> StepBound:
         """:attr:`step_bound` tightened by whole images lane by lane (:func:`~pybubble.planner.bound.whole_image_bound`;
-        the same for several encoders); or, with `on` (another LLM step, a warm-up depth, and this
-        plan's bound there), that bound tightened. Costs a piece's tasks per image count, once per
-        work: the search asks it of the least bounds only."""
+        the same for several encoders), then by the windows too short for the encoder's long kernels
+        (:func:`~pybubble.planner.short_windows.short_window_bound`); or, with `on` (another LLM step,
+        a warm-up depth, and this plan's bound there), that bound tightened. Costs a piece's tasks per
+        image count, once per work (and once more per short-window length): the search asks it of
+        the least bounds only."""
         if not self._pieces:
             costs = piece_costs(self.work)
-            self._pieces.append(None if costs is None else least_costs(costs, self.step.config.microbatches))
-        least, base = self._pieces[0], self.step_bound if on is None else on[1]
-        if least is None:
+            self._pieces.append(None if costs is None else (costs, least_costs(costs, self.step.config.microbatches), {}))
+        pieces, base = self._pieces[0], self.step_bound if on is None else on[1]
+        if pieces is None:
             return base
+        costs, least, runs = pieces
         if on is None:
             windows, need, ready = self.windows[0], self.forward_needed, self.grad_ready
         else:
             windows = on[0].encoder_windows(self.plan.lanes_per_stage)[0]
             need, ready = prefetched_needs(on[0].timeline, self.prefetch)
         lanes = [np.array([self.plan.lane(i, e) for i in range(self.plan.pipelines)]) for e in range(self.plan.pp_enc)]
-        return whole_image_bound(base, least, self.work.images[0], windows, need, ready, lanes)
+        got = whole_image_bound(base, least, self.work.images[0], windows, need, ready, lanes)
+        theta = short_theta(self.work, windows)
+        if theta is None:
+            return got
+        if theta not in runs:
+            runs[theta] = piece_runs(self.work, theta)
+        return short_window_bound(got, costs, runs[theta], theta, windows, need, ready, lanes)
 
     def plan_bound(self, microbatches: int) -> float:
         """A lower bound on the step of any schedule of this plan: the work that fits in no bubble

@@ -349,7 +349,15 @@ filler with such long kernels in the TP-8 shapes (0.10-4.48% on the optimum's ow
 layout bound (a mixed-integer program over each microbatch's images per pipeline, prototyped and not
 shipped) cannot close weak_a: HiGHS found a layout of its PP_enc 1 TP_enc 4 plan whose layout bound,
 microbatches fed in order, is 1,363.85 ms, below the 1,365.3 ms that 2% needs
-(bench/results/layout_bound_min.txt)."""
+(bench/results/layout_bound_min.txt). The A100 setting came within 2% by two changes: the holes
+filler's order by pieces (docs/scheduler.md: a microbatch's pieces on other pipelines no longer stop
+where one stops fitting; 2,107.08 -> 2,095.81 ms; on the settings' other plans it is longer, and the
+other orders are kept) and the bound's short windows (docs/planner.md: the LLM's TP 2 gaps of 88.9
+us, 57 of a lane's 196 ms of free time, hold no kernel of a ViT-3B piece of 3 images or more, so only
+one-image pieces use them, at 8.75 ms forward against 7.18 ms per image in a piece of 16; 2,054.33 ->
+2,055.57 ms). Neither moves any TP-8 setting: the bound's short windows do not bind there, and no
+change of layout of one image between pipelines shortened the A100 setting's step further (all 210
+such moves of its shaped layout, each scheduled: 2,096.14 ms at best)."""
 
 CALIBRATION_TEXT = """\
 One published step time pins one factor, so the fit solves for `compute_factor` (the achieved

@@ -225,13 +225,15 @@ class PlanReport:
 
     @property
     def layout_bound(self) -> float | None:
-        """The least step any schedule of pybubble's layout (its tasks on their lanes) can reach (us;
-        :func:`~pybubble.planner.bound.layout_bound`, computed on first use), or None when pybubble
-        adopts a baseline."""
+        """The least step any schedule of pybubble's layout (its tasks on their lanes) can reach (us,
+        computed on first use): the larger of :func:`~pybubble.planner.bound.layout_bound` and its
+        plan's bound on its LLM step, which holds for every layout of the plan (on the quickstart the
+        plan's is the larger); None when pybubble adopts a baseline."""
         if self.in_pipeline is not None:
             return None
         if self._layout_bound is None:
-            self._layout_bound = layout_bound(self.best.problem).step_time
+            plan = self.best.bound.step_time if self.best.bound is not None else 0.0
+            self._layout_bound = max(layout_bound(self.best.problem).step_time, plan)
         return self._layout_bound
 
     def to_dict(self) -> dict[str, Any]:

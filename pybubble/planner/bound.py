@@ -242,16 +242,24 @@ def _fluid(fwd: np.ndarray, bwd: np.ndarray, before: np.ndarray, after: np.ndarr
 
 
 
-def piece_costs(work: EncoderWork) -> np.ndarray | None:
+def piece_tasks(work: EncoderWork) -> list[Tasks] | None:
+    """The tasks of a piece of k images on pipeline 0, for k = 1 .. a microbatch's images (what
+    :func:`piece_costs` and :func:`~pybubble.planner.short_windows.piece_runs` read); None for
+    several encoders."""
+    return None if len(work.images) != 1 else [work.microbatch_tasks(0, (k,)) for k in range(1, work.images[0] + 1)]
+
+
+def piece_costs(work: EncoderWork, tasks: list[Tasks] | None = None) -> np.ndarray | None:
     """``costs[e, phase, k]``: the compute time on encoder stage e's lane of a piece of k images
-    (k = 0 .. a microbatch's images), forward and backward; None for several encoders."""
-    if len(work.images) != 1:
+    (k = 0 .. a microbatch's images), forward and backward; None for several encoders. `tasks`:
+    :func:`piece_tasks` of `work`, when known."""
+    tasks = tasks if tasks is not None else piece_tasks(work)
+    if tasks is None:
         return None
     plan, n = work.plan, work.images[0]
     costs = np.zeros((plan.pp_enc, 2, n + 1))
     lanes = np.array([plan.lane(0, e) for e in range(plan.pp_enc)])
-    for k in range(1, n + 1):
-        t = work.microbatch_tasks(0, (k,))
+    for k, t in enumerate(tasks, start=1):
         compute = t.resource == 0
         stage = np.searchsorted(lanes, t.lane[compute])  # pipeline 0's lanes rise with the stage
         for ph in (0, 1):
@@ -266,12 +274,12 @@ def least_costs(costs: np.ndarray, microbatches: int) -> np.ndarray:
     (:func:`piece_costs`): their forward (w = 0), backward (1) and both (2)."""
     stages, n = costs.shape[0], costs.shape[2] - 1
     total = microbatches * n
-    least = np.zeros((stages, 3, total + 1))
-    for e in range(stages):
-        for w, cost in enumerate((costs[e, 0], costs[e, 1], costs[e, 0] + costs[e, 1])):
-            for k in range(1, total + 1):
-                j = np.arange(1, min(n, k) + 1)
-                least[e, w, k] = float((cost[j] + least[e, w, k - j]).min())
+    cost = np.concatenate([costs, costs.sum(axis=1, keepdims=True)], axis=1).reshape(-1, n + 1)  # every stage, w
+    least = np.zeros((len(cost), total + 1))
+    for k in range(1, total + 1):  # all of them at once
+        j = np.arange(1, min(n, k) + 1)
+        least[:, k] = (cost[:, j] + least[:, k - j]).min(axis=1)
+    least = least.reshape(stages, 3, total + 1)
     return np.minimum.accumulate(least[:, :, ::-1], axis=2)[:, :, ::-1]
 
 
@@ -305,5 +313,6 @@ def _growth(least: np.ndarray, images: int, free: np.ndarray) -> float:
     return max(0.0, float(np.partition(need, images - 1)[images - 1]))
 
 
-__all__ = ["EncoderLoad", "StepBound", "encoder_load", "layout_bound", "least_costs", "piece_costs", "step_bound",
+__all__ = ["EncoderLoad", "StepBound", "encoder_load", "layout_bound", "least_costs", "piece_costs", "piece_tasks",
+           "step_bound",
            "whole_image_bound"]

@@ -33,8 +33,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..llm.timeline import Windows
+from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderWork
-from .bound import StepBound
+from .bound import StepBound, piece_tasks
 
 LAMBDAS = np.linspace(0.0, 1.0, 11)
 """The multipliers lam tried; each gives a valid bound, the largest is kept per lane and count."""
@@ -50,19 +51,20 @@ def short_theta(work: EncoderWork, windows: Windows) -> float | None:
     return float(short.max()) if len(short) else None
 
 
-def piece_runs(work: EncoderWork, theta: float) -> np.ndarray:
+def piece_runs(work: EncoderWork, theta: float, tasks: list[Tasks] | None = None) -> np.ndarray:
     """``runs[e, phase, x, k]`` for a piece of k images on pipeline 0 (k = 0 .. a microbatch's
     images), on encoder stage e's lane: x = 0 its compute kernels no longer than `theta` (us, in
     all), 1 the longest run of them along its spine with no longer kernel of the lane between, 2
-    those off its spine (see the module docstring). One encoder."""
+    those off its spine (see the module docstring). One encoder; `tasks`:
+    :func:`~pybubble.planner.bound.piece_tasks` of `work`, when known."""
     plan, n = work.plan, work.images[0]
     lanes = [plan.lane(0, e) for e in range(plan.pp_enc)]
     runs = np.zeros((plan.pp_enc, 2, 3, n + 1))
-    for k in range(1, n + 1):
-        t = work.microbatch_tasks(0, (k,))
-        spine = np.zeros(len(t.duration), bool)
-        for ph in (0, 1):
-            spine |= _path_to_last(t, ph)
+    shape, spine = None, np.zeros(0, bool)
+    for k, t in enumerate(tasks if tasks is not None else piece_tasks(work), start=1):
+        if shape is None or not all(np.array_equal(a, b) for a, b in zip(shape, (t.after_offset, t.after, t.phase))):
+            shape = (t.after_offset, t.after, t.phase)  # the same graph for every image count: its spine once
+            spine = _path_to_last(t, 0) | _path_to_last(t, 1)
         for e, lane in enumerate(lanes):
             mine = (t.lane == lane) & (t.resource == 0)
             short = np.where(mine & (t.duration <= theta), t.duration, 0.0)
@@ -116,15 +118,16 @@ def long_windows(windows: Windows, theta: float) -> Windows:
 
 
 def _lagrangian_least(cost: np.ndarray, usable: np.ndarray, total: int) -> np.ndarray:
-    """``least[l, j]``: the least of lam c + (1 - lam) (c - usable) over splits of j images (j = 0 ..
-    total) into pieces of at most len(cost) - 1, for each lam of :data:`LAMBDAS`."""
-    n = len(cost) - 1
-    per = cost[None, :] - (1.0 - LAMBDAS)[:, None] * usable[None, :]  # lam x piece size
-    least = np.zeros((len(LAMBDAS), total + 1))
+    """``least[r, l, j]``: for each row r of `cost` and `usable` (piece sizes 0 .. n), the least of
+    lam c + (1 - lam) (c - usable) over splits of j images (j = 0 .. total) into pieces of at most
+    n, for each lam of :data:`LAMBDAS`."""
+    n = cost.shape[1] - 1
+    per = (cost[:, None, :] - (1.0 - LAMBDAS)[None, :, None] * usable[:, None, :]).reshape(-1, n + 1)
+    least = np.zeros((len(per), total + 1))
     for j in range(1, total + 1):
         k = np.arange(1, min(n, j) + 1)
         least[:, j] = (per[:, k] + least[:, j - k]).min(axis=1)
-    return least
+    return least.reshape(len(cost), len(LAMBDAS), total + 1)
 
 
 def short_window_bound(bound: StepBound, costs: np.ndarray, runs: np.ndarray, theta: float, windows: Windows,
@@ -142,12 +145,11 @@ def short_window_bound(bound: StepBound, costs: np.ndarray, runs: np.ndarray, th
     front, back = bound.front, bound.back
     for e, ls in enumerate(lanes):
         s = float(per_lane[ls].max(initial=0))
-        for ph in (0, 1):
-            if costs[e, ph, -1] <= 0:
-                continue
-            usable = np.minimum(runs[e, ph, 0], s * runs[e, ph, 1] + runs[e, ph, 2])
-            least = _lagrangian_least(costs[e, ph], usable, m * n)
-            lam = LAMBDAS[:, None, None]
+        phases = [ph for ph in (0, 1) if costs[e, ph, -1] > 0]
+        usable = np.minimum(runs[e, phases, 0], s * runs[e, phases, 1] + runs[e, phases, 2])
+        leasts = _lagrangian_least(costs[e, phases], usable, m * n)  # both phases at once
+        lam = LAMBDAS[:, None, None]
+        for ph, least in zip(phases, leasts):
             for q in range(m):
                 every, longs = fits[ph][0][ls, q], fits[ph][1][ls, q]  # lanes
                 spare = lam * every[None, :, None] + (1.0 - lam) * longs[None, :, None]  # lam x lanes x 1

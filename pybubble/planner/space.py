@@ -21,7 +21,7 @@ from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem, prefetched_needs
 from ..schedule.scheduler import schedule_problem
-from .bound import StepBound, encoder_load, least_costs, piece_costs, step_bound, whole_image_bound
+from .bound import StepBound, encoder_load, least_costs, piece_costs, piece_tasks, step_bound, whole_image_bound
 from .candidate import Candidate, encoder_work
 from .short_windows import piece_runs, short_theta, short_window_bound
 
@@ -111,12 +111,14 @@ class PlanSpace:
         image count, once per work (and once more per short-window length): the search asks it of
         the least bounds only."""
         if not self._pieces:
-            costs = piece_costs(self.work)
-            self._pieces.append(None if costs is None else (costs, least_costs(costs, self.step.config.microbatches), {}))
+            tasks = piece_tasks(self.work)
+            costs = None if tasks is None else piece_costs(self.work, tasks)
+            self._pieces.append(None if costs is None else (costs, least_costs(costs, self.step.config.microbatches),
+                                                            tasks, {}))
         pieces, base = self._pieces[0], self.step_bound if on is None else on[1]
         if pieces is None:
             return base
-        costs, least, runs = pieces
+        costs, least, tasks, runs = pieces
         if on is None:
             windows, need, ready = self.windows[0], self.forward_needed, self.grad_ready
         else:
@@ -128,7 +130,7 @@ class PlanSpace:
         if theta is None:
             return got
         if theta not in runs:
-            runs[theta] = piece_runs(self.work, theta)
+            runs[theta] = piece_runs(self.work, theta, tasks)
         return short_window_bound(got, costs, runs[theta], theta, windows, need, ready, lanes)
 
     def plan_bound(self, microbatches: int) -> float:

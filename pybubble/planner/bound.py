@@ -242,7 +242,7 @@ def _fluid(fwd: np.ndarray, bwd: np.ndarray, before: np.ndarray, after: np.ndarr
 
 
 
-def piece_tasks(work: EncoderWork) -> list[Tasks] | None:
+def image_piece_tasks(work: EncoderWork) -> list[Tasks] | None:
     """The tasks of a piece of k images on pipeline 0, for k = 1 .. a microbatch's images (what
     :func:`piece_costs` and :func:`~pybubble.planner.short_windows.piece_runs` read); None for
     several encoders."""
@@ -252,8 +252,8 @@ def piece_tasks(work: EncoderWork) -> list[Tasks] | None:
 def piece_costs(work: EncoderWork, tasks: list[Tasks] | None = None) -> np.ndarray | None:
     """``costs[e, phase, k]``: the compute time on encoder stage e's lane of a piece of k images
     (k = 0 .. a microbatch's images), forward and backward; None for several encoders. `tasks`:
-    :func:`piece_tasks` of `work`, when known."""
-    tasks = tasks if tasks is not None else piece_tasks(work)
+    :func:`image_piece_tasks` of `work`, when known."""
+    tasks = tasks if tasks is not None else image_piece_tasks(work)
     if tasks is None:
         return None
     plan, n = work.plan, work.images[0]
@@ -313,6 +313,5 @@ def _growth(least: np.ndarray, images: int, free: np.ndarray) -> float:
     return max(0.0, float(np.partition(need, images - 1)[images - 1]))
 
 
-__all__ = ["EncoderLoad", "StepBound", "encoder_load", "layout_bound", "least_costs", "piece_costs", "piece_tasks",
-           "step_bound",
-           "whole_image_bound"]
+__all__ = ["EncoderLoad", "StepBound", "encoder_load", "image_piece_tasks", "layout_bound", "least_costs", "piece_costs",
+           "step_bound", "whole_image_bound"]

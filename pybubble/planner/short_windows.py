@@ -35,7 +35,7 @@ import numpy as np
 from ..llm.timeline import Windows
 from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderWork
-from .bound import StepBound, piece_tasks
+from .bound import StepBound, image_piece_tasks
 
 LAMBDAS = np.linspace(0.0, 1.0, 11)
 """The multipliers lam tried; each gives a valid bound, the largest is kept per lane and count."""
@@ -56,12 +56,12 @@ def piece_runs(work: EncoderWork, theta: float, tasks: list[Tasks] | None = None
     images), on encoder stage e's lane: x = 0 its compute kernels no longer than `theta` (us, in
     all), 1 the longest run of them along its spine with no longer kernel of the lane between, 2
     those off its spine (see the module docstring). One encoder; `tasks`:
-    :func:`~pybubble.planner.bound.piece_tasks` of `work`, when known."""
+    :func:`~pybubble.planner.bound.image_piece_tasks` of `work`, when known."""
     plan, n = work.plan, work.images[0]
     lanes = [plan.lane(0, e) for e in range(plan.pp_enc)]
     runs = np.zeros((plan.pp_enc, 2, 3, n + 1))
     shape, spine = None, np.zeros(0, bool)
-    for k, t in enumerate(tasks if tasks is not None else piece_tasks(work), start=1):
+    for k, t in enumerate(tasks if tasks is not None else image_piece_tasks(work), start=1):
         if shape is None or not all(np.array_equal(a, b) for a, b in zip(shape, (t.after_offset, t.after, t.phase))):
             shape = (t.after_offset, t.after, t.phase)  # the same graph for every image count: its spine once
             spine = _path_to_last(t, 0) | _path_to_last(t, 1)

@@ -21,7 +21,7 @@ from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem, prefetched_needs
 from ..schedule.scheduler import schedule_problem
-from .bound import StepBound, encoder_load, least_costs, piece_costs, piece_tasks, step_bound, whole_image_bound
+from .bound import StepBound, encoder_load, image_piece_tasks, least_costs, piece_costs, step_bound, whole_image_bound
 from .candidate import Candidate, encoder_work
 from .short_windows import piece_runs, short_theta, short_window_bound
 
@@ -111,7 +111,7 @@ class PlanSpace:
         image count, once per work (and once more per short-window length): the search asks it of
         the least bounds only."""
         if not self._pieces:
-            tasks = piece_tasks(self.work)
+            tasks = image_piece_tasks(self.work)
             costs = None if tasks is None else piece_costs(self.work, tasks)
             self._pieces.append(None if costs is None else (costs, least_costs(costs, self.step.config.microbatches),
                                                             tasks, {}))

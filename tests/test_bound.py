@@ -1,6 +1,7 @@
 """The lower bound on the step (pybubble.planner.bound): its terms on a pipeline worked out by hand,
 never above a schedule of any layout, and the cost-model property it rests on."""
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -103,9 +104,9 @@ def spaces(bench_script):
 def test_whole_images_tighten_the_one_stage_plans_of_the_a100_shape(spaces):
     a100 = [s for s in spaces if s.step.config.llm_plan.vpp == 2]
     tighter = {(s.plan.pp_enc, s.plan.tp_enc) for s in a100 if s.whole_image_bound().step_time > s.step_bound.step_time}
-    # PP_enc 1: 16 images over 2 or 4 pipelines, a piece's fixed costs paid per piece; PP_enc 2 TP_enc
-    # 1: the LLM's TP gaps (88.9 us) too short for its long kernels (by 0.02 ms)
-    assert tighter == {(1, 1), (1, 2), (2, 1)}
+    # PP_enc 1: 16 images over 2 or 4 pipelines, a piece's fixed costs paid per piece; PP_enc 2: the
+    # LLM's TP gaps (88.9 us) too short for its long kernels, and each stage waiting for the next
+    assert tighter == {(1, 1), (1, 2), (2, 1), (2, 2)}
 
 
 @settings(max_examples=20, deadline=None)
@@ -333,3 +334,75 @@ def test_short_windows_tighten_the_a100_settings_one_stage_plan_below_its_schedu
         for policy in ("greedy", "holes"):
             cand = space.layout_candidate(layout, (0, 0), policy=policy)
             assert short.step_time <= cand.step_time
+
+
+def test_a_stages_latest_start_and_earliest_end_by_hand():
+    from pybubble.llm.timeline import Windows
+    from pybubble.planner.stage_waits import earliest_ends, latest_starts
+
+    # one rank free in [2, 4] and [6, 10] of a step of 10; 3 us of work
+    w = Windows(offset=np.array([0, 2]), start=np.array([2.0, 6.0]), end=np.array([4.0, 10.0]))
+    # by 10: [7, 10]; by 7: 1 in [6, 7] and 2 in [2, 4], from 2; by 5: 2 in [2, 4], 1 before 0;
+    # by 4.5 (after a window's end) the same
+    assert latest_starts(w, 0, 3.0, np.array([10.0, 7.0, 5.0, 4.5])).tolist() == [7.0, 2.0, -1.0, -1.0]
+    assert latest_starts(w, 0, 0.0, np.array([5.0])).tolist() == [5.0]  # no work: the deadline itself
+    # from 0: [2, 4] and 1 of [6, 10]; from 5: [6, 9]; from 9: 1 in [9, 10], 2 after the horizon
+    assert earliest_ends(w, 0, 3.0, np.array([0.0, 5.0, 9.0]), 10.0).tolist() == [7.0, 9.0, 12.0]
+
+
+def test_a_later_stage_moves_the_first_stages_deadline():
+    from pybubble.llm.timeline import Windows
+    from pybubble.planner.stage_waits import staged_bound
+
+    # two stages on one rank each (1 GPU), a microbatch needed at 10 and ready at 10, step 20; both
+    # ranks free in [0, 10] and [10, 20] is LLM work; a one-image piece computes 4 forward and 4
+    # backward on stage 1; the microbatch's forward is 12 of GPU time, 6 on each stage
+    w = Windows(offset=np.array([0, 1, 2]), start=np.array([0.0, 0.0]), end=np.array([10.0, 10.0]))
+    load = EncoderLoad(forward=np.array([12.0]), backward=np.array([0.0]), forward_path=0.0, backward_path=0.0,
+                       forward_compute=0.0, backward_compute=0.0, stage_forward=(0.5, 0.5), stage_backward=(0.5, 0.5))
+    chains = np.zeros((2, 2, 2))
+    chains[1, 0, 0] = 4.0
+    none = StepBound(step_time=20.0, horizon=20.0, front=0.0, back=0.0, work=0.0)
+    got = staged_bound(none, load, chains, w, w, np.array([10.0]), np.array([10.0]), 1)
+    # stage 0 must end by 6 (stage 1's one-image forward of 4 in [6, 10]): its 6 fit in [0, 6];
+    # the fluid alone lets both stages use [0, 10]: no growth either way
+    assert got.front == 0.0
+    load = dataclasses.replace(load, forward=np.array([16.0]))  # 8 on each stage: 2 before 0
+    assert staged_bound(none, load, chains, w, w, np.array([10.0]), np.array([10.0]), 1).front == 2.0
+
+
+@pytest.fixture(scope="module")
+def staged_spaces(bench_script):
+    """The plans of two encoder stages of bench/plan_gap.py's GPT-175B-shaped instance (TP 8 gaps,
+    interleaved 1F1B) and of its two-encoder one."""
+    out = []
+    for shape in ("gpt", "dual"):
+        step = LLMStep.of(load_config(bench_script("plan_gap").instance(shape)))
+        out += [PlanSpace(step, p) for p in planner.encoder_plans(step.config) if p.pp_enc == 2]
+    return out
+
+
+@settings(max_examples=12, deadline=None)
+@given(st.data())
+def test_the_stages_waits_never_lift_the_bound_above_a_schedule(staged_spaces, data):
+    space = data.draw(st.sampled_from(staged_spaces))
+    m, total = space.plan.pipelines, space.step.config.microbatches
+    if len(space.work.images) == 1:
+        n = space.work.images[0]
+        drawn = [np.bincount(data.draw(st.lists(st.integers(0, m - 1), min_size=n, max_size=n)), minlength=m)
+                 for _ in range(total)]
+        layout = [int(np.argmax(c)) if c.max() == n else tuple(int(x) for x in c) for c in drawn]
+    else:  # several encoders: whole microbatches
+        layout = data.draw(st.lists(st.integers(0, m - 1), min_size=total, max_size=total))
+    bound = space.whole_image_bound()
+    assert bound.step_time >= space.step_bound.step_time
+    for policy in ("greedy", "holes"):
+        cand = space.layout_candidate(layout, (0, 0), policy=policy)
+        assert pybubble.validate(cand.problem, cand.schedule) == []
+        assert bound.step_time <= cand.step_time * (1 + 1e-12)
+
+
+def test_the_stages_waits_lift_the_dual_shapes_two_stage_bounds(staged_spaces):
+    dual = [s for s in staged_spaces if len(s.work.images) == 2]
+    # the second stage's one-image chain through its rank's TP gaps before each deadline
+    assert all(s.whole_image_bound().step_time > s.step_bound.step_time for s in dual)

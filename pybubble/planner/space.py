@@ -23,7 +23,8 @@ from ..problem.problem import Problem, prefetched_needs
 from ..schedule.scheduler import schedule_problem
 from .bound import StepBound, encoder_load, image_piece_tasks, least_costs, piece_costs, step_bound, whole_image_bound
 from .candidate import Candidate, encoder_work
-from .short_windows import piece_runs, short_theta, short_window_bound
+from .short_windows import long_windows, piece_runs, short_theta, short_window_bound
+from .stage_waits import stage_chains, staged_bound
 
 SHARE_STEPS = 1000
 """A spread microbatch's shares are whole weights out of this many (split_images rounds them to
@@ -104,34 +105,41 @@ class PlanSpace:
         return self.work.problem(self.bubbles, partition)
 
     def whole_image_bound(self, on: tuple[LLMStep, StepBound] | None = None) -> StepBound:
-        """:attr:`step_bound` tightened by whole images lane by lane (:func:`~pybubble.planner.bound.whole_image_bound`;
-        the same for several encoders), then by the windows too short for the encoder's long kernels
-        (:func:`~pybubble.planner.short_windows.short_window_bound`); or, with `on` (another LLM step,
-        a warm-up depth, and this plan's bound there), that bound tightened. Costs a piece's tasks per
-        image count, once per work (and once more per short-window length): the search asks it of
-        the least bounds only."""
+        """:attr:`step_bound` tightened by whole images lane by lane (:func:`~pybubble.planner.bound.whole_image_bound`,
+        one encoder), then by the windows too short for the encoder's long kernels
+        (:func:`~pybubble.planner.short_windows.short_window_bound`), then, with several encoder
+        stages, by each stage waiting for the ones after it (:func:`~pybubble.planner.stage_waits.staged_bound`);
+        or, with `on` (another LLM step, a warm-up depth, and this plan's bound there), that bound
+        tightened. Costs a piece's tasks per image count, once per work (and once more per
+        short-window length): the search asks it of the least bounds only."""
         if not self._pieces:
             tasks = image_piece_tasks(self.work)
             costs = None if tasks is None else piece_costs(self.work, tasks)
             self._pieces.append(None if costs is None else (costs, least_costs(costs, self.step.config.microbatches),
                                                             tasks, {}))
-        pieces, base = self._pieces[0], self.step_bound if on is None else on[1]
-        if pieces is None:
-            return base
-        costs, least, tasks, runs = pieces
+        got = self.step_bound if on is None else on[1]
+        step = self.step if on is None else on[0]
         if on is None:
             windows, need, ready = self.windows[0], self.forward_needed, self.grad_ready
         else:
             windows = on[0].encoder_windows(self.plan.lanes_per_stage)[0]
             need, ready = prefetched_needs(on[0].timeline, self.prefetch)
-        lanes = [np.array([self.plan.lane(i, e) for i in range(self.plan.pipelines)]) for e in range(self.plan.pp_enc)]
-        got = whole_image_bound(base, least, self.work.images[0], windows, need, ready, lanes)
         theta = short_theta(self.work, windows)
-        if theta is None:
-            return got
-        if theta not in runs:
-            runs[theta] = piece_runs(self.work, theta, tasks)
-        return short_window_bound(got, costs, runs[theta], theta, windows, need, ready, lanes)
+        if self._pieces[0] is not None:
+            costs, least, tasks, runs = self._pieces[0]
+            lanes = [np.array([self.plan.lane(i, e) for i in range(self.plan.pipelines)])
+                     for e in range(self.plan.pp_enc)]
+            got = whole_image_bound(got, least, self.work.images[0], windows, need, ready, lanes)
+            if theta is not None:
+                if theta not in runs:
+                    runs[theta] = piece_runs(self.work, theta, tasks)
+                got = short_window_bound(got, costs, runs[theta], theta, windows, need, ready, lanes)
+        if self.plan.pp_enc > 1:
+            ranks = step.timeline.compute_free
+            got = staged_bound(got, self.load, stage_chains(self.work, theta), ranks,
+                               ranks if theta is None else long_windows(ranks, theta), need, ready,
+                               self.step.config.llm_plan.tp)
+        return got
 
     def plan_bound(self, microbatches: int) -> float:
         """A lower bound on the step of any schedule of this plan: the work that fits in no bubble

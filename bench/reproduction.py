@@ -357,7 +357,13 @@ us, 57 of a lane's 196 ms of free time, hold no kernel of a ViT-3B piece of 3 im
 one-image pieces use them, at 8.75 ms forward against 7.18 ms per image in a piece of 16; 2,054.33 ->
 2,055.57 ms). Neither moves any TP-8 setting: the bound's short windows do not bind there, and no
 change of layout of one image between pipelines shortened the A100 setting's step further (all 210
-such moves of its shaped layout, each scheduled: 2,096.14 ms at best)."""
+such moves of its shaped layout, each scheduled: 2,096.14 ms at best). The plans of several encoder
+stages now count each stage waiting for the ones after it (docs/planner.md: a one-image piece's
+later stages walked through their ranks' free time from each deadline and gradient): on weak_b,
+dual_2 and dual_3 that lifted the multi-stage plans that set the least bound (weak_b's PP_enc 2
+TP_enc 2 1,438.65 -> 1,461.33 ms, dual_3's PP_enc 4 TP_enc 1 3,008.46 -> 3,038.61), so their least
+bound is now, or nearly, their one-stage plan's, which caps what any bound of multi-stage plans can
+give them."""
 
 CALIBRATION_TEXT = """\
 One published step time pins one factor, so the fit solves for `compute_factor` (the achieved

@@ -246,16 +246,18 @@ bool Scheduler::holes_drop(int32_t j, int ph, size_t mark) {
   return false;
 }
 
-// Microbatch j's forward inside the step (see fill_holes); returns the first position inside (the
-// task count when none is).
-int64_t Scheduler::holes_forward(int32_t j, bool late) {
+// Microbatch j's forward inside the step (see fill_holes): whole, else the longest suffix that fits
+// (late: the probe's own placement of it).
+void Scheduler::holes_forward(int32_t j, bool late) {
   const int64_t count = p_.tasks_end(j, kFwd) - p_.tasks_begin(j, kFwd);
-  if (late) return holes_forward_suffix(j, true);
-  if (holes_forward_in_step(j, 0)) return 0;
+  if (late) {
+    holes_forward_suffix(j, true);
+    return;
+  }
+  if (holes_forward_in_step(j, 0)) return;
   const int64_t f = holes_forward_suffix(j, false);
-  if (f == count) return count;
-  if (holes_forward_in_step(j, f)) return f;
-  return holes_forward_suffix(j, true);  // the probe's own placement: it fits
+  if (f == count || holes_forward_in_step(j, f)) return;
+  holes_forward_suffix(j, true);  // the probe's own placement: it fits
 }
 
 // Forward tasks of microbatch j from position `first` on, in id order, each in the earliest free
@@ -318,16 +320,18 @@ int64_t Scheduler::holes_forward_suffix(int32_t j, bool keep) {
   return first;
 }
 
-// Microbatch j's backward inside the step (see fill_holes); returns the count of its first tasks
-// inside.
-int64_t Scheduler::holes_backward(int32_t j, bool early) {
+// Microbatch j's backward inside the step (see fill_holes): whole, else the longest prefix that fits
+// (early: the probe's own placement of it).
+void Scheduler::holes_backward(int32_t j, bool early) {
   const int64_t count = p_.tasks_end(j, kBwd) - p_.tasks_begin(j, kBwd);
-  if (early) return holes_backward_prefix(j, true);
-  if (holes_backward_in_step(j, count)) return count;
+  if (early) {
+    holes_backward_prefix(j, true);
+    return;
+  }
+  if (holes_backward_in_step(j, count)) return;
   const int64_t last = holes_backward_prefix(j, false);
-  if (last == 0) return 0;
-  if (holes_backward_in_step(j, last)) return last;
-  return holes_backward_prefix(j, true);
+  if (last == 0 || holes_backward_in_step(j, last)) return;
+  holes_backward_prefix(j, true);
 }
 
 // Backward tasks of microbatch j before position `last`, in decreasing id order, each in the latest

@@ -118,10 +118,10 @@ class Scheduler {
   void for_rest(int ph, F&& f);
   template <typename Queue, typename Key, typename Put>
   void interleave(int ph, Key&& key_of, Put&& put);
-  int64_t holes_forward(int32_t j, bool late);
+  void holes_forward(int32_t j, bool late);
   bool holes_forward_in_step(int32_t j, int64_t first);
   int64_t holes_forward_suffix(int32_t j, bool keep);
-  int64_t holes_backward(int32_t j, bool early);
+  void holes_backward(int32_t j, bool early);
   bool holes_backward_in_step(int32_t j, int64_t last);
   int64_t holes_backward_prefix(int32_t j, bool keep);
   void holes_forward_pieces(int32_t j);

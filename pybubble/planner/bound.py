@@ -275,12 +275,19 @@ def least_costs(costs: np.ndarray, microbatches: int) -> np.ndarray:
     stages, n = costs.shape[0], costs.shape[2] - 1
     total = microbatches * n
     cost = np.concatenate([costs, costs.sum(axis=1, keepdims=True)], axis=1).reshape(-1, n + 1)  # every stage, w
+    least = least_splits(cost, total).reshape(stages, 3, total + 1)
+    return np.minimum.accumulate(least[:, :, ::-1], axis=2)[:, :, ::-1]
+
+
+def least_splits(cost: np.ndarray, total: int) -> np.ndarray:
+    """``least[r, j]``: for each row r of `cost` (a piece's cost by its images, 0 .. n), the least
+    cost of exactly j images (j = 0 .. total) in pieces of at most n; every row at once."""
+    n = cost.shape[1] - 1
     least = np.zeros((len(cost), total + 1))
-    for k in range(1, total + 1):  # all of them at once
+    for k in range(1, total + 1):
         j = np.arange(1, min(n, k) + 1)
         least[:, k] = (cost[:, j] + least[:, k - j]).min(axis=1)
-    least = least.reshape(stages, 3, total + 1)
-    return np.minimum.accumulate(least[:, :, ::-1], axis=2)[:, :, ::-1]
+    return least
 
 
 def whole_image_bound(bound: StepBound, least: np.ndarray, images: int, windows: Windows, forward_needed: np.ndarray,
@@ -307,11 +314,15 @@ def _growth(least: np.ndarray, images: int, free: np.ndarray) -> float:
     """The least growth with which lanes of `free` time more each hold `images` in all, at
     `least` cost: lane l holds k images once the growth reaches ``least[k] - free[l]``, so it is the
     images-th smallest of those."""
-    if images == 0:
-        return 0.0
-    need = (least[1:images + 1][None, :] - free[:, None]).ravel()
-    return max(0.0, float(np.partition(need, images - 1)[images - 1]))
+    return least_growth(least[1:images + 1][None, :] - free[:, None], images)
 
 
-__all__ = ["EncoderLoad", "StepBound", "encoder_load", "image_piece_tasks", "layout_bound", "least_costs", "piece_costs",
-           "step_bound", "whole_image_bound"]
+def least_growth(need: np.ndarray, images: int) -> float:
+    """The images-th smallest of `need` (lanes x image counts 1 .., each row nondecreasing: the
+    growth with which a lane holds that many), at least 0: the least growth with which the lanes
+    hold `images` in all."""
+    return max(0.0, float(np.partition(need.ravel(), images - 1)[images - 1])) if images else 0.0
+
+
+__all__ = ["EncoderLoad", "StepBound", "encoder_load", "image_piece_tasks", "layout_bound", "least_costs",
+           "least_growth", "least_splits", "piece_costs", "step_bound", "whole_image_bound"]

@@ -35,7 +35,7 @@ import numpy as np
 from ..llm.timeline import Windows
 from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderWork
-from .bound import StepBound, image_piece_tasks
+from .bound import StepBound, image_piece_tasks, least_growth, least_splits
 
 LAMBDAS = np.linspace(0.0, 1.0, 11)
 """The multipliers lam tried; each gives a valid bound, the largest is kept per lane and count."""
@@ -120,14 +120,10 @@ def long_windows(windows: Windows, theta: float) -> Windows:
 def _lagrangian_least(cost: np.ndarray, usable: np.ndarray, total: int) -> np.ndarray:
     """``least[r, l, j]``: for each row r of `cost` and `usable` (piece sizes 0 .. n), the least of
     lam c + (1 - lam) (c - usable) over splits of j images (j = 0 .. total) into pieces of at most
-    n, for each lam of :data:`LAMBDAS`."""
+    n, for each lam of :data:`LAMBDAS` (:func:`~pybubble.planner.bound.least_splits`)."""
     n = cost.shape[1] - 1
     per = (cost[:, None, :] - (1.0 - LAMBDAS)[None, :, None] * usable[:, None, :]).reshape(-1, n + 1)
-    least = np.zeros((len(per), total + 1))
-    for j in range(1, total + 1):
-        k = np.arange(1, min(n, j) + 1)
-        least[:, j] = (per[:, k] + least[:, j - k]).min(axis=1)
-    return least.reshape(len(cost), len(LAMBDAS), total + 1)
+    return least_splits(per, total).reshape(len(cost), len(LAMBDAS), total + 1)
 
 
 def short_window_bound(bound: StepBound, costs: np.ndarray, runs: np.ndarray, theta: float, windows: Windows,
@@ -155,20 +151,13 @@ def short_window_bound(bound: StepBound, costs: np.ndarray, runs: np.ndarray, th
                 spare = lam * every[None, :, None] + (1.0 - lam) * longs[None, :, None]  # lam x lanes x 1
                 # a lane holds at least j of the (q + 1) n images counted, and at most all of them
                 held = np.minimum.accumulate(least[:, (q + 1) * n:0:-1], axis=1)[:, ::-1]
-                grown = _grown((held[:, None, :] - spare).max(axis=0), (q + 1) * n)  # lanes x images
+                grown = least_growth((held[:, None, :] - spare).max(axis=0), (q + 1) * n)  # lanes x images
                 if ph == 0:
                     front = max(front, grown)
                 else:
                     back = max(back, grown)
     return StepBound(step_time=bound.horizon + max(front + back, bound.work), horizon=bound.horizon, front=front,
                      back=back, work=bound.work)
-
-
-def _grown(need: np.ndarray, images: int) -> float:
-    """The images-th smallest of `need` (lanes x image counts, each row nondecreasing), at least 0:
-    the least growth with which the lanes hold `images` in all (as
-    :func:`~pybubble.planner.bound._growth`)."""
-    return max(0.0, float(np.partition(need.ravel(), images - 1)[images - 1])) if images else 0.0
 
 
 __all__ = ["LAMBDAS", "long_windows", "piece_runs", "short_theta", "short_window_bound", "stretches"]

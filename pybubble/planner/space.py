@@ -124,7 +124,7 @@ class PlanSpace:
         else:
             windows = on[0].encoder_windows(self.plan.lanes_per_stage)[0]
             need, ready = prefetched_needs(on[0].timeline, self.prefetch)
-        theta = short_theta(self.work, windows)
+        theta = short_theta(self.work, windows) if self._pieces[0] is not None or self.plan.pp_enc > 1 else None
         if self._pieces[0] is not None:
             costs, least, tasks, runs = self._pieces[0]
             lanes = [np.array([self.plan.lane(i, e) for i in range(self.plan.pipelines)])

@@ -4,9 +4,9 @@ it (:func:`staged_bound`; times are microseconds).
 The fluid bound (:func:`pybubble.planner.bound.step_bound`) holds each encoder stage's forward to
 the LLM's deadlines and its backward to the LLM's gradients, as if the other stages took no time.
 They do: a piece of microbatch j leaves stage e only to run stages e + 1 .. last, on one rank of
-each, and the last must end by j's deadline. A one-image piece (one image of each encoder) has the
-least compute on every stage (with several encoders, the least encoder's: a piece of one waits
-for its own later stages only). So every piece of j ends stage e by ``T_e``: walking back from the
+each, and the last must end by j's deadline. A piece of one image of one encoder has the least
+compute on every stage (a piece of one encoder waits for its own later stages only, so with several
+encoders the least encoder's counts). So every piece of j ends stage e by ``T_e``: walking back from the
 deadline stage by stage, the latest start at which the stage's one-image compute fits in its
 rank's free time up to the next stage's start (the best rank of each stage; the time before 0 all
 free), and its kernels longer than ``theta`` in the windows longer than ``theta`` (a kernel runs

@@ -240,13 +240,13 @@ class Holes(_Twin):
             free.take(self.key[t], fit, self.dur[t])
             self._place(t, fit[1])
 
-    def fwd_one(self, j: int, free: Free, late: bool) -> tuple[Free, int] | None:
-        """Step 1 for microbatch j: (free lists, first position inside), or None."""
+    def fwd_one(self, j: int, free: Free, late: bool) -> Free | None:
+        """Step 1 for microbatch j: the free lists with what is inside, or None (nothing is)."""
         n = len(self.tasks[(j, 0)])
         if not late:
             trial = self._in_step(j, 0, self.tasks[(j, 0)], free)
             if trial is not None:
-                return trial, 0
+                return trial
         f, probe, pstart = self.fwd_suffix(j, free)
         if f == n:
             return None
@@ -255,15 +255,15 @@ class Holes(_Twin):
             trial = probe
             for t in self.tasks[(j, 0)][f:]:
                 self._place(t, pstart[t])
-        return trial, f
+        return trial
 
-    def bwd_one(self, j: int, free: Free, early: bool) -> tuple[Free, int] | None:
-        """Step 4 for microbatch j: (free lists, count inside), or None."""
+    def bwd_one(self, j: int, free: Free, early: bool) -> Free | None:
+        """Step 4 for microbatch j: the free lists with what is inside, or None (nothing is)."""
         ts = self.tasks[(j, 1)]
         if not early:
             trial = self._in_step(j, 1, list(reversed(ts)), free)
             if trial is not None:
-                return trial, len(ts)
+                return trial
         last, probe, pend = self.bwd_prefix(j, free)
         if last == 0:
             return None
@@ -272,7 +272,7 @@ class Holes(_Twin):
             trial = probe
             for t in ts[:last]:
                 self._place(t, pend[t] - self.dur[t])
-        return trial, last
+        return trial
 
     def run(self, fwd_late: bool, bwd_early: bool, interleave: bool = False, pieces: bool = False) -> Schedule:
         """Steps 1-5 in one order (see the module docstring)."""
@@ -283,7 +283,7 @@ class Holes(_Twin):
             if pieces:
                 self.fwd_pieces(j, free)
             elif self.tasks[(j, 0)] and (got := self.fwd_one(j, free, fwd_late)) is not None:
-                free = got[0]
+                free = got
         for S, E in (free.mut(k) for k in list(free.lists)):
             if S and S[0] <= 0.0:
                 S[0] = -math.inf
@@ -302,7 +302,7 @@ class Holes(_Twin):
             if pieces:
                 self.bwd_pieces(j, free)
             elif self.tasks[(j, 1)] and (got := self.bwd_one(j, free, bwd_early)) is not None:
-                free = got[0]
+                free = got
         for S, E in (free.mut(k) for k in list(free.lists)):
             if S and E[-1] >= self.horizon:
                 E[-1] = math.inf

@@ -433,3 +433,51 @@ def test_the_refill_also_shares_out_the_one_stage_plan_with_the_lowest_bound(ben
     assert best is low.best and best.shaped and best.policy == "holes"
     assert best.step_time < 0.94 * other.best.step_time
     assert pybubble.validate(best.problem, best.schedule) == []
+
+
+def test_link_busy_marks_the_compute_free_windows_with_no_link_free_time():
+    from pybubble.llm.timeline import Windows
+    from pybubble.planner.refill import link_busy
+
+    def windows(*lanes):
+        return Windows(offset=np.cumsum([0] + [len(lane) for lane in lanes]).astype(np.int64),
+                       start=np.array([s for lane in lanes for s, _ in lane], float),
+                       end=np.array([e for lane in lanes for _, e in lane], float))
+
+    compute = windows([(0, 10), (20, 30), (40, 50), (60, 70)], [(0, 10)], [(5, 6)])
+    # lane 0: the link free over [8, 12] (touches the first window), [30, 40] (only touches the
+    # second and third at their ends), [65, 90] (inside the fourth); lane 1: never; lane 2: no link windows
+    link = windows([(8, 12), (30, 40), (65, 90)], [(10, 20)], [])
+    assert link_busy(compute, link).tolist() == [False, True, True, False, True, True]
+
+
+def test_the_busy_weight_is_tried_where_link_busy_windows_hold_most_of_the_free_time():
+    from pathlib import Path
+
+    from pybubble.planner import refill
+
+    step = LLMStep.of(load_config(Path(__file__).resolve().parent.parent / "examples" / "optimus" / "weak_a.yaml"))
+    spaces = {(p.pp_enc, p.tp_enc): PlanSpace(step, p) for p in encoder_plans(step.config)}
+    assert refill._weights(spaces[1, 4]) == (1.0, refill.BUSY_WEIGHT)  # collectives, TP-8's gaps
+    a100 = LLMStep.of(load_config(Path(__file__).resolve().parent.parent / "examples" / "optimus" / "a100_vit3b_gpt11b.yaml"))
+    tp1, tp2 = (PlanSpace(a100, next(p for p in encoder_plans(a100.config) if (p.pp_enc, p.tp_enc) == (1, tp)))
+                for tp in (1, 2))
+    assert refill._weights(tp1) == (1.0,)  # no communication: every window takes any piece whole
+    busy = refill.link_busy(*tp2.windows)
+    width = tp2.windows[0].end - tp2.windows[0].start
+    assert busy.any() and width[busy].sum() < width.sum() / 2 and refill._weights(tp2) == (1.0,)  # TP-2's gaps: a third
+    # weighing the link-busy windows' free time down only takes time away: the program's growth never falls
+    plain, weighted = refill._program(spaces[1, 4]), refill._program(spaces[1, 4], busy=refill.BUSY_WEIGHT)
+    assert plain[0] < weighted[0] and not np.allclose(plain[1], weighted[1])
+    assert np.allclose(weighted[1].sum(axis=1), spaces[1, 4].work.images[0])  # every image placed
+    # the search re-fills that plan though its whole microbatches are not among its best three, and
+    # its layout shaped with the weight is the best (1,387.32 ms against 1,392.61 for the best
+    # plan of whole microbatches, PP_enc 4; 1,395.93 shaped without the weight)
+    found = planner.search(step)
+    best = found.best
+    assert (best.plan.pp_enc, best.plan.tp_enc) == (1, 4) and best.shaped and best.policy == "holes"
+    low = next(p for p in found.plans if (p.plan.pp_enc, p.plan.tp_enc) == (4, 1))
+    assert best.step_time < low.best.step_time
+    layout, problem = refill.share_out(spaces[1, 4], refill.BUSY_WEIGHT)
+    assert best.layout == layout and pybubble.validate(best.problem, best.schedule) == []
+    assert best.step_time < pybubble.schedule_problem(refill.share_out(spaces[1, 4])[1], "holes").step_time

@@ -24,9 +24,10 @@ parts), otherwise a local search from the even partition that moves one microbat
 between pipelines, trying the moves in order of their bound, until no move improves the step.
 Plans are searched on a thread pool (the scheduler releases the GIL).
 
-Re-fill (:mod:`~pybubble.planner.refill`): at the end, the best ``REFILL`` plans' best layouts are
-scheduled again with the holes filler (policy ``holes``) and, for plans of one encoder stage, shared
-out anew by a linear program; each keeps the shortest. Times are microseconds.
+Re-fill (:mod:`~pybubble.planner.refill`): at the end, the best ``REFILL`` plans' best layouts, and
+the best layout of the one-stage plan of the lowest bound, are scheduled again with the holes filler
+(policy ``holes``) and, for plans of one encoder stage, shared out anew by a linear program; each
+keeps the shortest. Times are microseconds.
 
 The parts, each in its module: the plans and what a scheduled layout is
 (:mod:`~pybubble.planner.candidate`), one plan's bounds, memory and scheduling
@@ -282,11 +283,9 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         tried, tuned = tune_warmup(step, spaces, default_best, runs.stats, spread)
         if tuned is not default_best:
             top[0] = tuned
-    if refill:  # the best plans that could still beat the best, and the best plan on the config's
-        # schedule when a warm-up depth beat it
+    if refill:
         head = top[:REFILL]
-        olds = [c for c in head if c is top[0] or c.bound is None or c.bound.step_time < top[0].step_time]
-        olds += [default_best] if top[0] is not default_best else []
+        olds = _to_refill(top, default_best, list(runs.searched.values()) if spread else [])
 
         def space_of(c: Candidate) -> PlanSpace:
             space = next(s for s in spaces if s.plan == c.plan)
@@ -299,7 +298,7 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         head = [now.get(id(c), c) for c in head]
         if default_best.step_time <= head[0].step_time:  # the warm-up no longer wins
             head[0] = default_best
-        top = sorted(head + top[REFILL:], key=lambda c: c.step_time)
+        top = sorted(head + [now.get(id(c), c) for c in top[REFILL:]], key=lambda c: c.step_time)
     searched = [runs.searched[id(space)] for space in spaces]
     now = _tighten(searched, spaces, tried, step, top)
     top, default_best = [now.get(id(c), c) for c in top], now.get(id(default_best), default_best)
@@ -308,6 +307,20 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     return Search(step=step, best=top[0], coarse=min(fitting, key=lambda c: (c.step_time, c.plan.pp_enc, c.plan.tp_enc)),
                   top=top, stats=runs.stats, plans=searched, warmups=tried,
                   default_best=default_best, optimus=None if whole is None else whole[2])
+
+
+def _to_refill(top: list[Candidate], default_best: Candidate, searched: list[PlanSearched]) -> list[Candidate]:
+    """The candidates the re-fill takes: of the best ``REFILL`` plans those that could still beat the
+    best, the best plan on the config's schedule when a warm-up depth beat it, and the best of the
+    one-stage plan of the lowest bound among `searched` (none when empty), whose shaped layout may
+    win where its whole microbatches did not."""
+    olds = [c for c in top[:REFILL] if c is top[0] or c.bound is None or c.bound.step_time < top[0].step_time]
+    olds += [default_best] if top[0] is not default_best else []
+    lowest = min((p for p in searched if p.plan.pp_enc == 1 and p.states_fit and p.best is not None
+                  and p.bound.step_time < top[0].step_time), key=lambda p: p.bound.step_time, default=None)
+    if lowest is not None and all(c.plan != lowest.plan for c in olds):
+        olds.append(lowest.best)
+    return olds
 
 
 def _tighten(searched: list[PlanSearched], spaces: list[PlanSpace], tried: list[WarmupTried], step: LLMStep,

@@ -34,8 +34,8 @@ windows one run of kernels per window (weak_a's ViT-11B at TP_enc 4: 193 runs in
 whose time is mostly in them more than any schedule fills them (weak_a: 82-87% of those windows
 used on the busiest lanes, 10-13% on the least loaded). Where such windows hold most of the free time (the
 TP-8 settings), the shaped layout is tried a second time with their free time weighted by
-:data:`BUSY_WEIGHT` in the program; the shorter schedule is kept. 0.6 is the best of 0.4-0.8 on
-the Optimus settings (weak_a 1,392.61 -> 1,387.32 ms, weak_d 3,006.97 -> 2,991.75, dual_3
+:data:`BUSY_WEIGHT` in the program; the shorter schedule is kept. Of 0.4-0.8, 0.6 gave the least
+sum of the Optimus settings' steps (weak_a 1,392.61 -> 1,387.32 ms, weak_d 3,006.97 -> 2,991.75, dual_3
 3,138.01 -> 3,111.76, weak_c 2,904.94 -> 2,900.03; none longer).
 """
 

@@ -363,7 +363,22 @@ later stages walked through their ranks' free time from each deadline and gradie
 dual_2 and dual_3 that lifted the multi-stage plans that set the least bound (weak_b's PP_enc 2
 TP_enc 2 1,438.65 -> 1,461.33 ms, dual_3's PP_enc 4 TP_enc 1 3,008.46 -> 3,038.61), so their least
 bound is now, or nearly, their one-stage plan's, which caps what any bound of multi-stage plans can
-give them."""
+give them. weak_d came within 2% (3,006.97 -> 2,991.75 ms) by the shaped layout's second program
+(docs/planner.md, "Re-fill"): in a link-busy window (an LLM TP collective's, 330 us on the TP-8
+settings) a piece runs at most one run of kernels up to its next collective, so it crawls through
+them (weak_a's ViT-11B at TP_enc 4: 193 such runs in a backward; on weak_a's shaped layout two
+lanes still ran pieces of microbatches 0-2 after the horizon, having used 87% of those windows
+between the first gradient and the fifth, while two others used 10-13%); weighting those windows' free time by
+0.6 in the program moved work off the crowded lanes (weak_a 1,392.61 -> 1,387.32 ms, dual_3
+3,138.01 -> 3,111.76, weak_c 2,904.94 -> 2,900.03). The same crawl as a bound (each piece's
+compute past the runs it can reach through the windows after its gradient, or before its deadline,
+counted outside them) lifts the share-out program on weak_a's PP_enc 1 TP_enc 4 plan from 1,346.68
+to 1,352.00 ms only, below that plan's whole-image bound (1,355.63): its costs are a whole
+microbatch's per image, and a lane's several pieces crawl side by side. A local search of
+single-image moves of weak_a's shaped layout, each scheduled by the holes filler, reaches 1,380.47
+ms (1.83% over the bound) after 717 schedules (about 12 s), and moves taken from the lanes that end last
+1,382.50 after 68 (1 s; weak_b 1,498.93, weak_d 2,980.86, dual_2 3,056.95, dual_3 3,103.76 within
+60): the plan's side can close weak_a, at 5-50 times the planner's time, so it is not shipped."""
 
 CALIBRATION_TEXT = """\
 One published step time pins one factor, so the fit solves for `compute_factor` (the achieved

@@ -481,3 +481,17 @@ def test_the_busy_weight_is_tried_where_link_busy_windows_hold_most_of_the_free_
     layout, problem = refill.share_out(spaces[1, 4], refill.BUSY_WEIGHT)
     assert best.layout == layout and pybubble.validate(best.problem, best.schedule) == []
     assert best.step_time < pybubble.schedule_problem(refill.share_out(spaces[1, 4])[1], "holes").step_time
+
+
+def test_busy_weight_bench_restores_the_weight_and_finds_the_shipped_one_best_on_weak_a(bench_script, monkeypatch, capsys):
+    from pybubble.planner import refill
+
+    bench = bench_script("busy_weight")
+    monkeypatch.setattr("sys.argv", ["busy_weight.py", "--weights", "1,0.6", "--setting", "weak_a"])
+    assert bench.main() == 0
+    out = capsys.readouterr().out
+    import re
+
+    steps = {float(w): float(ms.replace(",", "")) for w, ms in re.findall(r"weight ([\d.]+): weak_a ([\d,.]+)", out)}
+    assert set(steps) == {1.0, 0.6} and steps[0.6] < steps[1.0] - 5  # 1,387.32 against 1,392.61 ms
+    assert out.rstrip().endswith("least sum: weight 0.6") and refill.BUSY_WEIGHT == 0.6  # restored

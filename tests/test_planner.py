@@ -2,6 +2,7 @@
 search with its bounds and memory pruning, checked against brute force on small configs."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -490,8 +491,6 @@ def test_busy_weight_bench_restores_the_weight_and_finds_the_shipped_one_best_on
     monkeypatch.setattr("sys.argv", ["busy_weight.py", "--weights", "1,0.6", "--setting", "weak_a"])
     assert bench.main() == 0
     out = capsys.readouterr().out
-    import re
-
     steps = {float(w): float(ms.replace(",", "")) for w, ms in re.findall(r"weight ([\d.]+): weak_a ([\d,.]+)", out)}
     assert set(steps) == {1.0, 0.6} and steps[0.6] < steps[1.0] - 5  # 1,387.32 against 1,392.61 ms
     assert out.rstrip().endswith("least sum: weight 0.6") and refill.BUSY_WEIGHT == 0.6  # restored

@@ -63,6 +63,36 @@ def test_holes_is_the_best_of_its_orders_and_never_worse_than_coarse(problem):
     assert holes.step_time <= pybubble.schedule_problem(problem, "coarse").step_time
 
 
+@given(problems, st.sets(st.integers(0, 4), min_size=1))
+@settings(max_examples=100)
+def test_holes_tries_the_orders_it_is_given_and_says_which_gave_its_schedule(problem, picked):
+    applies = orders(problem)
+    ran = {o if ORDERS[o] in applies else 2 for o in picked}  # an order that does not apply runs as order 2
+    steps = {o: Holes(problem).run(*ORDERS[o]).step_time for o in ran}
+    sched = pybubble.schedule_problem(problem, "holes", orders=sorted(picked))
+    assert sched.step_time == min(steps.values())
+    assert pybubble.validate(problem, sched) == []
+    whole, order = pybubble.schedule.scheduler.holes_schedule(problem)
+    alone = pybubble.schedule_problem(problem, "holes", orders=[order])
+    np.testing.assert_array_equal(whole.start, pybubble.schedule_problem(problem, "holes").start)
+    np.testing.assert_array_equal(whole.start, alone.start)
+    assert whole.step_time == reference_holes(problem).step_time and ORDERS[order] in applies
+
+
+@pytest.mark.parametrize("orders_, message", [([], "orders: empty"), ([5], "orders"), ([-1], "orders"),
+                                              ("3", "orders: expected a list"), ([1.5], "orders")])
+def test_holes_orders_that_are_not_orders_are_refused(orders_, message):
+    problem = random_problem(3, lanes=2, microbatches=2)
+    with pytest.raises(ValueError, match=message):
+        pybubble.schedule_problem(problem, "holes", orders=orders_)
+    for mask in (0, 32, -1):
+        with pytest.raises(ValueError, match=f"orders: {mask} is not a mask"):
+            pybubble._core.Scheduler(problem.core).run("holes", orders=mask)
+    with pytest.raises(ValueError, match="orders"):
+        pybubble._core.Scheduler(problem.core).run("holes", orders="3")
+    assert pybubble._core.Scheduler(problem.core).holes_order == -1  # no run yet
+
+
 @given(problems, st.floats(0.0, 3.0))
 @settings(max_examples=60)
 def test_holes_takes_new_durations(problem, scale):

@@ -61,14 +61,21 @@ void Scheduler::place_holes(bool fixed_assignment) {
   double* const out = start_;
   start_ = alt_.data();
   double best = kInf, first = 0.0, last = 0.0;  // the shortest order's step and extremes
-  const bool orders[5][4] = {{false, false, false, false}, {true, false, false, false}, {true, true, false, false},
-                             {true, true, true, false}, {true, true, false, true}};
-  for (const auto& order : orders) {
-    if (order[2] && !collectives_) continue;  // no collective to overlap: the third order again
-    if (order[3] && !pieces_) continue;       // one chain per microbatch and phase: the third order again
+  const bool orders[kHolesOrders][4] = {{false, false, false, false}, {true, false, false, false},
+                                        {true, true, false, false}, {true, true, true, false}, {true, true, false, true}};
+  unsigned ran = 0;
+  for (int i = 0; i < kHolesOrders; ++i) {
+    if ((orders_ >> i & 1u) == 0) continue;
+    const bool* order = orders[i];
+    // no collective to overlap, or one chain per microbatch and phase: the third order again
+    const int as = (order[2] && !collectives_) || (order[3] && !pieces_) ? 2 : i;
+    if (ran >> as & 1u) continue;
+    ran |= 1u << as;
+    order = orders[as];
     const double step = fill_holes(order[0], order[1], order[2], order[3], fixed_assignment);
     if (step < best) {
       best = step;
+      holes_order_ = as;
       std::copy(alt_.begin(), alt_.end(), out);
       std::copy(out_.assignment.begin(), out_.assignment.end(), alt_assignment_.begin());
       first = first_start_;

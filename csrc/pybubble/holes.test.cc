@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include "pybubble/scheduler.h"
 #include "pybubble/synthetic.h"
 #include "pybubble/validate.h"
@@ -26,6 +28,35 @@ TEST(Holes, ValidAndShorterThanGreedyMoreOftenThanLonger) {
     longer += holes.step_time > greedy;
   }
   EXPECT_GT(shorter, longer);
+}
+
+// The orders run() is given: each alone gives a valid schedule no shorter than all of them, the
+// order it reports gives all of them's schedule alone, and a mask that names no order is refused.
+TEST(Holes, OrdersAreTriedAsGivenAndTheWinnerIsReported) {
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    SyntheticSpec spec;  // one or two chains per microbatch, with and without TP gaps
+    spec.twin_lanes = 1 + static_cast<int32_t>(seed % 2);
+    spec.tp_gaps_per_op = static_cast<int32_t>(seed % 3);
+    spec.seed = seed;
+    const Problem p(synthetic_problem(spec));
+    Scheduler s(p);
+    const Schedule all = s.run(Policy::kHoles);
+    const int winner = s.holes_order();
+    ASSERT_GE(winner, 0) << "seed " << seed;
+    ASSERT_LT(winner, Scheduler::kHolesOrders) << "seed " << seed;
+    for (int i = 0; i < Scheduler::kHolesOrders; ++i) {
+      const Schedule one = s.run(Policy::kHoles, nullptr, false, 1u << i);
+      EXPECT_TRUE(validate(p, one).empty()) << "seed " << seed << " order " << i;
+      EXPECT_GE(one.step_time, all.step_time) << "seed " << seed << " order " << i;
+    }
+    const Schedule alone = s.run(Policy::kHoles, nullptr, false, 1u << winner);
+    EXPECT_EQ(alone.start, all.start) << "seed " << seed;
+    EXPECT_EQ(s.holes_order(), winner);
+    EXPECT_EQ(s.run(Policy::kGreedy).step_time >= 0.0, true);
+    EXPECT_EQ(s.holes_order(), -1);
+    EXPECT_THROW(s.run(Policy::kHoles, nullptr, false, 0u), std::invalid_argument);
+    EXPECT_THROW(s.run(Policy::kHoles, nullptr, false, Scheduler::kAllOrders + 1), std::invalid_argument);
+  }
 }
 
 // Twin lanes split every microbatch into independent chains, one per twin: the order by pieces

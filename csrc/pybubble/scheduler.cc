@@ -429,8 +429,13 @@ void Scheduler::finish() {
   out_.step_time = last_end_ - first_start_;
 }
 
-const Schedule& Scheduler::run(Policy policy, const std::vector<double>* durations, bool fixed_assignment) {
+const Schedule& Scheduler::run(Policy policy, const std::vector<double>* durations, bool fixed_assignment,
+                               unsigned orders) {
   const int32_t n = p_.num_tasks();
+  if (orders == 0 || orders > kAllOrders) {
+    throw std::invalid_argument("orders: " + format_number(orders) + " is not a mask of the holes orders (1.." +
+                                format_number(kAllOrders) + ")");
+  }
   if (durations != nullptr) {
     if (durations->size() != static_cast<size_t>(n)) {
       throw std::invalid_argument("durations: " + format_number(durations->size()) + " values for " +
@@ -440,8 +445,10 @@ const Schedule& Scheduler::run(Policy policy, const std::vector<double>* duratio
       check_duration((*durations)[static_cast<size_t>(t)], [t] { return "durations[" + format_number(t) + "]"; });
     }
   }
+  orders_ = orders;
   place(policy, durations != nullptr ? durations->data() : p_.fields().duration.data(), fixed_assignment,
         out_.start.data());
+  orders_ = kAllOrders;
   return out_;
 }
 
@@ -449,6 +456,7 @@ void Scheduler::place(Policy policy, const double* durations, bool fixed_assignm
   const int32_t m = p_.num_microbatches();
   dur_ = durations;
   start_ = start;
+  holes_order_ = -1;
   if (policy == Policy::kHoles) {
     place_holes(fixed_assignment);
     return;

@@ -25,12 +25,13 @@ enum class Policy : uint8_t {
   /// The greedy's rules with every cursor replaced by the free intervals left on its lane and
   /// resource (FreeIntervals): a task goes into the earliest (forward) or latest (backward) free
   /// interval that holds it, so later microbatches use the time earlier ones passed over; the parts
-  /// outside the step too. Four orders, the shortest step kept (ties: the first): the greedy's;
-  /// forwards by decreasing forward_needed, each its longest suffix that fits as late as possible;
-  /// that and backwards by increasing grad_ready, each its longest prefix as early as possible; that
-  /// with the tasks outside the step interleaved across microbatches (whichever can end latest
-  /// before the step, start earliest after it, next), so one microbatch's kernels run while
-  /// another's collectives do (only where some lane runs a kernel after its own collective).
+  /// outside the step too. Five orders (numbered 0-4), the shortest step kept (ties: the first):
+  /// the greedy's; forwards by decreasing forward_needed, each its longest suffix that fits as late
+  /// as possible; that and backwards by increasing grad_ready, each its longest prefix as early as
+  /// possible; that with the tasks outside the step interleaved across microbatches (whichever can
+  /// end latest before the step, start earliest after it, next), so one microbatch's kernels run
+  /// while another's collectives do (only where some lane runs a kernel after its own collective);
+  /// and by pieces (only where a microbatch's phase holds several chains: holes.cc).
   kHoles = 2,
 };
 
@@ -85,8 +86,20 @@ class Scheduler {
   /// finite and >= 0, else std::invalid_argument). The result stays valid until the next run.
   /// `fixed_assignment`: encoder microbatch j feeds LLM microbatch j (its data belongs to that
   /// microbatch, so its tasks' durations are those of its own data); otherwise the scheduler may
-  /// feed the LLM microbatches in the order the encoder's forwards finish.
-  const Schedule& run(Policy policy, const std::vector<double>* durations = nullptr, bool fixed_assignment = false);
+  /// feed the LLM microbatches in the order the encoder's forwards finish. `orders` (Policy::kHoles
+  /// only): which of the holes filler's kHolesOrders orders to try, bit i for order i (holes.cc; an
+  /// order that does not apply to the problem runs as order 2), the shortest kept; 1..kAllOrders,
+  /// else std::invalid_argument.
+  const Schedule& run(Policy policy, const std::vector<double>* durations = nullptr, bool fixed_assignment = false,
+                      unsigned orders = kAllOrders);
+
+  /// The holes order (0..kHolesOrders - 1) that gave the last run's schedule; -1 after a run of
+  /// another policy.
+  int holes_order() const { return holes_order_; }
+
+  /// The number of the holes filler's orders, and the mask of all of them.
+  static constexpr int kHolesOrders = 5;
+  static constexpr unsigned kAllOrders = (1u << kHolesOrders) - 1;
 
  private:
   friend class ReplicaScheduler;
@@ -160,6 +173,8 @@ class Scheduler {
   std::vector<int32_t> waiting_;  // kHoles, interleaved: its neighbours of rest_ not yet placed
   bool collectives_ = false;      // kHoles: some lane runs a kernel after its own collective
   bool pieces_ = false;           // kHoles: some microbatch's phase holds several chains
+  unsigned orders_ = kAllOrders;  // kHoles: the orders run() was asked to try
+  int holes_order_ = -1;          // kHoles: the order that gave the last schedule
   std::vector<uint8_t> skipped_;  // kHoles, by pieces: task left out of the step by its microbatch's probe
 };
 

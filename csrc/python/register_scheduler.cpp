@@ -1,6 +1,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <string>
 
 
 #include "arrays.h"
@@ -29,18 +30,25 @@ void register_scheduler(py::module_& m) {
            py::arg("problem"), py::keep_alive<1, 2>())
       .def(
           "run",
-          [](Scheduler& self, py::handle policy, py::handle durations, bool fixed_assignment) {
+          [](Scheduler& self, py::handle policy, py::handle durations, bool fixed_assignment, py::handle orders) {
             const auto pol = pybubble::parse_policy(read_text(policy, "policy"));
+            const int64_t mask = read_int<int64_t>(orders, "orders");
+            if (mask < 1 || mask > Scheduler::kAllOrders) {  // run() says so too; checked here before the cast
+              throw py::value_error("orders: " + std::to_string(mask) + " is not a mask of the holes orders (1.." +
+                                    std::to_string(Scheduler::kAllOrders) + ")");
+            }
             std::vector<double> d;
             if (!durations.is_none()) d = read_array<double>(durations, "durations", {pybubble::kMaxTasks, "tasks"});
             // Scheduling touches no Python object: other threads run meanwhile.
             const pybubble::Schedule& out =
-                without_gil([&]() -> const pybubble::Schedule& { return self.run(pol, durations.is_none() ? nullptr : &d, fixed_assignment); });
+                without_gil([&]() -> const pybubble::Schedule& { return self.run(pol, durations.is_none() ? nullptr : &d, fixed_assignment, static_cast<unsigned>(mask)); });
             return as_tuple(out);
           },
           py::arg("policy") = "greedy", py::arg("durations") = py::none(), py::kw_only(),
-          py::arg("fixed_assignment") = false,
-          "Returns (start, assignment, step_time, shift_front, shift_back).");
+          py::arg("fixed_assignment") = false, py::arg("orders") = static_cast<int64_t>(Scheduler::kAllOrders),
+          "`orders`: the holes filler's orders to try, bit i for order i. Returns (start, assignment, step_time, shift_front, shift_back).")
+      .def_property_readonly("holes_order", &Scheduler::holes_order,
+                             "The holes order (0-4) that gave the last run's schedule; -1 after another policy.");
   m.def(
       "first_fit_floor",
       [](py::handle problem) {

@@ -90,6 +90,13 @@ class Candidate:
     """The step of what the re-fill replaced with it (us): the greedy's schedule of the same layout
     (:attr:`policy` ``holes``), or the plan's own layout re-filled (:attr:`shaped`); None when the
     search left it as it found it."""
+    holes_order: int | None = None
+    """With :attr:`policy` ``holes``, where known: the holes order (0-4) that gave :attr:`schedule`
+    (:func:`~pybubble.schedule.scheduler.holes_schedule`)."""
+    moved: int = 0
+    """Images the search's polish moved between encoder pipelines (:mod:`~pybubble.planner.polish`)."""
+    polished_from: float | None = None
+    """The step before the polish's moves (us); None when it moved nothing."""
 
     @property
     def step_time(self) -> float:

@@ -110,15 +110,16 @@ class Feature:
     name: str
     """``spread`` (the head and tail microbatches spread over every encoder pipeline), ``warmup``
     (the LLM's warm-up depth per pipeline rank), ``prefetch`` (frozen encoders: the next step's
-    first forwards in this step, ``training.prefetch``), ``holes`` (the holes filler's schedule) or
-    ``shaped`` (images shared out by a linear program: :mod:`~pybubble.planner.refill`)."""
+    first forwards in this step, ``training.prefetch``), ``holes`` (the holes filler's schedule),
+    ``shaped`` (images shared out by a linear program: :mod:`~pybubble.planner.refill`) or ``polish``
+    (single images moved off the busiest pipelines: :mod:`~pybubble.planner.polish`)."""
     uses: str
     """What the plan does, in words."""
     step_without: float | None
     """The step without it (us): the same plan's best partition on the same LLM step (spread; None
     when none fits in memory), the search's best on the config's own schedule (warmup), the same
     layout with every forward in its own step (prefetch), the greedy's schedule of the same layout
-    (holes), or the plan's own layout re-filled (shaped)."""
+    (holes), the plan's own layout re-filled (shaped), or the shaped layout before its moves (polish)."""
     without: str
     """What :attr:`step_without` is, in words."""
 
@@ -348,7 +349,11 @@ def features(found: Search) -> list[Feature]:
         out.append(Feature(name="shaped", uses="each microbatch's images shared out over the encoder pipelines by a linear "
                                                "program against every deadline at once",
                            step_without=best.replaced_step, without="the plan's own layout, re-filled"))
-    elif best.policy == "holes":
+    if best.moved:
+        out.append(Feature(name="polish", uses=f"{best.moved} single image(s) moved off the encoder pipelines that end "
+                                               "last or start first, each move scheduled",
+                           step_without=best.polished_from, without="the shaped layout before the moves"))
+    elif best.policy == "holes" and not best.shaped:
         out.append(Feature(name="holes", uses="the holes filler (each kernel in any free interval left on its lane)",
                            step_without=best.replaced_step, without="the greedy filler's schedule of the same layout"))
     return out

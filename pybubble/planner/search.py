@@ -27,7 +27,9 @@ Plans are searched on a thread pool (the scheduler releases the GIL).
 Re-fill (:mod:`~pybubble.planner.refill`): at the end, the best ``REFILL`` plans' best layouts, and
 the best layout of the one-stage plan of the lowest bound, are scheduled again with the holes filler
 (policy ``holes``) and, for plans of one encoder stage, shared out anew by a linear program; each
-keeps the shortest. Times are microseconds.
+keeps the shortest. Polish (:mod:`~pybubble.planner.polish`): where the best is such a shaped layout
+more than 2% over the least bound, single images are moved off the pipelines that end last or start
+first, within a budget. Times are microseconds.
 
 The parts, each in its module: the plans and what a scheduled layout is
 (:mod:`~pybubble.planner.candidate`), one plan's bounds, memory and scheduling
@@ -53,6 +55,7 @@ from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline
 from .bound import StepBound
 from .candidate import Candidate, encoder_plans, encoder_problem, encoder_tp_ok, encoder_work
+from .polish import polished
 from .refill import REFILL, refilled
 from .partitions import EXHAUSTIVE, SearchStats, plan_layouts, best_partition, compositions
 from .space import SHARE_STEPS, PlanSpace, edge_windows, without_prefetch
@@ -252,7 +255,7 @@ def _or_coarse(space: PlanSpace, best: Candidate | None, base: Candidate, fits: 
 
 def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
            keep: int = 1, warmup: bool = True, spread: bool = True, optimus: bool = False,
-           refill: bool = True) -> Search:
+           refill: bool = True, polish: bool = True) -> Search:
     """Finds the encoder plan and partition with the shortest step on the LLM step `step` (see the
     module docstring).
 
@@ -263,7 +266,8 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     :attr:`Search.top` when shorter. `spread`: try the layouts that spread microbatches over every
     pipeline (False: partitions of whole microbatches only, and no shaped layout). `refill`: re-fill
     the best plans at the end (:mod:`~pybubble.planner.refill`; False: the greedy's schedules of the
-    search's layouts). `optimus`: also find
+    search's layouts). `polish`: then polish the best shaped layout (:mod:`~pybubble.planner.polish`;
+    with `refill` and `spread` only). `optimus`: also find
     :attr:`Search.optimus`, the best partition of whole microbatches on the config's schedule (the
     plans' partitions pruned against the best partition so far, not the best layout: the same step as
     ``search(step, spread=False, warmup=False, refill=False)``, the layouts the two share scheduled once); pybubble's
@@ -301,6 +305,8 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
         top = sorted(head + [now.get(id(c), c) for c in top[REFILL:]], key=lambda c: c.step_time)
     searched = [runs.searched[id(space)] for space in spaces]
     now = _tighten(searched, spaces, tried, step, top)
+    if refill and spread and polish:
+        now[id(top[0])] = _polish(now.get(id(top[0]), top[0]), searched, tried, spaces, step, workers)
     top, default_best = [now.get(id(c), c) for c in top], now.get(id(default_best), default_best)
     runs.stats.seconds = time.perf_counter() - t0
     fitting = [c for c in runs.coarse if c.memory_bytes <= config.memory_gb * GB] or runs.coarse
@@ -321,6 +327,23 @@ def _to_refill(top: list[Candidate], default_best: Candidate, searched: list[Pla
     if lowest is not None and all(c.plan != lowest.plan for c in olds):
         olds.append(lowest.best)
     return olds
+
+
+def _polish(best: Candidate, searched: list[PlanSearched], tried: list[WarmupTried], spaces: list[PlanSpace],
+            step: LLMStep, workers: int) -> Candidate:
+    """`best` polished (:func:`~pybubble.planner.polish.polished`) against the least bound (the
+    search's :attr:`Search.bound`); its plan's best follows it."""
+    bounds = [p.bound.step_time for p in searched if p.states_fit] + [w.bound.step_time for w in tried if w.bound]
+    if not bounds:
+        return best
+    space = next(s for s in spaces if s.plan == best.plan)
+    if best.step is not None and best.step is not step:
+        space = PlanSpace(best.step, best.plan, like=space)
+    got = polished(best, space, min(bounds), workers)
+    for p in searched:
+        if p.best is best:
+            p.best = got
+    return got
 
 
 def _tighten(searched: list[PlanSearched], spaces: list[PlanSpace], tried: list[WarmupTried], step: LLMStep,

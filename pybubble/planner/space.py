@@ -20,7 +20,7 @@ from ..llm.timeline import Timeline, Windows
 from ..problem.arrays import Tasks
 from ..problem.encoder import EncoderPlan
 from ..problem.problem import Problem, prefetched_needs
-from ..schedule.scheduler import schedule_problem
+from ..schedule.scheduler import holes_schedule, schedule_problem
 from .bound import StepBound, encoder_load, image_piece_tasks, least_costs, piece_costs, step_bound, whole_image_bound
 from .candidate import Candidate, encoder_work
 from .short_windows import long_windows, piece_runs, short_theta, short_window_bound
@@ -203,9 +203,10 @@ class PlanSpace:
         if problem is None:
             problem = self.bubbles.with_tasks(self.work.layout_tasks(layout))
         partition = [sum(1 for p in layout if p == i) for i in range(self.plan.pipelines)]
-        return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule_problem(problem, policy),
+        schedule, order = holes_schedule(problem) if policy == "holes" else (schedule_problem(problem, policy), None)
+        return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule,
                          memory_bytes=self.layout_memory(layout) if memory is None else memory, spread=spread,
-                         layout=layout, bound=self.step_bound, step=self.step, policy=policy)
+                         layout=layout, bound=self.step_bound, step=self.step, policy=policy, holes_order=order)
 
     def layout_memory(self, layout: list[int | tuple[int, ...]]) -> float:
         """:meth:`memory` of a layout."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,7 +79,12 @@ def check_policy(policy: str) -> str:
     return one_of(policy, POLICIES, "policy")
 
 
-def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignment: bool = False) -> Schedule:
+HOLES_ORDERS = 5
+"""How many orders the ``holes`` policy tries (docs/scheduler.md: numbered 0-4)."""
+
+
+def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignment: bool = False,
+                     orders: Sequence[int] | None = None) -> Schedule:
     """Schedules `problem`'s tasks into its bubbles with the C++ core.
 
     policy: ``greedy`` (default; encoder microbatches moved into the step's windows where they
@@ -87,9 +93,25 @@ def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignme
     the lane's last task, in up to five orders, the shortest kept; slower, never passes over free time).
     fixed_assignment: encoder microbatch j feeds LLM microbatch j (data that varies per
     microbatch: its tasks' durations are those of its own data); by default the LLM microbatches
-    take the encoder's microbatches in the order their forwards finish.
+    take the encoder's microbatches in the order their forwards finish. orders: with ``holes``, the
+    orders to try (numbers 0-4; an order that does not apply to the problem runs as order 2), the
+    shortest kept; None: all five.
     """
-    return from_core(_core.Scheduler(problem.core).run(check_policy(policy), fixed_assignment=bool(fixed_assignment)))
+    mask = (1 << HOLES_ORDERS) - 1
+    if orders is not None:
+        picked = [integer(o, "orders", minimum=0, maximum=HOLES_ORDERS - 1) for o in (list(orders) if isinstance(orders, tuple) else array(orders, "orders"))]
+        if not picked:
+            raise ValueError("orders: empty, expected at least one of 0..4")
+        mask = sum(1 << o for o in set(picked))
+    return from_core(_core.Scheduler(problem.core).run(check_policy(policy), fixed_assignment=bool(fixed_assignment),
+                                                       orders=mask))
+
+
+def holes_schedule(problem: Problem) -> tuple[Schedule, int]:
+    """``schedule_problem(problem, "holes")`` and the order (0-4) that gave it."""
+    core = _core.Scheduler(problem.core)
+    schedule = from_core(core.run("holes"))
+    return schedule, int(core.holes_order)
 
 
 def load_schedule(source: PathOrDict) -> Schedule:
@@ -113,4 +135,4 @@ def _schedule(doc: Any) -> Schedule:
     )
 
 
-__all__ = ["SCHEDULE_FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "load_schedule", "schedule_problem"]
+__all__ = ["HOLES_ORDERS", "SCHEDULE_FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "holes_schedule", "load_schedule", "schedule_problem"]

@@ -56,13 +56,19 @@ POLISH_FAILS = 2
 _Layout = list[int | tuple[int, ...]]
 
 
+def polish_runs(cand: Candidate, bound: float) -> bool:
+    """Whether the polish runs on `cand` against the lower bound `bound` (us): a shaped layout more
+    than :data:`POLISH_GAP` over it, with :data:`POLISH_MIN_MOVES` moves in the budget."""
+    return (cand.shaped and cand.layout is not None and cand.step_time > (1.0 + POLISH_GAP) * bound
+            and POLISH_MIN_MOVES * cand.problem.num_tasks <= POLISH_TASKS)
+
+
 def polished(cand: Candidate, space: PlanSpace, bound: float, workers: int = 2) -> Candidate:
     """`cand` (the search's best, on `space`'s plan and LLM step) polished (see the module docstring)
     against the lower bound `bound` (us), or `cand` where the polish does not run or finds nothing."""
-    target = (1.0 + POLISH_GAP) * bound
-    if (not cand.shaped or cand.layout is None or cand.step_time <= target
-            or POLISH_MIN_MOVES * cand.problem.num_tasks > POLISH_TASKS):
+    if not polish_runs(cand, bound):
         return cand
+    target = (1.0 + POLISH_GAP) * bound
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         if cand.holes_order is None:
             order, schedule = _probed(cand.problem, pool)
@@ -174,4 +180,4 @@ class _Walk:
         return problem, schedule_problem(problem, "holes", orders=self.order)
 
 
-__all__ = ["POLISH_FAILS", "POLISH_GAP", "POLISH_MIN_MOVES", "POLISH_TASKS", "polished"]
+__all__ = ["POLISH_FAILS", "POLISH_GAP", "POLISH_MIN_MOVES", "POLISH_TASKS", "polish_runs", "polished"]

@@ -55,7 +55,7 @@ from ..llm.step import LLMStep, even_split
 from ..llm.timeline import Timeline
 from .bound import StepBound
 from .candidate import Candidate, encoder_plans, encoder_problem, encoder_tp_ok, encoder_work
-from .polish import polished
+from .polish import polish_runs, polished
 from .refill import REFILL, refilled
 from .partitions import EXHAUSTIVE, SearchStats, plan_layouts, best_partition, compositions
 from .space import SHARE_STEPS, PlanSpace, edge_windows, without_prefetch
@@ -334,7 +334,7 @@ def _polish(best: Candidate, searched: list[PlanSearched], tried: list[WarmupTri
     """`best` polished (:func:`~pybubble.planner.polish.polished`) against the least bound (the
     search's :attr:`Search.bound`); its plan's best follows it."""
     bounds = [p.bound.step_time for p in searched if p.states_fit] + [w.bound.step_time for w in tried if w.bound]
-    if not bounds:
+    if not bounds or not polish_runs(best, min(bounds)):
         return best
     space = next(s for s in spaces if s.plan == best.plan)
     if best.step is not None and best.step is not step:

@@ -541,3 +541,15 @@ def test_the_polish_leaves_plans_within_the_gap_and_problems_past_its_budget_as_
     # weak_a with a budget of 3 moves: the polish does not start
     monkeypatch.setattr(polish, "POLISH_TASKS", 3 * 71_098)
     assert planner.search(_optimus_step("weak_a")).best.moved == 0
+
+
+def test_polish_budget_bench_restores_the_budget_and_closes_weak_a(bench_script, monkeypatch, capsys):
+    from pybubble.planner import polish
+
+    bench = bench_script("polish_budget")
+    monkeypatch.setattr("sys.argv", ["polish_budget.py", "--budgets", "1000000", "--setting", "weak_a", "--repeats", "1"])
+    assert bench.main() == 0
+    out = capsys.readouterr().out
+    off, on = (float(x) for x in re.search(r"off [\d,.]+ \(\+([\d.]+)%\).*1,000,000: [\d,.]+ \(\+([\d.]+)%\) kept", out).groups())
+    assert on <= 2.0 < off  # 2.34% -> 1.98%
+    assert (polish.POLISH_TASKS, polish.POLISH_MIN_MOVES) == (1_000_000, 8)  # restored

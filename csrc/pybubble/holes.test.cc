@@ -52,7 +52,7 @@ TEST(Holes, OrdersAreTriedAsGivenAndTheWinnerIsReported) {
     const Schedule alone = s.run(Policy::kHoles, nullptr, false, 1u << winner);
     EXPECT_EQ(alone.start, all.start) << "seed " << seed;
     EXPECT_EQ(s.holes_order(), winner);
-    EXPECT_EQ(s.run(Policy::kGreedy).step_time >= 0.0, true);
+    s.run(Policy::kGreedy);
     EXPECT_EQ(s.holes_order(), -1);
     EXPECT_THROW(s.run(Policy::kHoles, nullptr, false, 0u), std::invalid_argument);
     EXPECT_THROW(s.run(Policy::kHoles, nullptr, false, Scheduler::kAllOrders + 1), std::invalid_argument);

@@ -115,8 +115,7 @@ class Search:
         """The least lower bound of the plans whose model states fit, on the config's LLM step and
         on every warm-up depth tried: no schedule of any encoder plan in the bubbles of those steps
         is shorter (None when no plan's states fit)."""
-        fitting = [p.bound for p in self.plans if p.states_fit] + [w.bound for w in self.warmups if w.bound]
-        return min(fitting, key=lambda b: b.step_time) if fitting else None
+        return _least_bound(self.plans, self.warmups)
 
     @property
     def config(self) -> Config:
@@ -290,12 +289,8 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     if refill:
         head = top[:REFILL]
         olds = _to_refill(top, default_best, list(runs.searched.values()) if spread else [])
-
-        def space_of(c: Candidate) -> PlanSpace:
-            space = next(s for s in spaces if s.plan == c.plan)
-            return space if c.step is None or c.step is step else PlanSpace(c.step, c.plan, like=space)
-
-        now = {id(old): new for old, new in zip(olds, refilled(olds, space_of, workers, shape=spread))}
+        now = {id(old): new for old, new in zip(olds, refilled(olds, lambda c: _space_of(c, spaces, step), workers,
+                                                               shape=spread))}
         for searched in runs.searched.values():  # each plan's best as the search leaves it
             searched.best = now.get(id(searched.best), searched.best)
         default_best = now.get(id(default_best), default_best)
@@ -329,17 +324,26 @@ def _to_refill(top: list[Candidate], default_best: Candidate, searched: list[Pla
     return olds
 
 
+def _least_bound(plans: list[PlanSearched], warmups: list[WarmupTried]) -> StepBound | None:
+    """The least bound of `plans` whose model states fit and of `warmups` (:attr:`Search.bound`)."""
+    fitting = [p.bound for p in plans if p.states_fit] + [w.bound for w in warmups if w.bound]
+    return min(fitting, key=lambda b: b.step_time) if fitting else None
+
+
+def _space_of(c: Candidate, spaces: list[PlanSpace], step: LLMStep) -> PlanSpace:
+    """`c`'s plan on `c`'s LLM step (`spaces`: every plan's on `step`)."""
+    space = next(s for s in spaces if s.plan == c.plan)
+    return space if c.step is None or c.step is step else PlanSpace(c.step, c.plan, like=space)
+
+
 def _polish(best: Candidate, searched: list[PlanSearched], tried: list[WarmupTried], spaces: list[PlanSpace],
             step: LLMStep, workers: int) -> Candidate:
     """`best` polished (:func:`~pybubble.planner.polish.polished`) against the least bound (the
     search's :attr:`Search.bound`); its plan's best follows it."""
-    bounds = [p.bound.step_time for p in searched if p.states_fit] + [w.bound.step_time for w in tried if w.bound]
-    if not bounds or not polish_runs(best, min(bounds)):
+    least = _least_bound(searched, tried)
+    if least is None or not polish_runs(best, least.step_time):
         return best
-    space = next(s for s in spaces if s.plan == best.plan)
-    if best.step is not None and best.step is not step:
-        space = PlanSpace(best.step, best.plan, like=space)
-    got = polished(best, space, min(bounds), workers)
+    got = polished(best, _space_of(best, spaces, step), least.step_time, workers)
     for p in searched:
         if p.best is best:
             p.best = got

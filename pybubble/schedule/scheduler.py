@@ -99,7 +99,8 @@ def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignme
     """
     mask = (1 << HOLES_ORDERS) - 1
     if orders is not None:
-        picked = [integer(o, "orders", minimum=0, maximum=HOLES_ORDERS - 1) for o in (list(orders) if isinstance(orders, tuple) else array(orders, "orders"))]
+        given = list(orders) if isinstance(orders, tuple) else array(orders, "orders")
+        picked = [integer(o, "orders", minimum=0, maximum=HOLES_ORDERS - 1) for o in given]
         if not picked:
             raise ValueError("orders: empty, expected at least one of 0..4")
         mask = sum(1 << o for o in set(picked))

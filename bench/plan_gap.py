@@ -12,9 +12,10 @@ order); CP-SAT above the bound: no schedule of that layout reaches the bound.
 With ``--every-layout``, each shape's instance holds one image of ``--tokens`` tokens per microbatch
 (4 microbatches, ``--layers`` encoder layers): few enough layouts to solve them all. For every plan
 whose bound is below the best step found so far, every layout (each microbatch's images over the
-pipelines, as a multiset: CP-SAT chooses which LLM microbatch each feeds) whose layout bound is also
-below it is solved by CP-SAT; the least is the optimum over every layout of every plan (proved when
-each solve is). It splits pybubble's distance to the plans' bound in two: the bound's (bound to
+pipelines, in each order: encoder microbatch j feeds LLM microbatch j) whose layout bound under that
+assignment is also below it is solved by CP-SAT with the assignment given (fixed deadlines: far
+quicker to prove than a free assignment); the least is the optimum over every layout of every plan
+(proved when each solve is). It splits pybubble's distance to the plans' bound in two: the bound's (bound to
 optimum) and the plan's (optimum to pybubble's step); and the optimum's own layout scheduled by the
 holes filler (in the best order of its microbatches) says how much of the plan's is the filler's.
 
@@ -91,6 +92,7 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
     order, us). `workers`: CP-SAT's (one: the same answer on every machine)."""
     bound, ours = found.bound.step_time, found.best.step_time
     best, best_at, lows, solves, exhaustive = ours, None, [], 0, True
+    identity = list(range(step.config.microbatches))
     for searched in sorted(found.plans, key=lambda p: p.bound.step_time):
         plan = searched.plan
         name = f"PP_enc {plan.pp_enc} TP_enc {plan.tp_enc}"
@@ -99,21 +101,23 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
             continue
         space = PlanSpace(step, plan)
         options = placements(space)
-        count = len(list(itertools.combinations_with_replacement(range(len(options)), step.config.microbatches)))
+        count = len(options) ** step.config.microbatches  # the orders, at most
         if count > max_layouts:
             print(f"  {name}: {count:,} layouts, more than --max-layouts: not solved", flush=True)
             exhaustive = False
             continue
         scored = []
         for pick in itertools.combinations_with_replacement(options, step.config.microbatches):
-            problem = space.bubbles.with_tasks(space.work.layout_tasks(list(pick)))
-            scored.append((layout_bound(problem).step_time, list(pick), problem))
+            for order in sorted(set(itertools.permutations(pick))):  # encoder microbatch j feeds LLM microbatch j
+                problem = space.bubbles.with_tasks(space.work.layout_tasks(list(order)))
+                scored.append((layout_bound(problem, identity).step_time, list(order), problem))
         scored.sort(key=lambda x: x[0])
         solved = 0
         for lower, layout, problem in scored:
             if lower >= best:
                 break
-            exact = optimum(problem, round_times=True, max_deterministic_time=budget, workers=workers)
+            exact = optimum(problem, round_times=True, assignment=identity, max_deterministic_time=budget,
+                            workers=workers)
             solves, solved = solves + 1, solved + 1
             if not exact.optimal:
                 lows.append(exact.bound)

@@ -4,7 +4,10 @@ The greedy scheduler is a heuristic; this module states the same problem as a co
 and asks CP-SAT for its optimum, so that a schedule can be measured against it: the tests compare
 the greedy with it on tiny problems, and ``bench/plan_ceiling.py`` asks how much any schedule of
 a real step could gain. The model is the core's: each task in one free window of its lane's
-resource, after its predecessors, no two tasks of a lane's resource at once, an encoder
+resource (its start's domain: the windows that hold it, with holes between), after its
+predecessors, no two tasks of a lane's resource at once nor with the LLM's work there (the time
+between the windows, as fixed intervals in the same no-overlap: redundant with the domains, it lets
+CP-SAT's scheduling reasoning count the lane's busy time and prove bounds sooner), an encoder
 microbatch's forward tasks done before the LLM microbatch it feeds needs them and its backward
 tasks after that microbatch's gradient is ready (the microbatches' assignment free, a
 permutation, or given), tasks before the step's frame allowed (the step grows by them); the
@@ -109,27 +112,27 @@ def _scaled_times(arr: ProblemArrays, scale: float, round_times: bool) -> dict[s
 
 
 def _placed_tasks(model: Any, arr: ProblemArrays, ints: dict[str, np.ndarray], big: int) -> list[Any]:
-    """Each task's start in `model`: in one free interval of its lane's resource that holds it,
-    after its predecessors, no two tasks of a lane's resource at once."""
+    """Each task's start in `model`: in one free interval of its lane's resource that holds it (the
+    start's domain, with holes), after its predecessors, no two tasks of a lane's resource at once."""
+    from ortools.sat.python import cp_model
+
     t, horizon, dur = arr.tasks, int(ints["horizon"][0]), ints["duration"].tolist()
-    start = [model.NewIntVar(-big, big, f"s{i}") for i in range(len(dur))]
+    start = []
     by_key: dict[tuple[int, int], list] = {}
     for i, d in enumerate(dur):
         lane, res = int(t.lane[i]), int(t.resource[i])
         prefix, free = ("compute", arr.compute_free) if res == 0 else ("link", arr.link_free)
-        choices = []
-        for lo, hi in _free_intervals(free.offset, ints[f"{prefix}_start"], ints[f"{prefix}_end"], lane, horizon, big):
-            if hi - lo >= d:
-                b = model.NewBoolVar("")
-                model.Add(start[i] >= lo).OnlyEnforceIf(b)
-                model.Add(start[i] + d <= hi).OnlyEnforceIf(b)
-                choices.append(b)
-        model.AddExactlyOne(choices)
+        fits = [[lo, hi - d] for lo, hi in _free_intervals(free.offset, ints[f"{prefix}_start"], ints[f"{prefix}_end"],
+                                                          lane, horizon, big) if hi - lo >= d]
+        start.append(model.NewIntVarFromDomain(cp_model.Domain.FromIntervals(fits), f"s{i}"))
         by_key.setdefault((lane, res), []).append(model.NewFixedSizeIntervalVar(start[i], d, ""))
         for p in t.after[t.after_offset[i]:t.after_offset[i + 1]]:
             model.Add(start[int(p)] + dur[int(p)] <= start[i])
-    for ivs in by_key.values():
-        model.AddNoOverlap(ivs)
+    for (lane, res), ivs in by_key.items():
+        prefix, free = ("compute", arr.compute_free) if res == 0 else ("link", arr.link_free)
+        merged = _free_intervals(free.offset, ints[f"{prefix}_start"], ints[f"{prefix}_end"], lane, horizon, big)
+        busy = [model.NewFixedSizeIntervalVar(hi, lo - hi, "") for (_, hi), (lo, _) in zip(merged, merged[1:])]
+        model.AddNoOverlap(ivs + busy)  # the LLM's busy time, redundant with the windows: CP-SAT reasons on it
     return start
 
 

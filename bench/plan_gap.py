@@ -10,17 +10,17 @@ most --max-tasks tasks) the greedy filler's step against the CP-SAT optimum of t
 order); CP-SAT above the bound: no schedule of that layout reaches the bound.
 
 With ``--every-layout``, each shape's instance holds one image of ``--tokens`` tokens per microbatch
-(4 microbatches, ``--layers`` encoder layers): few enough layouts to solve them all. For every plan
-whose bound is below the best step found so far, every layout (each microbatch's images over the
-pipelines, in each order: encoder microbatch j feeds LLM microbatch j) whose layout bound under that
-assignment is also below it is solved by CP-SAT with the assignment given (fixed deadlines: far
-quicker to prove than a free assignment); the least is the optimum over every layout of every plan
-(proved when each solve is). It splits pybubble's distance to the plans' bound in two: the bound's (bound to
+(``--images``: that many; 4 microbatches, ``--layers`` encoder layers): few enough layouts to solve
+them all. For every plan whose bound is below the best step found so far, every layout (each
+microbatch's images over the pipelines, in each order: encoder microbatch j feeds LLM microbatch j)
+whose layout bound under that assignment is also below it is solved by CP-SAT with the assignment
+given (fixed deadlines: far quicker to prove than a free assignment); the least is the optimum over
+every layout of every plan (proved when each solve is). It splits pybubble's distance to the plans' bound in two: the bound's (bound to
 optimum) and the plan's (optimum to pybubble's step); and the optimum's own layout scheduled by the
 holes filler (in the best order of its microbatches) says how much of the plan's is the filler's.
 
     python bench/plan_gap.py [--budget 30] [--max-tasks 600] [--shape weak] [--plans]
-    python bench/plan_gap.py --every-layout [--tokens 4096] [--layers 2] [--shape a100]
+    python bench/plan_gap.py --every-layout [--tokens 4096] [--images 1] [--layers 2] [--shape a100]
 """
 
 from __future__ import annotations
@@ -62,12 +62,12 @@ def instance(shape: str) -> dict:
             "llm_plan": {"dp": 1, "pp": 2, "tp": tp, "vpp": 2, "schedule": "interleaved_1f1b"}, "memory_gb": 80}
 
 
-def one_image(shape: str, tokens: int, layers: int) -> dict:
+def one_image(shape: str, tokens: int, layers: int, images: int = 1) -> dict:
     """:func:`instance` of `shape` with one image of `tokens` tokens per microbatch (4 microbatches)
-    and `layers` encoder layers."""
+    and `layers` encoder layers; `images`: that many images of `tokens` tokens instead."""
     cfg = instance(shape)
     for enc in cfg["encoders"]:
-        enc.update(tokens=tokens, tokens_per_sample=tokens, layers=layers)
+        enc.update(tokens=tokens, tokens_per_sample=tokens * images, layers=layers)
     cfg["training"].update(global_batch=4, micro_batch=1)
     return cfg
 
@@ -108,7 +108,7 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
             continue
         scored = []
         for pick in itertools.combinations_with_replacement(options, step.config.microbatches):
-            for order in sorted(set(itertools.permutations(pick))):  # encoder microbatch j feeds LLM microbatch j
+            for order in dict.fromkeys(itertools.permutations(pick)):  # encoder microbatch j feeds LLM microbatch j
                 problem = space.bubbles.with_tasks(space.work.layout_tasks(list(order)))
                 scored.append((layout_bound(problem, identity).step_time, list(order), problem))
         scored.sort(key=lambda x: x[0])
@@ -162,16 +162,18 @@ def main() -> int:
     p.add_argument("--every-layout", action="store_true",
                    help="one image per microbatch: the optimum over every layout of every plan")
     p.add_argument("--tokens", type=int, default=4096, help="with --every-layout: the image's tokens")
+    p.add_argument("--images", type=int, default=1, help="with --every-layout: images per microbatch")
     p.add_argument("--layers", type=int, default=1, help="with --every-layout: the encoder's layers")
     p.add_argument("--max-layouts", type=int, default=5000, help="with --every-layout: solve plans with at most "
                    "this many layouts")
     a = p.parse_args()
     for shape in a.shape or list(SHAPES):
-        cfg = one_image(shape, a.tokens, a.layers) if a.every_layout else instance(shape)
+        cfg = one_image(shape, a.tokens, a.layers, a.images) if a.every_layout else instance(shape)
         step = LLMStep.of(load_config(cfg))
         found = search(step, warmup=False, optimus=True, workers=1)
         alone, bound = step.timeline.step_time, found.bound.step_time
-        size = f", one image of {a.tokens} tokens per microbatch, {a.layers} encoder layers" if a.every_layout else ""
+        size = (f", {'one image' if a.images == 1 else f'{a.images} images'} of {a.tokens} tokens per microbatch, "
+                f"{a.layers} encoder layers" if a.every_layout else "")
         print(f"{shape}: {SHAPES[shape]}{size}\n  LLM alone {alone / 1e3:.2f} ms, lower bound {bound / 1e3:.2f} ms "
               f"({bound / alone - 1:+.1%}); pybubble {found.best.step_time / 1e3:.2f} ms "
               f"({found.best.step_time / bound - 1:+.1%} over the bound), optimus row "

@@ -17,6 +17,10 @@ def optimum(problem: pybubble.Problem, scale: float = 1.0) -> float:
     # instances takes about 11 units.
     best = exact.optimum(problem, scale=scale, max_deterministic_time=100.0)
     assert best.optimal
+    # the model's own schedule is one the core's validator accepts, at the step it reports: the
+    # start domains and the LLM's busy intervals state the windows, neither more nor less
+    assert pybubble.validate(problem, best.schedule) == []
+    assert best.schedule.step_time == best.step_time
     return best.step_time
 
 
@@ -62,6 +66,9 @@ def test_a_given_assignment_is_never_shorter_than_a_free_one_and_the_greedy_neve
         m = problem.num_microbatches
         given = exact.optimum(problem, scale=10.0, assignment=list(range(m))[::-1])
         assert free.optimal and given.optimal and given.bound == given.step_time
+        assert given.schedule.assignment.tolist() == list(range(m))[::-1]
+        assert sorted(free.schedule.assignment.tolist()) == list(range(m))
+        assert pybubble.validate(problem, given.schedule) == [] and pybubble.validate(problem, free.schedule) == []
         assert given.step_time >= free.step_time - 1e-6
         sched = pybubble.schedule_problem(problem, fixed_assignment=True)
         assert sched.step_time >= exact.optimum(problem, scale=10.0, assignment=list(range(m))).step_time - 1e-6

@@ -31,6 +31,7 @@ import numpy as np
 from ..config.checks import finite
 from ..problem.arrays import ProblemArrays
 from ..problem.problem import Problem
+from ..schedule.scheduler import Schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,9 @@ class Exact:
     """A lower bound of every schedule's step (equal to :attr:`step_time` when optimal)."""
     optimal: bool
     """Whether CP-SAT proved :attr:`step_time` optimal within its budget."""
+    schedule: Schedule
+    """The schedule of :attr:`step_time` (us; on the rounded times where ``round_times`` rounded
+    them, so that the core's validator may then find a task a rounding error off its window)."""
 
 
 def _free_intervals(offset: np.ndarray, start: np.ndarray, end: np.ndarray, lane: int, horizon: int,
@@ -85,7 +89,7 @@ def optimum(problem: Problem, *, scale: float = 1.0, round_times: bool = False,
     big = horizon + sum(dur) + 1
     model = cp_model.CpModel()
     start = _placed_tasks(model, arr, ints, big)
-    _deadlines(model, arr, m, start, ints, assignment)
+    feeds = _deadlines(model, arr, m, start, ints, assignment)
     first, last = model.NewIntVar(-big, 0, "first"), model.NewIntVar(horizon, 2 * big, "last")
     for i, d in enumerate(dur):
         model.Add(first <= start[i])
@@ -98,8 +102,14 @@ def optimum(problem: Problem, *, scale: float = 1.0, round_times: bool = False,
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise RuntimeError(f"CP-SAT found no schedule within max_deterministic_time {max_deterministic_time} "
                            f"({solver.StatusName(status)})")
-    return Exact(step_time=solver.ObjectiveValue() / scale, bound=solver.BestObjectiveBound() / scale,
-                 optimal=status == cp_model.OPTIMAL)
+    chosen = [int(assignment[j]) if feeds is None else next(k for k in range(m) if solver.Value(feeds[j][k]))
+              for j in range(m)]
+    schedule = Schedule(step_time=solver.ObjectiveValue() / scale, shift_front=-solver.Value(first) / scale,
+                        shift_back=(solver.Value(last) - horizon) / scale,
+                        start=np.array([solver.Value(s) for s in start], np.float64) / scale,
+                        assignment=np.array(chosen, np.int64))
+    return Exact(step_time=schedule.step_time, bound=solver.BestObjectiveBound() / scale,
+                 optimal=status == cp_model.OPTIMAL, schedule=schedule)
 
 
 def _scaled_times(arr: ProblemArrays, scale: float, round_times: bool) -> dict[str, np.ndarray]:
@@ -137,10 +147,10 @@ def _placed_tasks(model: Any, arr: ProblemArrays, ints: dict[str, np.ndarray], b
 
 
 def _deadlines(model: Any, arr: ProblemArrays, m: int, start: list[Any], ints: dict[str, np.ndarray],
-               assignment: Sequence[int] | None) -> None:
+               assignment: Sequence[int] | None) -> list[list[Any]] | None:
     """Each encoder microbatch's forward tasks done by the ``forward_needed`` of the LLM microbatch
     it feeds, its backward tasks after that one's ``grad_ready``: under `assignment`, or under a
-    permutation of the model's choosing (None)."""
+    permutation of the model's choosing (None; returns its booleans, ``[j][k]``: j feeds k)."""
     t, dur = arr.tasks, ints["duration"].tolist()
     need, ready = ints["forward_needed"].tolist(), ints["grad_ready"].tolist()
     if assignment is None:
@@ -154,6 +164,7 @@ def _deadlines(model: Any, arr: ProblemArrays, m: int, start: list[Any], ints: d
             rule = (model.Add(start[i] + d <= need[k]) if t.phase[i] == 0 else model.Add(start[i] >= ready[k]))
             if assignment is None:
                 rule.OnlyEnforceIf(x[j][k])
+    return x if assignment is None else None
 
 
 __all__ = ["Exact", "optimum"]

@@ -122,7 +122,7 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
             if not exact.optimal:
                 lows.append(exact.bound)
             if exact.step_time < best:
-                best, best_at = exact.step_time, (space, layout, problem)
+                best, best_at = exact.step_time, (space, layout, problem, exact.schedule)
         print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, {len(scored)} layouts, "
               f"{solved} solved; best so far {best / 1e3:.2f} ms", flush=True)
     low = min([best] + lows)
@@ -132,12 +132,16 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
           f"{ours / 1e3:.2f} ms, {ours / best - 1:+.2%} over the optimum", flush=True)
     out = {"optimum": best, "proved": low, "exhaustive": exhaustive, "layout": None, "held": None}
     if best_at is not None:
-        space, layout, _ = best_at
+        space, layout, problem, exact = best_at
         held = min(schedule_problem(space.bubbles.with_tasks(space.work.layout_tasks(list(order))), "holes",
                                     fixed_assignment=True).step_time
                    for order in set(itertools.permutations(layout)))  # microbatch j feeding LLM microbatch j
         print(f"  the optimum's layout: PP_enc {space.plan.pp_enc} TP_enc {space.plan.tp_enc} {layout} (in CP-SAT's "
               f"order); the holes filler {held / 1e3:.2f} ms on it in its best order ({held / best - 1:+.2%})", flush=True)
+        same = schedule_problem(problem, "holes", fixed_assignment=True)
+        print(f"  the optimum grows the step {exact.shift_front / 1e3:.2f} ms before the LLM and "
+              f"{exact.shift_back / 1e3:.2f} ms after it; the holes filler on its order {same.step_time / 1e3:.2f} ms: "
+              f"{same.shift_front / 1e3:.2f} before, {same.shift_back / 1e3:.2f} after", flush=True)
         out.update(layout=(space.plan, layout), held=held)
     return out
 

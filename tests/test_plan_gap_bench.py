@@ -17,10 +17,10 @@ def gap(bench_script):
 
 
 def test_placements_are_every_split_of_a_microbatchs_images(gap):
-    cfg = gap.instance("a100")
-    cfg["encoders"][0].update(tokens=2048, tokens_per_sample=4096, layers=1)  # two images per sample
-    cfg["training"].update(global_batch=4, micro_batch=1)
+    cfg = gap.one_image("a100", 2048, 1, images=2)  # two images per sample (and microbatch)
+    assert cfg["encoders"][0]["tokens_per_sample"] == 4096 and cfg["training"]["micro_batch"] == 1
     step = LLMStep.of(load_config(cfg))
+    assert step.config.encoder_images == [2]
     plan = next(p for p in encoder_plans(step.config) if p.pipelines == 2)
     assert gap.placements(PlanSpace(step, plan)) == [1, (1, 1), 0]  # both on 1, one each, both on 0
     one = LLMStep.of(load_config(gap.one_image("a100", 4096, 1)))

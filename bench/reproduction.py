@@ -348,9 +348,9 @@ in the A100 setting's shape 2.81% and 3.94% before the bound counted whole image
 pybubble 0.10-5.44% above the optimum: the plan's loss, its layout's order of microbatches in the A100
 shape (the optimum's layout in its best order within 0.14-0.41%), the filler with such long kernels
 in the TP-8 shapes (0.10-4.48% on the optimum's own layout). With two encoders (dual_1-3's shape) and
-2 layers the optimum lies between 76.89 and 77.61 ms, 0.41-1.36% above the plans' bound of 76.57 ms,
+2 layers the optimum lies between 76.89 and 77.59 ms, 0.41-1.33% above the plans' bound of 76.57 ms,
 where pybubble's step is 79.79 ms: there the gap is the plan's, not the bound's (the holes filler
-1.90% above the optimum on the optimum's own layout: the two encoders' chains on one lane take turns
+1.92% above the optimum on the optimum's own layout: the two encoders' chains on one lane take turns
 on its link, and the filler lets one chain's collective wait for the other's where CP-SAT staggers
 them; on dual_2 itself the lanes' tails after the LLM differ by up to 49 ms, 103.7-152.6 ms, each
 lane's compute busy 96-100% of its own tail: what would close it is work moved between lanes). The minimum over every layout of the

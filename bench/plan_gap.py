@@ -38,7 +38,7 @@ from pybubble.planner.bound import layout_bound
 from pybubble.planner.search import search
 from pybubble.planner.space import PlanSpace
 from pybubble.schedule.scheduler import schedule_problem
-from pybubble.testing.exact import optimum
+from pybubble.testing.exact import optimum, within
 
 SHAPES = {
     "weak": "weak_a, weak_b (LLaMA-70B, PP 4 V 5, TP 8, 8 microbatches): PP 2 V 2, TP 8, 4 microbatches, ViT-22B",
@@ -84,6 +84,54 @@ def placements(space: PlanSpace) -> list:
             for counts in itertools.product(range(n + 1), repeat=pipes) if sum(counts) == n]
 
 
+def scored_orders(space: PlanSpace, options: list, microbatches: int) -> list[tuple[float, list, object]]:
+    """Every order of every layout of `space`'s plan (each microbatch's placement one of `options`;
+    encoder microbatch j feeds LLM microbatch j) as (its layout bound under that assignment, the
+    order, its problem), lowest bound first."""
+    identity = list(range(microbatches))
+    scored = []
+    for pick in itertools.combinations_with_replacement(options, microbatches):
+        for order in dict.fromkeys(itertools.permutations(pick)):
+            problem = space.bubbles.with_tasks(space.work.layout_tasks(list(order)))
+            scored.append((layout_bound(problem, identity).step_time, list(order), problem))
+    return sorted(scored, key=lambda x: x[0])
+
+
+def within_every_layout(step, found, share: float, budget: float, max_layouts: int, workers: int = 2) -> dict:
+    """Whether any schedule of any layout of any plan comes within `share` of the plans' lower bound
+    (``exact.within`` on every order whose plan bound and layout bound are below that step), printed;
+    returns ``limit`` (us), ``found`` (the orders with such a schedule), ``proved`` (those with none),
+    ``unknown`` (budget spent) and ``exhaustive`` (every plan's orders asked)."""
+    limit = (1.0 + share) * found.bound.step_time
+    out = {"limit": limit, "found": [], "proved": 0, "unknown": 0, "exhaustive": True}
+    for searched in sorted(found.plans, key=lambda p: p.bound.step_time):
+        plan, name = searched.plan, f"PP_enc {searched.plan.pp_enc} TP_enc {searched.plan.tp_enc}"
+        if searched.bound.step_time >= limit:
+            continue
+        space = PlanSpace(step, plan)
+        options = placements(space)
+        if len(options) ** step.config.microbatches > max_layouts:
+            print(f"  {name}: more than --max-layouts orders: not asked", flush=True)
+            out["exhaustive"] = False
+            continue
+        asked = [(order, problem) for lower, order, problem in scored_orders(space, options, step.config.microbatches)
+                 if lower < limit]
+        for order, problem in asked:
+            got = within(problem, limit, round_times=True, assignment=list(range(step.config.microbatches)),
+                         max_deterministic_time=budget, workers=workers)
+            if got:
+                out["found"].append((name, order))
+            else:
+                out["proved" if got is False else "unknown"] += 1
+        print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, {len(asked)} orders with a layout "
+              f"bound below {limit / 1e3:.2f} ms asked", flush=True)
+    verdict = ("a schedule within it exists" if out["found"] else "no schedule within it: proved" if
+               out["exhaustive"] and not out["unknown"] else "not settled")
+    print(f"  within {share:.0%} of the plans' bound ({limit / 1e3:.2f} ms, times rounded to whole us): {verdict}; "
+          f"{len(out['found'])} orders with one, {out['proved']} proved without, {out['unknown']} unknown", flush=True)
+    return out
+
+
 def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2) -> dict:
     """The optimum over every layout of every plan (see the module docstring), printed; returns
     ``optimum`` (us, the least step found), ``proved`` (us, no layout's step is below it),
@@ -106,12 +154,7 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
             print(f"  {name}: {count:,} layouts, more than --max-layouts: not solved", flush=True)
             exhaustive = False
             continue
-        scored = []
-        for pick in itertools.combinations_with_replacement(options, step.config.microbatches):
-            for order in dict.fromkeys(itertools.permutations(pick)):  # encoder microbatch j feeds LLM microbatch j
-                problem = space.bubbles.with_tasks(space.work.layout_tasks(list(order)))
-                scored.append((layout_bound(problem, identity).step_time, list(order), problem))
-        scored.sort(key=lambda x: x[0])
+        scored = scored_orders(space, options, step.config.microbatches)
         solved = 0
         for lower, layout, problem in scored:
             if lower >= best:
@@ -170,6 +213,8 @@ def main() -> int:
     p.add_argument("--layers", type=int, default=1, help="with --every-layout: the encoder's layers")
     p.add_argument("--max-layouts", type=int, default=5000, help="with --every-layout: solve plans with at most "
                    "this many layouts")
+    p.add_argument("--within", type=float, help="with --every-layout: instead of the optimum, whether any "
+                   "schedule comes within this share of the plans' bound (e.g. 0.02)")
     a = p.parse_args()
     for shape in a.shape or list(SHAPES):
         cfg = one_image(shape, a.tokens, a.layers, a.images) if a.every_layout else instance(shape)
@@ -182,6 +227,9 @@ def main() -> int:
               f"({bound / alone - 1:+.1%}); pybubble {found.best.step_time / 1e3:.2f} ms "
               f"({found.best.step_time / bound - 1:+.1%} over the bound), optimus row "
               f"{found.optimus.step_time / 1e3:.2f} ms", flush=True)
+        if a.every_layout and a.within is not None:
+            within_every_layout(step, found, a.within, a.budget, a.max_layouts)
+            continue
         if a.every_layout:
             every_layout(step, found, a.budget, a.max_layouts)
             continue

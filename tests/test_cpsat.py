@@ -86,3 +86,18 @@ def test_times_off_the_grid_are_refused_unless_rounded_and_bad_arguments_named()
         exact.optimum(problem, scale=10.0, assignment=[0] * problem.num_microbatches)
     with pytest.raises(ValueError, match="scale"):
         exact.optimum(problem, scale=0.0)
+
+
+def test_within_says_yes_at_the_optimum_and_proves_no_just_below_it():
+    for seed in range(3):
+        problem = tiny_pipeline(seed)
+        best = exact.optimum(problem, scale=10.0)
+        assert best.optimal
+        assert exact.within(problem, best.step_time, scale=10.0) is True
+        # times are multiples of 0.1 us: a step 0.1 us shorter is the next one down, and none reaches it
+        assert exact.within(problem, best.step_time - 0.1, scale=10.0) is False
+        given = list(range(problem.num_microbatches))
+        fixed = exact.optimum(problem, scale=10.0, assignment=given).step_time
+        assert exact.within(problem, fixed - 0.1, scale=10.0, assignment=given) is False
+    with pytest.raises(ValueError, match="limit"):
+        exact.within(problem, float("nan"), scale=10.0)

@@ -43,3 +43,14 @@ def test_the_bound_holds_and_pybubble_is_near_the_optimum_over_every_layout(gap)
     plan, layout = got["layout"]
     assert plan.pp_enc == 1 and len(layout) == step.config.microbatches
     assert got["held"] >= got["optimum"] - 5.0  # no schedule of the layout beats its optimum
+
+
+def test_within_finds_a_schedule_above_the_optimum_and_proves_none_below_it(gap):
+    step = LLMStep.of(load_config(gap.one_image("a100", 4096, 1)))
+    found = search(step, warmup=False, optimus=True, workers=1)
+    best = gap.every_layout(step, found, budget=30.0, max_layouts=5000, workers=1)["optimum"]
+    bound = found.bound.step_time
+    above = gap.within_every_layout(step, found, best / bound - 1 + 0.002, budget=30.0, max_layouts=5000, workers=1)
+    assert above["found"] and above["limit"] > best  # the optimum's own order, at least
+    below = gap.within_every_layout(step, found, best / bound - 1 - 0.002, budget=30.0, max_layouts=5000, workers=1)
+    assert below["exhaustive"] and not below["found"] and not below["unknown"] and below["proved"] >= 1

@@ -14,6 +14,9 @@ permutation, or given), tasks before the step's frame allowed (the step grows by
 objective is the span from the first task's start (or the frame's) to the last end (or the
 horizon's).
 
+:func:`within` asks the decision question instead (is there a schedule within a given step?), which
+CP-SAT often settles far sooner than the optimum.
+
 CP-SAT needs integer times: they are multiplied by ``scale`` and must then be whole
 (``round_times=False``, for problems built on a grid) or are rounded (the error is at most half a
 unit per task). OR-Tools is a test dependency (``pip install pybubble[test]``), imported when
@@ -78,6 +81,46 @@ def optimum(problem: Problem, *, scale: float = 1.0, round_times: bool = False,
     CP-SAT's budget in its own deterministic units (the same on every machine, not seconds)."""
     from ortools.sat.python import cp_model
 
+    model, start, feeds, first, last, horizon = _model(problem, scale, round_times, assignment)
+    model.Minimize(last - first)
+    solver = _solver(max_deterministic_time, workers)
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise RuntimeError(f"CP-SAT found no schedule within max_deterministic_time {max_deterministic_time} "
+                           f"({solver.StatusName(status)})")
+    m = problem.num_microbatches
+    chosen = [int(assignment[j]) if feeds is None else next(k for k in range(m) if solver.Value(feeds[j][k]))
+              for j in range(m)]
+    schedule = Schedule(step_time=solver.ObjectiveValue() / scale, shift_front=-solver.Value(first) / scale,
+                        shift_back=(solver.Value(last) - horizon) / scale,
+                        start=np.array([solver.Value(s) for s in start], np.float64) / scale,
+                        assignment=np.array(chosen, np.int64))
+    return Exact(step_time=schedule.step_time, bound=solver.BestObjectiveBound() / scale,
+                 optimal=status == cp_model.OPTIMAL, schedule=schedule)
+
+
+def within(problem: Problem, limit: float, *, scale: float = 1.0, round_times: bool = False,
+           assignment: Sequence[int] | None = None, max_deterministic_time: float = 100.0,
+           workers: int = 1) -> bool | None:
+    """Whether some schedule of ``problem`` has a step of at most ``limit`` (us; on the times as
+    scaled, and rounded with ``round_times``): True where CP-SAT finds one, False where it proves
+    there is none, None where its budget runs out first (arguments as :func:`optimum`'s). The
+    question is often settled far sooner than the optimum: ``bench/plan_gap.py --within`` asks it of
+    every layout to prove that no schedule comes within a share of the plans' lower bound."""
+    from ortools.sat.python import cp_model
+
+    finite(limit, "limit")
+    model, _, _, first, last, _ = _model(problem, scale, round_times, assignment)
+    model.Add(last - first <= int(np.floor(limit * scale + 1e-9)))
+    status = _solver(max_deterministic_time, workers).Solve(model)
+    return True if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else False if status == cp_model.INFEASIBLE else None
+
+
+def _model(problem: Problem, scale: float, round_times: bool, assignment: Sequence[int] | None) -> tuple:
+    """The constraint program of ``problem`` (see the module's notes), checked arguments: (model,
+    the tasks' starts, the assignment's booleans or None, the first start, the last end, the horizon)."""
+    from ortools.sat.python import cp_model
+
     finite(scale, "scale", minimum=0.0)
     if scale <= 0.0:
         raise ValueError(f"scale: {scale} is not > 0")
@@ -94,22 +137,17 @@ def optimum(problem: Problem, *, scale: float = 1.0, round_times: bool = False,
     for i, d in enumerate(dur):
         model.Add(first <= start[i])
         model.Add(last >= start[i] + d)
-    model.Minimize(last - first)
+    return model, start, feeds, first, last, horizon
+
+
+def _solver(max_deterministic_time: float, workers: int) -> Any:
+    """A CP-SAT solver with its budget (deterministic units) and workers."""
+    from ortools.sat.python import cp_model
+
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = workers
     solver.parameters.max_deterministic_time = max_deterministic_time
-    status = solver.Solve(model)
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise RuntimeError(f"CP-SAT found no schedule within max_deterministic_time {max_deterministic_time} "
-                           f"({solver.StatusName(status)})")
-    chosen = [int(assignment[j]) if feeds is None else next(k for k in range(m) if solver.Value(feeds[j][k]))
-              for j in range(m)]
-    schedule = Schedule(step_time=solver.ObjectiveValue() / scale, shift_front=-solver.Value(first) / scale,
-                        shift_back=(solver.Value(last) - horizon) / scale,
-                        start=np.array([solver.Value(s) for s in start], np.float64) / scale,
-                        assignment=np.array(chosen, np.int64))
-    return Exact(step_time=schedule.step_time, bound=solver.BestObjectiveBound() / scale,
-                 optimal=status == cp_model.OPTIMAL, schedule=schedule)
+    return solver
 
 
 def _scaled_times(arr: ProblemArrays, scale: float, round_times: bool) -> dict[str, np.ndarray]:
@@ -167,4 +205,4 @@ def _deadlines(model: Any, arr: ProblemArrays, m: int, start: list[Any], ints: d
     return x if assignment is None else None
 
 
-__all__ = ["Exact", "optimum"]
+__all__ = ["Exact", "optimum", "within"]

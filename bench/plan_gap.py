@@ -15,12 +15,17 @@ them all. For every plan whose bound is below the best step found so far, every 
 microbatch's images over the pipelines, in each order: encoder microbatch j feeds LLM microbatch j)
 whose layout bound under that assignment is also below it is solved by CP-SAT with the assignment
 given (fixed deadlines: far quicker to prove than a free assignment); the least is the optimum over
-every layout of every plan (proved when each solve is). It splits pybubble's distance to the plans' bound in two: the bound's (bound to
-optimum) and the plan's (optimum to pybubble's step); and the optimum's own layout scheduled by the
-holes filler (in the best order of its microbatches) says how much of the plan's is the filler's.
+every layout of every plan (proved when each solve is). It splits pybubble's distance to the plans'
+bound in two: the bound's (bound to optimum) and the plan's (optimum to pybubble's step); and the
+optimum's own layout scheduled by the holes filler (in the best order of its microbatches) says how
+much of the plan's is the filler's.
+With ``--within SHARE`` it asks instead whether any schedule of any layout comes within SHARE of the
+plans' bound (``pybubble.testing.exact.within`` on every order whose layout bound is below that step):
+proved none where every answer is no.
 
     python bench/plan_gap.py [--budget 30] [--max-tasks 600] [--shape weak] [--plans]
     python bench/plan_gap.py --every-layout [--tokens 4096] [--images 1] [--layers 2] [--shape a100]
+    python bench/plan_gap.py --every-layout --within 0.02 [--layers 2] [--shape weak]
 """
 
 from __future__ import annotations

@@ -112,6 +112,7 @@ def within_every_layout(step, found, share: float, budget: float, max_layouts: i
     for searched in sorted(found.plans, key=lambda p: p.bound.step_time):
         plan, name = searched.plan, f"PP_enc {searched.plan.pp_enc} TP_enc {searched.plan.tp_enc}"
         if searched.bound.step_time >= limit:
+            print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, not below {limit / 1e3:.2f}", flush=True)
             continue
         space = PlanSpace(step, plan)
         options = placements(space)

@@ -359,7 +359,7 @@ bench/plan_gap.py --every-layout --within 0.02`, bench/results/plan_gap_within.t
 there is none in weak_a's and weak_b's shape with 2 and 3 encoder layers, whether a microbatch holds
 one image of 4096 tokens or two of 2048 (5, 4, 45 and 11 orders asked): in that shape the bound
 itself leaves more than 2%. In the dual shape with 3 layers it is not settled (one order unknown
-after 600 units; the best schedule found is 2.09% over the bound, pybubble's 10.4%). The minimum over every layout of the
+after 3,000 units; the best schedule found is 2.09% over the bound, pybubble's 10.4%). The minimum over every layout of the
 layout bound (a mixed-integer program over each microbatch's images per pipeline, prototyped and not
 shipped) cannot close weak_a: HiGHS found a layout of its PP_enc 1 TP_enc 4 plan whose layout bound,
 microbatches fed in order, is 1,363.85 ms, below the 1,365.3 ms that 2% needs

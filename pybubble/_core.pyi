@@ -59,11 +59,18 @@ class Problem:
         """{"horizon": float, "compute_free": {"offset", "start", "end"}, "link_free": {...},
         "forward_needed": array, "grad_ready": array, "tasks": {"lane", ..., "after"}}"""
 
+HOLES_ORDERS: int
+"""How many orders the holes filler tries (Scheduler.kHolesOrders)."""
+
 class Scheduler:
     def __init__(self, problem: Problem) -> None: ...
     def run(
-        self, policy: str = "greedy", durations: npt.ArrayLike | None = None, *, fixed_assignment: bool = False
+        self, policy: str = "greedy", durations: npt.ArrayLike | None = None, *, fixed_assignment: bool = False,
+        orders: int = 31,
     ) -> tuple[np.ndarray, np.ndarray, float, float, float]: ...
+    @property
+    def holes_order(self) -> int:
+        """The holes order that gave the last run's schedule; -1 after another policy."""
 
 class ReplicaScheduler:
     def __init__(

@@ -49,6 +49,7 @@ void register_scheduler(py::module_& m) {
           "`orders`: the holes filler's orders to try, bit i for order i. Returns (start, assignment, step_time, shift_front, shift_back).")
       .def_property_readonly("holes_order", &Scheduler::holes_order,
                              "The holes order (0-4) that gave the last run's schedule; -1 after another policy.");
+  m.attr("HOLES_ORDERS") = Scheduler::kHolesOrders;
   m.def(
       "first_fit_floor",
       [](py::handle problem) {

@@ -79,8 +79,8 @@ def check_policy(policy: str) -> str:
     return one_of(policy, POLICIES, "policy")
 
 
-HOLES_ORDERS = 5
-"""How many orders the ``holes`` policy tries (docs/scheduler.md: numbered 0-4)."""
+HOLES_ORDERS: int = _core.HOLES_ORDERS
+"""How many orders the ``holes`` policy tries (the core's; docs/scheduler.md: numbered 0-4)."""
 
 
 def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignment: bool = False,
@@ -102,7 +102,7 @@ def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignme
         given = list(orders) if isinstance(orders, tuple) else array(orders, "orders")
         picked = [integer(o, "orders", minimum=0, maximum=HOLES_ORDERS - 1) for o in given]
         if not picked:
-            raise ValueError("orders: empty, expected at least one of 0..4")
+            raise ValueError(f"orders: empty, expected at least one of 0..{HOLES_ORDERS - 1}")
         mask = sum(1 << o for o in set(picked))
     return from_core(_core.Scheduler(problem.core).run(check_policy(policy), fixed_assignment=bool(fixed_assignment),
                                                        orders=mask))

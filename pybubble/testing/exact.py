@@ -165,21 +165,22 @@ def _placed_tasks(model: Any, arr: ProblemArrays, ints: dict[str, np.ndarray], b
     from ortools.sat.python import cp_model
 
     t, horizon, dur = arr.tasks, int(ints["horizon"][0]), ints["duration"].tolist()
-    start = []
+    free: dict[tuple[int, int], list[tuple[int, int]]] = {}  # per (lane, resource): its merged free intervals
     by_key: dict[tuple[int, int], list] = {}
+    start = []
     for i, d in enumerate(dur):
-        lane, res = int(t.lane[i]), int(t.resource[i])
-        prefix, free = ("compute", arr.compute_free) if res == 0 else ("link", arr.link_free)
-        fits = [[lo, hi - d] for lo, hi in _free_intervals(free.offset, ints[f"{prefix}_start"], ints[f"{prefix}_end"],
-                                                          lane, horizon, big) if hi - lo >= d]
+        key = (int(t.lane[i]), int(t.resource[i]))
+        if key not in free:
+            prefix, windows = ("compute", arr.compute_free) if key[1] == 0 else ("link", arr.link_free)
+            free[key] = _free_intervals(windows.offset, ints[f"{prefix}_start"], ints[f"{prefix}_end"], key[0],
+                                        horizon, big)
+        fits = [[lo, hi - d] for lo, hi in free[key] if hi - lo >= d]
         start.append(model.NewIntVarFromDomain(cp_model.Domain.FromIntervals(fits), f"s{i}"))
-        by_key.setdefault((lane, res), []).append(model.NewFixedSizeIntervalVar(start[i], d, ""))
+        by_key.setdefault(key, []).append(model.NewFixedSizeIntervalVar(start[i], d, ""))
         for p in t.after[t.after_offset[i]:t.after_offset[i + 1]]:
             model.Add(start[int(p)] + dur[int(p)] <= start[i])
-    for (lane, res), ivs in by_key.items():
-        prefix, free = ("compute", arr.compute_free) if res == 0 else ("link", arr.link_free)
-        merged = _free_intervals(free.offset, ints[f"{prefix}_start"], ints[f"{prefix}_end"], lane, horizon, big)
-        busy = [model.NewFixedSizeIntervalVar(hi, lo - hi, "") for (_, hi), (lo, _) in zip(merged, merged[1:])]
+    for key, ivs in by_key.items():
+        busy = [model.NewFixedSizeIntervalVar(hi, lo - hi, "") for (_, hi), (lo, _) in zip(free[key], free[key][1:])]
         model.AddNoOverlap(ivs + busy)  # the LLM's busy time, redundant with the windows: CP-SAT reasons on it
     return start
 

@@ -89,17 +89,22 @@ def placements(space: PlanSpace) -> list:
             for counts in itertools.product(range(n + 1), repeat=pipes) if sum(counts) == n]
 
 
-def scored_orders(space: PlanSpace, options: list, microbatches: int) -> list[tuple[float, list, object]]:
-    """Every order of every layout of `space`'s plan (each microbatch's placement one of `options`;
-    encoder microbatch j feeds LLM microbatch j) as (its layout bound under that assignment, the
-    order, its problem), lowest bound first."""
+def scored_orders(step, plan, max_layouts: int) -> tuple[PlanSpace, list[tuple[float, list, object]] | None]:
+    """`plan`'s space on `step` and every order of every layout of it (each microbatch's placement
+    one of :func:`placements`; encoder microbatch j feeds LLM microbatch j) as (its layout bound under
+    that assignment, the order, its problem), lowest bound first; None when there are more than
+    `max_layouts` orders."""
+    space, microbatches = PlanSpace(step, plan), step.config.microbatches
+    options = placements(space)
+    if len(options) ** microbatches > max_layouts:
+        return space, None
     identity = list(range(microbatches))
     scored = []
     for pick in itertools.combinations_with_replacement(options, microbatches):
         for order in dict.fromkeys(itertools.permutations(pick)):
             problem = space.bubbles.with_tasks(space.work.layout_tasks(list(order)))
             scored.append((layout_bound(problem, identity).step_time, list(order), problem))
-    return sorted(scored, key=lambda x: x[0])
+    return space, sorted(scored, key=lambda x: x[0])
 
 
 def within_every_layout(step, found, share: float, budget: float, max_layouts: int, workers: int = 2) -> dict:
@@ -114,14 +119,12 @@ def within_every_layout(step, found, share: float, budget: float, max_layouts: i
         if searched.bound.step_time >= limit:
             print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, not below {limit / 1e3:.2f}", flush=True)
             continue
-        space = PlanSpace(step, plan)
-        options = placements(space)
-        if len(options) ** step.config.microbatches > max_layouts:
+        _, scored = scored_orders(step, plan, max_layouts)
+        if scored is None:
             print(f"  {name}: more than --max-layouts orders: not asked", flush=True)
             out["exhaustive"] = False
             continue
-        asked = [(order, problem) for lower, order, problem in scored_orders(space, options, step.config.microbatches)
-                 if lower < limit]
+        asked = [(order, problem) for lower, order, problem in scored if lower < limit]
         for order, problem in asked:
             got = within(problem, limit, round_times=True, assignment=list(range(step.config.microbatches)),
                          max_deterministic_time=budget, workers=workers)
@@ -153,14 +156,11 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
         if searched.bound.step_time >= best:
             print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, not below {best / 1e3:.2f}", flush=True)
             continue
-        space = PlanSpace(step, plan)
-        options = placements(space)
-        count = len(options) ** step.config.microbatches  # the orders, at most
-        if count > max_layouts:
-            print(f"  {name}: {count:,} layouts, more than --max-layouts: not solved", flush=True)
+        space, scored = scored_orders(step, plan, max_layouts)
+        if scored is None:
+            print(f"  {name}: more than --max-layouts orders: not solved", flush=True)
             exhaustive = False
             continue
-        scored = scored_orders(space, options, step.config.microbatches)
         solved = 0
         for lower, layout, problem in scored:
             if lower >= best:
@@ -171,7 +171,7 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
             if not exact.optimal:
                 lows.append(exact.bound)
             if exact.step_time < best:
-                best, best_at = exact.step_time, (space, layout, problem, exact.schedule)
+                best, best_at = exact.step_time, (space, layout, exact.schedule)
         print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, {len(scored)} layouts, "
               f"{solved} solved; best so far {best / 1e3:.2f} ms", flush=True)
     low = min([best] + lows)
@@ -181,13 +181,14 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
           f"{ours / 1e3:.2f} ms, {ours / best - 1:+.2%} over the optimum", flush=True)
     out = {"optimum": best, "proved": low, "exhaustive": exhaustive, "layout": None, "held": None}
     if best_at is not None:
-        space, layout, problem, exact = best_at
-        held = min(schedule_problem(space.bubbles.with_tasks(space.work.layout_tasks(list(order))), "holes",
-                                    fixed_assignment=True).step_time
-                   for order in set(itertools.permutations(layout)))  # microbatch j feeding LLM microbatch j
+        space, layout, exact = best_at
+        by_order = {order: schedule_problem(space.bubbles.with_tasks(space.work.layout_tasks(list(order))), "holes",
+                                            fixed_assignment=True)  # microbatch j feeding LLM microbatch j
+                    for order in set(itertools.permutations(layout))}
+        held = min(s.step_time for s in by_order.values())
         print(f"  the optimum's layout: PP_enc {space.plan.pp_enc} TP_enc {space.plan.tp_enc} {layout} (in CP-SAT's "
               f"order); the holes filler {held / 1e3:.2f} ms on it in its best order ({held / best - 1:+.2%})", flush=True)
-        same = schedule_problem(problem, "holes", fixed_assignment=True)
+        same = by_order[tuple(layout)]
         print(f"  the optimum grows the step {exact.shift_front / 1e3:.2f} ms before the LLM and "
               f"{exact.shift_back / 1e3:.2f} ms after it; the holes filler on its order {same.step_time / 1e3:.2f} ms: "
               f"{same.shift_front / 1e3:.2f} before, {same.shift_back / 1e3:.2f} after", flush=True)

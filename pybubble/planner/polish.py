@@ -82,8 +82,7 @@ def polished(cand: Candidate, space: PlanSpace, bound: float, workers: int = 2) 
     if schedule.step_time >= cand.step_time:
         return cand
     layout = walk.layout()
-    partition = [sum(1 for p in layout if p == i) for i in range(space.plan.pipelines)]
-    return replace(cand, layout=layout, partition=partition, problem=walk.problem, schedule=schedule,
+    return replace(cand, layout=layout, partition=space.layout_partition(layout), problem=walk.problem, schedule=schedule,
                    memory_bytes=space.layout_memory(layout), holes_order=order, moved=cand.moved + walk.moved,
                    polished_from=cand.step_time if cand.polished_from is None else cand.polished_from)
 

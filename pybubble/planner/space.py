@@ -202,11 +202,15 @@ class PlanSpace:
         whole microbatches per pipeline. `problem`: the layout's problem, when already made."""
         if problem is None:
             problem = self.bubbles.with_tasks(self.work.layout_tasks(layout))
-        partition = [sum(1 for p in layout if p == i) for i in range(self.plan.pipelines)]
+        partition = self.layout_partition(layout)
         schedule, order = holes_schedule(problem) if policy == "holes" else (schedule_problem(problem, policy), None)
         return Candidate(plan=self.plan, partition=partition, problem=problem, schedule=schedule,
                          memory_bytes=self.layout_memory(layout) if memory is None else memory, spread=spread,
                          layout=layout, bound=self.step_bound, step=self.step, policy=policy, holes_order=order)
+
+    def layout_partition(self, layout: list[int | tuple[int, ...]]) -> list[int]:
+        """The whole microbatches of `layout` per pipeline (a :class:`Candidate`'s ``partition``)."""
+        return [sum(1 for p in layout if p == i) for i in range(self.plan.pipelines)]
 
     def layout_memory(self, layout: list[int | tuple[int, ...]]) -> float:
         """:meth:`memory` of a layout."""

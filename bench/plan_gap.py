@@ -107,6 +107,21 @@ def scored_orders(step, plan, max_layouts: int) -> tuple[PlanSpace, list[tuple[f
     return space, sorted(scored, key=lambda x: x[0])
 
 
+def orders_below(step, searched, limit: float, max_layouts: int) -> tuple[str, PlanSpace, list | None] | None:
+    """A searched plan's name, space and :func:`scored_orders` where its bound is below `limit` (us);
+    None where it is not, and no orders (None) where there are more than `max_layouts`; each skip
+    printed."""
+    plan = searched.plan
+    name = f"PP_enc {plan.pp_enc} TP_enc {plan.tp_enc}"
+    if searched.bound.step_time >= limit:
+        print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, not below {limit / 1e3:.2f}", flush=True)
+        return None
+    space, scored = scored_orders(step, plan, max_layouts)
+    if scored is None:
+        print(f"  {name}: more than --max-layouts orders: skipped", flush=True)
+    return name, space, scored
+
+
 def within_every_layout(step, found, share: float, budget: float, max_layouts: int, workers: int = 2) -> dict:
     """Whether any schedule of any layout of any plan comes within `share` of the plans' lower bound
     (``exact.within`` on every order whose plan bound and layout bound are below that step), printed;
@@ -115,13 +130,11 @@ def within_every_layout(step, found, share: float, budget: float, max_layouts: i
     limit = (1.0 + share) * found.bound.step_time
     out = {"limit": limit, "found": [], "proved": 0, "unknown": 0, "exhaustive": True}
     for searched in sorted(found.plans, key=lambda p: p.bound.step_time):
-        plan, name = searched.plan, f"PP_enc {searched.plan.pp_enc} TP_enc {searched.plan.tp_enc}"
-        if searched.bound.step_time >= limit:
-            print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, not below {limit / 1e3:.2f}", flush=True)
+        got = orders_below(step, searched, limit, max_layouts)
+        if got is None:
             continue
-        _, scored = scored_orders(step, plan, max_layouts)
+        name, _, scored = got
         if scored is None:
-            print(f"  {name}: more than --max-layouts orders: not asked", flush=True)
             out["exhaustive"] = False
             continue
         asked = [(order, problem) for lower, order, problem in scored if lower < limit]
@@ -151,14 +164,11 @@ def every_layout(step, found, budget: float, max_layouts: int, workers: int = 2)
     best, best_at, lows, solves, exhaustive = ours, None, [], 0, True
     identity = list(range(step.config.microbatches))
     for searched in sorted(found.plans, key=lambda p: p.bound.step_time):
-        plan = searched.plan
-        name = f"PP_enc {plan.pp_enc} TP_enc {plan.tp_enc}"
-        if searched.bound.step_time >= best:
-            print(f"  {name}: plan bound {searched.bound.step_time / 1e3:.2f} ms, not below {best / 1e3:.2f}", flush=True)
+        got = orders_below(step, searched, best, max_layouts)
+        if got is None:
             continue
-        space, scored = scored_orders(step, plan, max_layouts)
+        name, space, scored = got
         if scored is None:
-            print(f"  {name}: more than --max-layouts orders: not solved", flush=True)
             exhaustive = False
             continue
         solved = 0

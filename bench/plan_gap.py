@@ -79,10 +79,11 @@ def one_image(shape: str, tokens: int, layers: int, images: int = 1) -> dict:
 
 def placements(space: PlanSpace) -> list:
     """Every way one microbatch's images go over the plan's pipelines (a layout's entries): the
-    pipeline that takes them all, or the images per pipeline; with several encoders, whole
+    pipeline that takes them all, or the images per pipeline (with several encoders of as many images
+    each, every encoder's images split alike); with several encoders of unlike counts, whole
     microbatches only."""
     pipes, images = space.plan.pipelines, space.work.images
-    if len(images) > 1:
+    if len(set(images)) > 1:
         return list(range(pipes))
     n = images[0]
     return [next(i for i, c in enumerate(counts) if c) if max(counts) == n else counts

@@ -28,6 +28,16 @@ def test_placements_are_every_split_of_a_microbatchs_images(gap):
     assert gap.placements(PlanSpace(one, plan)) == [3, 2, 1, 0]
 
 
+def test_two_encoders_of_as_many_images_split_them_alike(gap):
+    step = LLMStep.of(load_config(gap.one_image("dual", 2048, 1, images=2)))
+    assert step.config.encoder_images == [2, 2]
+    plan = next(p for p in encoder_plans(step.config) if p.pipelines == 4)
+    space = PlanSpace(step, plan)
+    options = gap.placements(space)
+    assert len(options) == 10 and (1, 1, 0, 0) in options and 3 in options  # 4 whole, 6 split in two
+    assert space.work.split_images((0, 1, 0, 1)) == [(0, 0), (1, 1), (0, 0), (1, 1)]  # each encoder's images alike
+
+
 def test_the_bound_holds_and_pybubble_is_near_the_optimum_over_every_layout(gap):
     step = LLMStep.of(load_config(gap.one_image("a100", 4096, 1)))
     found = search(step, warmup=False, optimus=True, workers=1)
@@ -54,3 +64,14 @@ def test_within_finds_a_schedule_above_the_optimum_and_proves_none_below_it(gap)
     assert above["found"] and above["limit"] > best  # the optimum's own order, at least
     below = gap.within_every_layout(step, found, best / bound - 1 - 0.002, budget=30.0, max_layouts=5000, workers=1)
     assert below["exhaustive"] and not below["found"] and not below["unknown"] and below["proved"] >= 1
+
+
+def test_no_schedule_of_the_dual_shape_with_split_images_comes_within_two_percent(gap):
+    """The dual settings' shape (ViT-22B + ViT-5B on GPT-175B's interleaved TP-8 step) with two
+    images per microbatch split over the pipelines: no schedule of any layout of any plan within 2%
+    of the plans' bound (docs/reproduction.md)."""
+    step = LLMStep.of(load_config(gap.one_image("dual", 2048, 2, images=2)))
+    found = search(step, warmup=False, optimus=True, workers=1)
+    got = gap.within_every_layout(step, found, 0.02, budget=100.0, max_layouts=20000, workers=1)
+    assert got["exhaustive"] and not got["found"] and not got["unknown"] and got["proved"] >= 1
+    assert found.best.step_time > got["limit"]  # pybubble's own step is above it too

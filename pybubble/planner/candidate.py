@@ -84,8 +84,12 @@ class Candidate:
     policy: str = "greedy"
     """The filler that gave :attr:`schedule` (``greedy`` or ``holes``: :func:`pybubble.schedule_problem`)."""
     shaped: bool = False
-    """Its layout is the search's re-fill's share-out by a linear program
-    (:func:`pybubble.planner.refill.share_out`), not a spread or partition of the search's."""
+    """Its layout is one of the search's re-fill's (:mod:`pybubble.planner.refill`): the share-out by
+    a linear program (:func:`~pybubble.planner.refill.share_out`) or the by-rank layout
+    (:attr:`by_rank`), not a spread or partition of the search's."""
+    by_rank: bool = False
+    """Its shaped layout is the re-fill's by-rank layout (:func:`pybubble.planner.refill.by_rank`):
+    each microbatch's images split evenly over the pipelines of one LLM rank."""
     replaced_step: float | None = None
     """The step of what the re-fill replaced with it (us): the greedy's schedule of the same layout
     (:attr:`policy` ``holes``), or the plan's own layout re-filled (:attr:`shaped`); None when the

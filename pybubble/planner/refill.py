@@ -85,6 +85,27 @@ def share_out(space: PlanSpace, busy: float = 1.0) -> tuple[list[int | tuple[int
         made, key=lambda m: layout_bound(m[1], np.arange(m[1].num_microbatches)).step_time)
 
 
+def by_rank(space: PlanSpace) -> list[int | tuple[int, ...]] | None:
+    """The by-rank layout of `space`'s plan (see the module docstring): microbatch j's images split
+    evenly over the pipelines of LLM rank ``j mod R`` (the plan's ``lanes_per_stage`` pipelines on
+    each of its R ranks; the remainder to the rank's last pipelines), whole on one pipeline where it
+    holds one image; None for a plan of more than one encoder stage or of one lane per rank, or for
+    encoders with different image counts."""
+    plan, images = space.plan, set(space.work.images)
+    k = plan.lanes_per_stage
+    if plan.pp_enc != 1 or k < 2 or len(images) != 1:
+        return None
+    n, ranks = images.pop(), plan.pipelines // k
+    per_lane = [n // k + (i >= k - n % k) for i in range(k)]  # the remainder to the last lanes
+    layout: list[int | tuple[int, ...]] = []
+    for j in range(space.step.config.microbatches):
+        counts = [0] * plan.pipelines
+        counts[(j % ranks) * k:(j % ranks + 1) * k] = per_lane
+        held = np.flatnonzero(counts)
+        layout.append(int(held[0]) if len(held) == 1 else tuple(counts))
+    return layout
+
+
 def rounded(share: np.ndarray, n: int, cumulative: bool = False) -> list[int | tuple[int, ...]]:
     """`share` (microbatches x pipelines, each row summing to `n`) in whole images: each row by
     largest remainder, or (`cumulative`) each row by largest remainder of what keeps every
@@ -184,8 +205,8 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
     open_ = [i for i, c in enumerate(cands) if c.bound is None or c.step_time > c.bound.step_time]
     one_stage = [i for i in open_ if cands[i].plan.pp_enc == 1] if shape else []
     shaped = {one_stage[0], min(one_stage, key=lambda i: _bound(cands[i]))} if one_stage else set()
-    jobs = [job for i in open_ for job in [(i, "holes", 1.0)] + [(i, "shaped", w) for w in
-                                                                 (_weights(space_of(cands[i])) if i in shaped else ())]]
+    jobs = [job for i in open_ for job in [(i, "holes", 1.0)] + ([(i, "shaped", w) for w in _weights(space_of(cands[i]))]
+                                                                 + [(i, "by_rank", 1.0)] if i in shaped else [])]
 
     def run(job: tuple[int, str, float]) -> Candidate | None:
         i, kind, busy = job
@@ -195,25 +216,32 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
             return replace(cand, schedule=holes, policy="holes", replaced_step=cand.step_time) \
                 if holes.step_time < cand.step_time else None
         space = space_of(cand)
-        found = share_out(space, busy)
-        memory = None if found is None else space.layout_memory(found[0])
+        found = share_out(space, busy) if kind == "shaped" else by_rank(space)
+        layout = found[0] if kind == "shaped" and found is not None else found
+        memory = None if layout is None else space.layout_memory(layout)
         if memory is None or memory > space.memory_limit:
             return None
-        return replace(space.layout_candidate(found[0], (0, 0), memory, policy="holes", problem=found[1]), shaped=True)
+        made = space.layout_candidate(layout, (0, 0), memory, policy="holes",
+                                      problem=found[1] if kind == "shaped" else None)
+        return replace(made, shaped=True, by_rank=kind == "by_rank")
 
     if workers > 1 and len(jobs) > 1:
-        # the longest first (the shaped layout: a program, layouts and a schedule; then the largest
+        # the longest first (the shaped layouts: a program, layouts and a schedule; then the largest
         # problems), so that the threads end together
-        first = sorted(jobs, key=lambda job: (job[1] != "shaped", -cands[job[0]].problem.num_tasks))
+        first = sorted(jobs, key=lambda job: (job[1] == "holes", -cands[job[0]].problem.num_tasks))
         with ThreadPoolExecutor(max_workers=workers) as pool:
             got = dict(zip(first, pool.map(run, first)))
         done = [got[job] for job in jobs]
     else:
         done = [run(job) for job in jobs]
-    out = list(cands)
-    for (i, kind, _), got in zip(jobs, done):  # the holes job of a candidate comes before its shaped one
-        if got is not None and got.step_time < out[i].step_time:
-            out[i] = replace(got, replaced_step=out[i].step_time) if kind == "shaped" else got
+    out, own = list(cands), {}
+    for (i, kind, _), got in zip(jobs, done):  # a candidate's holes job comes before its shaped ones
+        shorter = got is not None and got.step_time < out[i].step_time
+        if kind == "holes":
+            out[i] = got if shorter else out[i]
+            own[i] = out[i].step_time  # the plan's own layout, re-filled: what a shaped layout replaces
+        elif shorter:
+            out[i] = replace(got, replaced_step=own[i])
     return out
 
 
@@ -234,4 +262,4 @@ def _bound(cand: Candidate) -> float:
     return cand.bound.step_time if cand.bound is not None else float("inf")
 
 
-__all__ = ["BUSY_WEIGHT", "REFILL", "link_busy", "refilled", "rounded", "share_out", "share_out_program"]
+__all__ = ["BUSY_WEIGHT", "REFILL", "by_rank", "link_busy", "refilled", "rounded", "share_out", "share_out_program"]

@@ -34,6 +34,7 @@ from ..costs.kernels import layer_flops
 from ..costs.memory import GB
 from ..costs.roofline import CostModel
 from ..llm.step import LLMStep
+from ..problem.encoder import EncoderPlan
 from ..viz.gantt import save_gantt
 from ..viz.chrome_trace import save_trace
 from .layouts import Baseline, Separate, megatron, megatron_balanced, separate
@@ -346,9 +347,11 @@ def features(found: Search) -> list[Feature]:
                            step_without=found.default_best.step_time,
                            without="the best plan on the config's own schedule"))
     if best.shaped:
-        out.append(Feature(name="shaped", uses="each microbatch's images shared out over the encoder pipelines by a linear "
-                                               "program against every deadline at once",
-                           step_without=best.replaced_step, without="the plan's own layout, re-filled"))
+        uses = (_by_rank_words(best.plan) if best.by_rank else
+                "each microbatch's images shared out over the encoder pipelines by a linear program against every "
+                "deadline at once")
+        out.append(Feature(name="shaped", uses=uses, step_without=best.replaced_step,
+                           without="the plan's own layout, re-filled"))
     if best.moved:
         out.append(Feature(name="polish", uses=f"{best.moved} single image(s) moved off the encoder pipelines that end "
                                                "last or start first, each move scheduled",
@@ -363,6 +366,8 @@ def describe(c: Candidate) -> str:
     """A candidate's encoder plan and partition in words."""
     p = c.plan
     words = f"PP_enc {p.pp_enc}, TP_enc {p.tp_enc}, {p.pipelines} encoder pipeline(s) per replica, "
+    if c.shaped and c.by_rank:
+        return words + _by_rank_words(p)
     if c.shaped:
         spread = len(c.spread_microbatches)
         return words + (f"{spread} microbatch(es) shared out over the pipelines by a linear program, the other "
@@ -373,6 +378,12 @@ def describe(c: Candidate) -> str:
         return words + "every microbatch spread over every pipeline"
     return words + (f"{_spread_words(*c.spread)} spread over every pipeline, the other {sum(c.partition)} as "
                     f"partition {list(c.partition)}")
+
+
+def _by_rank_words(plan: EncoderPlan) -> str:
+    """The by-rank layout of `plan` (:func:`~pybubble.planner.refill.by_rank`) in words."""
+    return (f"each microbatch's images split evenly over the {plan.lanes_per_stage} encoder pipelines of one LLM rank, "
+            f"the microbatches dealt to the {plan.pipelines // plan.lanes_per_stage} ranks in turn")
 
 
 def _spread_words(head: int, tail: int) -> str:

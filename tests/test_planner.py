@@ -580,7 +580,7 @@ def test_the_refill_deals_dual_2s_microbatches_to_the_llm_ranks():
     # each microbatch's 16 images, 8 on each pipeline of one of the 8 LLM ranks: pieces of 8
     assert all(p[2 * (j % 8):2 * (j % 8) + 2] == (8, 8) for j, p in enumerate(best.layout))
     # shorter than the program's share-out by either weight (3,072.52 ms; by rank 3,055.56 ms), each
-    # scheduled by the holes filler: the share-out's rounding leaves one- to three-image pieces, each
+    # scheduled by the holes filler: the share-out's rounding leaves 24 pieces of one to three images, each
     # paying a piece's fixed costs (a one-image piece's backward 28.4 ms, 17.7 per image in a piece of 16)
     program = min(pybubble.schedule_problem(refill.share_out(space, w)[1], "holes").step_time
                   for w in refill._weights(space))

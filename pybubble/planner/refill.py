@@ -26,6 +26,21 @@ holes filler, replaces the plan's when shorter and within memory. The search als
 the one-stage plan of the lowest bound when it is not among its best (weak_a: its whole microbatches
 ran 1,493 ms against the best plan's 1,393; its shaped layout 1,387).
 
+**By rank.** The program counts a piece's work linear in its images; rounded to whole images, its
+share-out leaves pieces of one to three images (dual_2: 24 of its 57 pieces, 17 of one), and each pays a
+piece's fixed costs (weights read per kernel, a kernel's overhead): a ViT-22B + ViT-5B piece of one
+256-token image takes 28.4 ms of backward, 17.7 ms per image in a piece of 16. The *by-rank* layout
+(:func:`by_rank`) splits each microbatch's images evenly over the pipelines of one LLM rank (its
+``lanes_per_stage`` lanes), the microbatches dealt to the ranks in turn: pieces of
+``images / lanes_per_stage``, every lane the same work, each rank one microbatch in every R. It is
+the layout of the CP-SAT optimum on ``bench/plan_gap.py``'s dual instance with two images per
+microbatch (each microbatch's two images on the two lanes of one rank; ``--every-layout``). The
+shaped job at weight 1 builds it too and schedules it where its layout bound, microbatches in order,
+is below the share-out's; the shorter schedule is kept. dual_2: 3,033.85 against 3,046.66 ms, its
+step 3,072.52 -> 3,055.56 ms (and to 3,053.14 by the polish, which its fewer tasks leave room for);
+dual_3 3,111.76 -> 3,103.08; on dual_1 and weak_b it is scheduled and longer, on the other settings
+its bound is above the share-out's.
+
 **Link-busy windows.** Where the encoder has collectives (TP_enc > 1), a compute-free window in
 which the link is busy all through (:func:`link_busy`: the LLM's TP collectives) takes a chain's
 kernels only up to its next collective, which waits for the link, so a piece crawls through such
@@ -90,7 +105,7 @@ def by_rank(space: PlanSpace) -> list[int | tuple[int, ...]] | None:
     evenly over the pipelines of LLM rank ``j mod R`` (the plan's ``lanes_per_stage`` pipelines on
     each of its R ranks; the remainder to the rank's last pipelines), whole on one pipeline where it
     holds one image; None for a plan of more than one encoder stage or of one lane per rank, or for
-    encoders with different image counts."""
+    encoders with different image counts (as :func:`share_out`)."""
     plan, images = space.plan, set(space.work.images)
     k = plan.lanes_per_stage
     if plan.pp_enc != 1 or k < 2 or len(images) != 1:
@@ -205,8 +220,8 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
     open_ = [i for i, c in enumerate(cands) if c.bound is None or c.step_time > c.bound.step_time]
     one_stage = [i for i in open_ if cands[i].plan.pp_enc == 1] if shape else []
     shaped = {one_stage[0], min(one_stage, key=lambda i: _bound(cands[i]))} if one_stage else set()
-    jobs = [job for i in open_ for job in [(i, "holes", 1.0)] + ([(i, "shaped", w) for w in _weights(space_of(cands[i]))]
-                                                                 + [(i, "by_rank", 1.0)] if i in shaped else [])]
+    jobs = [job for i in open_ for job in [(i, "holes", 1.0)] + [(i, "shaped", w) for w in
+                                                                 (_weights(space_of(cands[i])) if i in shaped else ())]]
 
     def run(job: tuple[int, str, float]) -> Candidate | None:
         i, kind, busy = job
@@ -215,15 +230,13 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
             holes = schedule_problem(cand.problem, "holes")
             return replace(cand, schedule=holes, policy="holes", replaced_step=cand.step_time) \
                 if holes.step_time < cand.step_time else None
-        space = space_of(cand)
-        found = share_out(space, busy) if kind == "shaped" else by_rank(space)
-        layout = found[0] if kind == "shaped" and found is not None else found
-        memory = None if layout is None else space.layout_memory(layout)
-        if memory is None or memory > space.memory_limit:
-            return None
-        made = space.layout_candidate(layout, (0, 0), memory, policy="holes",
-                                      problem=found[1] if kind == "shaped" else None)
-        return replace(made, shaped=True, by_rank=kind == "by_rank")
+        space, made = space_of(cand), []
+        for layout, problem, dealt in _shaped_layouts(space, busy):
+            memory = space.layout_memory(layout)
+            if memory <= space.memory_limit:
+                made.append(replace(space.layout_candidate(layout, (0, 0), memory, policy="holes", problem=problem),
+                                    shaped=True, by_rank=dealt))
+        return min(made, key=lambda c: c.step_time, default=None)
 
     if workers > 1 and len(jobs) > 1:
         # the longest first (the shaped layouts: a program, layouts and a schedule; then the largest
@@ -244,6 +257,22 @@ def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace],
             out[i] = replace(got, replaced_step=own[i])
     return out
 
+
+
+def _shaped_layouts(space: PlanSpace, busy: float) -> list[tuple[list[int | tuple[int, ...]], Problem, bool]]:
+    """The shaped layouts of `space`'s plan to schedule, each with its problem and whether it is the
+    by-rank layout: the share-out with the link-busy windows weighted by `busy`, and at weight 1 the
+    by-rank layout too where its layout bound under microbatches in order is below the share-out's
+    (see the module docstring)."""
+    found = share_out(space, busy)
+    out = [] if found is None else [(*found, False)]
+    dealt = by_rank(space) if busy == 1.0 else None
+    if dealt is not None:
+        problem = space.bubbles.with_tasks(space.work.layout_tasks(dealt))
+        order = np.arange(problem.num_microbatches)
+        if not out or layout_bound(problem, order).step_time < layout_bound(out[0][1], order).step_time:
+            out.append((dealt, problem, True))
+    return out
 
 
 def _weights(space: PlanSpace) -> tuple[float, ...]:

@@ -26,9 +26,10 @@ its problem once; counted as if the moves ran one by one, so the result is the s
 of workers), and only where that budget holds :data:`POLISH_MIN_MOVES` moves at least: on larger
 problems a few moves cost more than they find. Of the Optimus settings it runs on weak_a and weak_b
 (67,000-71,000 tasks): weak_a 1,387.32 -> 1,382.50 ms (2.34% -> 1.98% over its bound; 10 moves,
-7 kept), weak_b 1,501.25 -> 1,500.30. dual_2 and dual_3 (220,000-260,000 tasks: 3-4 moves in the
-budget) are left as found: their first four moves shorten them by 0.31% and 0.16% for about 0.1 s
-of planning.
+7 kept), weak_b 1,501.25 -> 1,500.30. On dual_2 and dual_3 the by-rank layout
+(:func:`~pybubble.planner.refill.by_rank`, 123,000 tasks) holds 8 moves: dual_2 3,055.56 -> 3,053.14
+ms (1 kept of 10 scheduled), dual_3 none of 4 kept. Their share-outs (220,000-260,000 tasks: 3-4
+moves) were past the budget.
 """
 
 from __future__ import annotations

@@ -354,12 +354,23 @@ where pybubble's step is 79.79 ms: there the gap is the plan's, not the bound's 
 on its link, and the filler lets one chain's collective wait for the other's where CP-SAT staggers
 them; on dual_2 itself the lanes' tails after the LLM differ by up to 49 ms, 103.7-152.6 ms, each
 lane's compute busy 96-100% of its own tail: what would close it is work moved between lanes).
+With two images of 2048 tokens per microbatch instead, split over the pipelines as the settings'
+layouts split theirs (dual_2's 16 images per microbatch over 16 pipelines), the dual shape's optimum
+over every layout of every plan is 73.86 ms, 2.12% above the plans' bound of 72.34 ms (optimal: 4
+CP-SAT solves, every other order's layout bound above it), and CP-SAT proves no schedule within 2% of
+that bound (`--within 0.02`: one order's layout bound below it, none within): in that shape, as in
+weak_b's, the bound itself leaves more than 2%. The optimum's layout splits each microbatch's two
+images over the two lanes of one LLM rank, the ranks in the order 0, 1, 1, 0; the re-fill's by-rank
+layout does the same in the order 0, 1, 0, 1 (pybubble's step there 76.00 -> 75.29 ms, 1.93% above
+the optimum; the holes filler on the optimum's own layout 74.58 ms).
 Asked whether any schedule of any layout comes within 2% of the plans' bound (`python
 bench/plan_gap.py --every-layout --within 0.02`, bench/results/plan_gap_within.txt), CP-SAT proves
 there is none in weak_a's and weak_b's shape with 2 and 3 encoder layers, whether a microbatch holds
 one image of 4096 tokens or two of 2048 (5, 4, 45 and 11 orders asked): in that shape the bound
-itself leaves more than 2%. In the dual shape with 3 layers it is not settled (one order unknown
-after 3,000 units; the best schedule found is 2.09% over the bound, pybubble's 10.4%). The minimum over every layout of the
+itself leaves more than 2%; and in the dual shape with two images of 2048 tokens and 2 layers (above).
+In the dual shape with 3 layers it is not settled, with one image per microbatch or two (one order
+unknown after 3,000 units each; with one image the best schedule found is 2.09% over the bound,
+pybubble's 10.4%). The minimum over every layout of the
 layout bound (a mixed-integer program over each microbatch's images per pipeline, prototyped and not
 shipped) cannot close weak_a: HiGHS found a layout of its PP_enc 1 TP_enc 4 plan whose layout bound,
 microbatches fed in order, is 1,363.85 ms, below the 1,365.3 ms that 2% needs
@@ -394,12 +405,22 @@ ms (1.83% over the bound) after 717 schedules (about 12 s). weak_a came within 2
 polish (docs/planner.md, "Polish"): single images moved off the pipeline whose lanes end last (or
 start first) onto the three that end first (or start last), each move scheduled under the one holes
 order that gave the layout's schedule, kept when shorter, until the step is within 2% of the bound
-(1,387.32 -> 1,382.50 ms after 10 moves, 7 kept; weak_b 1,501.25 -> 1,500.30). On dual_2 and
-dual_3 (220,000-260,000 tasks, 3-4 moves in its budget) it is not run: their first four moves
-shorten them by 0.31% and 0.16% only, and cost about 0.1 s of planning each. Moves of the same kind,
-from the two pipelines that end last or start first, up to 60 of them (two prototypes), stop at
-1,498.93-1,500.83 ms on weak_b, 3,056.45-3,056.95 on dual_2 and 3,103.76-3,106.78 on dual_3, all
-still above 2%: single images moved do not close them."""
+(1,387.32 -> 1,382.50 ms after 10 moves, 7 kept; weak_b 1,501.25 -> 1,500.30). Moves of the same
+kind, from the two pipelines that end last or start first, up to 60 of them (two prototypes), stopped
+at 1,498.93-1,500.83 ms on weak_b, 3,056.45-3,056.95 on dual_2 and 3,103.76-3,106.78 on dual_3 (their
+share-outs then), all still above 2%: single images moved do not close them. dual_2 and dual_3 came
+to 2.45% (from 3.10% and 2.74%) by the re-fill's by-rank layout (docs/planner.md, "Re-fill"): the
+share-out program counts a piece's work linear in its images, and its rounding left dual_2 24 pieces
+of one to three images (of 57), each paying a piece's fixed costs (a ViT-22B + ViT-5B piece of one
+256-token image: 28.4 ms of backward, 17.7 ms per image in a piece of 16); each microbatch's 16 images
+split 8 and 8 over the two pipelines of one LLM rank, the microbatches dealt to the 8 ranks in turn,
+have a lower layout bound (3,033.85 against 3,046.66 ms) and a shorter schedule (dual_2 3,072.52 ->
+3,055.56 ms, then 3,053.14 by the polish, 1 of 10 moves kept, which the layout's 123,000 tasks now
+leave room for; dual_3 3,111.76 -> 3,103.08, none of 4 moves kept). Their share-outs (220,000-260,000
+tasks) had been past the polish's budget. What is left is that layout's: its bound, microbatches in
+order, is 1.8% over the plans' bound on dual_2, and its schedule 0.6% over it. A local search of
+single-image moves against that bound (a prototype) lowers it to 3,028.01 ms and the step to 3,050.98
+(2.38%)."""
 
 CALIBRATION_TEXT = """\
 One published step time pins one factor, so the fit solves for `compute_factor` (the achieved

@@ -409,16 +409,15 @@ order that gave the layout's schedule, kept when shorter, until the step is with
 kind, from the two pipelines that end last or start first, up to 60 of them (two prototypes), stopped
 at 1,498.93-1,500.83 ms on weak_b, 3,056.45-3,056.95 on dual_2 and 3,103.76-3,106.78 on dual_3 (their
 share-outs then), all still above 2%: single images moved do not close them. dual_2 and dual_3 came
-to 2.45% (from 3.10% and 2.74%) by the re-fill's by-rank layout (docs/planner.md, "Re-fill"): the
+to 2.53% and 2.45% (from 3.10% and 2.74%) by the re-fill's by-rank layout (docs/planner.md, "Re-fill"): the
 share-out program counts a piece's work linear in its images, and its rounding left dual_2 24 pieces
 of one to three images (of 57), each paying a piece's fixed costs (a ViT-22B + ViT-5B piece of one
 256-token image: 28.4 ms of backward, 17.7 ms per image in a piece of 16); each microbatch's 16 images
 split 8 and 8 over the two pipelines of one LLM rank, the microbatches dealt to the 8 ranks in turn,
 have a lower layout bound (3,033.85 against 3,046.66 ms) and a shorter schedule (dual_2 3,072.52 ->
-3,055.56 ms, then 3,053.14 by the polish, 1 of 10 moves kept, which the layout's 123,000 tasks now
-leave room for; dual_3 3,111.76 -> 3,103.08, none of 4 moves kept). Their share-outs (220,000-260,000
-tasks) had been past the polish's budget. What is left is that layout's: its bound, microbatches in
-order, is 1.8% over the plans' bound on dual_2, and its schedule 0.6% over it. A local search of
+3,055.56 ms; dual_3 3,111.76 -> 3,103.08). The polish leaves it as found: on dual_2 its moves
+bought 2.4 ms (1 of 10 kept) for 0.15 s of planning. What is left is that layout's: its bound, microbatches in
+order, is 1.8% over the plans' bound on dual_2, and its schedule 0.7% over it. A local search of
 single-image moves against that bound (a prototype) lowers it to 3,028.01 ms and the step to 3,050.98
 (2.38%)."""
 

@@ -1,6 +1,7 @@
 """The planner: the LLM step of a config, the encoder's problems in its bubbles, the partition
 search with its bounds and memory pruning, checked against brute force on small configs."""
 
+import dataclasses
 import math
 import re
 
@@ -538,10 +539,14 @@ def test_the_polish_leaves_plans_within_the_gap_and_problems_past_its_budget_as_
     # weak_a with a budget of 3 moves: the polish does not start
     monkeypatch.setattr(polish, "POLISH_TASKS", 3 * 71_098)
     assert planner.search(_optimus_step("weak_a")).best.moved == 0
-    # dual_2's by-rank layout (122,992 tasks) holds 8 moves in the shipped budget, not in 7 moves' worth
-    monkeypatch.setattr(polish, "POLISH_TASKS", 7 * 122_992)
+    # dual_2's by-rank layout: 8 moves in the budget and 2.5% over its bound, but not the program's
+    monkeypatch.undo()
     dual_2 = planner.search(_optimus_step("dual_2"))
-    assert dual_2.best.by_rank and dual_2.best.moved == 0 and dual_2.best.step_time > 1.02 * dual_2.bound.step_time
+    best = dual_2.best
+    assert best.by_rank and best.moved == 0 and best.step_time > 1.02 * dual_2.bound.step_time
+    assert polish.POLISH_MIN_MOVES * best.problem.num_tasks <= polish.POLISH_TASKS and not polish.polish_runs(
+        best, dual_2.bound.step_time)
+    assert polish.polish_runs(dataclasses.replace(best, by_rank=False), dual_2.bound.step_time)
 
 
 def test_by_rank_deals_each_microbatch_to_the_lanes_of_one_llm_rank():

@@ -37,8 +37,8 @@ the layout of the CP-SAT optimum on ``bench/plan_gap.py``'s dual instance with t
 microbatch (each microbatch's two images on the two lanes of one rank; ``--every-layout``). The
 shaped job at weight 1 builds it too and schedules it where its layout bound, microbatches in order,
 is below the share-out's; the shorter schedule is kept. dual_2: 3,033.85 against 3,046.66 ms, its
-step 3,072.52 -> 3,055.56 ms (and to 3,053.14 by the polish, which its fewer tasks leave room for);
-dual_3 3,111.76 -> 3,103.08; on dual_1 and weak_b it is scheduled and longer, on the other settings
+step 3,072.52 -> 3,055.56 ms; dual_3 3,111.76 -> 3,103.08 (the polish leaves it as found:
+:mod:`~pybubble.planner.polish`); on dual_1 and weak_b it is scheduled and longer, on the other settings
 its bound is above the share-out's.
 
 **Link-busy windows.** Where the encoder has collectives (TP_enc > 1), a compute-free window in

@@ -594,12 +594,19 @@ def test_the_refill_deals_dual_2s_microbatches_to_the_llm_ranks():
     assert pybubble.validate(best.problem, best.schedule) == [] and best.memory_bytes <= step.config.memory_gb * GB
     words = report.describe(best)
     assert "split evenly over the 2 encoder pipelines of one LLM rank" in words and "8 ranks in turn" in words
-    # scheduled where its layout bound (3,033.85 ms) is below the share-out's (3,046.66), at weight 1
-    assert [dealt for *_, dealt in refill._shaped_layouts(space, 1.0)] == [False, True]
-    assert [dealt for *_, dealt in refill._shaped_layouts(space, refill.BUSY_WEIGHT)] == [False]
+    # scheduled where its layout bound (3,033.85 ms) is below the share-out's (3,046.66)
+    shaped = refill.share_out(space)
+    assert not refill._within_gap(program, space)
+    assert refill._by_rank_below(space, shaped[1])[0] == best.layout
     a100 = _optimus_step("a100_vit3b_gpt11b")  # TP_enc 1 on TP-2 ranks: its bound 2,095.01 against 2,076.66
     one = PlanSpace(a100, next(p for p in encoder_plans(a100.config) if (p.pp_enc, p.tp_enc) == (1, 1)))
-    assert refill.by_rank(one) is not None and [dealt for *_, dealt in refill._shaped_layouts(one, 1.0)] == [False]
+    shaped = refill.share_out(one)
+    assert refill.by_rank(one) is not None and refill._by_rank_below(one, shaped[1]) is None
+    # and not even built there: the share-out's step (2,095.81 ms) is within 2% of the plan's bound
+    # tightened by whole images (2,055.57), not of its fluid bound
+    step_time = pybubble.schedule_problem(shaped[1], "holes").step_time
+    assert 1.02 * one.step_bound.step_time < step_time <= 1.02 * one.whole_image_bound().step_time
+    assert refill._within_gap(step_time, one)
 
 
 def test_polish_budget_bench_restores_the_budget_and_closes_weak_a(bench_script, monkeypatch, capsys):

@@ -89,6 +89,7 @@ class PlanSpace:
         self.states_fit = self.memory([0] * plan.pipelines) <= self.memory_limit
         """Whether the LLM and the encoders' model states fit (no activations held)."""
         self._bubbles: Problem | None = None
+        self._whole: StepBound | None = None  # whole_image_bound() on this space's own step, once known
 
     @property
     def bubbles(self) -> Problem:
@@ -111,7 +112,11 @@ class PlanSpace:
         stages, by each stage waiting for the ones after it (:func:`~pybubble.planner.stage_waits.staged_bound`);
         or, with `on` (another LLM step, a warm-up depth, and this plan's bound there), that bound
         tightened. Costs a piece's tasks per image count, once per work (and once more per
-        short-window length): the search asks it of the least bounds only."""
+        short-window length; on this space's own step, the bound once): the search asks it of the least
+        bounds only, and the re-fill of a plan whose shaped layout may be within its gap
+        (:mod:`~pybubble.planner.refill`)."""
+        if on is None and self._whole is not None:
+            return self._whole
         if not self._pieces:
             tasks = image_piece_tasks(self.work)
             costs = None if tasks is None else piece_costs(self.work, tasks)
@@ -139,6 +144,8 @@ class PlanSpace:
             got = staged_bound(got, self.load, stage_chains(self.work, theta), ranks,
                                ranks if theta is None else long_windows(ranks, theta), need, ready,
                                self.step.config.llm_plan.tp)
+        if on is None:
+            self._whole = got
         return got
 
     def plan_bound(self, microbatches: int) -> float:

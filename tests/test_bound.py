@@ -95,14 +95,22 @@ def spaces(bench_script):
     out = []
     # and bench/plan_gap.py's instance of the A100 setting's shape: 16 images per microbatch, whose
     # whole images tighten the bound of the plans of one encoder stage
-    for cfg in (SMALL, bench_script("plan_gap").instance("a100")):
+    # and its dual instance: two encoders of 8 images each per sample, split alike
+    for cfg in (SMALL, bench_script("plan_gap").instance("a100"), bench_script("plan_gap").instance("dual")):
         step = LLMStep.of(load_config(cfg))
         out += [PlanSpace(step, p, step.encoder_windows(p.lanes_per_stage)) for p in planner.encoder_plans(step.config)]
     return out
 
 
+def test_whole_images_tighten_the_one_stage_plans_of_the_dual_shape(spaces):
+    dual = [s for s in spaces if len(s.work.images) == 2 and s.plan.pp_enc == 1]
+    assert dual and all(tuple(s.work.images) == (16, 16) for s in dual)  # 8 images a sample, 2 samples, each encoder
+    # a piece holds k images of both encoders (a layout splits them alike), its fixed costs paid per piece
+    assert all(s.whole_image_bound().step_time > s.step_bound.step_time for s in dual)
+
+
 def test_whole_images_tighten_the_one_stage_plans_of_the_a100_shape(spaces):
-    a100 = [s for s in spaces if s.step.config.llm_plan.vpp == 2]
+    a100 = [s for s in spaces if s.step.config.llm_plan.vpp == 2 and s.step.config.llm_plan.tp == 2]
     tighter = {(s.plan.pp_enc, s.plan.tp_enc) for s in a100 if s.whole_image_bound().step_time > s.step_bound.step_time}
     # PP_enc 1: 16 images over 2 or 4 pipelines, a piece's fixed costs paid per piece; PP_enc 2: the
     # LLM's TP gaps (88.9 us) too short for its long kernels, and each stage waiting for the next
@@ -387,13 +395,10 @@ def staged_spaces(bench_script):
 def test_the_stages_waits_never_lift_the_bound_above_a_schedule(staged_spaces, data):
     space = data.draw(st.sampled_from(staged_spaces))
     m, total = space.plan.pipelines, space.step.config.microbatches
-    if len(space.work.images) == 1:
-        n = space.work.images[0]
-        drawn = [np.bincount(data.draw(st.lists(st.integers(0, m - 1), min_size=n, max_size=n)), minlength=m)
-                 for _ in range(total)]
-        layout = [int(np.argmax(c)) if c.max() == n else tuple(int(x) for x in c) for c in drawn]
-    else:  # several encoders: whole microbatches
-        layout = data.draw(st.lists(st.integers(0, m - 1), min_size=total, max_size=total))
+    n = space.work.images[0]  # with two encoders, as many images of each: split alike
+    drawn = [np.bincount(data.draw(st.lists(st.integers(0, m - 1), min_size=n, max_size=n)), minlength=m)
+             for _ in range(total)]
+    layout = [int(np.argmax(c)) if c.max() == n else tuple(int(x) for x in c) for c in drawn]
     bound = space.whole_image_bound()
     assert bound.step_time >= space.step_bound.step_time
     for policy in ("greedy", "holes"):

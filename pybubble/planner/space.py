@@ -107,8 +107,8 @@ class PlanSpace:
 
     def whole_image_bound(self, on: tuple[LLMStep, StepBound] | None = None) -> StepBound:
         """:attr:`step_bound` tightened by whole images lane by lane (:func:`~pybubble.planner.bound.whole_image_bound`,
-        one encoder), then by the windows too short for the encoder's long kernels
-        (:func:`~pybubble.planner.short_windows.short_window_bound`), then, with several encoder
+        one encoder or several of as many images each), then, with one encoder, by the windows too
+        short for its long kernels (:func:`~pybubble.planner.short_windows.short_window_bound`), then, with several encoder
         stages, by each stage waiting for the ones after it (:func:`~pybubble.planner.stage_waits.staged_bound`);
         or, with `on` (another LLM step, a warm-up depth, and this plan's bound there), that bound
         tightened. Costs a piece's tasks per image count, once per work (and once more per
@@ -135,7 +135,7 @@ class PlanSpace:
             lanes = [np.array([self.plan.lane(i, e) for i in range(self.plan.pipelines)])
                      for e in range(self.plan.pp_enc)]
             got = whole_image_bound(got, least, self.work.images[0], windows, need, ready, lanes)
-            if theta is not None:
+            if theta is not None and len(self.work.images) == 1:  # piece_runs: one encoder's spine
                 if theta not in runs:
                     runs[theta] = piece_runs(self.work, theta, tasks)
                 got = short_window_bound(got, costs, runs[theta], theta, windows, need, ready, lanes)

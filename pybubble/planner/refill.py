@@ -217,7 +217,8 @@ def link_busy(compute: Windows, link: Windows) -> np.ndarray:
 def refilled(cands: list[Candidate], space_of: Callable[[Candidate], PlanSpace], workers: int,
              shape: bool = True) -> list[Candidate]:
     """Each of `cands` re-filled (see the module docstring), in the same order; `space_of(c)` is
-    c's plan on c's LLM step. `shape`: try the shaped layout of the first candidate of one encoder
+    c's plan on c's LLM step. `shape`: try the shaped layouts (the share-out at each weight and, at
+    weight 1, the by-rank layout: see the module docstring) of the first candidate of one encoder
     stage and of the one with the lowest plan bound (False: whole microbatches stay whole). The
     holes schedules and the shaped layouts are separate jobs on `workers` threads."""
     open_ = [i for i, c in enumerate(cands) if c.bound is None or c.step_time > c.bound.step_time]

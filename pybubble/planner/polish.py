@@ -44,7 +44,7 @@ import numpy as np
 from ..problem.problem import Problem
 from ..schedule.scheduler import HOLES_ORDERS, Schedule, schedule_problem
 from .candidate import Candidate
-from .space import PlanSpace
+from .space import PlanSpace, layout_entry
 
 POLISH_GAP = 0.02
 """The polish runs where the best step is more than this fraction over the search's lower bound,
@@ -118,7 +118,7 @@ class _Walk:
         """`share` (the walk's own by default) as a layout: the pipeline of a whole microbatch, else
         the images per pipeline."""
         rows = self.share if share is None else share
-        return [int(np.flatnonzero(r)[0]) if np.count_nonzero(r) == 1 else tuple(int(x) for x in r) for r in rows]
+        return [layout_entry(r) for r in rows]
 
     def run(self, target: float) -> None:
         """Both phases in turn until neither keeps a move, the step is at `target` or below, or the

@@ -70,7 +70,7 @@ from ..schedule.scheduler import schedule_problem
 from .bound import layout_bound
 from .candidate import Candidate
 from .polish import POLISH_GAP
-from .space import PlanSpace
+from .space import PlanSpace, layout_entry
 
 REFILL = 3
 """How many of the search's best plans are re-filled (see the module docstring)."""
@@ -106,21 +106,19 @@ def share_out(space: PlanSpace, busy: float = 1.0) -> tuple[list[int | tuple[int
 def by_rank(space: PlanSpace) -> list[int | tuple[int, ...]] | None:
     """The by-rank layout of `space`'s plan (see the module docstring): microbatch j's images split
     evenly over the pipelines of LLM rank ``j mod R`` (the plan's ``lanes_per_stage`` pipelines on
-    each of its R ranks; the remainder to the rank's last pipelines), whole on one pipeline where it
-    holds one image; None for a plan of more than one encoder stage or of one lane per rank, or for
+    each of its R ranks; the remainder to the rank's last pipelines, as
+    :meth:`EncoderWork.split_images` splits a share), whole on one pipeline where it holds one image; None for a plan of more than one encoder stage or of one lane per rank, or for
     encoders with different image counts (as :func:`share_out`)."""
     plan, images = space.plan, set(space.work.images)
     k = plan.lanes_per_stage
     if plan.pp_enc != 1 or k < 2 or len(images) != 1:
         return None
-    n, ranks = images.pop(), plan.pipelines // k
-    per_lane = [n // k + (i >= k - n % k) for i in range(k)]  # the remainder to the last lanes
+    ranks = plan.pipelines // k
     layout: list[int | tuple[int, ...]] = []
     for j in range(space.step.config.microbatches):
-        counts = [0] * plan.pipelines
-        counts[(j % ranks) * k:(j % ranks + 1) * k] = per_lane
-        held = np.flatnonzero(counts)
-        layout.append(int(held[0]) if len(held) == 1 else tuple(counts))
+        share = [0] * plan.pipelines
+        share[(j % ranks) * k:(j % ranks + 1) * k] = [1] * k
+        layout.append(layout_entry([held[0] for held in space.work.split_images(share)]))
     return layout
 
 
@@ -138,8 +136,7 @@ def rounded(share: np.ndarray, n: int, cumulative: bool = False) -> list[int | t
         got = np.floor(want + 1e-9).astype(np.int64)
         got[np.argsort(-(want - got), kind="stable")[:n - int(got.sum())]] += 1  # largest remainder
         taken = taken + got
-        held = np.nonzero(got)[0]
-        layout.append(int(held[0]) if len(held) == 1 else tuple(int(g) for g in got))
+        layout.append(layout_entry(got))
     return layout
 
 

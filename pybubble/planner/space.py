@@ -287,6 +287,13 @@ class PlanSpace:
 
 
 
+def layout_entry(counts: Sequence[int]) -> int | tuple[int, ...]:
+    """One microbatch's entry of a layout (:meth:`EncoderWork.layout_tasks`) from its images per
+    pipeline `counts`: the pipeline that holds them all, else the counts."""
+    held = np.flatnonzero(counts)
+    return int(held[0]) if len(held) == 1 else tuple(int(c) for c in counts)
+
+
 def _share_of(room: np.ndarray) -> tuple[int, ...]:
     """Whole weights in proportion to each pipeline's free time `room` (negative counts as none;
     all alike when no pipeline has any)."""
@@ -307,4 +314,4 @@ def without_prefetch(cand: Candidate) -> Candidate:
     return space.candidate(cand.partition)
 
 
-__all__ = ["SHARE_STEPS", "PlanSpace", "edge_windows", "without_prefetch"]
+__all__ = ["SHARE_STEPS", "PlanSpace", "edge_windows", "layout_entry", "without_prefetch"]

@@ -8,7 +8,9 @@ from hypothesis import strategies as st
 
 import pybubble
 from pybubble.problem.generated import random_problem, synthetic
+from pybubble.schedule.scheduler import justified
 from pybubble.testing.holes import ORDERS, Holes, orders, reference_holes
+from pybubble.testing.justify import reference_justified
 from pybubble.testing.reference import reference_schedule
 
 random_problems = st.builds(
@@ -281,3 +283,67 @@ def test_holes_by_pieces_wins_where_a_microbatchs_pieces_would_wait_for_one_anot
     assert sched.step_time == steps[-1] and pybubble.validate(problem, sched) == []
     assert sched.start.tolist() == reference_holes(problem).start.tolist()
     assert ORDERS[4] not in orders(random_problem(7, lanes=3, microbatches=3))
+
+
+@given(problems, st.sampled_from(["greedy", "coarse", "holes"]))
+@settings(max_examples=150)
+def test_justified_is_valid_never_longer_and_equals_its_reference(problem, policy):
+    sched = pybubble.schedule_problem(problem, policy)
+    got = justified(problem, sched)
+    assert pybubble.validate(problem, got) == []
+    assert got.step_time <= sched.step_time
+    assert got.shift_front <= sched.shift_front and got.shift_back <= sched.shift_back  # each phase on its own end
+    np.testing.assert_array_equal(got.assignment, sched.assignment)
+    ref = reference_justified(problem, sched)
+    np.testing.assert_array_equal(got.start, ref.start)
+    assert (got.step_time, got.shift_front, got.shift_back) == (ref.step_time, ref.shift_front, ref.shift_back)
+
+
+def _chains(chains, phase):
+    """One lane, no free time inside the step (horizon 10), a microbatch per chain of (duration,
+    resource), needed at 0 (forward) or ready at the horizon (backward)."""
+    tasks, i = [], 0
+    for j, chain in enumerate(chains):
+        for c, (d, res) in enumerate(chain):
+            tasks.append({"id": i, "lane": 0, "duration": d, "resource": res, "phase": phase, "microbatch": j,
+                          "after": [i - 1] if c else []})
+            i += 1
+    return pybubble.load_problem({"format": "pybubble.problem/1", "horizon": 10.0,
+                                  "lanes": [{"name": "l", "compute_free": [], "link_free": []}],
+                                  "microbatches": [{"forward_needed": 0.0, "grad_ready": 10.0}] * len(chains),
+                                  "tasks": tasks})
+
+
+def test_justified_packs_a_short_chain_into_a_long_ones_collectives():
+    # a long chain (kernel 3 -> collective 1, four times) and a short one (kernel 1 -> collective 1,
+    # three times) before the step: the greedy runs one after the other (31), the holes filler's
+    # interleaved order lets the short chain's kernels take times the long one then waits for (27,
+    # its other orders 31). Justified, every kernel of the short chain runs in the long one's
+    # collectives: 26, the horizon and the long chain's path (16), the least any schedule reaches.
+    long_, short = [(3.0, "compute"), (1.0, "comm")] * 4, [(1.0, "compute"), (1.0, "comm")] * 3
+    problem = _chains([long_, short], "fwd")
+    assert [Holes(problem).run(*order).step_time for order in ORDERS[:4]] == [31.0, 31.0, 31.0, 27.0]
+    for policy, before in (("greedy", 31.0), ("holes", 27.0)):
+        sched = pybubble.schedule_problem(problem, policy)
+        got = justified(problem, sched)
+        assert (sched.step_time, got.step_time) == (before, 26.0) and pybubble.validate(problem, got) == []
+        assert got.start.tolist() == reference_justified(problem, sched).start.tolist()
+    # after the step the greedy's backward of the same chains (31) closes the same way
+    backward = _chains([long_, short], "bwd")
+    sched = pybubble.schedule_problem(backward)
+    assert (sched.step_time, justified(backward, sched).step_time) == (31.0, 26.0)
+
+
+def test_justified_refuses_schedules_that_are_not_valid():
+    problem = _chains([[(3.0, "compute"), (1.0, "comm")]], "fwd")
+    sched = pybubble.schedule_problem(problem)
+    late = pybubble.Schedule(step_time=sched.step_time, shift_front=sched.shift_front, shift_back=sched.shift_back,
+                             start=sched.start + 1.0, assignment=sched.assignment)  # past forward_needed
+    with pytest.raises(ValueError, match="schedule: not valid for the problem: "):
+        justified(problem, late)
+    with pytest.raises(ValueError, match="schedule: not valid for the problem: "):
+        reference_justified(problem, late)
+    short = pybubble.Schedule(step_time=sched.step_time, shift_front=sched.shift_front, shift_back=sched.shift_back,
+                              start=sched.start[:1], assignment=sched.assignment)
+    with pytest.raises(ValueError, match="start"):
+        justified(problem, short)

@@ -151,6 +151,27 @@ void FreeIntervals::take(int32_t k, int64_t i, double start, double d) {
   }
 }
 
+void FreeIntervals::occupy(int32_t k, double start, double d) {
+  if (!(d > 0.0)) return;
+  const double end = start + d;
+  int64_t lo = 0, hi = count_[static_cast<size_t>(k)];  // the first interval starting after `start`
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (this->start(k, mid) <= start) lo = mid + 1;
+    else hi = mid;
+  }
+  for (int64_t i = std::max<int64_t>(lo - 1, 0); i < count_[static_cast<size_t>(k)] && this->start(k, i) < end;) {
+    const double a = std::max(start, this->start(k, i)), b = std::min(end, this->end(k, i));
+    if (b > a) {
+      const int64_t before = count_[static_cast<size_t>(k)];
+      take(k, i, a, b - a);
+      i += 1 + count_[static_cast<size_t>(k)] - before;  // past what is left of interval i
+    } else {
+      ++i;
+    }
+  }
+}
+
 void FreeIntervals::undo(size_t mark) {
   while (log_.size() > mark) {
     const Change c = log_.back();

@@ -34,6 +34,10 @@ class FreeIntervals {
   /// Takes [start, start + d) out of interval i of key k (nothing when d is not > 0); the pieces
   /// left shorter than kSliver go.
   void take(int32_t k, int64_t i, double start, double d);
+  /// Takes [start, start + d) out of whatever intervals of key k it overlaps: a task placed before,
+  /// put back where it was. A place found in another order of takes can lie a rounding error past
+  /// its interval's end, which take() at a found start would not allow.
+  void occupy(int32_t k, double start, double d);
 
   /// Where the log stands: undo(mark()) later gives back everything taken since.
   size_t mark() const { return log_.size(); }

@@ -27,7 +27,8 @@ struct Ready {
 };
 }  // namespace
 
-void Scheduler::place_holes(bool fixed_assignment) {
+// The holes filler's state, made on its first use (a run of Policy::kHoles, or justify()).
+void Scheduler::make_free() {
   const size_t n = static_cast<size_t>(p_.num_tasks());
   if (!free_) {
     std::vector<int64_t> per_key(static_cast<size_t>(keys_), 0);
@@ -58,6 +59,10 @@ void Scheduler::place_holes(bool fixed_assignment) {
       }
     }
   }
+}
+
+void Scheduler::place_holes(bool fixed_assignment) {
+  make_free();
   double* const out = start_;
   start_ = alt_.data();
   double best = kInf, first = 0.0, last = 0.0;  // the shortest order's step and extremes

@@ -93,6 +93,14 @@ class Scheduler {
   const Schedule& run(Policy policy, const std::vector<double>* durations = nullptr, bool fixed_assignment = false,
                       unsigned orders = kAllOrders);
 
+  /// `schedule` (a valid schedule of the problem with its own durations, of any policy) justified
+  /// (justify.cc): each phase's tasks packed towards the end of the step away from the one it grows,
+  /// then back, each in turn by where the last pass put it, which closes the gaps a one-pass
+  /// placement leaves; a phase kept moved only where the step shrinks, so never longer. The result
+  /// stays valid until the next run. std::invalid_argument when `schedule` does not match the
+  /// problem's sizes or is not valid (the validator's first violation).
+  const Schedule& justify(const Schedule& schedule);
+
   /// The holes order (0..kHolesOrders - 1) that gave the last run's schedule; -1 after a run of
   /// another policy.
   int holes_order() const { return holes_order_; }
@@ -142,6 +150,13 @@ class Scheduler {
   void holes_outside(bool interleaved);
   void holes_place(int32_t t, int64_t w, double s);
   bool holes_drop(int32_t j, int ph, size_t mark);
+  void make_free();
+  // justify() (justify.cc): the passes on start_ and out_.assignment.
+  void justify_phases();
+  bool justify_forward();
+  bool justify_backward();
+  void phase_tasks(int ph);
+  void occupy_phase(int ph);
 
   const Problem& p_;
   const double* dur_ = nullptr;
@@ -167,7 +182,7 @@ class Scheduler {
   Buffer<int32_t> fwd_key_;
   Schedule out_;
   std::unique_ptr<FreeIntervals> free_;  // made on the first run of Policy::kHoles
-  Buffer<double> alt_;                   // kHoles: the starts of the order being tried
+  Buffer<double> alt_;                   // kHoles: the starts of the order being tried; justify: of its last pass
   std::vector<int64_t> alt_assignment_;
   std::vector<uint8_t> rest_;     // kHoles, interleaved: task not inside the step, placed after it
   std::vector<int32_t> waiting_;  // kHoles, interleaved: its neighbours of rest_ not yet placed
@@ -176,6 +191,9 @@ class Scheduler {
   unsigned orders_ = kAllOrders;  // kHoles: the orders run() was asked to try
   int holes_order_ = -1;          // kHoles: the order that gave the last schedule
   std::vector<uint8_t> skipped_;  // kHoles, by pieces: task left out of the step by its microbatch's probe
+  std::vector<int32_t> phase_;    // kHoles, justify: the tasks of one phase
+  Buffer<double> packed_;         // kHoles, justify: per task, its start in the first pass
+  Buffer<double> limit_;          // kHoles, justify: per task, the first start of a backward task after it
 };
 
 /// The floor the scheduler's speed is measured against: one pass over the tasks in id order, each

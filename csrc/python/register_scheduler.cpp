@@ -47,6 +47,24 @@ void register_scheduler(py::module_& m) {
           py::arg("policy") = "greedy", py::arg("durations") = py::none(), py::kw_only(),
           py::arg("fixed_assignment") = false, py::arg("orders") = static_cast<int64_t>(Scheduler::kAllOrders),
           "`orders`: the holes filler's orders to try, bit i for order i. Returns (start, assignment, step_time, shift_front, shift_back).")
+      .def(
+          "justify",
+          [](Scheduler& self, py::handle start, py::handle assignment, py::handle step_time, py::handle shift_front,
+             py::handle shift_back) {
+            pybubble::Schedule s;
+            s.start = read_array<double>(start, "start", {pybubble::kMaxTasks, "tasks"});
+            s.assignment = read_array<int64_t>(assignment, "assignment", {pybubble::kMaxMicrobatches, "microbatches"});
+            s.step_time = read_float(step_time, "step_time");
+            s.shift_front = read_float(shift_front, "shift_front");
+            s.shift_back = read_float(shift_back, "shift_back");
+            // Pure C++ over copied arrays: no Python object is touched.
+            const pybubble::Schedule& out = without_gil([&]() -> const pybubble::Schedule& { return self.justify(s); });
+            return as_tuple(out);
+          },
+          py::arg("start"), py::arg("assignment"), py::arg("step_time"), py::arg("shift_front"), py::arg("shift_back"),
+          "The schedule justified: each phase's tasks packed away from the end of the step it grows and back "
+          "(never longer). ValueError when it is not a valid schedule of the problem. Returns (start, assignment, "
+          "step_time, shift_front, shift_back).")
       .def_property_readonly("holes_order", &Scheduler::holes_order,
                              "The holes order (0-4) that gave the last run's schedule; -1 after another policy.");
   m.attr("HOLES_ORDERS") = Scheduler::kHolesOrders;

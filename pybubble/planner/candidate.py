@@ -101,6 +101,9 @@ class Candidate:
     """Images the search's polish moved between encoder pipelines (:mod:`~pybubble.planner.polish`)."""
     polished_from: float | None = None
     """The step before the polish's moves (us); None when it moved nothing."""
+    justified_from: float | None = None
+    """The step before the search justified its schedule (us: the best's, more than the polish's gap
+    over the bound: :func:`~pybubble.schedule.scheduler.justified`); None when it did not."""
 
     @property
     def step_time(self) -> float:

@@ -359,6 +359,10 @@ def features(found: Search) -> list[Feature]:
     elif best.policy == "holes" and not best.shaped:
         out.append(Feature(name="holes", uses="the holes filler (each kernel in any free interval left on its lane)",
                            step_without=best.replaced_step, without="the greedy filler's schedule of the same layout"))
+    if best.justified_from is not None:
+        out.append(Feature(name="justified", uses="its kernels packed towards the far end of the step and back, phase by "
+                                                  "phase (double justification)",
+                           step_without=best.justified_from, without="the same schedule before"))
     return out
 
 

@@ -108,6 +108,20 @@ def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignme
                                                        orders=mask))
 
 
+def justified(problem: Problem, schedule: Schedule) -> Schedule:
+    """`schedule` (a valid schedule of `problem`, of any policy) justified by the C++ core: each
+    phase's tasks packed towards the end of the step away from the one it grows (the forward from
+    its first start, the backward up to its last end), then back, each task in turn by where the last
+    pass put it, which closes the gaps a one-pass filler leaves between one chain's kernels and
+    another's collectives (docs/scheduler.md, "Justification"). A phase's move is kept only where
+    the step shrinks: never longer. ValueError when `schedule` is not a valid schedule of `problem`."""
+    if np.ndim(schedule.start) != 1 or np.ndim(schedule.assignment) != 1:
+        raise ValueError("start, assignment: expected one-dimensional arrays")
+    core = _core.Scheduler(problem.core)
+    return from_core(core.justify(schedule.start, schedule.assignment, schedule.step_time, schedule.shift_front,
+                                  schedule.shift_back))
+
+
 def holes_schedule(problem: Problem) -> tuple[Schedule, int]:
     """``schedule_problem(problem, "holes")`` and the order (0-4) that gave it."""
     core = _core.Scheduler(problem.core)
@@ -136,4 +150,5 @@ def _schedule(doc: Any) -> Schedule:
     )
 
 
-__all__ = ["HOLES_ORDERS", "SCHEDULE_FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "holes_schedule", "load_schedule", "schedule_problem"]
+__all__ = ["HOLES_ORDERS", "SCHEDULE_FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "holes_schedule", "justified",
+           "load_schedule", "schedule_problem"]

@@ -426,7 +426,17 @@ bought 2.4 ms (1 of 10 kept) for 0.15 s of planning. What is left is that layout
 order, is 1.53% over the plans' bound on dual_2 (dual_3: 3,077.96 ms, 1.57%), and its schedule 0.7%
 (0.8%) over it. A local search of single-image moves against that bound (a prototype) lowers it to
 3,028.01 ms and the step to 3,050.98 (2.10%); the order in which the microbatches are dealt to the
-ranks (snake, reversed, shifted) leaves the layout bound as it is and the step within 0.1%."""
+ranks (snake, reversed, shifted) leaves the layout bound as it is and the step within 0.1%. Most of
+that 0.7% is the filler's: on one lane a piece holds two encoders' chains (ViT-22B and the smaller
+ViT), and the holes filler's one pass leaves the big chain's kernels waiting for its collectives
+while the small chain's kernels took the time before (dual_2's 8-image forward piece before the
+step: 57.51 ms for 50.04 ms of kernels). The search now justifies its best where it is more than 2%
+over the bound (docs/scheduler.md, "Justification": each phase's kernels packed towards the far end
+of the step and back; that piece 51.13 ms): dual_2 3,055.56 -> 3,045.63 ms, 1.93% over its bound;
+dual_3 3,103.08 -> 3,097.56, 2.22%; weak_b 1,500.30 -> 1,492.31, 3.08%. dual_3's by-rank layout
+is left with a schedule 0.64% over its layout bound (3,077.96 ms) where 2% of the plans' bound
+needs 0.42%: its forward pieces (the second encoder twice dual_2's: 19.09 against 12.24 ms of
+kernels in 8 images) keep 5 ms of gaps after justification (62.12 ms for 56.90)."""
 
 CALIBRATION_TEXT = """\
 One published step time pins one factor, so the fit solves for `compute_factor` (the achieved

@@ -630,6 +630,16 @@ def test_the_search_justifies_its_best_where_it_is_more_than_2_percent_over_the_
     assert all(f.name != "justified" for f in report.features(a100))
 
 
+def test_justify_bench_prints_each_settings_step_before_and_after(bench_script, monkeypatch, capsys):
+    bench = bench_script("justify")
+    monkeypatch.setattr("sys.argv", ["justify.py", "--setting", "weak_b", "--repeats", "1"])
+    assert bench.main() == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("weak_b"))
+    before, after = (float(x.replace(",", "")) for x in re.search(r": ([\d,.]+) -> ([\d,.]+) ms", line).groups())
+    assert after < before and "search justified" in line and re.search(r"justify [\d.]+ ms, holes [\d.]+ ms", line)
+
+
 def test_polish_budget_bench_restores_the_budget_and_closes_weak_a(bench_script, monkeypatch, capsys):
     from pybubble.planner import polish
 

@@ -1,5 +1,8 @@
 #include "arrays.h"
 
+#include "pybubble/limits.h"
+#include "pybubble/scheduler.h"
+
 #include <cmath>
 #include <limits>
 
@@ -198,4 +201,15 @@ py::object read_attr(py::handle value, const char* attr, const std::string& name
     throw py::value_error(name + ": missing (" + describe(value) + " has no attribute '" + attr + "')");
   }
   return value.attr(attr);
+}
+
+pybubble::Schedule read_schedule(py::handle start, py::handle assignment, py::handle step_time, py::handle shift_front,
+                                 py::handle shift_back) {
+  pybubble::Schedule s;
+  s.start = read_array<double>(start, "start", {pybubble::kMaxTasks, "tasks"});
+  s.assignment = read_array<int64_t>(assignment, "assignment", {pybubble::kMaxMicrobatches, "microbatches"});
+  s.step_time = read_float(step_time, "step_time");
+  s.shift_front = read_float(shift_front, "shift_front");
+  s.shift_back = read_float(shift_back, "shift_back");
+  return s;
 }

@@ -103,6 +103,14 @@ T read_int(pybind11::handle value, const std::string& name) {
 /// a string, a complex number); otherwise a ValueError naming `name`.
 double read_float(pybind11::handle value, const std::string& name);
 
+namespace pybubble {
+struct Schedule;
+}  // namespace pybubble
+/// A pybubble.schedule/1 from its fields, each read as above (the starts and the assignment at most
+/// kMaxTasks and kMaxMicrobatches entries).
+pybubble::Schedule read_schedule(pybind11::handle start, pybind11::handle assignment, pybind11::handle step_time,
+                                 pybind11::handle shift_front, pybind11::handle shift_back);
+
 /// `value` as the C++ object of a class bound by pybind11 (e.g. a _core.Problem); ValueError naming
 /// `name` for anything else.
 template <typename T>

@@ -51,12 +51,7 @@ void register_scheduler(py::module_& m) {
           "justify",
           [](Scheduler& self, py::handle start, py::handle assignment, py::handle step_time, py::handle shift_front,
              py::handle shift_back) {
-            pybubble::Schedule s;
-            s.start = read_array<double>(start, "start", {pybubble::kMaxTasks, "tasks"});
-            s.assignment = read_array<int64_t>(assignment, "assignment", {pybubble::kMaxMicrobatches, "microbatches"});
-            s.step_time = read_float(step_time, "step_time");
-            s.shift_front = read_float(shift_front, "shift_front");
-            s.shift_back = read_float(shift_back, "shift_back");
+            const pybubble::Schedule s = read_schedule(start, assignment, step_time, shift_front, shift_back);
             // Pure C++ over copied arrays: no Python object is touched.
             const pybubble::Schedule& out = without_gil([&]() -> const pybubble::Schedule& { return self.justify(s); });
             return as_tuple(out);

@@ -14,12 +14,7 @@ void register_validate(py::module_& m) {
       [](py::handle problem, py::handle start, py::handle assignment, py::handle step_time,
          py::handle shift_front, py::handle shift_back) {
         const auto& p = read_bound<pybubble::Problem>(problem, "problem", "_core.Problem");
-        pybubble::Schedule s;
-        s.start = read_array<double>(start, "start", {pybubble::kMaxTasks, "tasks"});
-        s.assignment = read_array<int64_t>(assignment, "assignment", {pybubble::kMaxMicrobatches, "microbatches"});
-        s.step_time = read_float(step_time, "step_time");
-        s.shift_front = read_float(shift_front, "shift_front");
-        s.shift_back = read_float(shift_back, "shift_back");
+        const pybubble::Schedule s = read_schedule(start, assignment, step_time, shift_front, shift_back);
         // Pure C++ over copied arrays: no Python object is touched.
         return without_gil([&] { return pybubble::validate(p, s); });
       },

@@ -163,7 +163,14 @@ TEST(Fuzz, ProblemSchedulerAndValidator) {
     const bool ok = accepts([&] {
       const Problem p(in);
       Scheduler sched(p);
-      for (Policy pol : {Policy::kGreedy, Policy::kCoarse, Policy::kHoles}) expect_valid(p.input(), sched.run(pol), round);
+      for (Policy pol : {Policy::kGreedy, Policy::kCoarse, Policy::kHoles}) {
+        const Schedule s = sched.run(pol);
+        expect_valid(p.input(), s, round);
+        Scheduler justifier(p);
+        const Schedule& j = justifier.justify(s);  // justified: valid, never longer
+        expect_valid(p.input(), j, round);
+        EXPECT_LE(j.step_time, s.step_time) << "round " << round;
+      }
       std::vector<double> start;
       first_fit_floor(p, start);
       EXPECT_EQ(start.size(), static_cast<size_t>(p.num_tasks()));
@@ -194,6 +201,7 @@ TEST(Fuzz, ProblemSchedulerAndValidator) {
       any.shift_front = r.number(0.0, 50.0);
       any.shift_back = r.number(0.0, 50.0);
       accepts([&] { validate(p, any); });
+      accepts([&] { expect_valid(p.input(), Scheduler(p).justify(any), round); });  // refused unless valid
     });
     return ok;
   }), 1000);

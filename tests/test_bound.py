@@ -109,6 +109,25 @@ def test_whole_images_tighten_the_one_stage_plans_of_the_dual_shape(spaces):
     assert all(s.whole_image_bound().step_time > s.step_bound.step_time for s in dual)
 
 
+def test_piece_costs_from_one_layer_are_those_of_the_pieces_tasks(spaces):
+    from dataclasses import replace as _replace
+    from pybubble.planner.bound import image_piece_tasks, piece_costs
+
+    # every plan of the three shapes (one encoder, several stages; two encoders), and the dual shape
+    # with its second encoder frozen (no backward for it): the sums of EncoderWork.piece_compute,
+    # which the dual settings' whole-image bound reads instead of building a piece's tasks per count
+    frozen = [s for s in spaces if len(s.work.images) == 2][0]
+    cfg = _replace(frozen.step.config, encoders=[frozen.step.config.encoders[0],
+                                                 _replace(frozen.step.config.encoders[1], frozen=True)])
+    step = LLMStep.of(cfg)
+    one = next(p for p in planner.encoder_plans(cfg) if p == frozen.plan)
+    assert piece_costs(PlanSpace(step, one).work)[:, 1, -1].sum() < piece_costs(frozen.work)[:, 1, -1].sum()
+    for space in spaces + [PlanSpace(step, p) for p in planner.encoder_plans(cfg)]:
+        fast, slow = piece_costs(space.work), piece_costs(space.work, image_piece_tasks(space.work))
+        np.testing.assert_allclose(fast, slow, rtol=1e-12, atol=1e-9)
+        assert fast[:, 1, 1:].min() > 0  # the first encoder's backward is there, frozen or not
+
+
 def test_whole_images_tighten_the_one_stage_plans_of_the_a100_shape(spaces):
     a100 = [s for s in spaces if s.step.config.llm_plan.vpp == 2 and s.step.config.llm_plan.tp == 2]
     tighter = {(s.plan.pp_enc, s.plan.tp_enc) for s in a100 if s.whole_image_bound().step_time > s.step_bound.step_time}

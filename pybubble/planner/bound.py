@@ -261,13 +261,16 @@ def image_piece_tasks(work: EncoderWork) -> list[Tasks] | None:
 def piece_costs(work: EncoderWork, tasks: list[Tasks] | None = None) -> np.ndarray | None:
     """``costs[e, phase, k]``: the compute time on encoder stage e's lane of a piece of k images
     (k = 0 .. a microbatch's images, of every encoder), forward and backward; None for encoders with
-    different image counts. `tasks`:
-    :func:`image_piece_tasks` of `work`, when known."""
-    tasks = tasks if tasks is not None else image_piece_tasks(work)
-    if tasks is None:
+    different image counts. `tasks`: :func:`image_piece_tasks` of `work`, when known (else the same
+    sums from one layer's kernels, :meth:`EncoderWork.piece_compute`, equal to rounding)."""
+    if len(set(work.images)) != 1:
         return None
     plan, n = work.plan, work.images[0]
     costs = np.zeros((plan.pp_enc, 2, n + 1))
+    if tasks is None:  # from one layer's kernels per image count (EncoderWork.piece_compute): no tasks built
+        for k in range(1, n + 1):
+            costs[:, :, k] = work.piece_compute((k,) * len(work.images))
+        return costs
     lanes = np.array([plan.lane(0, e) for e in range(plan.pp_enc)])
     for k, t in enumerate(tasks, start=1):
         compute = t.resource == 0

@@ -111,15 +111,17 @@ class PlanSpace:
         short for its long kernels (:func:`~pybubble.planner.short_windows.short_window_bound`), then, with several encoder
         stages, by each stage waiting for the ones after it (:func:`~pybubble.planner.stage_waits.staged_bound`);
         or, with `on` (another LLM step, a warm-up depth, and this plan's bound there), that bound
-        tightened. Costs a piece's tasks per image count, once per work (and once more per
+        tightened. Costs a piece's tasks per image count with one encoder (several: their sums from
+        one layer's kernels, :meth:`EncoderWork.piece_compute`), once per work (and once more per
         short-window length; on this space's own step, the bound once): the search asks it of the least
         bounds only, and the re-fill of a plan whose shaped layout may be within its gap
         (:mod:`~pybubble.planner.refill`)."""
         if on is None and self._whole is not None:
             return self._whole
         if not self._pieces:
-            tasks = image_piece_tasks(self.work)
-            costs = None if tasks is None else piece_costs(self.work, tasks)
+            # a piece's tasks for one encoder's short windows (piece_runs); several encoders need only their costs
+            tasks = image_piece_tasks(self.work) if len(self.work.images) == 1 else None
+            costs = piece_costs(self.work, tasks)
             self._pieces.append(None if costs is None else (costs, least_costs(costs, self.step.config.microbatches),
                                                             tasks, {}))
         got = self.step_bound if on is None else on[1]

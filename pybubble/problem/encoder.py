@@ -180,6 +180,23 @@ class EncoderWork:
         return Tasks(lane=lanes[t["tag"]], microbatch=np.zeros(len(t["tag"]), np.int64),
                      **{k: v for k, v in t.items() if k != "tag"})
 
+    def piece_compute(self, images: Sequence[int]) -> np.ndarray:
+        """The compute time of a piece of `images` (one count per encoder) on each encoder stage's
+        lane, forward and backward (stages x 2, us): what its tasks' compute kernels
+        (:meth:`microbatch_tasks`) sum to, from one layer's kernels and the layers per stage, without
+        building them."""
+        out = np.zeros((self.plan.pp_enc, 2))
+        for cost, frozen in zip(self._layer_cost(self._piece_images(images)), self._flags):
+            if cost is None:
+                continue
+            per_phase, _, layers = cost
+            for ph, phase in enumerate(PHASES):
+                if ph == 1 and frozen:
+                    continue
+                layer = sum(d for k, d in per_phase[phase] if k.resource == "compute")
+                out[:, ph] += layer * np.asarray(layers, np.float64)
+        return out
+
     def _block(self, pipeline: int, count: int) -> dict[str, np.ndarray]:
         """`count` microbatches on `pipeline`, numbered from 0, task ids from 0 (cached: a search
         lays out the same blocks in many partitions)."""

@@ -156,7 +156,7 @@ class Scheduler {
   bool justify_forward();
   bool justify_backward();
   void phase_tasks(int ph);
-  void occupy_rest(int ph);
+  void occupy_phase(int ph);
   template <typename Value>
   void sort_phase(Value&& value, bool descending);
 
@@ -193,8 +193,7 @@ class Scheduler {
   unsigned orders_ = kAllOrders;  // kHoles: the orders run() was asked to try
   int holes_order_ = -1;          // kHoles: the order that gave the last schedule
   std::vector<uint8_t> skipped_;  // kHoles, by pieces: task left out of the step by its microbatch's probe
-  std::vector<int32_t> phase_;    // justify: the tasks of one phase that move
-  std::vector<uint8_t> moving_;   // justify: per microbatch, whether its tasks of that phase move
+  std::vector<int32_t> phase_;    // justify: the tasks of one phase
   std::vector<std::pair<double, int32_t>> sorting_;  // justify: phase_ with its sort keys
   Buffer<double> packed_;         // justify: per task, its start in the first pass
   Buffer<double> limit_;          // justify: per task, the first start of a backward task after it

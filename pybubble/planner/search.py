@@ -32,7 +32,7 @@ more than 2% over the least bound, single images are moved off the pipelines tha
 first, within a budget. Justification: where the best is still more than 2% over the least bound,
 its schedule is justified (:func:`~pybubble.schedule.scheduler.justified`: each phase's kernels packed
 towards the far end of the step and back), kept when shorter (dual_2 3,055.56 -> 3,045.63 ms, dual_3
-3,103.08 -> 3,097.56, weak_b 1,500.30 -> 1,492.31; one justification, 40-60 ms). Times are
+3,103.08 -> 3,097.56, weak_b 1,500.30 -> 1,492.31; one justification, 20-35 ms there). Times are
 microseconds.
 
 The parts, each in its module: the plans and what a scheduled layout is

@@ -2,12 +2,9 @@
 twin of the C++ core's ``csrc/pybubble/justify.cc``, which must give exactly the same schedule (the
 differential tests).
 
-The backward of every microbatch moves, the forward only of those with a forward task before 0 (one
-needed later does not reach the step's start; every backward does the step's end, the earlier
-microbatches' making room for the last ones'). The free intervals are the problem's
-windows (touching ones merged) with both ends of the step open, less every other task where it is
-(each cut out of whatever intervals it overlaps, microbatch by microbatch, forward then backward).
-Then:
+The free intervals are the problem's windows (touching ones merged) with both ends of the step
+open, less the other phase's tasks where they are (each cut out of whatever intervals it overlaps).
+Then, per phase:
 
 - forward (only where some forward task starts before 0): each task, by increasing ``(start, id)``,
   in the earliest free interval from the first forward start and its predecessors' new ends; then,
@@ -68,14 +65,8 @@ class _Justify(_Twin):
                 for p in self.preds[q]:
                     self.limit[p] = min(self.limit[p], self.start[q])
 
-    def moving(self, ph: int) -> list[int]:
-        """The microbatches whose tasks of phase `ph` move: every one's backward, the forward of
-        those with a forward task before 0."""
-        return list(range(self.m)) if ph == 1 else [j for j in range(self.m)
-                                                    if any(self.start[q] < 0.0 for q in self.tasks[(j, 0)])]
-
-    def free(self, ph: int, moving: list[int]) -> Free:
-        """The windows, both ends open, less every task but those of phase `ph` of `moving`."""
+    def free(self, other: int) -> Free:
+        """The windows, both ends open, less the tasks of phase `other`."""
         lists = {}
         for k, w in self.windows.items():
             S, E = (list(x) for x in merged(w))
@@ -91,20 +82,20 @@ class _Justify(_Twin):
                 E.append(math.inf)
             lists[k] = (S, E)
         for j in range(self.m):
-            for q_ph in (0, 1):
-                if q_ph == ph and j in moving:
-                    continue
-                for q in self.tasks[(j, q_ph)]:
-                    occupy(*lists[self.key[q]], self.start[q], self.dur[q])
+            for q in self.tasks[(j, other)]:
+                occupy(*lists[self.key[q]], self.start[q], self.dur[q])
         return Free(lists)
 
+    def phase_tasks(self, ph: int) -> list[int]:
+        """The tasks of phase `ph`, microbatch by microbatch."""
+        return [q for j in range(self.m) for q in self.tasks[(j, ph)]]
+
     def forward(self) -> None:
-        moving = self.moving(0)
-        ts = [q for j in moving for q in self.tasks[(j, 0)]]
+        ts = self.phase_tasks(0)
         first = min([0.0] + [self.start[q] for q in ts])
         if not first < 0.0:
             return
-        base = self.free(0, moving)
+        base = self.free(1)
         one, packed = Free({k: (list(S), list(E)) for k, (S, E) in base.lists.items()}), {}
         for q in sorted(ts, key=lambda q: (self.start[q], q)):
             ready = max([first] + [packed[p] + self.dur[p] for p in self.preds[q]])
@@ -127,12 +118,11 @@ class _Justify(_Twin):
                 self.start[q], self.end[q] = new[q], new[q] + self.dur[q]
 
     def backward(self) -> None:
-        moving = self.moving(1)
-        ts = [q for j in moving for q in self.tasks[(j, 1)]]
+        ts = self.phase_tasks(1)
         last = max([self.horizon] + [self.end[q] for q in ts])
         if not last > self.horizon:
             return
-        base = self.free(1, moving)
+        base = self.free(0)
         one, packed = Free({k: (list(S), list(E)) for k, (S, E) in base.lists.items()}), {}
         ready_of = [self.gr[self.assignment[j]] for j in range(self.m)]
         for q in sorted(ts, key=lambda q: (-self.end[q], -q)):

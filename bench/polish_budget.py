@@ -2,7 +2,8 @@
 bound, planned with the polish off and at several budgets (``pybubble.planner.polish.POLISH_TASKS``,
 task placements), the gate on the problem's size lifted so that every setting polishes: each
 budget's step, its distance to the bound, the moves kept, and the search's wall time over the search
-without the polish (medians of `--repeats` runs, measured in one run).
+without the polish (medians of `--repeats` runs, measured in one run). The search's justification
+after the polish is off in every run (``search(justify=False)``): the polish's own effect.
 
     python bench/polish_budget.py [--budgets 500000,1000000,2000000,4000000] [--setting weak_a ...]
         [--repeats 3]
@@ -55,12 +56,12 @@ def main() -> int:
         for name in args.setting:
             step = LLMStep.of(load_config(os.path.join(ROOT, "examples", "optimus", f"{name}.yaml")))
             search(step)  # warm-up
-            base, off = timed(step, args.repeats, polish=False)
+            base, off = timed(step, args.repeats, polish=False, justify=False)
             bound = off.bound.step_time
             cells = [f"off {off.best.step_time / 1e3:,.2f} ({100 * (off.best.step_time / bound - 1):+.2f}%) {base:.3f} s"]
             for budget in budgets:
                 polish.POLISH_TASKS = budget
-                wall, found = timed(step, args.repeats)
+                wall, found = timed(step, args.repeats, justify=False)
                 best = found.best
                 cells.append(f"{budget:,}: {best.step_time / 1e3:,.2f} ({100 * (best.step_time / bound - 1):+.2f}%) "
                              f"kept {best.moved}, +{wall - base:.3f} s ({wall / base:.2f}x)")

@@ -19,6 +19,7 @@ from pybubble.planner import layouts, partitions, report
 from pybubble.planner import search as planner
 from pybubble.planner.search import compositions, encoder_plans, encoder_problem
 from pybubble.planner.space import PlanSpace
+from pybubble.schedule.scheduler import justified
 from pybubble.llm.step import even_split
 
 
@@ -485,15 +486,16 @@ def test_the_busy_weight_is_tried_where_link_busy_windows_hold_most_of_the_free_
     assert best.step_time < pybubble.schedule_problem(refill.share_out(spaces[1, 4])[1], "holes").step_time
 
 
-def test_busy_weight_bench_restores_the_weight_and_finds_the_shipped_one_best_on_weak_a(bench_script, monkeypatch, capsys):
+def test_busy_weight_bench_restores_the_weight_and_finds_the_shipped_one_best_on_weak_d(bench_script, monkeypatch, capsys):
     from pybubble.planner import refill
 
     bench = bench_script("busy_weight")
-    monkeypatch.setattr("sys.argv", ["busy_weight.py", "--weights", "1,0.6", "--setting", "weak_a"])
+    monkeypatch.setattr("sys.argv", ["busy_weight.py", "--weights", "1,0.6", "--setting", "weak_d"])
     assert bench.main() == 0
     out = capsys.readouterr().out
-    steps = {float(w): float(ms.replace(",", "")) for w, ms in re.findall(r"weight ([\d.]+): weak_a ([\d,.]+)", out)}
-    assert set(steps) == {1.0, 0.6} and steps[0.6] < steps[1.0] - 5  # 1,387.32 against 1,392.61 ms
+    steps = {float(w): float(ms.replace(",", "")) for w, ms in re.findall(r"weight ([\d.]+): weak_d ([\d,.]+)", out)}
+    # 2,986.14 against 2,996.05 ms (2.01% over its bound without the second program)
+    assert set(steps) == {1.0, 0.6} and steps[0.6] < steps[1.0] - 5
     assert out.rstrip().endswith("least sum: weight 0.6") and refill.BUSY_WEIGHT == 0.6  # restored
 
 
@@ -510,18 +512,21 @@ def test_the_polish_moves_images_off_weak_as_busiest_pipelines_to_within_2_perce
     found, unpolished = planner.search(step), planner.search(step, polish=False)
     best, before = found.best, unpolished.best
     assert found.bound.step_time == unpolished.bound.step_time
-    # the weighted shaped layout was 2.34% over the bound (1,387.32 ms); its single-image moves: 1.98%
-    assert before.shaped and before.moved == 0 and before.step_time > 1.02 * found.bound.step_time
+    # the weighted shaped layout was 2.22% over the bound (1,385.76 ms); its single-image moves: 1.93%
+    # (1,381.83), then justified as the layout without them (1,379.95)
+    assert before.shaped and before.moved == 0 and before.justified_from > 1.02 * found.bound.step_time
     assert best.shaped and best.moved > 0 and best.plan == before.plan
-    assert best.step_time <= 1.02 * found.bound.step_time < before.step_time
+    assert best.polished_from == before.justified_from
+    assert best.step_time <= best.justified_from <= 1.02 * found.bound.step_time < best.polished_from
     n, m = PlanSpace(step, best.plan).work.images[0], best.plan.pipelines
     rows = [[np.eye(m, dtype=np.int64)[p] * n if isinstance(p, int) else np.array(p) for p in c.layout] for c in (best, before)]
     moved = sum(int(np.abs(a - b).sum()) // 2 for a, b in zip(*rows))
     assert 0 < moved <= best.moved and all(r.sum() == n for r in rows[0])  # a kept move moves one image
-    # the holes filler's own schedule of the layout found, its order reported; within memory
+    # the holes filler's own schedule of the layout found (then justified), its order reported; within memory
     whole = pybubble.schedule_problem(best.problem, "holes")
-    np.testing.assert_array_equal(best.schedule.start, whole.start)
-    assert best.schedule.step_time == pybubble.schedule_problem(best.problem, "holes", orders=[best.holes_order]).step_time
+    assert whole.step_time == best.justified_from
+    np.testing.assert_array_equal(justified(best.problem, whole).start, best.schedule.start)
+    assert whole.step_time == pybubble.schedule_problem(best.problem, "holes", orders=[best.holes_order]).step_time
     assert pybubble.validate(best.problem, best.schedule) == []
     assert best.memory_bytes <= step.config.memory_gb * GB
     assert any(p.best is best for p in found.plans)
@@ -539,12 +544,13 @@ def test_the_polish_leaves_plans_within_the_gap_and_problems_past_its_budget_as_
     # weak_a with a budget of 3 moves: the polish does not start
     monkeypatch.setattr(polish, "POLISH_TASKS", 3 * 71_098)
     assert planner.search(_optimus_step("weak_a")).best.moved == 0
-    # dual_2's by-rank layout: 8 moves in the budget and 2.26% over its bound (before the search
-    # justifies it), but not the program's
+    # dual_2's by-rank layout (within 2% of its bound: 1.86%), were it 3% over: 8 moves in the budget,
+    # but not the program's
     monkeypatch.undo()
     dual_2 = planner.search(_optimus_step("dual_2"))
+    assert dual_2.best.by_rank and dual_2.best.step_time <= 1.02 * dual_2.bound.step_time
     seen = dataclasses.replace(dual_2.best, schedule=dataclasses.replace(
-        dual_2.best.schedule, step_time=dual_2.best.justified_from))  # what the polish saw
+        dual_2.best.schedule, step_time=1.03 * dual_2.bound.step_time))
     assert seen.by_rank and seen.moved == 0 and seen.step_time > 1.02 * dual_2.bound.step_time
     assert polish.POLISH_MIN_MOVES * seen.problem.num_tasks <= polish.POLISH_TASKS and not polish.polish_runs(
         seen, dual_2.bound.step_time)
@@ -614,17 +620,17 @@ def test_the_refill_deals_dual_2s_microbatches_to_the_llm_ranks():
 def test_the_search_justifies_its_best_where_it_is_more_than_2_percent_over_the_bound():
     from pybubble.planner import polish
 
-    found = planner.search(_optimus_step("dual_2"))
+    found = planner.search(_optimus_step("weak_b"))
     best, least = found.best, found.bound.step_time
-    # the holes filler's schedule of the by-rank layout (3,055.56 ms) is 2.26% over the bound (2,988.10);
-    # justified, 3,045.63: its two encoders' kernels run in each other's collectives
-    assert best.justified_from is not None and best.justified_from > (1.0 + polish.POLISH_GAP) * least
-    assert best.step_time < best.justified_from - 5e3 and best.step_time <= (1.0 + polish.POLISH_GAP) * least
-    assert pybubble.validate(best.problem, best.schedule) == [] and best.by_rank and best.policy == "holes"
+    # the polished share-out (1,491.82 ms after 1,496.92 before the moves) is 3.04% over the bound
+    # (1,447.77); justified, 1,489.11 (2.86%: weak_b's shape proves no schedule within 2%)
+    assert best.justified_from is not None and best.polished_from > (1.0 + polish.POLISH_GAP) * least
+    assert best.step_time < best.justified_from - 2e3
+    assert pybubble.validate(best.problem, best.schedule) == [] and best.shaped and best.policy == "holes"
     assert next(p for p in found.plans if p.plan == best.plan).best is best  # the plan table shows it
     feature = next(f for f in report.features(found) if f.name == "justified")
     assert feature.step_without == best.justified_from and "double justification" in feature.uses
-    # within 2% of its bound already (1.96%): left as found, no justification paid
+    # within 2% of its bound before any polish (1.96%): left as found, no justification paid
     a100 = planner.search(_optimus_step("a100_vit3b_gpt11b"))
     assert a100.best.justified_from is None and a100.best.step_time <= (1.0 + polish.POLISH_GAP) * a100.bound.step_time
     assert all(f.name != "justified" for f in report.features(a100))
@@ -648,5 +654,5 @@ def test_polish_budget_bench_restores_the_budget_and_closes_weak_a(bench_script,
     assert bench.main() == 0
     out = capsys.readouterr().out
     off, on = (float(x) for x in re.search(r"off [\d,.]+ \(\+([\d.]+)%\).*1,000,000: [\d,.]+ \(\+([\d.]+)%\) kept", out).groups())
-    assert on <= 2.0 < off  # 2.34% -> 1.98%
+    assert on <= 2.0 < off  # 2.22% -> 1.93%, justification off
     assert (polish.POLISH_TASKS, polish.POLISH_MIN_MOVES) == (1_000_000, 8)  # restored

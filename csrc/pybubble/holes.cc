@@ -17,12 +17,13 @@ namespace pybubble {
 namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// A task ready to be placed outside the step in an interleaved order: its time bound (latest end of
-// a forward task, earliest start of a backward one), its microbatch and id.
+// A task ready to be placed outside the step in an interleaved order: its priority (its time bound,
+// or that of the run of kernels it continues), its time bound (latest end of a forward task,
+// earliest start of a backward one), its microbatch and id.
 struct Ready {
-  double time;
+  double prio, time;
   int32_t j, t;
-  bool operator<(const Ready& o) const { return std::tie(time, j, t) < std::tie(o.time, o.j, o.t); }
+  bool operator<(const Ready& o) const { return std::tie(prio, j, t) < std::tie(o.prio, o.j, o.t); }
   bool operator>(const Ready& o) const { return o < *this; }
 };
 }  // namespace
@@ -125,7 +126,7 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interl
     const int64_t count = p_.tasks_end(j, kFwd) - p_.tasks_begin(j, kFwd);
     poll_cancel(1 + 4 * count);  // up to two tries and two probes
     if (count > 0 && pieces) holes_forward_pieces(j);
-    else if (count > 0) holes_forward(j, forward_late);
+    else if (count > 0) holes_forward(j, forward_late, interleaved);
   }
   free_->open_front();
   holes_front(interleaved);
@@ -143,7 +144,7 @@ double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interl
     const int64_t count = p_.tasks_end(j, kBwd) - p_.tasks_begin(j, kBwd);
     poll_cancel(1 + 4 * count);
     if (count > 0 && pieces) holes_backward_pieces(j);
-    else if (count > 0) holes_backward(j, backward_early);
+    else if (count > 0) holes_backward(j, backward_early, interleaved);
   }
   holes_outside(interleaved);
   first_start_ = 0.0;
@@ -191,17 +192,25 @@ template <typename Queue, typename Key, typename Put>
 void Scheduler::interleave(int ph, Key&& key_of, Put&& put) {
   Queue ready;
   for_rest(ph, [&](int32_t j, int32_t t) {
-    if (waiting_[static_cast<size_t>(t)] == 0) ready.push({key_of(j, t), j, t});
+    if (waiting_[static_cast<size_t>(t)] == 0) {
+      const double time = key_of(j, t);
+      ready.push({time, time, j, t});
+    }
   });
   while (!ready.empty()) {
     const Ready r = ready.top();
     ready.pop();
     put(r.t, r.time);
+    const bool kernel = p_.resource(r.t) == kCompute;
     const int32_t* q = ph == kFwd ? p_.pred_begin(r.t) : p_.succ_begin(r.t);
     const int32_t* const e = ph == kFwd ? p_.pred_end(r.t) : p_.succ_end(r.t);
     for (; q != e; ++q) {
       if (rest_[static_cast<size_t>(*q)] && --waiting_[static_cast<size_t>(*q)] == 0) {
-        ready.push({key_of(r.j, *q), r.j, *q});
+        const double time = key_of(r.j, *q);
+        // a kernel next to a kernel on its lane continues that run: its priority (so that one
+        // chain's run of kernels between two collectives is not cut by another's kernels)
+        const bool run = kernel && p_.resource(*q) == kCompute && key_[static_cast<size_t>(*q)] == key_[static_cast<size_t>(r.t)];
+        ready.push({run ? r.prio : time, time, r.j, *q});
       }
     }
   }
@@ -260,10 +269,10 @@ bool Scheduler::holes_drop(int32_t j, int ph, size_t mark) {
 
 // Microbatch j's forward inside the step (see fill_holes): whole, else the longest suffix that fits
 // (late: the probe's own placement of it).
-void Scheduler::holes_forward(int32_t j, bool late) {
+void Scheduler::holes_forward(int32_t j, bool late, bool whole) {
   const int64_t count = p_.tasks_end(j, kFwd) - p_.tasks_begin(j, kFwd);
   if (late) {
-    holes_forward_suffix(j, true);
+    holes_forward_suffix(j, true, whole);
     return;
   }
   if (holes_forward_in_step(j, 0)) return;
@@ -297,7 +306,7 @@ bool Scheduler::holes_forward_in_step(int32_t j, int64_t first) {
 // The first position of the longest suffix of microbatch j's forward that fits inside the step: the
 // tasks backwards, each in the latest free interval from 0 that ends by forward_needed[j] and by
 // its successors' starts. `keep`: that suffix placed so (nothing when none fits); else nothing kept.
-int64_t Scheduler::holes_forward_suffix(int32_t j, bool keep) {
+int64_t Scheduler::holes_forward_suffix(int32_t j, bool keep, bool whole) {
   const double deadline = p_.fields().forward_needed[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
   const size_t mark = free_->mark();
   const int32_t* const b = p_.tasks_begin(j, kFwd);
@@ -318,7 +327,7 @@ int64_t Scheduler::holes_forward_suffix(int32_t j, bool keep) {
     --it;
   }
   const int64_t first = it - b;
-  if (!keep || it == e) {
+  if (!keep || it == e || (whole && it != b)) {
     free_->undo(mark);
     return first;
   }
@@ -334,10 +343,10 @@ int64_t Scheduler::holes_forward_suffix(int32_t j, bool keep) {
 
 // Microbatch j's backward inside the step (see fill_holes): whole, else the longest prefix that fits
 // (early: the probe's own placement of it).
-void Scheduler::holes_backward(int32_t j, bool early) {
+void Scheduler::holes_backward(int32_t j, bool early, bool whole) {
   const int64_t count = p_.tasks_end(j, kBwd) - p_.tasks_begin(j, kBwd);
   if (early) {
-    holes_backward_prefix(j, true);
+    holes_backward_prefix(j, true, whole);
     return;
   }
   if (holes_backward_in_step(j, count)) return;
@@ -372,7 +381,7 @@ bool Scheduler::holes_backward_in_step(int32_t j, int64_t last) {
 // The length of the longest prefix of microbatch j's backward that fits inside the step: the tasks
 // forwards, each in the earliest free interval from grad_ready and its backward predecessors' ends,
 // ending by the horizon. `keep`: that prefix placed so; else nothing kept.
-int64_t Scheduler::holes_backward_prefix(int32_t j, bool keep) {
+int64_t Scheduler::holes_backward_prefix(int32_t j, bool keep, bool whole) {
   const double ready = p_.fields().grad_ready[static_cast<size_t>(out_.assignment[static_cast<size_t>(j)])];
   const size_t mark = free_->mark();
   const int32_t* const b = p_.tasks_begin(j, kBwd);
@@ -392,7 +401,7 @@ int64_t Scheduler::holes_backward_prefix(int32_t j, bool keep) {
     probe_mark_[static_cast<size_t>(t)] = s + dur_[t];
   }
   const int64_t count = it - b;
-  if (!keep || count == 0) {
+  if (!keep || count == 0 || (whole && it != e)) {
     free_->undo(mark);
     return count;
   }

@@ -139,12 +139,12 @@ class Scheduler {
   void for_rest(int ph, F&& f);
   template <typename Queue, typename Key, typename Put>
   void interleave(int ph, Key&& key_of, Put&& put);
-  void holes_forward(int32_t j, bool late);
+  void holes_forward(int32_t j, bool late, bool whole = false);
   bool holes_forward_in_step(int32_t j, int64_t first);
-  int64_t holes_forward_suffix(int32_t j, bool keep);
-  void holes_backward(int32_t j, bool early);
+  int64_t holes_forward_suffix(int32_t j, bool keep, bool whole = false);
+  void holes_backward(int32_t j, bool early, bool whole = false);
   bool holes_backward_in_step(int32_t j, int64_t last);
-  int64_t holes_backward_prefix(int32_t j, bool keep);
+  int64_t holes_backward_prefix(int32_t j, bool keep, bool whole = false);
   void holes_forward_pieces(int32_t j);
   void holes_backward_pieces(int32_t j);
   void holes_outside(bool interleaved);

@@ -259,7 +259,7 @@ def _or_coarse(space: PlanSpace, best: Candidate | None, base: Candidate, fits: 
 
 def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], None] | None = None,
            keep: int = 1, warmup: bool = True, spread: bool = True, optimus: bool = False,
-           refill: bool = True, polish: bool = True) -> Search:
+           refill: bool = True, polish: bool = True, justify: bool = True) -> Search:
     """Finds the encoder plan and partition with the shortest step on the LLM step `step` (see the
     module docstring).
 
@@ -271,7 +271,9 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     pipeline (False: partitions of whole microbatches only, and no shaped layout). `refill`: re-fill
     the best plans at the end (:mod:`~pybubble.planner.refill`; False: the greedy's schedules of the
     search's layouts). `polish`: then polish the best shaped layout (:mod:`~pybubble.planner.polish`;
-    with `refill` and `spread` only). `optimus`: also find
+    with `refill` and `spread` only). `justify`: then justify the best where it was more than 2% over
+    the bound before the polish (with `refill` only; False: the holes filler's schedule as it is).
+    `optimus`: also find
     :attr:`Search.optimus`, the best partition of whole microbatches on the config's schedule (the
     plans' partitions pruned against the best partition so far, not the best layout: the same step as
     ``search(step, spread=False, warmup=False, refill=False)``, the layouts the two share scheduled once); pybubble's
@@ -307,7 +309,7 @@ def search(step: LLMStep, *, workers: int = 2, progress: Callable[[int, int], No
     now = _tighten(searched, spaces, tried, step, top)
     if refill and spread and polish:
         now[id(top[0])] = _polish(now.get(id(top[0]), top[0]), searched, tried, spaces, step, workers)
-    if refill:
+    if refill and justify:
         now[id(top[0])] = _justify(now.get(id(top[0]), top[0]), searched, tried)
     top, default_best = [now.get(id(c), c) for c in top], now.get(id(default_best), default_best)
     runs.stats.seconds = time.perf_counter() - t0
@@ -358,12 +360,13 @@ def _polish(best: Candidate, searched: list[PlanSearched], tried: list[WarmupTri
 
 
 def _justify(best: Candidate, searched: list[PlanSearched], tried: list[WarmupTried]) -> Candidate:
-    """`best`'s schedule justified (:func:`~pybubble.schedule.scheduler.justified`) where it is more
+    """`best`'s schedule justified (:func:`~pybubble.schedule.scheduler.justified`) where it was more
     than :data:`~pybubble.planner.polish.POLISH_GAP` over the least bound (the search's
-    :attr:`Search.bound`; where the polish stops) and the justified one is shorter; its plan's best
+    :attr:`Search.bound`) before the polish, and the justified one is shorter; its plan's best
     follows it."""
     least = _least_bound(searched, tried)
-    if least is not None and best.step_time <= (1.0 + POLISH_GAP) * least.step_time:
+    was = best.polished_from if best.polished_from is not None else best.step_time
+    if least is not None and was <= (1.0 + POLISH_GAP) * least.step_time:
         return best
     schedule = justified(best.problem, best.schedule)
     if schedule.step_time >= best.step_time:

@@ -240,15 +240,16 @@ class Holes(_Twin):
             free.take(self.key[t], fit, self.dur[t])
             self._place(t, fit[1])
 
-    def fwd_one(self, j: int, free: Free, late: bool) -> Free | None:
-        """Step 1 for microbatch j: the free lists with what is inside, or None (nothing is)."""
+    def fwd_one(self, j: int, free: Free, late: bool, whole: bool = False) -> Free | None:
+        """Step 1 for microbatch j: the free lists with what is inside, or None (nothing is).
+        `whole`: all of it inside or none."""
         n = len(self.tasks[(j, 0)])
         if not late:
             trial = self._in_step(j, 0, self.tasks[(j, 0)], free)
             if trial is not None:
                 return trial
         f, probe, pstart = self.fwd_suffix(j, free)
-        if f == n:
+        if f == n or (whole and f > 0):
             return None
         trial = None if late else self._in_step(j, 0, self.tasks[(j, 0)][f:], free)
         if trial is None:  # the probe's own placement: it fits
@@ -257,15 +258,16 @@ class Holes(_Twin):
                 self._place(t, pstart[t])
         return trial
 
-    def bwd_one(self, j: int, free: Free, early: bool) -> Free | None:
-        """Step 4 for microbatch j: the free lists with what is inside, or None (nothing is)."""
+    def bwd_one(self, j: int, free: Free, early: bool, whole: bool = False) -> Free | None:
+        """Step 4 for microbatch j: the free lists with what is inside, or None (nothing is).
+        `whole`: all of it inside or none."""
         ts = self.tasks[(j, 1)]
         if not early:
             trial = self._in_step(j, 1, list(reversed(ts)), free)
             if trial is not None:
                 return trial
         last, probe, pend = self.bwd_prefix(j, free)
-        if last == 0:
+        if last == 0 or (whole and last < len(ts)):
             return None
         trial = None if early else self._in_step(j, 1, list(reversed(ts[:last])), free)
         if trial is None:
@@ -282,7 +284,7 @@ class Holes(_Twin):
         for j in sorted(range(m), key=lambda j: (self.fn[j], j), reverse=fwd_late or pieces):
             if pieces:
                 self.fwd_pieces(j, free)
-            elif self.tasks[(j, 0)] and (got := self.fwd_one(j, free, fwd_late)) is not None:
+            elif self.tasks[(j, 0)] and (got := self.fwd_one(j, free, fwd_late, interleave)) is not None:
                 free = got
         for S, E in (free.mut(k) for k in list(free.lists)):
             if S and S[0] <= 0.0:
@@ -301,7 +303,7 @@ class Holes(_Twin):
         for j in sorted(range(m), key=lambda j: (self.gr[self.assignment[j]], j), reverse=pieces or not bwd_early):
             if pieces:
                 self.bwd_pieces(j, free)
-            elif self.tasks[(j, 1)] and (got := self.bwd_one(j, free, bwd_early)) is not None:
+            elif self.tasks[(j, 1)] and (got := self.bwd_one(j, free, bwd_early, interleave)) is not None:
                 free = got
         for S, E in (free.mut(k) for k in list(free.lists)):
             if S and E[-1] >= self.horizon:
@@ -346,8 +348,7 @@ class Holes(_Twin):
             return
         self._interleaved(rest, self.preds, self.succs, early, put, latest_first=False)
 
-    @staticmethod
-    def _interleaved(rest, waits_on, frees, key, put, latest_first: bool) -> None:
+    def _interleaved(self, rest, waits_on, frees, key, put, latest_first: bool) -> None:
         """`rest`'s tasks, each once those of `waits_on[t]` among them are placed, the one with the
         earliest ``key(j, t)`` next (`latest_first`: the latest), ties by ``(j, id)`` the same way,
         placed by ``put(t, key)``; placing t frees those of ``frees[t]``."""
@@ -355,17 +356,18 @@ class Holes(_Twin):
         left = {t: 0 for _, t in rest}
         for t in left:
             left[t] = sum(1 for q in waits_on[t] if q in left)
-        heap = [(sign * key(j, t), sign * j, sign * t) for j, t in rest if left[t] == 0]
+        heap = [(sign * key(j, t), sign * j, sign * t, key(j, t)) for j, t in rest if left[t] == 0]
         heapq.heapify(heap)
         while heap:
-            k, j, t = heapq.heappop(heap)
+            prio, j, t, bound = heapq.heappop(heap)
             j, t = sign * j, sign * t
-            put(t, sign * k)
+            put(t, bound)
             for q in frees[t]:
                 if q in left:
                     left[q] -= 1
                     if left[q] == 0:
-                        heapq.heappush(heap, (sign * key(j, q), sign * j, sign * q))
+                        run = self.key[t] % 2 == 0 and self.key[q] == self.key[t]  # a kernel after a kernel on its lane
+                        heapq.heappush(heap, (prio if run else sign * key(j, q), sign * j, sign * q, key(j, q)))
 
 
 def orders(problem: Problem) -> tuple[tuple[bool, bool, bool, bool], ...]:

@@ -427,16 +427,16 @@ order, is 1.53% over the plans' bound on dual_2 (dual_3: 3,077.96 ms, 1.57%), an
 (0.8%) over it. A local search of single-image moves against that bound (a prototype) lowers it to
 3,028.01 ms and the step to 3,050.98 (2.10%); the order in which the microbatches are dealt to the
 ranks (snake, reversed, shifted) leaves the layout bound as it is and the step within 0.1%. Most of
-that 0.7% is the filler's: on one lane a piece holds two encoders' chains (ViT-22B and the smaller
-ViT), and the holes filler's one pass leaves the big chain's kernels waiting for its collectives
-while the small chain's kernels took the time before (dual_2's 8-image forward piece before the
-step: 57.51 ms for 50.04 ms of kernels). The search now justifies its best where it is more than 2%
-over the bound (docs/scheduler.md, "Justification": each phase's kernels packed towards the far end
-of the step and back; that piece 51.13 ms): dual_2 3,055.56 -> 3,045.63 ms, 1.93% over its bound;
-dual_3 3,103.08 -> 3,097.56, 2.22%; weak_b 1,500.30 -> 1,492.31, 3.08%. dual_3's by-rank layout
-is left with a schedule 0.64% over its layout bound (3,077.96 ms) where 2% of the plans' bound
-needs 0.42%: its forward pieces (the second encoder twice dual_2's: 19.09 against 12.24 ms of
-kernels in 8 images) keep 5 ms of gaps after justification (62.12 ms for 56.90)."""
+that 0.7% was the filler's: on one lane a piece holds two encoders' chains (ViT-22B and the smaller
+ViT), and the holes filler's interleaved order cut one chain's run of kernels between two collectives
+with the other's kernels, one by one, so that both chains then waited for their collectives
+together (dual_3's 8-image forward piece before the step: 63.01 ms for 56.90 ms of kernels). The
+order now keeps such a run together and leaves a microbatch that does not fit whole inside the step
+to the interleaving (docs/scheduler.md): that piece takes 56.93 ms, and dual_2 comes to 3,043.55 ms
+(1.86% over its bound), dual_3 to 3,087.96 (1.90%). The search also justifies its best where it was
+more than 2% over the bound before the polish (docs/scheduler.md, "Justification": each phase's
+kernels packed towards the far end of the step and back): weak_a 1,381.83 -> 1,379.95 ms (1.79%),
+weak_b 1,491.82 -> 1,489.11 (2.86%)."""
 
 CALIBRATION_TEXT = """\
 One published step time pins one factor, so the fit solves for `compute_factor` (the achieved

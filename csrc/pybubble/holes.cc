@@ -100,8 +100,8 @@ void Scheduler::place_holes(bool fixed_assignment) {
 // possible, else its longest suffix that fits), the rest of them before; the assignment; backwards
 // (`backward_early`: by increasing grad_ready, each its longest prefix that fits as early as
 // possible; else by decreasing grad_ready, each whole as late as possible, else its longest prefix),
-// the rest after (`interleaved`: the rest of every microbatch at once, holes_front and
-// holes_outside). `pieces`: forwards by decreasing forward_needed and backwards by decreasing
+// the rest after (`interleaved`: a microbatch's phase inside the step only whole, and the rest of
+// every microbatch at once, holes_front and holes_outside). `pieces`: forwards by decreasing forward_needed and backwards by decreasing
 // grad_ready, each microbatch's tasks that fit as the probes place them, a task that does not fit
 // left out with those that depend on it only (holes_forward_pieces, holes_backward_pieces): one
 // piece's chain that does not fit leaves the microbatch's other pieces in the step. Returns the step.
@@ -219,7 +219,9 @@ void Scheduler::interleave(int ph, Key&& key_of, Put&& put) {
 // The forward tasks not inside the step, each in the latest free interval ending by forward_needed
 // and its successors' starts, (-inf, 0) free: microbatches in decreasing order, tasks in decreasing
 // id order; `interleaved`: whichever task has its successors placed and the latest such end next
-// (ties: the larger microbatch, then id), so that microbatches share the time before the step.
+// (ties: the larger microbatch, then id), so that microbatches share the time before the step; a
+// kernel after which a kernel on its lane was placed last takes that one's priority (interleave), so
+// that a chain's run of kernels between two collectives stays together.
 void Scheduler::holes_front(bool interleaved) {
   const int32_t m = p_.num_microbatches();
   const auto& fn = p_.fields().forward_needed;

@@ -29,8 +29,10 @@ enum class Policy : uint8_t {
   /// the greedy's; forwards by decreasing forward_needed, each its longest suffix that fits as late
   /// as possible; that and backwards by increasing grad_ready, each its longest prefix as early as
   /// possible; that with the tasks outside the step interleaved across microbatches (whichever can
-  /// end latest before the step, start earliest after it, next), so one microbatch's kernels run
-  /// while another's collectives do (only where some lane runs a kernel after its own collective);
+  /// end latest before the step, start earliest after it, next; a chain's run of kernels between
+  /// two collectives kept together; a microbatch's phase inside the step only whole), so one
+  /// microbatch's kernels run while another's collectives do (only where some lane runs a kernel
+  /// after its own collective);
   /// and by pieces (only where a microbatch's phase holds several chains: holes.cc).
   kHoles = 2,
 };

@@ -15,7 +15,9 @@ shorter than :data:`SLIVER` are dropped. In one order:
 2. The other forward tasks: microbatches in decreasing order, tasks in decreasing id order, each in
    the latest free interval ending by forward_needed and its successors' starts, (-inf, 0) free.
    ``interleave``: whichever of them has its successors placed and the latest such end next (ties:
-   the larger ``(j, id)``), so that the microbatches share the time before the step.
+   the larger ``(j, id)``), so that the microbatches share the time before the step; a kernel whose
+   successor placed last is a kernel on its lane takes that one's priority instead of its own end,
+   so that a chain's run of kernels between two collectives stays together.
 3. The assignment, as the greedy's.
 4. Backward inside the step: microbatches by decreasing ``(grad_ready, j)``, each whole (tasks in
    decreasing id order, each in the latest free interval before its successors inside the step and
@@ -27,7 +29,11 @@ shorter than :data:`SLIVER` are dropped. In one order:
    the earliest free interval after its predecessors and grad_ready, (horizon, inf) free.
    ``interleave``: whichever of them has its predecessors placed and the earliest such start next
    (ties: the smaller ``(j, id)``), so that one microbatch's kernels run while another's
-   collectives do.
+   collectives do; a kernel after a kernel on its lane takes that one's priority, as in step 2.
+
+With ``interleave``, steps 1 and 4 keep a microbatch's phase inside the step only whole (its probe
+found every task a place): one that does not fit goes to steps 2 and 5 whole, where its chains'
+runs of kernels take turns with the others'.
 
 ``pieces``: steps 1 and 4 by decreasing ``(forward_needed, j)`` and ``(grad_ready, j)``, each
 microbatch's tasks placed as the probes place them, a task that does not fit left out with the tasks

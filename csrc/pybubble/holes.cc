@@ -101,10 +101,11 @@ void Scheduler::place_holes(bool fixed_assignment) {
 // (`backward_early`: by increasing grad_ready, each its longest prefix that fits as early as
 // possible; else by decreasing grad_ready, each whole as late as possible, else its longest prefix),
 // the rest after (`interleaved`: a microbatch's phase inside the step only whole, and the rest of
-// every microbatch at once, holes_front and holes_outside). `pieces`: forwards by decreasing forward_needed and backwards by decreasing
-// grad_ready, each microbatch's tasks that fit as the probes place them, a task that does not fit
-// left out with those that depend on it only (holes_forward_pieces, holes_backward_pieces): one
-// piece's chain that does not fit leaves the microbatch's other pieces in the step. Returns the step.
+// every microbatch at once, holes_front and holes_outside). `pieces`: forwards by decreasing
+// forward_needed and backwards by decreasing grad_ready, each microbatch's tasks that fit as the
+// probes place them, a task that does not fit left out with those that depend on it only
+// (holes_forward_pieces, holes_backward_pieces): one piece's chain that does not fit leaves the
+// microbatch's other pieces in the step. Returns the step.
 double Scheduler::fill_holes(bool forward_late, bool backward_early, bool interleaved, bool pieces,
                              bool fixed_assignment) {
   const int32_t m = p_.num_microbatches();

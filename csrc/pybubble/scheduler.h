@@ -155,8 +155,8 @@ class Scheduler {
   void make_free();
   // justify() (justify.cc): the passes on start_ and out_.assignment.
   void justify_phases();
-  bool justify_forward();
-  bool justify_backward();
+  void justify_forward();
+  void justify_backward();
   void phase_tasks(int ph);
   void occupy_phase(int ph);
   template <typename Value>

@@ -102,8 +102,9 @@ class Candidate:
     polished_from: float | None = None
     """The step before the polish's moves (us); None when it moved nothing."""
     justified_from: float | None = None
-    """The step before the search justified its schedule (us: the best's, more than the polish's gap
-    over the bound: :func:`~pybubble.schedule.scheduler.justified`); None when it did not."""
+    """The step before the search justified its schedule (us: the best's, where it was more than the
+    polish's gap over the bound before the polish: :func:`~pybubble.schedule.scheduler.justified`);
+    None when it did not."""
 
     @property
     def step_time(self) -> float:

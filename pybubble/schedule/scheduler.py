@@ -108,6 +108,12 @@ def schedule_problem(problem: Problem, policy: str = "greedy", *, fixed_assignme
                                                        orders=mask))
 
 
+def check_shape(schedule: Schedule) -> None:
+    """ValueError unless `schedule`'s starts and assignment are one-dimensional (what the core reads)."""
+    if np.ndim(schedule.start) != 1 or np.ndim(schedule.assignment) != 1:
+        raise ValueError("start, assignment: expected one-dimensional arrays")
+
+
 def justified(problem: Problem, schedule: Schedule) -> Schedule:
     """`schedule` (a valid schedule of `problem`, of any policy) justified by the C++ core: each
     phase's tasks packed towards the end of the step away from the one it grows (the forward from
@@ -115,8 +121,7 @@ def justified(problem: Problem, schedule: Schedule) -> Schedule:
     pass put it, which closes the gaps a one-pass filler leaves between one chain's kernels and
     another's collectives (docs/scheduler.md, "Justification"). A phase's move is kept only where
     the step shrinks: never longer. ValueError when `schedule` is not a valid schedule of `problem`."""
-    if np.ndim(schedule.start) != 1 or np.ndim(schedule.assignment) != 1:
-        raise ValueError("start, assignment: expected one-dimensional arrays")
+    check_shape(schedule)
     core = _core.Scheduler(problem.core)
     return from_core(core.justify(schedule.start, schedule.assignment, schedule.step_time, schedule.shift_front,
                                   schedule.shift_back))
@@ -150,5 +155,6 @@ def _schedule(doc: Any) -> Schedule:
     )
 
 
-__all__ = ["HOLES_ORDERS", "SCHEDULE_FORMAT", "POLICIES", "Schedule", "check_policy", "from_core", "holes_schedule", "justified",
+__all__ = ["HOLES_ORDERS", "SCHEDULE_FORMAT", "POLICIES", "Schedule", "check_policy", "check_shape", "from_core", "holes_schedule",
+           "justified",
            "load_schedule", "schedule_problem"]

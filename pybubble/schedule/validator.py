@@ -3,11 +3,9 @@ scheduler."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import _core
 from ..problem.problem import Problem
-from .scheduler import Schedule
+from .scheduler import Schedule, check_shape
 
 TIME_TOLERANCE: float = _core.TIME_TOLERANCE
 """Slack (us) in every time comparison of the validator."""
@@ -19,7 +17,6 @@ def validate(problem: Problem, schedule: Schedule) -> list[str]:
     Raises ValueError when the schedule does not fit the problem's shape (wrong number of starts or
     assignment entries).
     """
-    if np.ndim(schedule.start) != 1 or np.ndim(schedule.assignment) != 1:
-        raise ValueError("start, assignment: expected one-dimensional arrays")
+    check_shape(schedule)
     return _core.validate(problem.core, schedule.start, schedule.assignment, schedule.step_time,
                           schedule.shift_front, schedule.shift_back)

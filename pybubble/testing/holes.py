@@ -127,6 +127,24 @@ def merged(wins) -> tuple[list[float], list[float]]:
     return S, E
 
 
+def open_front(S: list[float], E: list[float]) -> None:
+    """Adds (-inf, 0) to free intervals S, E (merged into a first interval that starts at 0)."""
+    if S and S[0] <= 0.0:
+        S[0] = -math.inf
+    else:
+        S.insert(0, -math.inf)
+        E.insert(0, 0.0)
+
+
+def open_back(S: list[float], E: list[float], horizon: float) -> None:
+    """Adds (horizon, inf) to free intervals S, E (merged into a last interval that reaches it)."""
+    if S and E[-1] >= horizon:
+        E[-1] = math.inf
+    else:
+        S.append(horizon)
+        E.append(math.inf)
+
+
 class Free:
     """Per key, free intervals (two sorted lists); a trial copies a key's lists when it first
     changes them."""
@@ -293,11 +311,7 @@ class Holes(_Twin):
             elif self.tasks[(j, 0)] and (got := self.fwd_one(j, free, fwd_late, interleave)) is not None:
                 free = got
         for S, E in (free.mut(k) for k in list(free.lists)):
-            if S and S[0] <= 0.0:
-                S[0] = -math.inf
-            else:
-                S.insert(0, -math.inf)
-                E.insert(0, 0.0)
+            open_front(S, E)
         self.front([(j, t) for j in range(m) for t in self.tasks[(j, 0)] if not self.inside[t]], free, interleave)
         for S, E in (free.mut(k) for k in list(free.lists)):
             if S and S[0] == -math.inf:
@@ -312,11 +326,7 @@ class Holes(_Twin):
             elif self.tasks[(j, 1)] and (got := self.bwd_one(j, free, bwd_early, interleave)) is not None:
                 free = got
         for S, E in (free.mut(k) for k in list(free.lists)):
-            if S and E[-1] >= self.horizon:
-                E[-1] = math.inf
-            else:
-                S.append(self.horizon)
-                E.append(math.inf)
+            open_back(S, E, self.horizon)
         self.back([(j, t) for j in range(m) for t in self.tasks[(j, 1)] if not self.inside[t]], free, interleave)
         return self.schedule()
 
@@ -401,4 +411,5 @@ def reference_holes(problem: Problem) -> Schedule:
     return best
 
 
-__all__ = ["ORDERS", "SLIVER", "Free", "Holes", "earliest", "latest", "merged", "orders", "reference_holes", "rest", "take"]
+__all__ = ["ORDERS", "SLIVER", "Free", "Holes", "earliest", "latest", "merged", "open_back", "open_front", "orders",
+           "reference_holes", "rest", "take"]

@@ -28,7 +28,7 @@ import numpy as np
 from ..problem.problem import Problem
 from ..schedule.scheduler import Schedule
 from ..schedule.validator import validate
-from .holes import Free, earliest, latest, merged, take
+from .holes import Free, earliest, latest, merged, open_back, open_front, take
 from .reference import _Twin
 
 
@@ -70,16 +70,8 @@ class _Justify(_Twin):
         lists = {}
         for k, w in self.windows.items():
             S, E = (list(x) for x in merged(w))
-            if S and S[0] <= 0.0:
-                S[0] = -math.inf
-            else:
-                S.insert(0, -math.inf)
-                E.insert(0, 0.0)
-            if S and E[-1] >= self.horizon:
-                E[-1] = math.inf
-            else:
-                S.append(self.horizon)
-                E.append(math.inf)
+            open_front(S, E)
+            open_back(S, E, self.horizon)
             lists[k] = (S, E)
         for j in range(self.m):
             for q in self.tasks[(j, other)]:
@@ -96,7 +88,7 @@ class _Justify(_Twin):
         if not first < 0.0:
             return
         base = self.free(1)
-        one, packed = Free({k: (list(S), list(E)) for k, (S, E) in base.lists.items()}), {}
+        one, packed = base.trial(), {}  # pass 1 on a copy, pass 2 on base
         for q in sorted(ts, key=lambda q: (self.start[q], q)):
             ready = max([first] + [packed[p] + self.dur[p] for p in self.preds[q]])
             S, E = one.mut(self.key[q])
@@ -123,7 +115,7 @@ class _Justify(_Twin):
         if not last > self.horizon:
             return
         base = self.free(0)
-        one, packed = Free({k: (list(S), list(E)) for k, (S, E) in base.lists.items()}), {}
+        one, packed = base.trial(), {}  # pass 1 on a copy, pass 2 on base
         ready_of = [self.gr[self.assignment[j]] for j in range(self.m)]
         for q in sorted(ts, key=lambda q: (-self.end[q], -q)):
             late = last
